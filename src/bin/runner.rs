@@ -1,0 +1,242 @@
+//! `runner`: run a Disbatch plugin component locally, exactly as the DEN runs it.
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::{Parser, Subcommand};
+use disbatch::runner::{DirGrant, EngineOptions, Failure, Outcome, Progress, ProgressSink, Runner, Sandbox};
+
+/// Exit codes of `runner exec` (also documented in the README).
+mod exit {
+    /// The task succeeded (status 1).
+    pub const SUCCEEDED: u8 = 0;
+    /// The plugin finished with another status or returned an error.
+    pub const TASK_FAILED: u8 = 1;
+    /// Bad arguments, params, plugin file or sandbox grants.
+    pub const USAGE: u8 = 2;
+    /// The plugin ran past its timeout.
+    pub const TIMEOUT: u8 = 3;
+    /// The plugin hit its memory limit.
+    pub const MEMORY: u8 = 4;
+    /// The plugin trapped (crashed).
+    pub const TRAP: u8 = 5;
+    /// The plugin returned a non-positive status.
+    pub const NON_POSITIVE: u8 = 6;
+}
+
+#[derive(Parser)]
+#[command(name = "runner", version, about = "Run Disbatch plugin components in the sandbox")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a plugin once with the given params, as the DEN would run a task.
+    Exec(ExecArgs),
+    /// Check that a file is a loadable plugin (and cache its compiled form).
+    Check {
+        /// The plugin component (.wasm).
+        plugin: PathBuf,
+    },
+}
+
+#[derive(clap::Args)]
+struct ExecArgs {
+    /// The plugin component (.wasm).
+    plugin: PathBuf,
+    /// The task's params: JSON text, @file.json, or - to read stdin.
+    #[arg(long, default_value = "{}")]
+    params: String,
+    /// Wall-time limit, e.g. 30s, 500ms, 2m.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "1h")]
+    timeout: Duration,
+    /// Linear-memory limit in MiB.
+    #[arg(long, value_name = "MIB", default_value_t = disbatch::runner::DEFAULT_MEMORY >> 20)]
+    memory: u64,
+    /// Bytes kept of each of stdout and stderr, in MiB (the rest is dropped and reported).
+    #[arg(long, value_name = "MIB", default_value_t = (disbatch::runner::DEFAULT_OUTPUT_CAP >> 20) as u64)]
+    output_cap: u64,
+    /// Grant a host directory: host[:guest][:rw] (read-only unless :rw). Repeatable.
+    #[arg(long = "dir", value_name = "HOST[:GUEST][:rw]")]
+    dirs: Vec<DirGrant>,
+    /// Set an environment variable (K=V), or pass one through from this process (K). Repeatable.
+    #[arg(long = "env", value_name = "K=V|K")]
+    env: Vec<String>,
+    /// Allow TCP/UDP sockets and name lookups.
+    #[arg(long)]
+    network: bool,
+    /// Print one JSON object {status, stdout, stderr, duration_ms, error} instead of the streams.
+    #[arg(long)]
+    json: bool,
+    /// Do not use the on-disk cache of compiled components.
+    #[arg(long)]
+    no_cache: bool,
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Exec(args) => exec(args),
+        Command::Check { plugin } => check(&plugin),
+    };
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("runner: {e:#}");
+            ExitCode::from(exit::USAGE)
+        }
+    }
+}
+
+fn read_params(arg: &str) -> anyhow::Result<String> {
+    let (text, source) = if arg == "-" {
+        let mut s = String::new();
+        std::io::stdin()
+            .read_to_string(&mut s)
+            .context("cannot read params from stdin")?;
+        (s, "stdin".to_owned())
+    } else if let Some(file) = arg.strip_prefix('@') {
+        let s = std::fs::read_to_string(file).with_context(|| format!("cannot read params file {file}"))?;
+        (s, file.to_owned())
+    } else {
+        (arg.to_owned(), "--params".to_owned())
+    };
+    if let Err(e) = serde_json::from_str::<serde_json::Value>(&text) {
+        bail!("invalid params JSON in {source}: {e}");
+    }
+    Ok(text)
+}
+
+fn sandbox(args: &ExecArgs) -> anyhow::Result<Sandbox> {
+    let mut env = std::collections::BTreeMap::new();
+    for e in &args.env {
+        match e.split_once('=') {
+            Some((k, v)) if !k.is_empty() => env.insert(k.to_owned(), v.to_owned()),
+            Some(_) => bail!("invalid --env {e:?}: empty variable name"),
+            None => match std::env::var(e) {
+                Ok(v) => env.insert(e.clone(), v),
+                Err(_) => bail!("--env {e}: no such variable in this environment"),
+            },
+        };
+    }
+    let s = Sandbox {
+        timeout: args.timeout,
+        memory: args.memory.checked_mul(1 << 20).context("--memory is too large")?,
+        output_cap: usize::try_from(args.output_cap << 20).context("--output-cap is too large")?,
+        dirs: args.dirs.clone(),
+        env,
+        network: args.network,
+    };
+    s.validate().map_err(anyhow::Error::msg)?;
+    Ok(s)
+}
+
+fn engine_options(no_cache: bool) -> EngineOptions {
+    EngineOptions {
+        cache_dir: if no_cache {
+            None
+        } else {
+            disbatch::runner::default_cache_dir()
+        },
+        // One task at a time: keep the pool's address-space reservation small.
+        max_instances: 4,
+    }
+}
+
+fn exec(args: ExecArgs) -> anyhow::Result<u8> {
+    let params = read_params(&args.params)?;
+    let sandbox = sandbox(&args)?;
+    if !args.plugin.is_file() {
+        bail!("plugin file {} does not exist", args.plugin.display());
+    }
+    let runner = Runner::new(&engine_options(args.no_cache))?;
+    let plugin = runner.load(&args.plugin)?;
+    let sink: Option<ProgressSink> = if args.json {
+        None
+    } else {
+        Some(Arc::new(|p: &Progress| eprintln!("{p}")))
+    };
+    let outcome = runner.run(&plugin, &params, &sandbox, sink);
+    if args.json {
+        print_json(&outcome)?;
+    } else {
+        print_streams(&outcome)?;
+    }
+    Ok(exit_code(&outcome))
+}
+
+fn print_streams(outcome: &Outcome) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    out.write_all(&outcome.stdout.bytes)?;
+    out.flush()?;
+    let mut err = std::io::stderr().lock();
+    err.write_all(&outcome.stderr.bytes)?;
+    for (name, c) in [("stdout", &outcome.stdout), ("stderr", &outcome.stderr)] {
+        if c.truncated() {
+            write!(
+                err,
+                "runner: {name} {}",
+                disbatch::runner::truncation_marker(c.cap, c.dropped)
+            )?;
+        }
+    }
+    if let Some(f) = &outcome.failure {
+        writeln!(err, "runner: {f}")?;
+    } else if outcome.status != disbatch::runner::SUCCEEDED {
+        writeln!(err, "runner: plugin finished with status {}", outcome.status)?;
+    }
+    Ok(())
+}
+
+fn print_json(outcome: &Outcome) -> anyhow::Result<()> {
+    let (stdout, stderr) = outcome.output_texts();
+    let progress: Vec<_> = outcome
+        .progress
+        .iter()
+        .map(|p| serde_json::json!({"at_ms": p.at.as_millis() as u64, "percent": p.percent, "info": p.info}))
+        .collect();
+    let doc = serde_json::json!({
+        "status": outcome.status,
+        "stdout": stdout,
+        "stderr": stderr,
+        "duration_ms": outcome.duration.as_secs_f64() * 1000.0,
+        "error": outcome.failure.as_ref().map(|f| f.to_string()),
+        "failure": outcome.failure.as_ref().map(|f| f.kind()),
+        "stdout_truncated": outcome.stdout.truncated(),
+        "stderr_truncated": outcome.stderr.truncated(),
+        "progress": progress,
+    });
+    let mut out = std::io::stdout().lock();
+    serde_json::to_writer(&mut out, &doc)?;
+    writeln!(out)?;
+    Ok(())
+}
+
+fn exit_code(outcome: &Outcome) -> u8 {
+    match &outcome.failure {
+        None if outcome.status == disbatch::runner::SUCCEEDED => exit::SUCCEEDED,
+        None | Some(Failure::Plugin(_)) => exit::TASK_FAILED,
+        Some(Failure::Timeout(_)) => exit::TIMEOUT,
+        Some(Failure::Memory { .. }) => exit::MEMORY,
+        Some(Failure::Trap(_)) => exit::TRAP,
+        Some(Failure::NonPositiveStatus(_)) => exit::NON_POSITIVE,
+        Some(_) => exit::USAGE,
+    }
+}
+
+fn check(path: &std::path::Path) -> anyhow::Result<u8> {
+    let runner = Runner::new(&engine_options(false))?;
+    let plugin = runner.load(path)?;
+    println!("{}: ok (sha256 {})", path.display(), plugin.hash());
+    Ok(exit::SUCCEEDED)
+}

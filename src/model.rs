@@ -1,0 +1,245 @@
+//! The Disbatch 4 documents as types: tasks, queues, nodes and status codes.
+//!
+//! Field names and BSON types are exactly the spec's (`queue` is an ObjectId, `ctime` and
+//! `mtime` are dates, `node` is null until claimed, `stdout`/`stderr` are null until the
+//! task finishes and then a string or a GridFS file id). Fields we add are optional, so
+//! documents written by any other Disbatch 4 client read fine.
+
+use std::fmt;
+
+use bson::oid::ObjectId;
+use bson::{DateTime, Document};
+use serde::{Deserialize, Serialize};
+
+use crate::runner::Sandbox;
+
+/// Task status codes of the Disbatch 4 spec.
+pub mod status {
+    /// Orphaned: was being worked on, then the work was disrupted.
+    pub const ORPHANED: i32 = -6;
+    /// Cancelled (formerly defined; blocks claiming).
+    pub const CANCELLED: i32 = -5;
+    /// Blocked (formerly defined; blocks claiming).
+    pub const BLOCKED: i32 = -4;
+    /// Terminated (formerly defined; blocks claiming).
+    pub const TERMINATED: i32 = -3;
+    /// Queued: waiting to be claimed.
+    pub const QUEUED: i32 = -2;
+    /// Claimed by a DEN, not yet started.
+    pub const CLAIMED: i32 = -1;
+    /// Running.
+    pub const RUNNING: i32 = 0;
+    /// Succeeded.
+    pub const SUCCEEDED: i32 = 1;
+    /// Failed.
+    pub const FAILED: i32 = 2;
+
+    /// A short name of a status code.
+    pub fn name(code: i32) -> &'static str {
+        match code {
+            ORPHANED => "orphaned",
+            CANCELLED => "cancelled",
+            BLOCKED => "blocked",
+            TERMINATED => "terminated",
+            QUEUED => "queued",
+            CLAIMED => "claimed",
+            RUNNING => "running",
+            SUCCEEDED => "succeeded",
+            FAILED => "failed",
+            c if c > 0 => "finished",
+            _ => "held",
+        }
+    }
+}
+
+/// The order in which a queue's tasks are claimed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Sort {
+    /// Oldest first (`_id` ascending).
+    Fifo,
+    /// Newest first (`_id` descending).
+    Lifo,
+    /// Whatever order the store returns.
+    #[default]
+    Default,
+}
+
+impl Sort {
+    /// Parses the spec's values; unknown values are an error naming them.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "fifo" => Ok(Sort::Fifo),
+            "lifo" => Ok(Sort::Lifo),
+            "default" => Ok(Sort::Default),
+            other => Err(format!("invalid sort {other:?}: expected fifo, lifo or default")),
+        }
+    }
+}
+
+/// What happens to a task whose node died while it was claimed or running.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnOrphan {
+    /// Mark it orphaned (-6), the spec's behaviour.
+    #[default]
+    Orphan,
+    /// Put it back in the queue (-2, node null) to run again.
+    Requeue,
+}
+
+/// A queue document.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Queue {
+    /// `_id`.
+    pub id: ObjectId,
+    /// Unique name.
+    pub name: String,
+    /// Plugin name (an entry of the config's `plugins` allowlist).
+    pub plugin: String,
+    /// Cluster-wide limit of concurrently claimed/running tasks; `None` or 0 pauses the queue.
+    pub threads: Option<i64>,
+    /// Claim order.
+    pub sort: Sort,
+    /// Sandbox grants and limits for this queue's tasks (`sandbox` sub-document).
+    pub sandbox: QueueSandbox,
+    /// Recovery policy for tasks of dead nodes (`on_orphan`).
+    pub on_orphan: OnOrphan,
+}
+
+/// A queue's optional `sandbox` sub-document; unset fields take the DEN's defaults.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QueueSandbox {
+    /// Wall-time limit, e.g. "30s" or a number of seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "opt_duration")]
+    pub timeout: Option<std::time::Duration>,
+    /// Memory limit in MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_mib: Option<u64>,
+    /// Output cap per stream in MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_cap_mib: Option<u64>,
+    /// Directory grants: `"host[:guest][:rw]"`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dirs: Vec<String>,
+    /// Environment variables given to the plugin.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub env: std::collections::BTreeMap<String, String>,
+    /// Whether the plugin may use the network.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub network: bool,
+}
+
+impl QueueSandbox {
+    /// The effective sandbox: this queue's settings over `defaults`.
+    pub fn resolve(&self, defaults: &Sandbox) -> Result<Sandbox, String> {
+        let mut s = defaults.clone();
+        if let Some(t) = self.timeout {
+            s.timeout = t;
+        }
+        if let Some(m) = self.memory_mib {
+            s.memory = m.checked_mul(1 << 20).ok_or("sandbox.memory_mib is too large")?;
+        }
+        if let Some(c) = self.output_cap_mib {
+            s.output_cap = usize::try_from(c << 20).map_err(|_| "sandbox.output_cap_mib is too large")?;
+        }
+        for d in &self.dirs {
+            s.dirs.push(d.parse().map_err(|e| format!("sandbox.dirs: {e}"))?);
+        }
+        s.env.extend(self.env.clone());
+        s.network |= self.network;
+        s.validate().map_err(|e| format!("sandbox: {e}"))?;
+        Ok(s)
+    }
+}
+
+mod opt_duration {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => s.serialize_str(&humantime::format_duration(*d).to_string()),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Secs(f64),
+            Text(String),
+        }
+        match Option::<Raw>::deserialize(d)? {
+            None => Ok(None),
+            Some(Raw::Secs(s)) if s > 0.0 && s.is_finite() => Ok(Some(Duration::from_secs_f64(s))),
+            Some(Raw::Secs(s)) => Err(serde::de::Error::custom(format!("timeout must be positive, got {s}"))),
+            Some(Raw::Text(t)) => humantime::parse_duration(&t)
+                .map(Some)
+                .map_err(|e| serde::de::Error::custom(format!("invalid timeout {t:?}: {e}"))),
+        }
+    }
+}
+
+/// A node (DEN) document.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Node {
+    /// `_id`.
+    pub id: ObjectId,
+    /// Unique node name (the hostname by default).
+    pub node: String,
+    /// Last heartbeat.
+    pub timestamp: DateTime,
+    /// Per-node limit of concurrent tasks; `None` means no limit.
+    pub maxthreads: Option<i64>,
+}
+
+/// A task's stdout or stderr once it finished.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Output {
+    /// Stored in the task document.
+    Inline(String),
+    /// Stored as a GridFS file (`tasks.files` / `tasks.chunks`) with this id.
+    File(ObjectId),
+}
+
+/// A task document.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Task {
+    /// `_id`.
+    pub id: ObjectId,
+    /// The queue's `_id`.
+    pub queue: ObjectId,
+    /// Creation time.
+    pub ctime: DateTime,
+    /// Last modification time.
+    pub mtime: DateTime,
+    /// The DEN that claimed it, or `None` while queued.
+    pub node: Option<String>,
+    /// Status code (see [`status`]).
+    pub status: i32,
+    /// The task's parameters.
+    pub params: Document,
+    /// stdout once finished.
+    pub stdout: Option<Output>,
+    /// stderr once finished.
+    pub stderr: Option<Output>,
+}
+
+impl Task {
+    /// The params as JSON text, the way the plugin receives them (relaxed Extended JSON, so
+    /// plain values are plain JSON).
+    pub fn params_json(&self) -> String {
+        bson::Bson::Document(self.params.clone())
+            .into_relaxed_extjson()
+            .to_string()
+    }
+}
+
+impl fmt::Display for Task {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "task {}", self.id)
+    }
+}

@@ -1,0 +1,382 @@
+//! The sandbox: runs a task's plugin, a WASI preview-2 component, in wasmtime.
+//!
+//! One [`Runner`] per process owns the wasmtime engine (pooling allocator, epoch ticker)
+//! and a cache of loaded plugins. [`Runner::run`] gives every task a fresh instance with
+//! its own WASI context built from a [`Sandbox`] (nothing granted by default), a memory
+//! limiter, an epoch deadline and capped output streams, calls the plugin's `run` export
+//! once and classifies the result into an [`Outcome`].
+//!
+//! `run` is synchronous and CPU-bound: async callers run it on a blocking thread.
+
+mod bindings;
+mod clock;
+mod engine;
+mod outcome;
+mod output;
+mod sandbox;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Instant, SystemTime};
+
+use wasmtime::component::{HasSelf, Linker, ResourceTable};
+use wasmtime::{Engine, ResourceLimiter, Store, Trap};
+use wasmtime_wasi::{I32Exit, WasiCtx, WasiCtxView, WasiView};
+
+pub use engine::{default_cache_dir, EngineOptions, EPOCH_TICK};
+pub use outcome::{Failure, Outcome, Progress, FAILED, SUCCEEDED};
+pub use output::{human_bytes, truncation_marker, Captured};
+pub use sandbox::{DirGrant, Sandbox, DEFAULT_MEMORY, DEFAULT_OUTPUT_CAP, DEFAULT_TIMEOUT, MAX_MEMORY};
+
+use bindings::{disbatch::plugin::host, PluginPre};
+use output::CappedOutput;
+
+/// How many progress reports an [`Outcome`] keeps (the most recent ones).
+pub const MAX_PROGRESS: usize = 100;
+/// Longest progress message kept, in bytes.
+pub const MAX_PROGRESS_INFO: usize = 1024;
+
+/// Failures of the host side of the runner (never caused by a task's params).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RunnerError {
+    /// The wasmtime engine could not be created.
+    #[error("cannot create the wasmtime engine: {0}")]
+    Engine(String),
+    /// The plugin file could not be read.
+    #[error("cannot read plugin {path}: {source}")]
+    Io {
+        /// The plugin file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file is not a loadable Disbatch plugin.
+    #[error("{path}: {reason}")]
+    InvalidComponent {
+        /// The plugin file (or the name given to [`Runner::load_bytes`]).
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
+/// Called on every progress report while a task runs.
+pub type ProgressSink = Arc<dyn Fn(&Progress) + Send + Sync>;
+
+/// A loaded plugin, ready to instantiate cheaply for every task.
+pub struct Plugin {
+    pre: PluginPre<TaskState>,
+    hash: String,
+    from_cache: bool,
+}
+
+impl Plugin {
+    /// Hex SHA-256 of the component's bytes.
+    pub fn hash(&self) -> &str {
+        &self.hash
+    }
+
+    /// Whether the compiled code came from the on-disk cache (no compilation was needed).
+    pub fn from_cache(&self) -> bool {
+        self.from_cache
+    }
+}
+
+impl std::fmt::Debug for Plugin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plugin").field("hash", &self.hash).finish()
+    }
+}
+
+#[derive(Clone, PartialEq, Eq)]
+struct FileStamp {
+    len: u64,
+    modified: Option<SystemTime>,
+}
+
+struct Inner {
+    engine: Engine,
+    linker: Linker<TaskState>,
+    cache_dir: Option<PathBuf>,
+    loaded: Mutex<HashMap<PathBuf, (FileStamp, Arc<Plugin>)>>,
+}
+
+/// The plugin runner. Cheap to clone; one per process is enough.
+#[derive(Clone)]
+pub struct Runner {
+    inner: Arc<Inner>,
+}
+
+/// Per-task host state.
+struct TaskState {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    limiter: MemoryLimiter,
+    started: Instant,
+    /// Base of the guest's monotonic clock.
+    clock_base: Instant,
+    /// When the task's time is up.
+    deadline: Instant,
+    progress: Vec<Progress>,
+    sink: Option<ProgressSink>,
+}
+
+impl WasiView for TaskState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl host::Host for TaskState {
+    fn progress(&mut self, percent: Option<f32>, info: Option<String>) {
+        let percent = percent.filter(|p| !p.is_nan()).map(|p| p.clamp(0.0, 100.0));
+        let info = info.map(|mut s| {
+            if s.len() > MAX_PROGRESS_INFO {
+                let mut end = MAX_PROGRESS_INFO;
+                while !s.is_char_boundary(end) {
+                    end -= 1;
+                }
+                s.truncate(end);
+            }
+            s
+        });
+        let p = Progress {
+            at: self.started.elapsed(),
+            percent,
+            info,
+        };
+        if let Some(sink) = &self.sink {
+            sink(&p);
+        }
+        if self.progress.len() == MAX_PROGRESS {
+            self.progress.remove(0);
+        }
+        self.progress.push(p);
+    }
+}
+
+/// Caps linear memory and tables, and remembers whether it refused growth.
+struct MemoryLimiter {
+    limit: u64,
+    refused: bool,
+}
+
+/// Most table elements a plugin may have.
+const MAX_TABLE_ELEMENTS: usize = 1_000_000;
+
+impl ResourceLimiter for MemoryLimiter {
+    fn memory_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        let ok = desired as u64 <= self.limit;
+        self.refused |= !ok;
+        Ok(ok)
+    }
+
+    fn table_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        Ok(desired <= MAX_TABLE_ELEMENTS)
+    }
+}
+
+impl Runner {
+    /// Creates the engine (with its epoch ticker) and the linker with WASI and the host API.
+    pub fn new(opts: &EngineOptions) -> Result<Self, RunnerError> {
+        let engine = engine::build_engine(opts)?;
+        engine::start_epoch_ticker(&engine);
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(|e| RunnerError::Engine(e.to_string()))?;
+        bindings::Plugin::add_to_linker::<TaskState, HasSelf<TaskState>>(&mut linker, |s| s)
+            .map_err(|e| RunnerError::Engine(e.to_string()))?;
+        clock::add_to_linker(&mut linker).map_err(|e| RunnerError::Engine(e.to_string()))?;
+        Ok(Runner {
+            inner: Arc::new(Inner {
+                engine,
+                linker,
+                cache_dir: opts.cache_dir.clone(),
+                loaded: Mutex::new(HashMap::new()),
+            }),
+        })
+    }
+
+    /// Loads the plugin at `path`, reusing the loaded copy while the file is unchanged.
+    pub fn load(&self, path: &Path) -> Result<Arc<Plugin>, RunnerError> {
+        let io = |source| RunnerError::Io {
+            path: path.to_owned(),
+            source,
+        };
+        let meta = std::fs::metadata(path).map_err(io)?;
+        let stamp = FileStamp {
+            len: meta.len(),
+            modified: meta.modified().ok(),
+        };
+        if let Some((s, p)) = self.lock_loaded().get(path) {
+            if *s == stamp {
+                return Ok(p.clone());
+            }
+        }
+        let bytes = std::fs::read(path).map_err(io)?;
+        let plugin = Arc::new(self.load_bytes(&bytes, path)?);
+        self.lock_loaded().insert(path.to_owned(), (stamp, plugin.clone()));
+        Ok(plugin)
+    }
+
+    fn lock_loaded(&self) -> std::sync::MutexGuard<'_, HashMap<PathBuf, (FileStamp, Arc<Plugin>)>> {
+        self.inner.loaded.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Compiles (or loads from the disk cache) a plugin from its bytes; `name` is used in
+    /// error messages.
+    pub fn load_bytes(&self, bytes: &[u8], name: &Path) -> Result<Plugin, RunnerError> {
+        let invalid = |reason: String| RunnerError::InvalidComponent {
+            path: name.to_owned(),
+            reason,
+        };
+        check_header(bytes).map_err(invalid)?;
+        let hash = engine::content_hash(bytes);
+        let (component, from_cache) =
+            engine::compile_cached(&self.inner.engine, bytes, &hash, self.inner.cache_dir.as_deref())
+                .map_err(|e| invalid(format!("not a valid component: {e}")))?;
+        let instance_pre = self
+            .inner
+            .linker
+            .instantiate_pre(&component)
+            .map_err(|e| invalid(format!("imports something the host does not provide: {e:#}")))?;
+        let pre = PluginPre::new(instance_pre)
+            .map_err(|e| invalid(format!("does not implement the disbatch:plugin/plugin world: {e:#}")))?;
+        Ok(Plugin { pre, hash, from_cache })
+    }
+
+    /// Runs one task: `params` is the task's params as JSON text.
+    ///
+    /// Blocks the calling thread until the plugin returns, fails or hits a limit.
+    pub fn run(&self, plugin: &Plugin, params: &str, sandbox: &Sandbox, sink: Option<ProgressSink>) -> Outcome {
+        let started = Instant::now();
+        let stdout = CappedOutput::new(sandbox.output_cap);
+        let stderr = CappedOutput::new(sandbox.output_cap);
+        let clock = clock::TaskClock { base: started };
+        let wasi = match sandbox.wasi_ctx(stdout.clone(), stderr.clone(), clock) {
+            Ok(w) => w,
+            Err(e) => return Outcome::not_run(Failure::Sandbox(e)),
+        };
+        let mut store = Store::new(
+            &self.inner.engine,
+            TaskState {
+                wasi,
+                table: ResourceTable::new(),
+                limiter: MemoryLimiter {
+                    limit: sandbox.memory,
+                    refused: false,
+                },
+                started,
+                clock_base: started,
+                deadline: started + sandbox.timeout,
+                progress: Vec::new(),
+                sink,
+            },
+        );
+        store.limiter(|s| &mut s.limiter);
+        store.set_epoch_deadline(engine::deadline_ticks(sandbox.timeout));
+        store.epoch_deadline_trap();
+
+        let result = plugin
+            .pre
+            .instantiate(&mut store)
+            .and_then(|instance| instance.call_run(&mut store, params));
+        let duration = started.elapsed();
+        let state = store.into_data();
+        let (status, failure) = classify(result, sandbox, state.limiter.refused);
+        drop(state.wasi);
+        Outcome {
+            status,
+            stdout: stdout.take(),
+            stderr: stderr.take(),
+            duration,
+            progress: state.progress,
+            failure,
+        }
+    }
+
+    /// Loads and runs the plugin file at `path`; a file that cannot be loaded gives an
+    /// outcome with [`Failure::InvalidComponent`].
+    pub fn run_file(&self, path: &Path, params: &str, sandbox: &Sandbox, sink: Option<ProgressSink>) -> Outcome {
+        match self.load(path) {
+            Ok(plugin) => self.run(&plugin, params, sandbox, sink),
+            Err(e) => Outcome::not_run(Failure::InvalidComponent(e.to_string())),
+        }
+    }
+}
+
+/// Rejects files that are not WebAssembly components before handing them to the compiler,
+/// so the error says what the file is.
+fn check_header(bytes: &[u8]) -> Result<(), String> {
+    const MAGIC: &[u8] = b"\0asm";
+    if bytes.len() < 8 || &bytes[..4] != MAGIC {
+        return Err("not a WebAssembly file (no \\0asm header)".into());
+    }
+    match bytes[6..8] {
+        [0, 0] => {
+            Err("is a core WebAssembly module, not a component; build plugins with --target wasm32-wasip2".into())
+        }
+        [1, 0] => Ok(()),
+        _ => Err("unsupported WebAssembly layer (not a component)".into()),
+    }
+}
+
+fn classify(
+    result: wasmtime::Result<Result<u32, String>>,
+    sandbox: &Sandbox,
+    refused_memory: bool,
+) -> (u32, Option<Failure>) {
+    let memory = || Failure::Memory { limit: sandbox.memory };
+    match result {
+        Ok(Ok(0)) => (FAILED, Some(Failure::NonPositiveStatus(0))),
+        Ok(Ok(status)) => (status, None),
+        Ok(Err(msg)) if refused_memory => (
+            FAILED,
+            Some(Failure::Plugin(format!(
+                "{msg} (its memory limit of {} was reached)",
+                human_bytes(sandbox.memory)
+            ))),
+        ),
+        Ok(Err(msg)) => (FAILED, Some(Failure::Plugin(msg))),
+        Err(e) => {
+            let failure = if e.downcast_ref::<Trap>() == Some(&Trap::Interrupt) {
+                Failure::Timeout(sandbox.timeout)
+            } else if refused_memory {
+                memory()
+            } else if let Some(exit) = e.downcast_ref::<I32Exit>() {
+                Failure::Trap(format!("plugin called exit({}) instead of returning a status", exit.0))
+            } else {
+                Failure::Trap(trap_message(&e))
+            };
+            (FAILED, Some(failure))
+        }
+    }
+}
+
+/// The trap's one-line description, without wasm backtraces.
+fn trap_message(e: &wasmtime::Error) -> String {
+    match e.downcast_ref::<Trap>() {
+        Some(trap) => trap.to_string(),
+        None => e.to_string().lines().next().unwrap_or("unknown error").to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_are_told_apart() {
+        assert!(check_header(b"hello world")
+            .unwrap_err()
+            .contains("not a WebAssembly file"));
+        assert!(check_header(b"\0asm\x01\0\0\0")
+            .unwrap_err()
+            .contains("core WebAssembly module"));
+        assert!(check_header(b"\0asm\x0d\0\x01\0").is_ok());
+    }
+}

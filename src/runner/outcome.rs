@@ -1,0 +1,167 @@
+//! What running one task produced: status, output, timing, progress and, when the task
+//! failed, a typed reason.
+
+use std::fmt;
+use std::time::Duration;
+
+use super::output::Captured;
+
+/// Status of a task that succeeded.
+pub const SUCCEEDED: u32 = 1;
+/// Status of a task that failed (also used for every failure the host detects).
+pub const FAILED: u32 = 2;
+
+/// Why a task did not end with the status its plugin chose.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Failure {
+    /// The plugin returned `err(message)`.
+    Plugin(String),
+    /// The plugin returned a status that is not positive (`ok(0)`).
+    NonPositiveStatus(u32),
+    /// The plugin ran past its deadline and was interrupted.
+    Timeout(Duration),
+    /// The plugin asked for more linear memory than its limit and then failed.
+    Memory {
+        /// The limit in bytes.
+        limit: u64,
+    },
+    /// The plugin trapped (panic, `unreachable`, stack overflow, out-of-bounds access…).
+    Trap(String),
+    /// The file is not a loadable Disbatch plugin component.
+    InvalidComponent(String),
+    /// The host could not set up the sandbox (for example a granted directory is missing).
+    Sandbox(String),
+}
+
+impl Failure {
+    /// A short machine-friendly name of the reason.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Failure::Plugin(_) => "plugin-error",
+            Failure::NonPositiveStatus(_) => "non-positive-status",
+            Failure::Timeout(_) => "timeout",
+            Failure::Memory { .. } => "memory-limit",
+            Failure::Trap(_) => "trap",
+            Failure::InvalidComponent(_) => "invalid-component",
+            Failure::Sandbox(_) => "sandbox",
+        }
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Failure::Plugin(msg) => write!(f, "plugin error: {msg}"),
+            Failure::NonPositiveStatus(s) => {
+                write!(
+                    f,
+                    "plugin returned status {s}; a finished task's status must be positive"
+                )
+            }
+            Failure::Timeout(d) => write!(
+                f,
+                "timeout: plugin still running after {}",
+                humantime::format_duration(*d)
+            ),
+            Failure::Memory { limit } => {
+                write!(
+                    f,
+                    "memory limit: plugin tried to grow its memory past {}",
+                    super::output::human_bytes(*limit)
+                )
+            }
+            Failure::Trap(msg) => write!(f, "trap: {msg}"),
+            Failure::InvalidComponent(msg) => write!(f, "invalid component: {msg}"),
+            Failure::Sandbox(msg) => write!(f, "sandbox setup failed: {msg}"),
+        }
+    }
+}
+
+/// One `progress` call of a plugin.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Progress {
+    /// Time since the task started.
+    pub at: Duration,
+    /// Percent done, clamped to 0..=100.
+    pub percent: Option<f32>,
+    /// Short message (at most 1 KiB).
+    pub info: Option<String>,
+}
+
+impl fmt::Display for Progress {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "progress")?;
+        if let Some(p) = self.percent {
+            write!(f, " {p:.1}%")?;
+        }
+        if let Some(i) = &self.info {
+            write!(f, " {i}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The result of running one task.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// The task's final status: the plugin's positive status, or [`FAILED`] when `failure`
+    /// is set.
+    pub status: u32,
+    /// Captured stdout.
+    pub stdout: Captured,
+    /// Captured stderr.
+    pub stderr: Captured,
+    /// Wall time of instantiate + run.
+    pub duration: Duration,
+    /// The most recent progress reports (see [`MAX_PROGRESS`](super::MAX_PROGRESS)).
+    pub progress: Vec<Progress>,
+    /// Why the task failed, when the host decided it.
+    pub failure: Option<Failure>,
+}
+
+impl Outcome {
+    /// An outcome for a task that never got to run (invalid component, sandbox setup).
+    pub fn not_run(failure: Failure) -> Self {
+        Outcome {
+            status: FAILED,
+            stdout: Captured::default(),
+            stderr: Captured::default(),
+            duration: Duration::ZERO,
+            progress: Vec::new(),
+            failure: Some(failure),
+        }
+    }
+
+    /// Whether the task succeeded (status 1, no failure).
+    pub fn succeeded(&self) -> bool {
+        self.failure.is_none() && self.status == SUCCEEDED
+    }
+
+    /// The task's stdout and stderr as text, the way they are stored with the task.
+    ///
+    /// Each stream ends with a truncation marker when output was dropped. stderr then gets
+    /// a note for every stream whose invalid UTF-8 was replaced, and finally the failure
+    /// reason, so every failure explains itself.
+    pub fn output_texts(&self) -> (String, String) {
+        let (stdout, stdout_replaced) = self.stdout.to_text();
+        let (mut stderr, stderr_replaced) = self.stderr.to_text();
+        let mut note = |line: &str| {
+            if !stderr.is_empty() && !stderr.ends_with('\n') {
+                stderr.push('\n');
+            }
+            stderr.push_str(line);
+            stderr.push('\n');
+        };
+        if stdout_replaced {
+            note("[disbatch: invalid UTF-8 in stdout was replaced with U+FFFD]");
+        }
+        if stderr_replaced {
+            note("[disbatch: invalid UTF-8 in stderr was replaced with U+FFFD]");
+        }
+        if let Some(f) = &self.failure {
+            note(&format!("[disbatch: {f}]"));
+        }
+        (stdout, stderr)
+    }
+}

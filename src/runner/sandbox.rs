@@ -1,0 +1,201 @@
+//! Sandbox settings of one task and the WASI context built from them.
+//!
+//! The default sandbox grants nothing: no preopened directories, no environment variables,
+//! no arguments, no network, stdin closed. Everything a plugin may touch is granted here
+//! explicitly, per queue (DEN) or per call (`runner exec`).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use wasmtime_wasi::{FsPerms, HostMonotonicClock, WasiCtx, WasiCtxBuilder};
+
+use super::output::CappedOutput;
+
+/// Default wall-time limit of one task.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3600);
+/// Default linear-memory limit of one task, in bytes (1 GiB).
+pub const DEFAULT_MEMORY: u64 = 1024 * 1024 * 1024;
+/// Default cap of each captured output stream, in bytes (64 MiB).
+pub const DEFAULT_OUTPUT_CAP: usize = 64 * 1024 * 1024;
+/// The largest memory limit a sandbox may set (the engine's per-instance maximum, 4 GiB).
+pub const MAX_MEMORY: u64 = 4 * 1024 * 1024 * 1024;
+
+/// A host directory made visible to the plugin.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirGrant {
+    /// Directory on the host.
+    pub host: PathBuf,
+    /// Path under which the plugin sees it (defaults to the host path).
+    pub guest: String,
+    /// Whether the plugin may create, write and delete files in it (read-only otherwise).
+    #[serde(default)]
+    pub writable: bool,
+}
+
+impl FromStr for DirGrant {
+    type Err = String;
+
+    /// Parses `host[:guest][:rw|:ro]`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let mut parts: Vec<&str> = s.split(':').collect();
+        let mut writable = false;
+        if parts.len() > 1 {
+            match *parts.last().unwrap() {
+                "rw" => {
+                    writable = true;
+                    parts.pop();
+                }
+                "ro" => {
+                    parts.pop();
+                }
+                _ => {}
+            }
+        }
+        let (host, guest) = match parts.as_slice() {
+            [host] => (*host, *host),
+            [host, guest] => (*host, *guest),
+            _ => return Err(format!("invalid directory grant {s:?}: expected host[:guest][:rw|:ro]")),
+        };
+        if host.is_empty() || guest.is_empty() {
+            return Err(format!("invalid directory grant {s:?}: empty path"));
+        }
+        Ok(DirGrant {
+            host: PathBuf::from(host),
+            guest: guest.to_owned(),
+            writable,
+        })
+    }
+}
+
+impl fmt::Display for DirGrant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mode = if self.writable { "rw" } else { "ro" };
+        write!(f, "{}:{}:{mode}", self.host.display(), self.guest)
+    }
+}
+
+/// Everything a task may use. `Sandbox::default()` grants nothing and sets the default limits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sandbox {
+    /// Wall-time limit; the plugin is interrupted when it passes.
+    pub timeout: Duration,
+    /// Linear-memory limit in bytes.
+    pub memory: u64,
+    /// Bytes kept of each of stdout and stderr; the rest is dropped and the drop reported.
+    pub output_cap: usize,
+    /// Host directories the plugin may see.
+    pub dirs: Vec<DirGrant>,
+    /// Environment variables the plugin sees (nothing is inherited implicitly).
+    pub env: BTreeMap<String, String>,
+    /// Whether the plugin may open TCP/UDP sockets and resolve names.
+    pub network: bool,
+}
+
+impl Default for Sandbox {
+    fn default() -> Self {
+        Sandbox {
+            timeout: DEFAULT_TIMEOUT,
+            memory: DEFAULT_MEMORY,
+            output_cap: DEFAULT_OUTPUT_CAP,
+            dirs: Vec::new(),
+            env: BTreeMap::new(),
+            network: false,
+        }
+    }
+}
+
+impl Sandbox {
+    /// Checks the limits and that every granted directory exists.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.timeout.is_zero() {
+            return Err("timeout must be greater than zero".into());
+        }
+        if self.memory == 0 || self.memory > MAX_MEMORY {
+            return Err(format!(
+                "memory must be between 1 byte and {MAX_MEMORY} bytes (4 GiB), got {}",
+                self.memory
+            ));
+        }
+        for d in &self.dirs {
+            if !d.host.is_dir() {
+                return Err(format!(
+                    "granted directory {} does not exist or is not a directory",
+                    d.host.display()
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Builds the WASI context of one task, writing its streams into `stdout`/`stderr`.
+    pub(crate) fn wasi_ctx(
+        &self,
+        stdout: CappedOutput,
+        stderr: CappedOutput,
+        clock: impl HostMonotonicClock + 'static,
+    ) -> Result<WasiCtx, String> {
+        let mut b = WasiCtxBuilder::new();
+        b.stdout(stdout).stderr(stderr).monotonic_clock(clock);
+        for (k, v) in &self.env {
+            b.env(k, v);
+        }
+        for d in &self.dirs {
+            let perms = if d.writable {
+                FsPerms::ReadWrite
+            } else {
+                FsPerms::ReadOnly
+            };
+            b.preopened_dir(&d.host, &d.guest, perms)
+                .map_err(|e| format!("cannot open granted directory {}: {e}", d.host.display()))?;
+        }
+        if self.network {
+            b.inherit_network()
+                .allow_ip_name_lookup(true)
+                .allow_tcp(true)
+                .allow_udp(true);
+        } else {
+            b.allow_tcp(false).allow_udp(false).allow_ip_name_lookup(false);
+        }
+        Ok(b.build())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dir_grants_parse() {
+        let g: DirGrant = "/data".parse().unwrap();
+        assert_eq!(
+            (g.host.to_str().unwrap(), g.guest.as_str(), g.writable),
+            ("/data", "/data", false)
+        );
+        let g: DirGrant = "/data:/in".parse().unwrap();
+        assert_eq!((g.guest.as_str(), g.writable), ("/in", false));
+        let g: DirGrant = "/data:/out:rw".parse().unwrap();
+        assert_eq!((g.guest.as_str(), g.writable), ("/out", true));
+        let g: DirGrant = "/data:rw".parse().unwrap();
+        assert_eq!((g.guest.as_str(), g.writable), ("/data", true));
+        assert!("a:b:c:d".parse::<DirGrant>().is_err());
+        assert!(":x".parse::<DirGrant>().is_err());
+    }
+
+    #[test]
+    fn validation_names_the_problem() {
+        let s = Sandbox {
+            dirs: vec!["/definitely/not/here".parse().unwrap()],
+            ..Sandbox::default()
+        };
+        assert!(s.validate().unwrap_err().contains("/definitely/not/here"));
+        let s = Sandbox {
+            memory: MAX_MEMORY + 1,
+            ..Sandbox::default()
+        };
+        assert!(s.validate().unwrap_err().contains("memory"));
+    }
+}

@@ -1,0 +1,223 @@
+//! The store boundary: every Disbatch operation the DEN and the DCI need, independent of
+//! the database behind it.
+//!
+//! [`mongo::MongoStore`] is the production implementation (MongoDB, the distributed
+//! engine). Operations are about Disbatch — claim, finish, heartbeat, recover, search on
+//! indexed fields — never about query syntax, so an embedded single-node store can sit
+//! behind the same trait.
+
+pub mod gridfs;
+pub mod mongo;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bson::oid::ObjectId;
+use bson::{DateTime, Document};
+
+use crate::model::{Node, Output, Queue, Sort, Task};
+
+/// Errors of a store operation.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The database could not be reached or failed the operation.
+    #[error("database error: {0}")]
+    Database(String),
+    /// A document in the database is not of the expected shape.
+    #[error("malformed {collection} document {id}: {reason}")]
+    Malformed {
+        /// Collection name.
+        collection: &'static str,
+        /// The document's `_id` (or "?" when it has none).
+        id: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A unique name is already taken.
+    #[error("{what} {name:?} already exists")]
+    Duplicate {
+        /// What kind of thing ("queue", "node").
+        what: &'static str,
+        /// The name.
+        name: String,
+    },
+    /// The request is invalid (names the field).
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Result of a store operation.
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// How a finishing task's stdout or stderr is to be stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OutputValue {
+    /// In the task document.
+    Inline(String),
+    /// Already written as a file with [`Store::write_output_file`].
+    File(ObjectId),
+}
+
+/// What an orphan sweep did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Recovery {
+    /// Tasks set to orphaned (-6).
+    pub orphaned: Vec<ObjectId>,
+    /// Tasks put back in their queue (-2, node null).
+    pub requeued: Vec<ObjectId>,
+}
+
+/// A lease on one of a queue's `threads` slots.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Slot {
+    /// The queue.
+    pub queue: ObjectId,
+    /// Slot number, `0..threads`.
+    pub n: i64,
+}
+
+/// A new queue.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewQueue {
+    /// Unique name.
+    pub name: String,
+    /// Plugin name.
+    pub plugin: String,
+    /// Concurrency limit (None pauses).
+    pub threads: Option<i64>,
+    /// Claim order.
+    pub sort: Sort,
+    /// Extra fields stored as given (`sandbox`, `on_orphan`, …), already validated.
+    pub extra: Document,
+}
+
+/// Fields of a queue to change; `None` leaves a field as it is.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct QueueUpdate {
+    /// New name.
+    pub name: Option<String>,
+    /// New plugin.
+    pub plugin: Option<String>,
+    /// New threads (`Some(None)` sets null).
+    pub threads: Option<Option<i64>>,
+    /// New sort.
+    pub sort: Option<Sort>,
+    /// Other fields to set (`sandbox`, `on_orphan`), already validated.
+    pub extra: Document,
+}
+
+/// A task search on indexed fields only.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TaskFilter {
+    /// Only this task.
+    pub id: Option<ObjectId>,
+    /// Only this queue.
+    pub queue: Option<ObjectId>,
+    /// Only these statuses.
+    pub status: Option<Vec<i32>>,
+    /// Only this node (`Some(None)` = unclaimed).
+    pub node: Option<Option<String>>,
+}
+
+/// Paging of a task search; newest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Page {
+    /// Skip this many.
+    pub skip: u64,
+    /// Return at most this many.
+    pub limit: u64,
+}
+
+/// Number of tasks per status code, for one queue.
+pub type StatusCounts = BTreeMap<i32, u64>;
+
+/// The store boundary. All methods are safe to call from many DENs and DCIs at once.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Creates collections and indexes as needed. Idempotent.
+    async fn ensure_indexes(&self) -> StoreResult<()>;
+
+    // ---- nodes -------------------------------------------------------------------------
+
+    /// Upserts this node's document (`node`, `timestamp` = now; `maxthreads` left as the
+    /// operators set it) and renews the leases on every slot `node` holds until
+    /// now + `lease`. Returns the node document.
+    async fn heartbeat(&self, node: &str, lease: Duration) -> StoreResult<Node>;
+    /// All node documents.
+    async fn nodes(&self) -> StoreResult<Vec<Node>>;
+    /// Sets a node's `maxthreads` (None = no limit). Returns false when no such node.
+    async fn set_maxthreads(&self, node: &str, maxthreads: Option<i64>) -> StoreResult<bool>;
+
+    // ---- queues ------------------------------------------------------------------------
+
+    /// All queues.
+    async fn queues(&self) -> StoreResult<Vec<Queue>>;
+    /// Creates a queue; fails with [`StoreError::Duplicate`] when the name is taken.
+    async fn create_queue(&self, queue: NewQueue) -> StoreResult<Queue>;
+    /// Changes a queue. Returns the new queue, or None when there is no such queue.
+    async fn update_queue(&self, id: ObjectId, update: QueueUpdate) -> StoreResult<Option<Queue>>;
+    /// Deletes a queue (its tasks stay). Returns false when there is no such queue.
+    async fn delete_queue(&self, id: ObjectId) -> StoreResult<bool>;
+    /// Task counts by status for each queue.
+    async fn queue_counts(&self) -> StoreResult<BTreeMap<ObjectId, StatusCounts>>;
+
+    // ---- claiming and running (the DEN) ------------------------------------------------
+
+    /// Takes a lease on a free slot of `queue` (slot numbers `0..threads`, free when
+    /// unheld or its lease expired) for `node` until now + `lease`. Returns None when all
+    /// `threads` slots are taken, or while slots numbered `threads` or above are still held
+    /// (the queue's limit was lowered and it is still over it). This is what makes
+    /// `threads` hold across DENs.
+    async fn acquire_slot(&self, queue: &Queue, node: &str, lease: Duration) -> StoreResult<Option<Slot>>;
+    /// Gives a slot back (only if `node` still holds it).
+    async fn release_slot(&self, slot: &Slot, node: &str) -> StoreResult<()>;
+    /// Whether `queue` has a claimable task (`{node: null, status: -2, queue}`): a cheap
+    /// probe so an idle DEN does not take slot leases for empty queues.
+    async fn has_queued(&self, queue: ObjectId) -> StoreResult<bool>;
+    /// Claims the next queued task of `queue` for `node` with one atomic
+    /// find-and-modify: filter `{node: null, status: -2, queue}`, set
+    /// `{node, status: -1, mtime: now}`, sorted by `_id` per the queue's sort.
+    async fn claim(&self, queue: &Queue, node: &str) -> StoreResult<Option<Task>>;
+    /// Marks a claimed task running (0), fenced on `{_id, node, status: -1}`.
+    /// Returns false when the task is no longer ours.
+    async fn start(&self, task: ObjectId, node: &str) -> StoreResult<bool>;
+    /// Stores an output stream as a GridFS file (String chunks) tied to `task`; returns the
+    /// file id. Called before [`Store::finish`], so a task never points at a missing file.
+    async fn write_output_file(&self, task: ObjectId, filename: &str, text: &str) -> StoreResult<ObjectId>;
+    /// Finishes a task: status, stdout, stderr and mtime in one update, fenced on
+    /// `{_id, node, status: 0}`. Returns false when the task was recovered meanwhile (then
+    /// nothing is written).
+    async fn finish(
+        &self,
+        task: ObjectId,
+        node: &str,
+        status: i32,
+        stdout: OutputValue,
+        stderr: OutputValue,
+    ) -> StoreResult<bool>;
+    /// Puts tasks of `node` that are claimed or running back in their queue (-2, node
+    /// null), for a graceful shutdown. Returns the ids requeued.
+    async fn requeue_own(&self, node: &str, tasks: &[ObjectId]) -> StoreResult<Vec<ObjectId>>;
+    /// Recovers orphans: claimed (-1) tasks whose mtime is older than `claimed_before`
+    /// (the spec's sweep), and claimed or running tasks of nodes whose heartbeat is older
+    /// than `stale_before` (or that have no node document). Each becomes orphaned (-6),
+    /// or queued again (-2, node null) when its queue's `on_orphan` is `requeue`.
+    /// Slots held by stale nodes are freed.
+    async fn recover_orphans(&self, claimed_before: DateTime, stale_before: DateTime) -> StoreResult<Recovery>;
+
+    // ---- tasks (the DCI) ---------------------------------------------------------------
+
+    /// Inserts queued tasks (status -2, node null, stdout/stderr null, ctime = mtime = now)
+    /// with the given params. Returns their ids in order.
+    async fn create_tasks(&self, queue: ObjectId, params: Vec<Document>) -> StoreResult<Vec<ObjectId>>;
+    /// Tasks matching `filter`, newest first.
+    async fn find_tasks(&self, filter: &TaskFilter, page: Page) -> StoreResult<Vec<Task>>;
+    /// Number of tasks matching `filter`.
+    async fn count_tasks(&self, filter: &TaskFilter) -> StoreResult<u64>;
+    /// One task.
+    async fn task(&self, id: ObjectId) -> StoreResult<Option<Task>>;
+    /// The text of a stored output: inline text as is, a file read back whole.
+    async fn read_output(&self, output: &Output) -> StoreResult<String>;
+}

@@ -1,0 +1,616 @@
+//! [`MongoStore`]: the [`Store`] on MongoDB, the production and distributed store.
+//!
+//! Collections and documents are the spec's: `tasks`, `queues`, `nodes`, plus GridFS
+//! output in `tasks.files` / `tasks.chunks` (see [`super::gridfs`]). One more collection,
+//! `slots`, holds the leases that make a queue's `threads` a cluster-wide limit: one
+//! document `{queue, n, holder, expires}` per slot `n` in `0..threads`, taken and renewed
+//! with conditional updates and free again once its lease expires.
+//!
+//! Malformed queue documents never make [`Store::queues`] fail for every queue: an unknown
+//! `sort` is taken as `default` (the spec's order when `sort` is unset) with a warning; a
+//! queue whose `name`, `plugin`, `threads`, `sandbox` or `on_orphan` is of the wrong shape
+//! is left out of the list with a warning naming the queue and the field, since it cannot
+//! be run as its operators meant. Node documents are treated the same way. Each distinct
+//! problem is logged once per process.
+//!
+//! Parts: `connect` ([`MongoOptions`], TLS and credentials), `documents` (BSON ↔ model,
+//! lenient parsing), `slots` (queue slot leases), `recovery` (orphan recovery).
+
+mod connect;
+mod documents;
+mod recovery;
+mod slots;
+
+pub use self::connect::MongoOptions;
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bson::oid::ObjectId;
+use bson::{doc, Bson, DateTime, Document};
+use futures::TryStreamExt;
+use mongodb::error::{ErrorKind, WriteFailure};
+use mongodb::options::{FindOneAndUpdateOptions, IndexOptions, ReturnDocument};
+use mongodb::{Collection, Database, IndexModel};
+
+use self::documents::{as_int, node_from, opt_int_bson, output_bson, queue_from, sort_str, task_filter_doc, task_from};
+use super::gridfs::{self, GridFsError};
+use super::{
+    NewQueue, OutputValue, Page, QueueUpdate, Recovery, Slot, StatusCounts, Store, StoreError, StoreResult, TaskFilter,
+};
+use crate::model::{status, Node, Output, Queue, Sort, Task};
+
+/// Collection of task documents.
+pub const TASKS: &str = "tasks";
+/// Collection of queue documents.
+pub const QUEUES: &str = "queues";
+/// Collection of node (DEN) documents.
+pub const NODES: &str = "nodes";
+/// Collection of queue slot leases.
+pub const SLOTS: &str = "slots";
+
+/// The MongoDB duplicate-key error code.
+const DUPLICATE_KEY: i32 = 11000;
+
+/// The [`Store`] on a MongoDB database. Cloning is cheap: clones share the connection
+/// pool and the caches.
+#[derive(Clone)]
+pub struct MongoStore {
+    db: Database,
+    tasks: Collection<Document>,
+    queues: Collection<Document>,
+    nodes: Collection<Document>,
+    slots: Collection<Document>,
+    /// `(queue, threads)` whose slot documents `0..threads` are known to exist.
+    ensured_slots: Arc<Mutex<HashSet<(ObjectId, i64)>>>,
+    /// Problems with documents already logged, so each is logged once.
+    warned: Arc<Mutex<HashSet<String>>>,
+}
+
+impl std::fmt::Debug for MongoStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MongoStore")
+            .field("database", &self.db.name())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A driver error as a store error, saying what was being done.
+fn db_err(op: &'static str) -> impl Fn(mongodb::error::Error) -> StoreError {
+    move |e| StoreError::Database(format!("{op}: {e}"))
+}
+
+/// Whether every failure in `e` is a duplicate-key error.
+fn is_duplicate_key(e: &mongodb::error::Error) -> bool {
+    match e.kind.as_ref() {
+        ErrorKind::Write(WriteFailure::WriteError(w)) => w.code == DUPLICATE_KEY,
+        ErrorKind::Command(c) => c.code == DUPLICATE_KEY,
+        ErrorKind::InsertMany(m) => {
+            m.write_concern_error.is_none()
+                && m.write_errors
+                    .as_ref()
+                    .is_some_and(|errs| errs.iter().all(|w| w.code == DUPLICATE_KEY))
+        }
+        _ => false,
+    }
+}
+
+impl From<GridFsError> for StoreError {
+    fn from(e: GridFsError) -> Self {
+        match e {
+            GridFsError::NotFound(id) => StoreError::Malformed {
+                collection: gridfs::FILES,
+                id: id.to_hex(),
+                reason: "no such file".to_string(),
+            },
+            GridFsError::Corrupt { file_id, reason } => StoreError::Malformed {
+                collection: gridfs::FILES,
+                id: file_id.to_hex(),
+                reason,
+            },
+            other => StoreError::Database(other.to_string()),
+        }
+    }
+}
+
+impl MongoStore {
+    /// Uses an already connected database.
+    pub fn from_database(db: Database) -> MongoStore {
+        MongoStore {
+            tasks: db.collection(TASKS),
+            queues: db.collection(QUEUES),
+            nodes: db.collection(NODES),
+            slots: db.collection(SLOTS),
+            db,
+            ensured_slots: Arc::new(Mutex::new(HashSet::new())),
+            warned: Arc::new(Mutex::new(HashSet::new())),
+        }
+    }
+
+    /// The database in use.
+    pub fn database(&self) -> &Database {
+        &self.db
+    }
+
+    /// Logs a problem with a document once per process.
+    fn warn_once(&self, message: String) {
+        let first = self
+            .warned
+            .lock()
+            .map(|mut w| w.insert(message.clone()))
+            .unwrap_or(true);
+        if first {
+            tracing::warn!("{message}");
+        }
+    }
+
+    async fn find_queue(&self, id: ObjectId) -> StoreResult<Option<Queue>> {
+        let found = self
+            .queues
+            .find_one(doc! { "_id": id })
+            .await
+            .map_err(db_err("find queue"))?;
+        found.map(|d| queue_from(&d).map(|(q, _)| q)).transpose()
+    }
+
+    /// Marks a claimed task that cannot be parsed as failed, so it neither blocks its
+    /// queue nor stays claimed, and says why in its stderr.
+    async fn fail_malformed_claim(&self, raw: &Document, node: &str, reason: &StoreError) {
+        let Some(Bson::ObjectId(id)) = raw.get("_id") else {
+            return;
+        };
+        let update = doc! { "$set": {
+            "status": status::FAILED,
+            "stderr": format!("disbatch: cannot run this task: {reason}"),
+            "mtime": DateTime::now(),
+        }};
+        if let Err(e) = self
+            .tasks
+            .update_one(doc! { "_id": id, "node": node, "status": status::CLAIMED }, update)
+            .await
+        {
+            tracing::warn!(task = %id, error = %e, "could not mark a malformed task failed");
+        }
+    }
+}
+
+/// Keys of a queue document that `extra` fields may not set.
+const QUEUE_CORE_FIELDS: [&str; 5] = ["_id", "name", "plugin", "threads", "sort"];
+
+fn check_extra(extra: &Document) -> StoreResult<()> {
+    match extra
+        .keys()
+        .find(|k| QUEUE_CORE_FIELDS.contains(&k.as_str()) || k.starts_with('$'))
+    {
+        Some(k) => Err(StoreError::Invalid(format!(
+            "field {k:?} cannot be set as an extra queue field"
+        ))),
+        None => Ok(()),
+    }
+}
+
+fn check_threads(threads: Option<i64>) -> StoreResult<()> {
+    match threads {
+        Some(t) if t < 0 => Err(StoreError::Invalid(format!("threads must be non-negative, got {t}"))),
+        _ => Ok(()),
+    }
+}
+
+#[async_trait]
+impl Store for MongoStore {
+    async fn ensure_indexes(&self) -> StoreResult<()> {
+        let unique = || IndexOptions::builder().unique(true).build();
+        let plain = |keys: Document| IndexModel::builder().keys(keys).build();
+        let unique_on = |keys: Document| IndexModel::builder().keys(keys).options(unique()).build();
+
+        let err = db_err("create indexes");
+        self.nodes
+            .create_index(unique_on(doc! { "node": 1 }))
+            .await
+            .map_err(&err)?;
+        self.queues
+            .create_index(unique_on(doc! { "name": 1 }))
+            .await
+            .map_err(&err)?;
+        self.tasks
+            .create_indexes([
+                plain(doc! { "queue": 1, "status": 1, "node": 1, "_id": 1 }),
+                plain(doc! { "node": 1, "status": 1 }),
+                plain(doc! { "status": 1, "mtime": 1 }),
+                plain(doc! { "queue": 1, "status": 1 }),
+            ])
+            .await
+            .map_err(&err)?;
+        let files = self.db.collection::<Document>(gridfs::FILES);
+        files
+            .create_indexes([
+                plain(doc! { "filename": 1, "uploadDate": 1 }),
+                plain(doc! { "metadata.task_id": 1 }),
+            ])
+            .await
+            .map_err(&err)?;
+        let chunks = self.db.collection::<Document>(gridfs::CHUNKS);
+        chunks
+            .create_index(unique_on(doc! { "files_id": 1, "n": 1 }))
+            .await
+            .map_err(&err)?;
+        self.slots
+            .create_indexes([unique_on(doc! { "queue": 1, "n": 1 }), plain(doc! { "holder": 1 })])
+            .await
+            .map_err(&err)?;
+        Ok(())
+    }
+
+    // ---- nodes -------------------------------------------------------------------------
+
+    async fn heartbeat(&self, node: &str, lease: Duration) -> StoreResult<Node> {
+        let now = DateTime::now();
+        self.renew_slots(node, slots::lease_end(now, lease)).await?;
+        let update = doc! { "$set": { "timestamp": now }, "$setOnInsert": { "maxthreads": null } };
+        let mut attempt = 0;
+        let found = loop {
+            let result = self
+                .nodes
+                .find_one_and_update(doc! { "node": node }, update.clone())
+                .upsert(true)
+                .return_document(ReturnDocument::After)
+                .await;
+            match result {
+                // Two upserts of a new node raced; the other one inserted it.
+                Err(e) if is_duplicate_key(&e) && attempt == 0 => attempt += 1,
+                other => break other.map_err(db_err("heartbeat"))?,
+            }
+        };
+        let found =
+            found.ok_or_else(|| StoreError::Database(format!("heartbeat of node {node:?} returned nothing")))?;
+        node_from(&found)
+    }
+
+    async fn nodes(&self) -> StoreResult<Vec<Node>> {
+        let docs: Vec<Document> = self
+            .nodes
+            .find(doc! {})
+            .sort(doc! { "node": 1 })
+            .await
+            .map_err(db_err("list nodes"))?
+            .try_collect()
+            .await
+            .map_err(db_err("list nodes"))?;
+        let mut nodes = Vec::with_capacity(docs.len());
+        for d in &docs {
+            match node_from(d) {
+                Ok(n) => nodes.push(n),
+                Err(e) => self.warn_once(format!("ignoring node document: {e}")),
+            }
+        }
+        Ok(nodes)
+    }
+
+    async fn set_maxthreads(&self, node: &str, maxthreads: Option<i64>) -> StoreResult<bool> {
+        if let Some(m) = maxthreads.filter(|m| *m < 0) {
+            return Err(StoreError::Invalid(format!("maxthreads must be non-negative, got {m}")));
+        }
+        let result = self
+            .nodes
+            .update_one(
+                doc! { "node": node },
+                doc! { "$set": { "maxthreads": opt_int_bson(maxthreads) } },
+            )
+            .await
+            .map_err(db_err("set maxthreads"))?;
+        Ok(result.matched_count > 0)
+    }
+
+    // ---- queues ------------------------------------------------------------------------
+
+    async fn queues(&self) -> StoreResult<Vec<Queue>> {
+        let docs: Vec<Document> = self
+            .queues
+            .find(doc! {})
+            .sort(doc! { "_id": 1 })
+            .await
+            .map_err(db_err("list queues"))?
+            .try_collect()
+            .await
+            .map_err(db_err("list queues"))?;
+        let mut queues = Vec::with_capacity(docs.len());
+        for d in &docs {
+            let name = d.get_str("name").unwrap_or("?");
+            match queue_from(d) {
+                Ok((q, problems)) => {
+                    for p in problems {
+                        self.warn_once(format!("queue {:?} ({}): {p}", q.name, q.id));
+                    }
+                    queues.push(q);
+                }
+                Err(e) => self.warn_once(format!("ignoring queue {name:?}: {e}")),
+            }
+        }
+        Ok(queues)
+    }
+
+    async fn create_queue(&self, queue: NewQueue) -> StoreResult<Queue> {
+        check_extra(&queue.extra)?;
+        check_threads(queue.threads)?;
+        let mut d = doc! {
+            "_id": ObjectId::new(),
+            "name": queue.name.clone(),
+            "plugin": queue.plugin.clone(),
+            "threads": opt_int_bson(queue.threads),
+            "sort": sort_str(queue.sort),
+        };
+        d.extend(queue.extra);
+        let (parsed, _) = queue_from(&d).map_err(|e| StoreError::Invalid(e.to_string()))?;
+        match self.queues.insert_one(&d).await {
+            Ok(_) => Ok(parsed),
+            Err(e) if is_duplicate_key(&e) => Err(StoreError::Duplicate {
+                what: "queue",
+                name: queue.name,
+            }),
+            Err(e) => Err(db_err("create queue")(e)),
+        }
+    }
+
+    async fn update_queue(&self, id: ObjectId, update: QueueUpdate) -> StoreResult<Option<Queue>> {
+        check_extra(&update.extra)?;
+        let mut set = Document::new();
+        if let Some(name) = &update.name {
+            set.insert("name", name.clone());
+        }
+        if let Some(plugin) = update.plugin {
+            set.insert("plugin", plugin);
+        }
+        if let Some(threads) = update.threads {
+            check_threads(threads)?;
+            set.insert("threads", opt_int_bson(threads));
+        }
+        if let Some(sort) = update.sort {
+            set.insert("sort", sort_str(sort));
+        }
+        set.extend(update.extra);
+        if set.is_empty() {
+            return self.find_queue(id).await;
+        }
+        let result = self
+            .queues
+            .find_one_and_update(doc! { "_id": id }, doc! { "$set": set })
+            .return_document(ReturnDocument::After)
+            .await;
+        match result {
+            Ok(found) => found.map(|d| queue_from(&d).map(|(q, _)| q)).transpose(),
+            Err(e) if is_duplicate_key(&e) => Err(StoreError::Duplicate {
+                what: "queue",
+                name: update.name.unwrap_or_default(),
+            }),
+            Err(e) => Err(db_err("update queue")(e)),
+        }
+    }
+
+    async fn delete_queue(&self, id: ObjectId) -> StoreResult<bool> {
+        let result = self
+            .queues
+            .delete_one(doc! { "_id": id })
+            .await
+            .map_err(db_err("delete queue"))?;
+        self.slots
+            .delete_many(doc! { "queue": id })
+            .await
+            .map_err(db_err("delete queue slots"))?;
+        if let Ok(mut s) = self.ensured_slots.lock() {
+            s.retain(|(q, _)| *q != id);
+        }
+        Ok(result.deleted_count > 0)
+    }
+
+    async fn queue_counts(&self) -> StoreResult<BTreeMap<ObjectId, StatusCounts>> {
+        let pipeline = [doc! { "$group": {
+            "_id": { "queue": "$queue", "status": "$status" },
+            "n": { "$sum": 1 },
+        }}];
+        let mut cursor = self
+            .tasks
+            .aggregate(pipeline)
+            .await
+            .map_err(db_err("count tasks by queue"))?;
+        let mut counts: BTreeMap<ObjectId, StatusCounts> = BTreeMap::new();
+        while let Some(group) = cursor.try_next().await.map_err(db_err("count tasks by queue"))? {
+            let key = group.get_document("_id").ok();
+            let queue = key.and_then(|k| k.get_object_id("queue").ok());
+            let code = key
+                .and_then(|k| k.get("status"))
+                .and_then(as_int)
+                .and_then(|s| i32::try_from(s).ok());
+            let n = group.get("n").and_then(as_int).and_then(|n| u64::try_from(n).ok());
+            match (queue, code, n) {
+                (Some(q), Some(c), Some(n)) => *counts.entry(q).or_default().entry(c).or_default() += n,
+                _ => self.warn_once(format!(
+                    "tasks with a malformed queue or status are not counted: {group}"
+                )),
+            }
+        }
+        Ok(counts)
+    }
+
+    // ---- claiming and running (the DEN) ------------------------------------------------
+
+    async fn acquire_slot(&self, queue: &Queue, node: &str, lease: Duration) -> StoreResult<Option<Slot>> {
+        self.take_slot(queue, node, lease).await
+    }
+
+    async fn release_slot(&self, slot: &Slot, node: &str) -> StoreResult<()> {
+        self.give_back_slot(slot, node).await
+    }
+
+    async fn has_queued(&self, queue: ObjectId) -> StoreResult<bool> {
+        let found = self
+            .tasks
+            .find_one(doc! { "node": null, "status": status::QUEUED, "queue": queue })
+            .projection(doc! { "_id": 1 })
+            .await
+            .map_err(db_err("look for queued tasks"))?;
+        Ok(found.is_some())
+    }
+
+    /// Claims as [`Store::claim`] says. A claimed document that cannot be read as a task
+    /// is marked failed (status 2, the reason in `stderr`) so it neither blocks the queue
+    /// nor waits for the orphan sweep, and the error is returned.
+    async fn claim(&self, queue: &Queue, node: &str) -> StoreResult<Option<Task>> {
+        let mut options = FindOneAndUpdateOptions::default();
+        options.return_document = Some(ReturnDocument::After);
+        options.sort = match queue.sort {
+            Sort::Fifo => Some(doc! { "_id": 1 }),
+            Sort::Lifo => Some(doc! { "_id": -1 }),
+            Sort::Default => None,
+        };
+        let claimed = self
+            .tasks
+            .find_one_and_update(
+                doc! { "node": null, "status": status::QUEUED, "queue": queue.id },
+                doc! { "$set": { "node": node, "status": status::CLAIMED, "mtime": DateTime::now() } },
+            )
+            .with_options(options)
+            .await
+            .map_err(db_err("claim task"))?;
+        let Some(raw) = claimed else {
+            return Ok(None);
+        };
+        match task_from(&raw) {
+            Ok(task) => Ok(Some(task)),
+            Err(e) => {
+                self.fail_malformed_claim(&raw, node, &e).await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn start(&self, task: ObjectId, node: &str) -> StoreResult<bool> {
+        let result = self
+            .tasks
+            .update_one(
+                doc! { "_id": task, "node": node, "status": status::CLAIMED },
+                doc! { "$set": { "status": status::RUNNING, "mtime": DateTime::now() } },
+            )
+            .await
+            .map_err(db_err("start task"))?;
+        Ok(result.matched_count == 1)
+    }
+
+    async fn write_output_file(&self, task: ObjectId, filename: &str, text: &str) -> StoreResult<ObjectId> {
+        Ok(gridfs::write_file(&self.db, task, filename, text).await?)
+    }
+
+    async fn finish(
+        &self,
+        task: ObjectId,
+        node: &str,
+        status: i32,
+        stdout: OutputValue,
+        stderr: OutputValue,
+    ) -> StoreResult<bool> {
+        let result = self
+            .tasks
+            .update_one(
+                doc! { "_id": task, "node": node, "status": status::RUNNING },
+                doc! { "$set": {
+                    "status": status,
+                    "stdout": output_bson(&stdout),
+                    "stderr": output_bson(&stderr),
+                    "mtime": DateTime::now(),
+                }},
+            )
+            .await
+            .map_err(db_err("finish task"))?;
+        Ok(result.matched_count == 1)
+    }
+
+    async fn requeue_own(&self, node: &str, tasks: &[ObjectId]) -> StoreResult<Vec<ObjectId>> {
+        let mut requeued = Vec::new();
+        for id in tasks {
+            let result = self
+                .tasks
+                .update_one(
+                    doc! { "_id": id, "node": node, "status": { "$in": [status::CLAIMED, status::RUNNING] } },
+                    doc! { "$set": { "status": status::QUEUED, "node": null, "mtime": DateTime::now() } },
+                )
+                .await
+                .map_err(db_err("requeue task"))?;
+            if result.modified_count == 1 {
+                requeued.push(*id);
+            }
+        }
+        Ok(requeued)
+    }
+
+    async fn recover_orphans(&self, claimed_before: DateTime, stale_before: DateTime) -> StoreResult<Recovery> {
+        self.recover(claimed_before, stale_before).await
+    }
+
+    // ---- tasks (the DCI) ---------------------------------------------------------------
+
+    async fn create_tasks(&self, queue: ObjectId, params: Vec<Document>) -> StoreResult<Vec<ObjectId>> {
+        if params.is_empty() {
+            return Ok(Vec::new());
+        }
+        let now = DateTime::now();
+        let ids: Vec<ObjectId> = params.iter().map(|_| ObjectId::new()).collect();
+        let docs = ids.iter().zip(params).map(|(id, params)| {
+            doc! {
+                "_id": id,
+                "queue": queue,
+                "ctime": now,
+                "mtime": now,
+                "node": null,
+                "status": status::QUEUED,
+                "params": params,
+                "stdout": null,
+                "stderr": null,
+            }
+        });
+        self.tasks.insert_many(docs).await.map_err(db_err("create tasks"))?;
+        Ok(ids)
+    }
+
+    async fn find_tasks(&self, filter: &TaskFilter, page: Page) -> StoreResult<Vec<Task>> {
+        if page.limit == 0 {
+            return Ok(Vec::new());
+        }
+        let limit = i64::try_from(page.limit).unwrap_or(i64::MAX);
+        let docs: Vec<Document> = self
+            .tasks
+            .find(task_filter_doc(filter))
+            .sort(doc! { "_id": -1 })
+            .skip(page.skip)
+            .limit(limit)
+            .await
+            .map_err(db_err("find tasks"))?
+            .try_collect()
+            .await
+            .map_err(db_err("find tasks"))?;
+        docs.iter().map(task_from).collect()
+    }
+
+    async fn count_tasks(&self, filter: &TaskFilter) -> StoreResult<u64> {
+        self.tasks
+            .count_documents(task_filter_doc(filter))
+            .await
+            .map_err(db_err("count tasks"))
+    }
+
+    async fn task(&self, id: ObjectId) -> StoreResult<Option<Task>> {
+        let found = self
+            .tasks
+            .find_one(doc! { "_id": id })
+            .await
+            .map_err(db_err("find task"))?;
+        found.as_ref().map(task_from).transpose()
+    }
+
+    async fn read_output(&self, output: &Output) -> StoreResult<String> {
+        match output {
+            Output::Inline(s) => Ok(s.clone()),
+            Output::File(id) => Ok(gridfs::read_file(&self.db, *id).await?),
+        }
+    }
+}

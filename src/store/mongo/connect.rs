@@ -1,0 +1,126 @@
+//! Connecting a [`MongoStore`]: the URI plus TLS and credential settings.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use mongodb::options::{ClientOptions, Tls, TlsOptions};
+use mongodb::Client;
+
+use super::MongoStore;
+use crate::store::{StoreError, StoreResult};
+
+/// Connection settings beyond the URI: TLS and credentials. Unset fields leave what the
+/// URI says.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MongoOptions {
+    /// Use TLS (also implied by `tls_ca_file` or `tls_allow_invalid_certificates`).
+    pub tls: bool,
+    /// PEM file of the certificate authority for an internally signed server certificate.
+    pub tls_ca_file: Option<PathBuf>,
+    /// Accept any server certificate (self-signed certificates).
+    pub tls_allow_invalid_certificates: bool,
+    /// User name to authenticate as.
+    pub username: Option<String>,
+    /// Password of `username`.
+    pub password: Option<String>,
+    /// Database that holds the user (`authSource`).
+    pub auth_source: Option<String>,
+    /// How long an operation waits for a reachable server (the driver's default is 30 s).
+    pub server_selection_timeout: Option<Duration>,
+}
+
+impl MongoOptions {
+    /// Applies these settings over what the URI gave.
+    fn apply(&self, client_options: &mut ClientOptions) {
+        if self.tls || self.tls_ca_file.is_some() || self.tls_allow_invalid_certificates {
+            let mut tls = TlsOptions::default();
+            tls.ca_file_path = self.tls_ca_file.clone();
+            if self.tls_allow_invalid_certificates {
+                tls.allow_invalid_certificates = Some(true);
+            }
+            client_options.tls = Some(Tls::Enabled(tls));
+        }
+        if self.username.is_some() || self.password.is_some() || self.auth_source.is_some() {
+            let mut credential = client_options.credential.take().unwrap_or_default();
+            if let Some(u) = &self.username {
+                credential.username = Some(u.clone());
+            }
+            if let Some(p) = &self.password {
+                credential.password = Some(p.clone());
+            }
+            if let Some(s) = &self.auth_source {
+                credential.source = Some(s.clone());
+            }
+            client_options.credential = Some(credential);
+        }
+        if let Some(t) = self.server_selection_timeout {
+            client_options.server_selection_timeout = Some(t);
+        }
+        if client_options.app_name.is_none() {
+            client_options.app_name = Some("disbatch".to_string());
+        }
+    }
+}
+
+impl MongoStore {
+    /// Connects to `uri` and uses `database`. The connection is made lazily: an unreachable
+    /// server shows as an error of the first operation (usually
+    /// [`Store::ensure_indexes`](crate::store::Store::ensure_indexes)).
+    pub async fn connect(uri: &str, database: &str, options: MongoOptions) -> StoreResult<MongoStore> {
+        if database.is_empty() {
+            return Err(StoreError::Invalid("database name is empty".to_string()));
+        }
+        let mut client_options = ClientOptions::parse(uri)
+            .await
+            .map_err(|e| StoreError::Invalid(format!("mongohost {uri:?}: {e}")))?;
+        options.apply(&mut client_options);
+        let client =
+            Client::with_options(client_options).map_err(|e| StoreError::Invalid(format!("mongohost: {e}")))?;
+        Ok(Self::from_database(client.database(database)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn settings_override_the_uri() {
+        let mut o = ClientOptions::parse("mongodb://u0:p0@127.0.0.1:1/?authSource=a0")
+            .await
+            .unwrap();
+        MongoOptions::default().apply(&mut o);
+        assert!(o.tls.is_none());
+        assert_eq!(o.credential.as_ref().and_then(|c| c.username.as_deref()), Some("u0"));
+
+        let settings = MongoOptions {
+            tls_ca_file: Some("/etc/ca.pem".into()),
+            username: Some("u1".into()),
+            auth_source: Some("admin".into()),
+            ..Default::default()
+        };
+        settings.apply(&mut o);
+        match &o.tls {
+            Some(Tls::Enabled(t)) => {
+                assert_eq!(t.ca_file_path.as_deref(), Some(std::path::Path::new("/etc/ca.pem")));
+                assert_eq!(t.allow_invalid_certificates, None);
+            }
+            other => panic!("TLS not enabled: {other:?}"),
+        }
+        let c = o.credential.as_ref().unwrap();
+        assert_eq!((c.username.as_deref(), c.password.as_deref()), (Some("u1"), Some("p0")));
+        assert_eq!(c.source.as_deref(), Some("admin"));
+        assert_eq!(o.app_name.as_deref(), Some("disbatch"));
+    }
+
+    #[tokio::test]
+    async fn self_signed_certificates() {
+        let mut o = ClientOptions::parse("mongodb://127.0.0.1:1").await.unwrap();
+        MongoOptions {
+            tls_allow_invalid_certificates: true,
+            ..Default::default()
+        }
+        .apply(&mut o);
+        assert!(matches!(&o.tls, Some(Tls::Enabled(t)) if t.allow_invalid_certificates == Some(true)));
+    }
+}

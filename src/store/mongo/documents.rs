@@ -1,0 +1,406 @@
+//! BSON documents of the MongoDB store ↔ model types.
+//!
+//! Parsing is lenient about what other Disbatch 4 clients may write: integers may be
+//! Int32, Int64 or an integral Double, optional fields may be null or missing. Anything
+//! else is [`StoreError::Malformed`], naming the collection, the `_id` and the field.
+
+use bson::oid::ObjectId;
+use bson::{doc, Bson, DateTime, Document};
+
+use crate::model::{Node, OnOrphan, Output, Queue, QueueSandbox, Sort, Task};
+use crate::store::{OutputValue, StoreError, StoreResult, TaskFilter};
+
+/// Largest integer a Double represents exactly (2^53).
+const MAX_EXACT_DOUBLE: f64 = 9_007_199_254_740_992.0;
+
+/// An integer as other clients write it: Int32, Int64 or an integral Double.
+pub(super) fn as_int(value: &Bson) -> Option<i64> {
+    match value {
+        Bson::Int32(n) => Some(i64::from(*n)),
+        Bson::Int64(n) => Some(*n),
+        Bson::Double(f) if f.fract() == 0.0 && f.abs() <= MAX_EXACT_DOUBLE => Some(*f as i64),
+        _ => None,
+    }
+}
+
+/// An integer the way the spec's examples store it: Int32 when it fits, else Int64.
+pub(super) fn int_bson(n: i64) -> Bson {
+    i32::try_from(n).map_or(Bson::Int64(n), Bson::Int32)
+}
+
+/// An optional integer: null when absent.
+pub(super) fn opt_int_bson(n: Option<i64>) -> Bson {
+    n.map_or(Bson::Null, int_bson)
+}
+
+/// The spec's `sort` string.
+pub(super) fn sort_str(sort: Sort) -> &'static str {
+    match sort {
+        Sort::Fifo => "fifo",
+        Sort::Lifo => "lifo",
+        Sort::Default => "default",
+    }
+}
+
+/// A finishing task's stdout or stderr as stored: a String or a GridFS file id.
+pub(super) fn output_bson(value: &OutputValue) -> Bson {
+    match value {
+        OutputValue::Inline(s) => Bson::String(s.clone()),
+        OutputValue::File(id) => Bson::ObjectId(*id),
+    }
+}
+
+/// The query for a task search.
+pub(super) fn task_filter_doc(filter: &TaskFilter) -> Document {
+    let mut q = Document::new();
+    if let Some(id) = filter.id {
+        q.insert("_id", id);
+    }
+    if let Some(queue) = filter.queue {
+        q.insert("queue", queue);
+    }
+    if let Some(statuses) = &filter.status {
+        q.insert(
+            "status",
+            doc! { "$in": statuses.iter().map(|s| Bson::Int32(*s)).collect::<Vec<_>>() },
+        );
+    }
+    if let Some(node) = &filter.node {
+        q.insert("node", node.as_ref().map_or(Bson::Null, |n| Bson::String(n.clone())));
+    }
+    q
+}
+
+/// One document's fields, with errors naming the collection, the `_id` and the field.
+struct Fields<'a> {
+    collection: &'static str,
+    doc: &'a Document,
+}
+
+impl<'a> Fields<'a> {
+    fn new(collection: &'static str, doc: &'a Document) -> Self {
+        Fields { collection, doc }
+    }
+
+    fn id_text(&self) -> String {
+        match self.doc.get("_id") {
+            Some(Bson::ObjectId(id)) => id.to_hex(),
+            Some(other) => other.to_string(),
+            None => "?".to_string(),
+        }
+    }
+
+    fn malformed(&self, field: &str, expected: &str) -> StoreError {
+        let found = match self.doc.get(field) {
+            None => "nothing".to_string(),
+            Some(v) => format!("{:?} {v}", v.element_type()),
+        };
+        StoreError::Malformed {
+            collection: self.collection,
+            id: self.id_text(),
+            reason: format!("field `{field}` must be {expected}, found {found}"),
+        }
+    }
+
+    /// A present, non-null value.
+    fn get(&self, field: &str) -> Option<&'a Bson> {
+        self.doc.get(field).filter(|v| !matches!(v, Bson::Null))
+    }
+
+    fn object_id(&self, field: &str) -> StoreResult<ObjectId> {
+        match self.get(field) {
+            Some(Bson::ObjectId(id)) => Ok(*id),
+            _ => Err(self.malformed(field, "an ObjectId")),
+        }
+    }
+
+    fn string(&self, field: &str) -> StoreResult<String> {
+        match self.get(field) {
+            Some(Bson::String(s)) => Ok(s.clone()),
+            _ => Err(self.malformed(field, "a string")),
+        }
+    }
+
+    fn opt_string(&self, field: &str) -> StoreResult<Option<String>> {
+        match self.get(field) {
+            None => Ok(None),
+            Some(Bson::String(s)) => Ok(Some(s.clone())),
+            Some(_) => Err(self.malformed(field, "a string or null")),
+        }
+    }
+
+    /// A non-negative integer, null or missing.
+    fn opt_count(&self, field: &str) -> StoreResult<Option<i64>> {
+        match self.get(field) {
+            None => Ok(None),
+            Some(v) => match as_int(v) {
+                Some(n) if n >= 0 => Ok(Some(n)),
+                _ => Err(self.malformed(field, "a non-negative integer or null")),
+            },
+        }
+    }
+
+    fn opt_date(&self, field: &str) -> StoreResult<Option<DateTime>> {
+        match self.get(field) {
+            None => Ok(None),
+            Some(Bson::DateTime(d)) => Ok(Some(*d)),
+            Some(_) => Err(self.malformed(field, "a date")),
+        }
+    }
+
+    fn date(&self, field: &str) -> StoreResult<DateTime> {
+        self.opt_date(field)?.ok_or_else(|| self.malformed(field, "a date"))
+    }
+
+    fn output(&self, field: &str) -> StoreResult<Option<Output>> {
+        match self.get(field) {
+            None => Ok(None),
+            Some(Bson::String(s)) => Ok(Some(Output::Inline(s.clone()))),
+            Some(Bson::ObjectId(id)) => Ok(Some(Output::File(*id))),
+            Some(_) => Err(self.malformed(field, "a string, an ObjectId or null")),
+        }
+    }
+}
+
+/// A task document. `ctime` falls back to the `_id`'s timestamp and `mtime` to `ctime`
+/// when missing; `params` may be missing or null (no params).
+pub(super) fn task_from(doc: &Document) -> StoreResult<Task> {
+    let f = Fields::new("tasks", doc);
+    let id = f.object_id("_id")?;
+    let ctime = f.opt_date("ctime")?.unwrap_or_else(|| id.timestamp());
+    let mtime = f.opt_date("mtime")?.unwrap_or(ctime);
+    let status = f
+        .get("status")
+        .and_then(as_int)
+        .and_then(|s| i32::try_from(s).ok())
+        .ok_or_else(|| f.malformed("status", "a 32-bit integer"))?;
+    let params = match f.get("params") {
+        None => Document::new(),
+        Some(Bson::Document(d)) => d.clone(),
+        Some(_) => return Err(f.malformed("params", "an object")),
+    };
+    Ok(Task {
+        id,
+        queue: f.object_id("queue")?,
+        ctime,
+        mtime,
+        node: f.opt_string("node")?,
+        status,
+        params,
+        stdout: f.output("stdout")?,
+        stderr: f.output("stderr")?,
+    })
+}
+
+/// A queue document, with the problems that were tolerated.
+///
+/// An unknown `sort` is taken as `default` (the spec's order when `sort` is not used) and
+/// reported as a problem. Every other field of the wrong type — `name`, `plugin`,
+/// `threads`, `sandbox`, `on_orphan` — is an error: the queue cannot be run as its
+/// operators meant it to.
+pub(super) fn queue_from(doc: &Document) -> StoreResult<(Queue, Vec<String>)> {
+    let f = Fields::new("queues", doc);
+    let mut problems = Vec::new();
+    let sort = match f.get("sort") {
+        None => Sort::Default,
+        Some(Bson::String(s)) => Sort::parse(s).unwrap_or_else(|e| {
+            problems.push(format!("field `sort`: {e}; claiming in the default order"));
+            Sort::Default
+        }),
+        Some(other) => {
+            problems.push(format!(
+                "field `sort` is {other}, not a string; claiming in the default order"
+            ));
+            Sort::Default
+        }
+    };
+    let sandbox = match f.get("sandbox") {
+        None => QueueSandbox::default(),
+        Some(Bson::Document(d)) => {
+            bson::from_document::<QueueSandbox>(d.clone()).map_err(|e| StoreError::Malformed {
+                collection: "queues",
+                id: f.id_text(),
+                reason: format!("field `sandbox`: {e}"),
+            })?
+        }
+        Some(_) => return Err(f.malformed("sandbox", "an object")),
+    };
+    let on_orphan = match f.get("on_orphan") {
+        None => OnOrphan::default(),
+        Some(Bson::String(s)) if s == "orphan" => OnOrphan::Orphan,
+        Some(Bson::String(s)) if s == "requeue" => OnOrphan::Requeue,
+        Some(_) => return Err(f.malformed("on_orphan", "\"orphan\", \"requeue\" or null")),
+    };
+    let queue = Queue {
+        id: f.object_id("_id")?,
+        name: f.string("name")?,
+        plugin: f.string("plugin")?,
+        threads: f.opt_count("threads")?,
+        sort,
+        sandbox,
+        on_orphan,
+    };
+    Ok((queue, problems))
+}
+
+/// A queue's `on_orphan` policy for recovery: anything but `"requeue"` is the spec's
+/// orphaning, so a malformed queue still gets its tasks recovered.
+pub(super) fn on_orphan_lenient(doc: &Document) -> OnOrphan {
+    match doc.get("on_orphan") {
+        Some(Bson::String(s)) if s == "requeue" => OnOrphan::Requeue,
+        _ => OnOrphan::Orphan,
+    }
+}
+
+/// A node document.
+pub(super) fn node_from(doc: &Document) -> StoreResult<Node> {
+    let f = Fields::new("nodes", doc);
+    Ok(Node {
+        id: f.object_id("_id")?,
+        node: f.string("node")?,
+        timestamp: f.date("timestamp")?,
+        maxthreads: f.opt_count("maxthreads")?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task_doc() -> Document {
+        doc! {
+            "_id": ObjectId::new(),
+            "queue": ObjectId::new(),
+            "ctime": DateTime::now(),
+            "mtime": DateTime::now(),
+            "node": null,
+            "status": -2,
+            "params": { "a": 1 },
+            "stdout": null,
+            "stderr": null,
+        }
+    }
+
+    fn reason(e: StoreError) -> String {
+        match e {
+            StoreError::Malformed { collection, reason, .. } => format!("{collection}: {reason}"),
+            other => panic!("not malformed: {other}"),
+        }
+    }
+
+    #[test]
+    fn integers_of_any_width() {
+        assert_eq!(as_int(&Bson::Int32(5)), Some(5));
+        assert_eq!(as_int(&Bson::Int64(-7)), Some(-7));
+        assert_eq!(as_int(&Bson::Double(3.0)), Some(3));
+        assert_eq!(as_int(&Bson::Double(3.5)), None);
+        assert_eq!(as_int(&Bson::String("3".into())), None);
+        assert_eq!(int_bson(5), Bson::Int32(5));
+        assert_eq!(int_bson(1 << 40), Bson::Int64(1 << 40));
+    }
+
+    #[test]
+    fn task_parses_spec_document() {
+        let mut d = task_doc();
+        let t = task_from(&d).unwrap();
+        assert_eq!(t.status, -2);
+        assert_eq!(t.node, None);
+        assert_eq!(t.stdout, None);
+        d.insert("status", Bson::Int64(1));
+        d.insert("node", "n1");
+        let file = ObjectId::new();
+        d.insert("stdout", "out");
+        d.insert("stderr", file);
+        let t = task_from(&d).unwrap();
+        assert_eq!(t.status, 1);
+        assert_eq!(t.node.as_deref(), Some("n1"));
+        assert_eq!(t.stdout, Some(Output::Inline("out".into())));
+        assert_eq!(t.stderr, Some(Output::File(file)));
+    }
+
+    #[test]
+    fn task_errors_name_the_field() {
+        let mut d = task_doc();
+        d.insert("status", "queued");
+        assert!(reason(task_from(&d).unwrap_err()).contains("`status`"));
+        let mut d = task_doc();
+        d.insert("queue", "q");
+        assert!(reason(task_from(&d).unwrap_err()).contains("`queue`"));
+        let mut d = task_doc();
+        d.insert("stdout", 5);
+        assert!(reason(task_from(&d).unwrap_err()).contains("`stdout`"));
+    }
+
+    #[test]
+    fn task_missing_times_fall_back() {
+        let mut d = task_doc();
+        d.remove("ctime");
+        d.remove("mtime");
+        d.remove("params");
+        let t = task_from(&d).unwrap();
+        assert_eq!(t.ctime, t.mtime);
+        assert!(t.params.is_empty());
+    }
+
+    #[test]
+    fn queue_threads_widths_and_bad_sort() {
+        let id = ObjectId::new();
+        for threads in [Bson::Int32(3), Bson::Int64(3), Bson::Double(3.0)] {
+            let (q, problems) =
+                queue_from(&doc! { "_id": id, "name": "q", "plugin": "p", "threads": threads }).unwrap();
+            assert_eq!(q.threads, Some(3));
+            assert!(problems.is_empty());
+        }
+        let (q, _) = queue_from(&doc! { "_id": id, "name": "q", "plugin": "p", "threads": null }).unwrap();
+        assert_eq!(q.threads, None);
+        let (q, problems) = queue_from(&doc! { "_id": id, "name": "q", "plugin": "p", "sort": "random" }).unwrap();
+        assert_eq!(q.sort, Sort::Default);
+        assert_eq!(problems.len(), 1);
+        let e = queue_from(&doc! { "_id": id, "name": "q", "plugin": "p", "threads": -1 }).unwrap_err();
+        assert!(reason(e).contains("`threads`"));
+        let e = queue_from(&doc! { "_id": id, "name": "q", "plugin": "p", "sandbox": { "bogus": 1 } }).unwrap_err();
+        assert!(reason(e).contains("`sandbox`"));
+        let e = queue_from(&doc! { "_id": id, "name": "q", "plugin": "p", "on_orphan": "retry" }).unwrap_err();
+        assert!(reason(e).contains("`on_orphan`"));
+    }
+
+    #[test]
+    fn queue_sandbox_and_policy() {
+        let d = doc! {
+            "_id": ObjectId::new(), "name": "q", "plugin": "p", "threads": 2, "sort": "lifo",
+            "sandbox": { "timeout": "30s", "memory_mib": 64 }, "on_orphan": "requeue",
+        };
+        let (q, _) = queue_from(&d).unwrap();
+        assert_eq!(q.sort, Sort::Lifo);
+        assert_eq!(q.sandbox.timeout, Some(std::time::Duration::from_secs(30)));
+        assert_eq!(q.sandbox.memory_mib, Some(64));
+        assert_eq!(q.on_orphan, OnOrphan::Requeue);
+        assert_eq!(on_orphan_lenient(&d), OnOrphan::Requeue);
+        assert_eq!(on_orphan_lenient(&doc! { "on_orphan": 5 }), OnOrphan::Orphan);
+    }
+
+    #[test]
+    fn node_maxthreads() {
+        let d = doc! { "_id": ObjectId::new(), "node": "n", "timestamp": DateTime::now(), "maxthreads": 4.0 };
+        assert_eq!(node_from(&d).unwrap().maxthreads, Some(4));
+        let d = doc! { "_id": ObjectId::new(), "node": "n", "timestamp": DateTime::now() };
+        assert_eq!(node_from(&d).unwrap().maxthreads, None);
+        let d = doc! { "_id": ObjectId::new(), "node": "n", "timestamp": DateTime::now(), "maxthreads": "x" };
+        assert!(reason(node_from(&d).unwrap_err()).contains("`maxthreads`"));
+    }
+
+    #[test]
+    fn filter_documents() {
+        let q = ObjectId::new();
+        let f = TaskFilter {
+            queue: Some(q),
+            status: Some(vec![-2, 1]),
+            node: Some(None),
+            ..Default::default()
+        };
+        assert_eq!(
+            task_filter_doc(&f),
+            doc! { "queue": q, "status": { "$in": [-2, 1] }, "node": null }
+        );
+    }
+}

@@ -1,0 +1,120 @@
+//! Orphan recovery: tasks of dead nodes and the spec's sweep of stale claims.
+//!
+//! A node is fresh when its `timestamp` is at or after `stale_before`. Claimed or running
+//! tasks of any other node (stale, or without a node document) are recovered only once
+//! their own `mtime` is before `stale_before` too, so a task claimed a moment ago by a
+//! node that registered after the node list was read is left alone. Each task is updated
+//! on the condition that its status, node and mtime are still the ones read, so a task
+//! that moved on meanwhile is never touched.
+
+use std::collections::HashMap;
+
+use bson::oid::ObjectId;
+use bson::{doc, Bson, DateTime, Document};
+use futures::TryStreamExt;
+
+use super::documents::on_orphan_lenient;
+use super::{db_err, MongoStore};
+use crate::model::{status, OnOrphan};
+use crate::store::{Recovery, StoreResult};
+
+impl MongoStore {
+    /// [`Store::recover_orphans`](crate::store::Store::recover_orphans).
+    pub(super) async fn recover(&self, claimed_before: DateTime, stale_before: DateTime) -> StoreResult<Recovery> {
+        let err = db_err("recover orphans");
+        let (fresh, stale) = self.nodes_by_freshness(stale_before).await?;
+
+        let mut policies: HashMap<ObjectId, OnOrphan> = HashMap::new();
+        let mut cursor = self
+            .queues
+            .find(doc! {})
+            .projection(doc! { "on_orphan": 1 })
+            .await
+            .map_err(&err)?;
+        while let Some(q) = cursor.try_next().await.map_err(&err)? {
+            if let Ok(id) = q.get_object_id("_id") {
+                policies.insert(id, on_orphan_lenient(&q));
+            }
+        }
+
+        let filter = doc! { "$or": [
+            { "status": status::CLAIMED, "mtime": { "$lt": claimed_before } },
+            {
+                "status": { "$in": [status::CLAIMED, status::RUNNING] },
+                "node": { "$nin": fresh },
+                "mtime": { "$lt": stale_before },
+            },
+        ]};
+        let candidates: Vec<Document> = self
+            .tasks
+            .find(filter)
+            .projection(doc! { "queue": 1, "status": 1, "node": 1, "mtime": 1 })
+            .await
+            .map_err(&err)?
+            .try_collect()
+            .await
+            .map_err(&err)?;
+
+        let mut recovery = Recovery::default();
+        let now = DateTime::now();
+        for t in candidates {
+            let Ok(id) = t.get_object_id("_id") else { continue };
+            let observed = |field: &str| t.get(field).cloned().unwrap_or(Bson::Null);
+            let fence = doc! {
+                "_id": id,
+                "status": observed("status"),
+                "node": observed("node"),
+                "mtime": observed("mtime"),
+            };
+            // Tasks of a queue that no longer exists are orphaned.
+            let requeue = match t.get("queue") {
+                Some(Bson::ObjectId(q)) => policies.get(q) == Some(&OnOrphan::Requeue),
+                _ => false,
+            };
+            let update = if requeue {
+                doc! { "$set": { "status": status::QUEUED, "node": null, "mtime": now } }
+            } else {
+                doc! { "$set": { "status": status::ORPHANED, "mtime": now } }
+            };
+            let result = self.tasks.update_one(fence, update).await.map_err(&err)?;
+            if result.modified_count == 1 {
+                if requeue {
+                    recovery.requeued.push(id);
+                } else {
+                    recovery.orphaned.push(id);
+                }
+            }
+        }
+        if !recovery.orphaned.is_empty() || !recovery.requeued.is_empty() {
+            tracing::info!(
+                orphaned = recovery.orphaned.len(),
+                requeued = recovery.requeued.len(),
+                "recovered orphaned tasks"
+            );
+        }
+
+        self.free_slots_of(&stale).await?;
+        Ok(recovery)
+    }
+
+    /// The names of fresh nodes and of stale ones (including those without a readable
+    /// `timestamp`).
+    async fn nodes_by_freshness(&self, stale_before: DateTime) -> StoreResult<(Vec<String>, Vec<String>)> {
+        let err = db_err("list nodes");
+        let (mut fresh, mut stale) = (Vec::new(), Vec::new());
+        let mut cursor = self
+            .nodes
+            .find(doc! {})
+            .projection(doc! { "node": 1, "timestamp": 1 })
+            .await
+            .map_err(&err)?;
+        while let Some(n) = cursor.try_next().await.map_err(&err)? {
+            let Ok(name) = n.get_str("node") else { continue };
+            match n.get_datetime("timestamp") {
+                Ok(t) if *t >= stale_before => fresh.push(name.to_string()),
+                _ => stale.push(name.to_string()),
+            }
+        }
+        Ok((fresh, stale))
+    }
+}

@@ -1,0 +1,141 @@
+//! Queue slot leases: the `slots` collection that makes a queue's `threads` hold across
+//! every DEN.
+//!
+//! A queue has one document `{queue, n, holder, expires}` per slot `n` in `0..threads`,
+//! created on first use. A slot is taken with one conditional update when it is unheld or
+//! its lease has expired, renewed by its holder's heartbeat, and given back by its holder.
+
+use std::time::Duration;
+
+use bson::{doc, DateTime, Document};
+use mongodb::options::ReturnDocument;
+
+use super::documents::as_int;
+use super::{db_err, is_duplicate_key, MongoStore, SLOTS};
+use crate::model::Queue;
+use crate::store::{Slot, StoreError, StoreResult};
+
+/// A lease's end as a BSON date.
+pub(super) fn lease_end(now: DateTime, lease: Duration) -> DateTime {
+    let millis = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
+    DateTime::from_millis(now.timestamp_millis().saturating_add(millis))
+}
+
+impl MongoStore {
+    /// Creates the slot documents `0..threads` of `queue` unless known to exist.
+    async fn ensure_slots(&self, queue: bson::oid::ObjectId, threads: i64) -> StoreResult<()> {
+        let known = self
+            .ensured_slots
+            .lock()
+            .map(|s| s.contains(&(queue, threads)))
+            .unwrap_or(false);
+        if known {
+            return Ok(());
+        }
+        let docs: Vec<Document> = (0..threads)
+            .map(|n| doc! { "queue": queue, "n": n, "holder": null, "expires": DateTime::from_millis(0) })
+            .collect();
+        match self.slots.insert_many(docs).ordered(false).await {
+            Ok(_) => {}
+            Err(e) if is_duplicate_key(&e) => {}
+            Err(e) => return Err(db_err("create slots")(e)),
+        }
+        if let Ok(mut s) = self.ensured_slots.lock() {
+            s.insert((queue, threads));
+        }
+        Ok(())
+    }
+
+    /// [`Store::acquire_slot`](crate::store::Store::acquire_slot): refuses while a slot at
+    /// or above `threads` is held and unexpired, else takes the lowest free slot below it.
+    pub(super) async fn take_slot(&self, queue: &Queue, node: &str, lease: Duration) -> StoreResult<Option<Slot>> {
+        let threads = queue.threads.unwrap_or(0);
+        if threads <= 0 {
+            return Ok(None);
+        }
+        self.ensure_slots(queue.id, threads).await?;
+        let now = DateTime::now();
+        let over = self
+            .slots
+            .count_documents(doc! {
+                "queue": queue.id,
+                "n": { "$gte": threads },
+                "holder": { "$ne": null },
+                "expires": { "$gt": now },
+            })
+            .limit(1)
+            .await
+            .map_err(db_err("check slots over the limit"))?;
+        if over > 0 {
+            return Ok(None);
+        }
+        let taken = self
+            .slots
+            .find_one_and_update(
+                doc! {
+                    "queue": queue.id,
+                    "n": { "$lt": threads },
+                    "$or": [ { "holder": null }, { "expires": { "$lt": now } } ],
+                },
+                doc! { "$set": { "holder": node, "expires": lease_end(now, lease) } },
+            )
+            .sort(doc! { "n": 1 })
+            .return_document(ReturnDocument::After)
+            .await
+            .map_err(db_err("acquire slot"))?;
+        let Some(taken) = taken else {
+            return Ok(None);
+        };
+        let n = taken.get("n").and_then(as_int).ok_or_else(|| StoreError::Malformed {
+            collection: SLOTS,
+            id: taken.get("_id").map_or("?".to_string(), ToString::to_string),
+            reason: "field `n` must be an integer".to_string(),
+        })?;
+        Ok(Some(Slot { queue: queue.id, n }))
+    }
+
+    /// [`Store::release_slot`](crate::store::Store::release_slot), fenced on the holder.
+    pub(super) async fn give_back_slot(&self, slot: &Slot, node: &str) -> StoreResult<()> {
+        self.slots
+            .update_one(
+                doc! { "queue": slot.queue, "n": slot.n, "holder": node },
+                doc! { "$set": { "holder": null } },
+            )
+            .await
+            .map_err(db_err("release slot"))?;
+        Ok(())
+    }
+
+    /// Renews the leases of every slot `node` holds until `until`.
+    pub(super) async fn renew_slots(&self, node: &str, until: DateTime) -> StoreResult<()> {
+        self.slots
+            .update_many(doc! { "holder": node }, doc! { "$set": { "expires": until } })
+            .await
+            .map_err(db_err("renew slot leases"))?;
+        Ok(())
+    }
+
+    /// Frees every slot held by one of `nodes`.
+    pub(super) async fn free_slots_of(&self, nodes: &[String]) -> StoreResult<()> {
+        if nodes.is_empty() {
+            return Ok(());
+        }
+        self.slots
+            .update_many(doc! { "holder": { "$in": nodes } }, doc! { "$set": { "holder": null } })
+            .await
+            .map_err(db_err("free slots of stale nodes"))?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_end_adds_and_saturates() {
+        let now = DateTime::from_millis(1_000);
+        assert_eq!(lease_end(now, Duration::from_secs(30)), DateTime::from_millis(31_000));
+        assert_eq!(lease_end(now, Duration::MAX), DateTime::from_millis(i64::MAX));
+    }
+}

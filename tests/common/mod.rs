@@ -1,0 +1,18 @@
+//! The shared integration-test harness.
+//!
+//! - [`server`]: the MongoDB-wire test server `secantusd-rs` — one shared instance per test
+//!   binary (or `MONGODB_URI`), and private instances a test can stop and restart.
+//! - [`test_db`]: a fresh, uniquely named database per test with a connected
+//!   [`MongoStore`](disbatch::store::mongo::MongoStore).
+//! - [`plugins`]: the guest plugins, built once per test binary for `wasm32-wasip2`.
+//!
+//! Each test binary uses a subset of these, hence the `dead_code` and `unused_imports` allowances.
+#![allow(dead_code, unused_imports)]
+
+pub mod db;
+pub mod plugins;
+pub mod server;
+
+pub use db::{test_db, test_db_at, unique_db_name, TestDb};
+pub use plugins::{plugin_path, plugins_dir};
+pub use server::{server_uri, TestServer};

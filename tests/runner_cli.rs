@@ -1,0 +1,198 @@
+//! The `runner` binary: `runner exec` runs plugins exactly as the library does, with the
+//! documented output formats and exit codes.
+
+mod common;
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+
+fn plugin(name: &str) -> PathBuf {
+    common::plugins_dir().join(format!("{name}.wasm"))
+}
+
+fn runner(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_runner"))
+        .args(args)
+        .env("DISBATCH_CACHE_DIR", cache_dir())
+        .output()
+        .expect("run the runner binary")
+}
+
+fn cache_dir() -> PathBuf {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| tempfile::tempdir().unwrap().keep()).clone()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn exec_demo_prints_streams_and_exits_zero() {
+    let demo = plugin("demo");
+    let o = runner(&[
+        "exec",
+        demo.to_str().unwrap(),
+        "--params",
+        r#"{"message":"hey","repeat":2,"stderr":"note"}"#,
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert_eq!(text(&o.stdout), "hey\nhey\n");
+    let err = text(&o.stderr);
+    assert!(err.contains("note"));
+    assert!(err.contains("progress 100.0%"), "progress lines go to stderr: {err}");
+}
+
+#[test]
+fn exec_json_prints_one_object() {
+    let demo = plugin("demo");
+    let o = runner(&["exec", demo.to_str().unwrap(), "--json", "--params", r#"{"status":3}"#]);
+    assert_eq!(o.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["status"], 3);
+    assert_eq!(v["stdout"], "hello\n");
+    assert_eq!(v["stderr"], "");
+    assert!(v["duration_ms"].as_f64().unwrap() >= 0.0);
+    assert!(v["error"].is_null());
+}
+
+#[test]
+fn exec_json_reports_the_failure() {
+    let fail = plugin("fail");
+    let o = runner(&[
+        "exec",
+        fail.to_str().unwrap(),
+        "--json",
+        "--params",
+        r#"{"message":"nope"}"#,
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["status"], 2);
+    assert_eq!(v["error"], "plugin error: nope");
+    assert_eq!(v["failure"], "plugin-error");
+}
+
+#[test]
+fn exit_codes_tell_the_failure_apart() {
+    let cases: [(&str, &[&str], i32); 4] = [
+        ("spin", &["--timeout", "200ms"], 3),
+        ("alloc", &["--memory", "32", "--params", r#"{"mib":256}"#], 4),
+        ("demo", &["--params", r#"{"status":0}"#], 6),
+        ("fail", &[], 1),
+    ];
+    for (name, extra, code) in cases {
+        let p = plugin(name);
+        let mut args = vec!["exec", p.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let o = runner(&args);
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(code), "{name}: {err}");
+        assert!(err.contains("runner: "), "{name} explains itself: {err}");
+    }
+}
+
+#[test]
+fn params_come_from_a_file_or_stdin() {
+    let demo = plugin("demo");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.json");
+    std::fs::write(&file, r#"{"message":"from file"}"#).unwrap();
+    let o = runner(&[
+        "exec",
+        demo.to_str().unwrap(),
+        "--params",
+        &format!("@{}", file.display()),
+    ]);
+    assert_eq!(text(&o.stdout), "from file\n");
+
+    let mut child = Command::new(env!("CARGO_BIN_EXE_runner"))
+        .args(["exec", demo.to_str().unwrap(), "--params", "-"])
+        .env("DISBATCH_CACHE_DIR", cache_dir())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(br#"{"message":"from stdin"}"#)
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(0));
+    assert_eq!(text(&o.stdout), "from stdin\n");
+}
+
+#[test]
+fn bad_input_is_one_clear_line_and_exit_2() {
+    let demo = plugin("demo");
+    let dir = tempfile::tempdir().unwrap();
+    let not_wasm = dir.path().join("x.wasm");
+    std::fs::write(&not_wasm, "hello").unwrap();
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            vec!["--params".into(), "{not json".into()],
+            "invalid params JSON in --params",
+        ),
+        (
+            vec!["--params".into(), "@/no/such/params.json".into()],
+            "cannot read params file /no/such/params.json",
+        ),
+        (vec!["--dir".into(), "/no/such/dir".into()], "/no/such/dir"),
+    ];
+    for (extra, expected) in cases {
+        let mut args = vec!["exec".to_owned(), demo.to_str().unwrap().to_owned()];
+        args.extend(extra);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let o = runner(&args);
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{err}");
+        assert!(err.contains(expected), "{err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    }
+    for (path, expected) in [
+        (not_wasm.to_str().unwrap(), "not a WebAssembly file"),
+        ("/no/such/plugin.wasm", "does not exist"),
+    ] {
+        let o = runner(&["exec", path]);
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{err}");
+        assert!(err.contains(expected), "{err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    }
+}
+
+#[test]
+fn grants_reach_the_plugin() {
+    let escape = plugin("escape");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("f.txt"), "shared").unwrap();
+    let grant = format!("{}:/data", dir.path().display());
+    let o = runner(&[
+        "exec",
+        escape.to_str().unwrap(),
+        "--dir",
+        &grant,
+        "--env",
+        "MODE=test",
+        "--params",
+        r#"{"read":["/data/f.txt"],"write":[]}"#,
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["read"]["/data/f.txt"], "ok: shared");
+    assert_eq!(v["env"], serde_json::json!({"MODE": "test"}));
+}
+
+#[test]
+fn check_accepts_plugins_and_refuses_other_files() {
+    let demo = plugin("demo");
+    let o = runner(&["check", demo.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0));
+    assert!(text(&o.stdout).contains("ok (sha256 "));
+    let o = runner(&["check", "/etc/hostname"]);
+    assert_eq!(o.status.code(), Some(2));
+}
