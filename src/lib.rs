@@ -2,11 +2,16 @@
 //! plugins are sandboxed WebAssembly components.
 //!
 //! # Layout
+//! - [`config`]: the JSON config file (spec keys + ours) → a validated `Config`.
+//! - [`den`]: the Disbatch Execution Node — heartbeat, orphan recovery, queue processing,
+//!   claiming within `threads`/`maxthreads`, running tasks and writing results back.
 //! - [`model`]: the spec's documents as types — tasks, queues, nodes, status codes.
 //! - [`store`]: the store boundary (the `Store` trait) and its MongoDB implementation,
 //!   with String-chunk GridFS for large task output.
 //! - [`runner`]: the sandbox — wasmtime engine, WASI context, limits, plugin loading and
 //!   the result of one task.
+pub mod config;
+pub mod den;
 pub mod model;
 pub mod runner;
 pub mod store;

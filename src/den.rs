@@ -1,0 +1,453 @@
+//! The DEN (Disbatch Execution Node): the daemon loop that claims tasks and runs them.
+//!
+//! Every tick (1 s by default, and at once when a worker frees a slot) the DEN:
+//! 1. upserts its node document (renewing its slot leases) and reads its `maxthreads`;
+//! 2. recovers orphans: the spec's sweep of tasks claimed (-1) for over 5 minutes, plus
+//!    claimed or running tasks of nodes whose heartbeat is stale (→ -6, or back to -2 when
+//!    the queue has `on_orphan: "requeue"`);
+//! 3. processes each queue that is active here, whose plugin is allowed and loadable and
+//!    whose sandbox settings are valid: while the node's `maxthreads` allows, it takes a
+//!    lease on one of the queue's `threads` slots and claims a task with the spec's
+//!    `findOneAndUpdate`, then hands both to a worker.
+//!
+//! A worker runs its task in the sandbox (on a blocking thread), writes the result back in
+//! one update fenced on `{_id, node}`, and claims the queue's next task with the same slot
+//! while the queue still allows it, so a busy queue costs three round trips per task
+//! (claim, start, finish).
+//!
+//! `threads` holds across DENs through the slot leases; `maxthreads` holds per node because
+//! only this process claims for its node name.
+
+mod output;
+mod queues;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bson::oid::ObjectId;
+use bson::DateTime;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, info_span, warn, Instrument};
+
+use crate::config::{Config, Gfs};
+use crate::model::{status, Task};
+use crate::runner::{Runner, Sandbox};
+use crate::store::{Slot, Store, StoreError, StoreResult};
+
+pub use output::INLINE_BUDGET;
+use queues::{QueueState, Queues};
+
+/// Default interval of the DEN loop.
+pub const DEFAULT_TICK: Duration = Duration::from_secs(1);
+
+/// Failures that stop the DEN.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DenError {
+    /// The store failed at start-up (indexes could not be ensured).
+    #[error("cannot prepare the database: {0}")]
+    Startup(#[source] StoreError),
+}
+
+/// What a DEN needs to know; built from the config file by the `den` binary.
+#[derive(Debug, Clone)]
+pub struct DenSettings {
+    /// This DEN's node name (unique among DENs).
+    pub node: String,
+    /// Directory holding `<plugin>.wasm` files.
+    pub plugin_dir: PathBuf,
+    /// Allowed plugin names.
+    pub plugins: Vec<String>,
+    /// Only these queues, when not empty.
+    pub active_queues: Vec<ObjectId>,
+    /// Never these queues (ignored when `active_queues` is not empty).
+    pub ignore_queues: Vec<ObjectId>,
+    /// Where large outputs go.
+    pub gfs: Gfs,
+    /// A node whose heartbeat is older than this is dead; also the slot lease length.
+    pub heartbeat_stale: Duration,
+    /// A task claimed (-1) for longer than this is orphaned (the spec's 5 minutes).
+    pub orphan_claimed_after: Duration,
+    /// How long a graceful shutdown waits for running tasks.
+    pub shutdown_grace: Duration,
+    /// Sandbox defaults, overridden per queue by its `sandbox` sub-document.
+    pub sandbox: Sandbox,
+    /// Loop interval.
+    pub tick: Duration,
+    /// Most tasks this process runs at once, whatever `maxthreads` says (the sandbox pool).
+    pub max_instances: u32,
+}
+
+impl DenSettings {
+    /// The settings of a DEN run with `config`.
+    pub fn from_config(config: &Config) -> Self {
+        DenSettings {
+            node: config.node.clone(),
+            plugin_dir: config.plugin_dir.clone(),
+            plugins: config.plugins.clone(),
+            active_queues: config.active_queues.clone(),
+            ignore_queues: config.ignore_queues.clone(),
+            gfs: config.gfs,
+            heartbeat_stale: config.heartbeat_stale,
+            orphan_claimed_after: config.orphan_claimed_after,
+            shutdown_grace: config.shutdown_grace,
+            sandbox: config.sandbox.clone(),
+            tick: DEFAULT_TICK,
+            max_instances: config.max_instances,
+        }
+    }
+}
+
+/// A running DEN. Create with [`Den::new`], drive with [`Den::run`].
+pub struct Den {
+    store: Arc<dyn Store>,
+    runner: Runner,
+    settings: DenSettings,
+    queues: Queues,
+    /// Woken when a worker stops, so the loop refills at once.
+    wake: Notify,
+    /// Workers (= tasks in flight) of this process.
+    running: AtomicUsize,
+    /// `maxthreads` of this node as last read (None = no limit).
+    maxthreads: Mutex<Option<i64>>,
+    /// Tasks in flight: task id → the slot it holds.
+    in_flight: Mutex<HashMap<ObjectId, Slot>>,
+    /// Cancelled when claiming must stop.
+    stopping: CancellationToken,
+    /// Cancelled when the drain is over: workers stop retrying writes.
+    abandoned: CancellationToken,
+}
+
+impl Den {
+    /// A DEN on `store`, running plugins with `runner`.
+    pub fn new(store: Arc<dyn Store>, runner: Runner, settings: DenSettings) -> Arc<Self> {
+        Arc::new(Den {
+            queues: Queues::new(&settings),
+            store,
+            runner,
+            settings,
+            wake: Notify::new(),
+            running: AtomicUsize::new(0),
+            maxthreads: Mutex::new(None),
+            in_flight: Mutex::new(HashMap::new()),
+            stopping: CancellationToken::new(),
+            abandoned: CancellationToken::new(),
+        })
+    }
+
+    /// Number of tasks this DEN is running now.
+    pub fn running(&self) -> usize {
+        self.running.load(Ordering::SeqCst)
+    }
+
+    /// Runs until `shutdown` is cancelled, then shuts down gracefully: no new claims,
+    /// running tasks get `shutdown_grace` to finish, the rest go back to their queue.
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) -> Result<(), DenError> {
+        let node = self.settings.node.clone();
+        async {
+            self.store.ensure_indexes().await.map_err(DenError::Startup)?;
+            info!(
+                plugins = ?self.settings.plugins,
+                plugin_dir = %self.settings.plugin_dir.display(),
+                "DEN started"
+            );
+            let mut interval = tokio::time::interval(self.settings.tick);
+            interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut outage = false;
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    _ = interval.tick() => {}
+                    _ = self.wake.notified() => {}
+                }
+                match self.tick().await {
+                    Ok(()) if outage => {
+                        info!("database reachable again");
+                        outage = false;
+                    }
+                    Ok(()) => {}
+                    Err(e) if !outage => {
+                        error!(error = %e, "database unreachable; running tasks continue, claiming resumes when it is back");
+                        outage = true;
+                    }
+                    Err(e) => debug!(error = %e, "database still unreachable"),
+                }
+            }
+            self.drain().await;
+            Ok(())
+        }
+        .instrument(info_span!("den", node = %node))
+        .await
+    }
+
+    /// One pass of the loop.
+    async fn tick(self: &Arc<Self>) -> StoreResult<()> {
+        let s = &self.settings;
+        let me = self.store.heartbeat(&s.node, s.heartbeat_stale).await?;
+        *self.maxthreads.lock().unwrap_or_else(|e| e.into_inner()) = me.maxthreads;
+
+        let now = DateTime::now().timestamp_millis();
+        let recovered = self
+            .store
+            .recover_orphans(
+                DateTime::from_millis(now - s.orphan_claimed_after.as_millis() as i64),
+                DateTime::from_millis(now - s.heartbeat_stale.as_millis() as i64),
+            )
+            .await?;
+        if !recovered.orphaned.is_empty() {
+            warn!(count = recovered.orphaned.len(), tasks = ?recovered.orphaned, "marked orphaned tasks (-6)");
+        }
+        if !recovered.requeued.is_empty() {
+            warn!(count = recovered.requeued.len(), tasks = ?recovered.requeued, "requeued tasks of a dead node (-2)");
+        }
+
+        let all = self.store.queues().await?;
+        let ready = self.queues.refresh(&self.runner, all).await;
+        for q in ready {
+            if self.stopping.is_cancelled() {
+                break;
+            }
+            while self.has_room() {
+                if !self.store.has_queued(q.queue.id).await? {
+                    break;
+                }
+                let Some(slot) = self.store.acquire_slot(&q.queue, &s.node, s.heartbeat_stale).await? else {
+                    break;
+                };
+                match self.store.claim(&q.queue, &s.node).await {
+                    Ok(Some(task)) => self.spawn_worker(q.clone(), slot, task),
+                    Ok(None) => {
+                        self.store.release_slot(&slot, &s.node).await?;
+                        break;
+                    }
+                    Err(e) => {
+                        let _ = self.store.release_slot(&slot, &s.node).await;
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether this node may start one more task.
+    fn has_room(&self) -> bool {
+        let running = self.running() as i64;
+        let max = *self.maxthreads.lock().unwrap_or_else(|e| e.into_inner());
+        running < i64::from(self.settings.max_instances) && max.is_none_or(|m| running < m)
+    }
+
+    fn spawn_worker(self: &Arc<Self>, queue: Arc<QueueState>, slot: Slot, task: Task) {
+        self.running.fetch_add(1, Ordering::SeqCst);
+        let den = self.clone();
+        tokio::spawn(async move {
+            let slot = den.clone().work(queue, slot, task).await;
+            if let Some(slot) = slot {
+                if let Err(e) = den.store.release_slot(&slot, &den.settings.node).await {
+                    debug!(error = %e, "cannot release slot; its lease will expire");
+                }
+            }
+            den.running.fetch_sub(1, Ordering::SeqCst);
+            den.wake.notify_one();
+        });
+    }
+
+    /// Runs `task`, then the queue's next tasks while the queue and node allow it.
+    /// Returns the slot to release (None when the drain already gave it up).
+    async fn work(self: Arc<Self>, mut queue: Arc<QueueState>, slot: Slot, first: Task) -> Option<Slot> {
+        let mut task = first;
+        loop {
+            self.in_flight
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(task.id, slot.clone());
+            let span = info_span!("task", task = %task.id, queue = %queue.queue.name);
+            self.execute(&queue, &task).instrument(span).await;
+            let ours = self
+                .in_flight
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&task.id)
+                .is_some();
+            if !ours || self.stopping.is_cancelled() {
+                return ours.then_some(slot);
+            }
+            // Keep the slot for the queue's next task while everything still allows it.
+            match self.queues.current(queue.queue.id) {
+                Some(q) if q.allows_slot(&slot) && !self.over_node_limit() => queue = q,
+                _ => return Some(slot),
+            }
+            match self.store.claim(&queue.queue, &self.settings.node).await {
+                Ok(Some(next)) => task = next,
+                Ok(None) => return Some(slot),
+                Err(e) => {
+                    debug!(error = %e, "claim failed");
+                    return Some(slot);
+                }
+            }
+        }
+    }
+
+    fn over_node_limit(&self) -> bool {
+        let max = *self.maxthreads.lock().unwrap_or_else(|e| e.into_inner());
+        max.is_some_and(|m| self.running() as i64 > m)
+    }
+
+    /// One task: running (0) → sandbox → outputs → finished, each write retried through a
+    /// database outage.
+    async fn execute(&self, queue: &QueueState, task: &Task) {
+        let node = &self.settings.node;
+        let started = self.retry("mark running", || self.store.start(task.id, node)).await;
+        if started != Some(true) {
+            warn!("task was taken from this node before it started; not running it");
+            return;
+        }
+        debug!("running");
+        let runner = self.runner.clone();
+        let plugin = queue.plugin.clone();
+        let sandbox = queue.sandbox.clone();
+        let params = task.params_json();
+        let task_id = task.id;
+        let outcome = tokio::task::spawn_blocking(move || {
+            let sink: crate::runner::ProgressSink = Arc::new(move |p| debug!(task = %task_id, "{p}"));
+            runner.run(&plugin, &params, &sandbox, Some(sink))
+        })
+        .await;
+        let outcome = match outcome {
+            Ok(o) => o,
+            Err(e) => {
+                crate::runner::Outcome::not_run(crate::runner::Failure::Trap(format!("runner thread failed: {e}")))
+            }
+        };
+        let final_status = outcome.status as i32;
+        match &outcome.failure {
+            None => info!(
+                status = final_status,
+                duration_ms = outcome.duration.as_millis() as u64,
+                "finished"
+            ),
+            Some(f) => warn!(
+                status = final_status,
+                reason = f.kind(),
+                duration_ms = outcome.duration.as_millis() as u64,
+                "failed: {f}"
+            ),
+        }
+        let (stdout, stderr) = outcome.output_texts();
+        let params_len = bson::to_vec(&task.params).map(|v| v.len()).unwrap_or(0);
+        let outputs = self
+            .retry("store output", || {
+                output::store_outputs(
+                    self.store.as_ref(),
+                    self.settings.gfs,
+                    task.id,
+                    params_len,
+                    stdout.clone(),
+                    stderr.clone(),
+                )
+            })
+            .await;
+        let Some((out, err)) = outputs else {
+            error!("result lost: the database stayed unreachable past the shutdown");
+            return;
+        };
+        let status = if final_status > 0 { final_status } else { status::FAILED };
+        match self
+            .retry("write result", || {
+                self.store.finish(task.id, node, status, out.clone(), err.clone())
+            })
+            .await
+        {
+            Some(true) => {}
+            Some(false) => warn!("task was recovered by another node meanwhile; result not written"),
+            None => error!("result lost: the database stayed unreachable past the shutdown"),
+        }
+    }
+
+    /// Retries `op` through database outages, with backoff, until it succeeds or the
+    /// drain gives up on running tasks. Other errors are logged and end the retry.
+    async fn retry<T, F, Fut>(&self, what: &str, mut op: F) -> Option<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = StoreResult<T>>,
+    {
+        let mut backoff = Duration::from_millis(100);
+        let mut logged = false;
+        loop {
+            match op().await {
+                Ok(v) => {
+                    if logged {
+                        info!("{what}: database reachable again");
+                    }
+                    return Some(v);
+                }
+                Err(StoreError::Database(e)) => {
+                    if !logged {
+                        warn!(error = %e, "{what}: database unreachable; retrying");
+                        logged = true;
+                    }
+                }
+                Err(e) => {
+                    error!(error = %e, "{what} failed");
+                    return None;
+                }
+            }
+            tokio::select! {
+                _ = self.abandoned.cancelled() => return None,
+                _ = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        }
+    }
+
+    /// Graceful shutdown: stop claiming, wait up to the grace period, then put what is still
+    /// unfinished back in its queue and give up the slots.
+    async fn drain(&self) {
+        self.stopping.cancel();
+        let grace = self.settings.shutdown_grace;
+        let n = self.running();
+        if n > 0 {
+            info!(
+                running = n,
+                grace_s = grace.as_secs_f64(),
+                "shutting down: waiting for running tasks"
+            );
+        }
+        let deadline = tokio::time::Instant::now() + grace;
+        while self.running() > 0 {
+            let notified = self.wake.notified();
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                break;
+            }
+        }
+        let left: Vec<(ObjectId, Slot)> = self
+            .in_flight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain()
+            .collect();
+        self.abandoned.cancel();
+        if !left.is_empty() {
+            let ids: Vec<ObjectId> = left.iter().map(|(id, _)| *id).collect();
+            match self.store.requeue_own(&self.settings.node, &ids).await {
+                Ok(requeued) => warn!(
+                    count = requeued.len(),
+                    tasks = ?requeued,
+                    "shutdown grace period over: put unfinished tasks back in their queue (-2)"
+                ),
+                Err(e) => {
+                    error!(error = %e, tasks = ?ids, "cannot requeue unfinished tasks; they will be recovered as orphans")
+                }
+            }
+            for (_, slot) in &left {
+                let _ = self.store.release_slot(slot, &self.settings.node).await;
+            }
+        }
+        info!("DEN stopped");
+    }
+}

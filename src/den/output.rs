@@ -1,0 +1,129 @@
+//! Where a finished task's stdout and stderr go: inline in the task document or GridFS
+//! files, per the `gfs` setting, never exceeding MongoDB's 16 MB document limit.
+
+use bson::oid::ObjectId;
+
+use crate::config::Gfs;
+use crate::store::{OutputValue, Store, StoreResult};
+
+/// Most bytes of stdout + stderr (plus params) kept inline in a task document: 15 MiB,
+/// leaving room under the 16 MB BSON limit for the rest of the document.
+pub const INLINE_BUDGET: usize = 15 * 1024 * 1024;
+
+/// Where each stream goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Placement {
+    /// Both inline.
+    Inline,
+    /// stdout in a file, stderr inline.
+    StdoutFile,
+    /// stderr in a file, stdout inline.
+    StderrFile,
+    /// Both in files.
+    Files,
+}
+
+/// Decides where the streams go. `budget` is what the document may hold of output.
+pub(crate) fn placement(gfs: Gfs, stdout: usize, stderr: usize, budget: usize) -> Placement {
+    match gfs {
+        Gfs::Always => Placement::Files,
+        Gfs::Never => Placement::Inline,
+        Gfs::Auto if stdout + stderr <= budget => Placement::Inline,
+        Gfs::Auto if stdout >= stderr && stderr <= budget => Placement::StdoutFile,
+        Gfs::Auto if stderr > stdout && stdout <= budget => Placement::StderrFile,
+        Gfs::Auto => Placement::Files,
+    }
+}
+
+/// Cuts `text` to at most `max` bytes on a character boundary, appending a marker saying
+/// how much was dropped. Returns the text unchanged when it fits.
+pub(crate) fn truncate_inline(text: String, max: usize, stream: &str) -> String {
+    if text.len() <= max {
+        return text;
+    }
+    let marker = format!(
+        "\n[disbatch: {stream} truncated to fit the task document (gfs is false); {} of {} bytes dropped]\n",
+        text.len() - max.min(text.len()),
+        text.len()
+    );
+    let mut end = max.saturating_sub(marker.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let mut cut = text;
+    cut.truncate(end);
+    cut.push_str(&marker);
+    cut
+}
+
+/// Stores the streams as decided by `gfs`: files are written first, so the task never
+/// points at a missing file. `params_len` is the size of the task's params, which shares
+/// the document with inline output.
+pub(crate) async fn store_outputs(
+    store: &dyn Store,
+    gfs: Gfs,
+    task: ObjectId,
+    params_len: usize,
+    stdout: String,
+    stderr: String,
+) -> StoreResult<(OutputValue, OutputValue)> {
+    let budget = INLINE_BUDGET.saturating_sub(params_len);
+    let place = placement(gfs, stdout.len(), stderr.len(), budget);
+    let (out_file, err_file) = match place {
+        Placement::Inline => (false, false),
+        Placement::StdoutFile => (true, false),
+        Placement::StderrFile => (false, true),
+        Placement::Files => (true, true),
+    };
+    if place == Placement::Inline && gfs == Gfs::Never && stdout.len() + stderr.len() > budget {
+        // Share the budget: the smaller stream keeps what it has when it fits in half.
+        let half = budget / 2;
+        let (out_max, err_max) = if stdout.len() <= half {
+            (stdout.len(), budget - stdout.len())
+        } else if stderr.len() <= half {
+            (budget - stderr.len(), stderr.len())
+        } else {
+            (half, budget - half)
+        };
+        return Ok((
+            OutputValue::Inline(truncate_inline(stdout, out_max, "stdout")),
+            OutputValue::Inline(truncate_inline(stderr, err_max, "stderr")),
+        ));
+    }
+    let stdout = if out_file {
+        OutputValue::File(store.write_output_file(task, "stdout", &stdout).await?)
+    } else {
+        OutputValue::Inline(stdout)
+    };
+    let stderr = if err_file {
+        OutputValue::File(store.write_output_file(task, "stderr", &stderr).await?)
+    } else {
+        OutputValue::Inline(stderr)
+    };
+    Ok((stdout, stderr))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_puts_only_what_must_go_into_files() {
+        assert_eq!(placement(Gfs::Auto, 10, 10, 100), Placement::Inline);
+        assert_eq!(placement(Gfs::Auto, 95, 10, 100), Placement::StdoutFile);
+        assert_eq!(placement(Gfs::Auto, 10, 95, 100), Placement::StderrFile);
+        assert_eq!(placement(Gfs::Auto, 150, 150, 100), Placement::Files);
+        assert_eq!(placement(Gfs::Always, 0, 0, 100), Placement::Files);
+        assert_eq!(placement(Gfs::Never, 500, 500, 100), Placement::Inline);
+    }
+
+    #[test]
+    fn truncation_respects_char_boundaries_and_says_so() {
+        let text = "é".repeat(1000); // 2000 bytes
+        let cut = truncate_inline(text, 500, "stdout");
+        assert!(cut.len() <= 500, "{}", cut.len());
+        assert!(cut.contains("stdout truncated to fit the task document"));
+        assert!(cut.contains("of 2000 bytes dropped"));
+        assert_eq!(truncate_inline("short".into(), 500, "stdout"), "short");
+    }
+}

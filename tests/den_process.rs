@@ -1,0 +1,295 @@
+//! The `den` binary as a real process: recovery after `kill -9`, graceful shutdown on
+//! SIGTERM, and clear errors for bad config files.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bson::oid::ObjectId;
+use bson::{doc, Bson, DateTime, Document};
+use mongodb::Database;
+
+/// A `den` process with its config and log files.
+struct DenProcess {
+    child: Child,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl DenProcess {
+    fn start(uri: &str, db: &str, node: &str, extra: serde_json::Value) -> DenProcess {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = serde_json::json!({
+            "mongohost": uri,
+            "database": db,
+            "plugins": ["demo"],
+            "plugin_dir": common::plugins_dir(),
+            "node": node,
+            "heartbeat_stale": 2,
+            "shutdown_grace": 1,
+        });
+        for (k, v) in extra.as_object().unwrap() {
+            config[k] = v.clone();
+        }
+        let config_path = dir.path().join("den.json");
+        std::fs::write(&config_path, config.to_string()).unwrap();
+        let log = dir.path().join("den.log");
+        let child = Command::new(env!("CARGO_BIN_EXE_den"))
+            .arg("--config")
+            .arg(&config_path)
+            .env("DISBATCH_CACHE_DIR", dir.path().join("cache"))
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("start den");
+        DenProcess { child, log, _dir: dir }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn signal(&self, sig: i32) {
+        // SAFETY: kill(2) on our own child's pid.
+        assert_eq!(unsafe { libc::kill(self.child.id() as i32, sig) }, 0);
+    }
+
+    fn wait_exit(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                start.elapsed() < limit,
+                "den did not exit within {limit:?}:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for DenProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn wait_for<F, Fut>(limit: Duration, what: &str, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    while !cond().await {
+        assert!(start.elapsed() < limit, "timed out after {limit:?} waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn insert_queue(db: &Database, name: &str, extra: Document) -> ObjectId {
+    let mut q = doc! {"name": name, "plugin": "demo", "threads": 4, "sort": "fifo"};
+    q.extend(extra);
+    db.collection::<Document>("queues")
+        .insert_one(q)
+        .await
+        .unwrap()
+        .inserted_id
+        .as_object_id()
+        .unwrap()
+}
+
+async fn insert_tasks(db: &Database, queue: ObjectId, n: usize, params: Document) -> Vec<ObjectId> {
+    let now = DateTime::now();
+    let docs: Vec<Document> = (0..n)
+        .map(|_| {
+            doc! {"queue": queue, "status": -2, "node": Bson::Null, "params": params.clone(),
+            "ctime": now, "mtime": now, "stdout": Bson::Null, "stderr": Bson::Null}
+        })
+        .collect();
+    let r = db.collection::<Document>("tasks").insert_many(docs).await.unwrap();
+    let mut ids: Vec<(usize, ObjectId)> = r
+        .inserted_ids
+        .into_iter()
+        .map(|(i, id)| (i, id.as_object_id().unwrap()))
+        .collect();
+    ids.sort();
+    ids.into_iter().map(|(_, id)| id).collect()
+}
+
+async fn count(db: &Database, filter: Document) -> u64 {
+    db.collection::<Document>("tasks")
+        .count_documents(filter)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tasks_of_a_killed_den_are_recovered_after_the_stale_window() {
+    let t = common::test_db("den_kill9").await;
+    let orphan_q = insert_queue(&t.db, "orphan", doc! {}).await;
+    let requeue_q = insert_queue(&t.db, "requeue", doc! {"on_orphan": "requeue"}).await;
+    let orphans = insert_tasks(&t.db, orphan_q, 2, doc! {"sleep_ms": 3000}).await;
+    let requeued = insert_tasks(&t.db, requeue_q, 2, doc! {"sleep_ms": 3000}).await;
+
+    let mut victim = DenProcess::start(&t.uri, &t.name, "victim", serde_json::json!({}));
+    wait_for(Duration::from_secs(30), "the victim to run all 4 tasks", || async {
+        count(&t.db, doc! {"node": "victim", "status": 0}).await == 4
+    })
+    .await;
+    victim.signal(libc::SIGKILL);
+    victim.wait_exit(Duration::from_secs(10));
+    let killed = Instant::now();
+
+    let _rescuer = DenProcess::start(&t.uri, &t.name, "rescuer", serde_json::json!({}));
+    wait_for(
+        Duration::from_secs(30),
+        "the victim's tasks to be recovered",
+        || async { count(&t.db, doc! {"_id": {"$in": &orphans}, "status": -6}).await == 2 },
+    )
+    .await;
+    let recovered_after = killed.elapsed();
+    for id in &orphans {
+        let d =
+            t.db.collection::<Document>("tasks")
+                .find_one(doc! {"_id": id})
+                .await
+                .unwrap()
+                .unwrap();
+        assert_eq!(
+            d.get_str("node").unwrap(),
+            "victim",
+            "an orphan keeps the node it ran on"
+        );
+    }
+    wait_for(
+        Duration::from_secs(30),
+        "requeued tasks to succeed on the rescuer",
+        || async { count(&t.db, doc! {"_id": {"$in": &requeued}, "status": 1, "node": "rescuer"}).await == 2 },
+    )
+    .await;
+    println!(
+        "kill -9: tasks recovered {:.2}s after the kill (stale window 2 s + 1 s tick)",
+        recovered_after.as_secs_f64()
+    );
+    assert!(
+        recovered_after < Duration::from_secs(2 + 1 + 3),
+        "recovered after {recovered_after:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigterm_lets_short_tasks_finish_and_requeues_the_rest() {
+    let t = common::test_db("den_sigterm").await;
+    let q = insert_queue(&t.db, "mixed", doc! {"threads": 4}).await;
+    let long = insert_tasks(&t.db, q, 2, doc! {"sleep_ms": 60_000}).await;
+    let short = insert_tasks(&t.db, q, 2, doc! {"sleep_ms": 300}).await;
+    let mut den = DenProcess::start(&t.uri, &t.name, "graceful", serde_json::json!({"shutdown_grace": 3}));
+    wait_for(Duration::from_secs(30), "4 running tasks", || async {
+        count(&t.db, doc! {"queue": q, "status": 0}).await == 4
+    })
+    .await;
+    den.signal(libc::SIGTERM);
+    let status = den.wait_exit(Duration::from_secs(20));
+    assert!(status.success(), "graceful shutdown exits 0: {status:?}\n{}", den.log());
+    assert_eq!(
+        count(&t.db, doc! {"_id": {"$in": &short}, "status": 1}).await,
+        2,
+        "short tasks finished"
+    );
+    assert_eq!(
+        count(&t.db, doc! {"_id": {"$in": &long}, "status": -2, "node": Bson::Null}).await,
+        2,
+        "long tasks went back to the queue"
+    );
+    let held =
+        t.db.collection::<Document>("slots")
+            .count_documents(doc! {"holder": "graceful"})
+            .await
+            .unwrap();
+    assert_eq!(held, 0, "no slot left held");
+    let log = den.log();
+    assert!(log.contains("put unfinished tasks back in their queue"), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_second_signal_exits_at_once() {
+    let t = common::test_db("den_twice").await;
+    let q = insert_queue(&t.db, "long", doc! {}).await;
+    insert_tasks(&t.db, q, 1, doc! {"sleep_ms": 60_000}).await;
+    let mut den = DenProcess::start(&t.uri, &t.name, "impatient", serde_json::json!({"shutdown_grace": 60}));
+    wait_for(Duration::from_secs(30), "the task to run", || async {
+        count(&t.db, doc! {"queue": q, "status": 0}).await == 1
+    })
+    .await;
+    den.signal(libc::SIGINT);
+    wait_for(Duration::from_secs(10), "the shutdown to start", || {
+        let log = den.log();
+        async move { log.contains("shutting down gracefully") }
+    })
+    .await;
+    den.signal(libc::SIGINT);
+    let status = den.wait_exit(Duration::from_secs(5));
+    assert_eq!(status.code(), Some(130));
+}
+
+fn den_with_config(dir: &Path, name: &str, text: &str) -> (Option<i32>, String) {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_den"))
+        .arg("--config")
+        .arg(&path)
+        .output()
+        .unwrap();
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn bad_config_files_fail_with_the_key_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        (
+            "missing-db.json",
+            r#"{"mongohost":"mongodb://127.0.0.1:1"}"#,
+            "database",
+        ),
+        (
+            "bad-type.json",
+            r#"{"mongohost":"mongodb://127.0.0.1:1","database":"d","heartbeat_stale":"x"}"#,
+            "heartbeat_stale",
+        ),
+        (
+            "bad-uri.json",
+            r#"{"mongohost":"http://x","database":"d"}"#,
+            "mongohost",
+        ),
+        (
+            "bad-plugin.json",
+            r#"{"mongohost":"mongodb://h","database":"d","plugins":["../evil"]}"#,
+            "plugins",
+        ),
+        (
+            "bad-gfs.json",
+            r#"{"mongohost":"mongodb://h","database":"d","gfs":"sometimes"}"#,
+            "gfs",
+        ),
+        ("syntax.json", "{\"mongohost\": ", "syntax.json"),
+    ];
+    for (file, text, key) in cases {
+        let (code, err) = den_with_config(dir.path(), file, text);
+        assert_eq!(code, Some(2), "{file}: {err}");
+        assert!(err.contains(key), "{file}: the error names {key}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{file}: one line: {err}");
+    }
+    let missing = Command::new(env!("CARGO_BIN_EXE_den"))
+        .args(["--config", "/no/such/den.json"])
+        .output()
+        .unwrap();
+    assert_eq!(missing.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("/no/such/den.json"));
+}
