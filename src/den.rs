@@ -42,6 +42,9 @@ use crate::store::{Slot, Store, StoreError, StoreResult};
 pub use output::INLINE_BUDGET;
 use queues::{QueueState, Queues};
 
+/// How long to wait before watching for queued tasks again after the watch failed.
+const WATCH_RETRY: Duration = Duration::from_secs(5);
+
 /// Default interval of the DEN loop.
 pub const DEFAULT_TICK: Duration = Duration::from_secs(1);
 
@@ -159,13 +162,14 @@ impl Den {
             let mut interval = tokio::time::interval(self.settings.tick);
             interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut outage = false;
+            let watcher = tokio::spawn(self.clone().watch_queued(shutdown.clone()));
             loop {
-                tokio::select! {
+                let full = tokio::select! {
                     _ = shutdown.cancelled() => break,
-                    _ = interval.tick() => {}
-                    _ = self.wake.notified() => {}
-                }
-                match self.tick().await {
+                    _ = interval.tick() => true,
+                    _ = self.wake.notified() => false,
+                };
+                match self.tick(full).await {
                     Ok(()) if outage => {
                         info!("database reachable again");
                         outage = false;
@@ -178,6 +182,7 @@ impl Den {
                     Err(e) => debug!(error = %e, "database still unreachable"),
                 }
             }
+            watcher.abort();
             self.drain().await;
             Ok(())
         }
@@ -185,27 +190,13 @@ impl Den {
         .await
     }
 
-    /// One pass of the loop.
-    async fn tick(self: &Arc<Self>) -> StoreResult<()> {
+    /// One pass of the loop. A `full` pass (every tick) also heartbeats and recovers
+    /// orphans; a pass woken by a freed slot or a queued task only claims.
+    async fn tick(self: &Arc<Self>, full: bool) -> StoreResult<()> {
         let s = &self.settings;
-        let me = self.store.heartbeat(&s.node, s.heartbeat_stale).await?;
-        *self.maxthreads.lock().unwrap_or_else(|e| e.into_inner()) = me.maxthreads;
-
-        let now = DateTime::now().timestamp_millis();
-        let recovered = self
-            .store
-            .recover_orphans(
-                DateTime::from_millis(now - s.orphan_claimed_after.as_millis() as i64),
-                DateTime::from_millis(now - s.heartbeat_stale.as_millis() as i64),
-            )
-            .await?;
-        if !recovered.orphaned.is_empty() {
-            warn!(count = recovered.orphaned.len(), tasks = ?recovered.orphaned, "marked orphaned tasks (-6)");
+        if full {
+            self.housekeeping().await?;
         }
-        if !recovered.requeued.is_empty() {
-            warn!(count = recovered.requeued.len(), tasks = ?recovered.requeued, "requeued tasks of a dead node (-2)");
-        }
-
         let all = self.store.queues().await?;
         let ready = self.queues.refresh(&self.runner, all).await;
         for q in ready {
@@ -233,6 +224,60 @@ impl Den {
             }
         }
         Ok(())
+    }
+
+    /// Heartbeat (also renewing slot leases and reading `maxthreads`) and orphan recovery.
+    async fn housekeeping(&self) -> StoreResult<()> {
+        let s = &self.settings;
+        let me = self.store.heartbeat(&s.node, s.heartbeat_stale).await?;
+        *self.maxthreads.lock().unwrap_or_else(|e| e.into_inner()) = me.maxthreads;
+        let now = DateTime::now().timestamp_millis();
+        let recovered = self
+            .store
+            .recover_orphans(
+                DateTime::from_millis(now - s.orphan_claimed_after.as_millis() as i64),
+                DateTime::from_millis(now - s.heartbeat_stale.as_millis() as i64),
+            )
+            .await?;
+        if !recovered.orphaned.is_empty() {
+            warn!(count = recovered.orphaned.len(), tasks = ?recovered.orphaned, "marked orphaned tasks (-6)");
+        }
+        if !recovered.requeued.is_empty() {
+            warn!(count = recovered.requeued.len(), tasks = ?recovered.requeued, "requeued tasks of a dead node (-2)");
+        }
+        Ok(())
+    }
+
+    /// Follows the store's notifications of queued tasks, waking the loop for each; when
+    /// they stop, the loop's polling carries on and watching is tried again later.
+    async fn watch_queued(self: Arc<Self>, stop: CancellationToken) {
+        use futures::StreamExt;
+        loop {
+            match self.store.watch_queued().await {
+                Ok(Some(mut events)) => {
+                    debug!("watching for queued tasks");
+                    loop {
+                        tokio::select! {
+                            _ = stop.cancelled() => return,
+                            event = events.next() => match event {
+                                Some(Ok(())) => self.wake.notify_one(),
+                                Some(Err(e)) => {
+                                    debug!(error = %e, "watching for queued tasks stopped; polling");
+                                    break;
+                                }
+                                None => break,
+                            },
+                        }
+                    }
+                }
+                Ok(None) => return,
+                Err(e) => debug!(error = %e, "cannot watch for queued tasks; polling"),
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(WATCH_RETRY) => {}
+            }
+        }
     }
 
     /// Whether this node may start one more task.

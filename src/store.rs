@@ -130,6 +130,9 @@ pub struct Page {
     pub limit: u64,
 }
 
+/// Signals that tasks may have become claimable (inserted or put back as queued).
+pub type QueuedEvents = futures::stream::BoxStream<'static, StoreResult<()>>;
+
 /// Number of tasks per status code, for one queue.
 pub type StatusCounts = BTreeMap<i32, u64>;
 
@@ -176,6 +179,12 @@ pub trait Store: Send + Sync + 'static {
     /// Whether `queue` has a claimable task (`{node: null, status: -2, queue}`): a cheap
     /// probe so an idle DEN does not take slot leases for empty queues.
     async fn has_queued(&self, queue: ObjectId) -> StoreResult<bool>;
+    /// A stream that yields whenever tasks may have become claimable, so an idle DEN
+    /// claims at once instead of at its next poll. `Ok(None)` when the store cannot
+    /// notify; the stream ends or errs when notification stops (the DEN keeps polling).
+    async fn watch_queued(&self) -> StoreResult<Option<QueuedEvents>> {
+        Ok(None)
+    }
     /// Claims the next queued task of `queue` for `node` with one atomic
     /// find-and-modify: filter `{node: null, status: -2, queue}`, set
     /// `{node, status: -1, mtime: now}`, sorted by `_id` per the queue's sort.

@@ -633,3 +633,29 @@ async fn threads_and_maxthreads_hold_while_three_dens_drain_2000_tasks() {
     assert_eq!(count(&t.db, doc! {"status": 1}).await, 2000);
     assert!(max_q[&q2] >= 2, "the sampler saw the queues busy");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_idle_den_claims_an_inserted_task_without_waiting_for_its_poll() {
+    let t = common::test_db("den_wake").await;
+    let q = insert_queue(&t.db, "wake", "demo", doc! {}).await;
+    let first = insert_task(&t.db, q, -2, doc! {}).await;
+    let mut s = settings("node-wake");
+    s.tick = Duration::from_secs(3600);
+    let den = RunningDen::start(Arc::new(t.store.clone()), s);
+    // The first tick runs at once and takes the first task.
+    wait_for(Duration::from_secs(20), "the first task", || async {
+        status_of(&t.db, first).await == 1
+    })
+    .await;
+    wait_for(Duration::from_secs(20), "the worker to stop", || async {
+        den.den.running() == 0
+    })
+    .await;
+    // The next poll is an hour away: only the insert notification can start this one.
+    let second = insert_task(&t.db, q, -2, doc! {}).await;
+    wait_for(Duration::from_secs(20), "the inserted task", || async {
+        status_of(&t.db, second).await == 1
+    })
+    .await;
+    den.stop().await;
+}

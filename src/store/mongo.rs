@@ -443,6 +443,23 @@ impl Store for MongoStore {
         self.give_back_slot(slot, node).await
     }
 
+    /// A change stream on `tasks`: inserts of queued tasks and updates that set a task's
+    /// status back to queued.
+    async fn watch_queued(&self) -> StoreResult<Option<super::QueuedEvents>> {
+        let pipeline = [doc! { "$match": { "$or": [
+            { "operationType": "insert", "fullDocument.status": status::QUEUED },
+            { "operationType": "update", "updateDescription.updatedFields.status": status::QUEUED },
+        ] } }];
+        let stream = self
+            .tasks
+            .watch()
+            .pipeline(pipeline)
+            .await
+            .map_err(db_err("watch for queued tasks"))?;
+        let events = stream.map_ok(|_| ()).map_err(db_err("watch for queued tasks"));
+        Ok(Some(Box::pin(events)))
+    }
+
     async fn has_queued(&self, queue: ObjectId) -> StoreResult<bool> {
         let found = self
             .tasks
