@@ -175,11 +175,12 @@ impl Den {
                         outage = false;
                     }
                     Ok(()) => {}
-                    Err(e) if !outage => {
+                    Err(e @ StoreError::Database(_)) if !outage => {
                         error!(error = %e, "database unreachable; running tasks continue, claiming resumes when it is back");
                         outage = true;
                     }
-                    Err(e) => debug!(error = %e, "database still unreachable"),
+                    Err(e @ StoreError::Database(_)) => debug!(error = %e, "database still unreachable"),
+                    Err(e) => error!(error = %e, "tick failed"),
                 }
             }
             watcher.abort();
@@ -216,9 +217,14 @@ impl Den {
                         self.store.release_slot(&slot, &s.node).await?;
                         break;
                     }
-                    Err(e) => {
+                    Err(e @ StoreError::Database(_)) => {
                         let _ = self.store.release_slot(&slot, &s.node).await;
                         return Err(e);
+                    }
+                    Err(e) => {
+                        // A task that cannot be read was failed by the store; go on.
+                        error!(queue = %q.queue.name, error = %e, "claimed a malformed task");
+                        self.store.release_slot(&slot, &s.node).await?;
                     }
                 }
             }
