@@ -27,6 +27,10 @@ pub const DEFAULT_BIND: &str = "127.0.0.1:8080";
 /// Default `max_instances`: plugin instances one process may run at once.
 pub const DEFAULT_MAX_INSTANCES: u32 = 1000;
 
+/// How long a database operation waits for a reachable server before it fails (and the
+/// DEN logs an outage and retries), instead of the driver's 30 s.
+pub const SERVER_SELECTION_TIMEOUT: Duration = Duration::from_secs(3);
+
 /// Environment variables that override config keys: (variable, key).
 pub const ENV_OVERRIDES: [(&str, &str); 6] = [
     ("DISBATCH_MONGOHOST", "mongohost"),
@@ -248,7 +252,8 @@ impl Config {
     }
 
     /// MongoDB connection settings for `role` (`disbatchd`, `disbatch_web`, …): TLS from
-    /// `attributes`, and the role as user name with its password when `auth` has one.
+    /// `attributes`, the role as user name with its password when `auth` has one, and a
+    /// [`SERVER_SELECTION_TIMEOUT`] so outages surface quickly.
     pub fn mongo_options(&self, role: &str) -> crate::store::mongo::MongoOptions {
         let password = self.auth.passwords.get(role).cloned();
         crate::store::mongo::MongoOptions {
@@ -258,7 +263,7 @@ impl Config {
             username: password.as_ref().map(|_| role.to_owned()),
             password,
             auth_source: self.auth.auth_source.clone(),
-            server_selection_timeout: None,
+            server_selection_timeout: Some(SERVER_SELECTION_TIMEOUT),
         }
     }
 

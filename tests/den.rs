@@ -3,8 +3,9 @@
 
 mod common;
 
+use common::wait_for;
+
 use std::collections::{BTreeMap, HashSet};
-use std::future::Future;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -87,19 +88,6 @@ impl RunningDen {
 impl Drop for RunningDen {
     fn drop(&mut self) {
         self.shutdown.cancel();
-    }
-}
-
-/// Polls `cond` every 20 ms until it holds; panics naming `what` after `limit`.
-async fn wait_for<F, Fut>(limit: Duration, what: &str, mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let start = Instant::now();
-    while !cond().await {
-        assert!(start.elapsed() < limit, "timed out after {limit:?} waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 

@@ -3,94 +3,15 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use common::{wait_for, DenProcess};
+
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
 use mongodb::Database;
-
-/// A `den` process with its config and log files.
-struct DenProcess {
-    child: Child,
-    log: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl DenProcess {
-    fn start(uri: &str, db: &str, node: &str, extra: serde_json::Value) -> DenProcess {
-        let dir = tempfile::tempdir().unwrap();
-        let mut config = serde_json::json!({
-            "mongohost": uri,
-            "database": db,
-            "plugins": ["demo"],
-            "plugin_dir": common::plugins_dir(),
-            "node": node,
-            "heartbeat_stale": 2,
-            "shutdown_grace": 1,
-        });
-        for (k, v) in extra.as_object().unwrap() {
-            config[k] = v.clone();
-        }
-        let config_path = dir.path().join("den.json");
-        std::fs::write(&config_path, config.to_string()).unwrap();
-        let log = dir.path().join("den.log");
-        let child = Command::new(env!("CARGO_BIN_EXE_den"))
-            .arg("--config")
-            .arg(&config_path)
-            .env("DISBATCH_CACHE_DIR", dir.path().join("cache"))
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("start den");
-        DenProcess { child, log, _dir: dir }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn signal(&self, sig: i32) {
-        // SAFETY: kill(2) on our own child's pid.
-        assert_eq!(unsafe { libc::kill(self.child.id() as i32, sig) }, 0);
-    }
-
-    fn wait_exit(&mut self, limit: Duration) -> std::process::ExitStatus {
-        let start = Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(
-                start.elapsed() < limit,
-                "den did not exit within {limit:?}:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for DenProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-async fn wait_for<F, Fut>(limit: Duration, what: &str, mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let start = Instant::now();
-    while !cond().await {
-        assert!(start.elapsed() < limit, "timed out after {limit:?} waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 async fn insert_queue(db: &Database, name: &str, extra: Document) -> ObjectId {
     let mut q = doc! {"name": name, "plugin": "demo", "threads": 4, "sort": "fifo"};

@@ -4,15 +4,18 @@
 //!   binary (or `MONGODB_URI`), and private instances a test can stop and restart.
 //! - [`test_db`]: a fresh, uniquely named database per test with a connected
 //!   [`MongoStore`](disbatch::store::mongo::MongoStore).
+//! - [`den`]: the `den` binary as a process ([`DenProcess`]) and [`wait_for`].
 //! - [`plugins`]: the guest plugins, built once per test binary for `wasm32-wasip2`.
 //!
 //! Each test binary uses a subset of these, hence the `dead_code` and `unused_imports` allowances.
 #![allow(dead_code, unused_imports)]
 
 pub mod db;
+pub mod den;
 pub mod plugins;
 pub mod server;
 
 pub use db::{test_db, test_db_at, unique_db_name, TestDb};
+pub use den::{wait_for, DenProcess};
 pub use plugins::{plugin_path, plugins_dir};
 pub use server::{server_uri, TestServer};

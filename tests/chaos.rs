@@ -1,0 +1,331 @@
+//! Chaos: real `den` processes against the real database server under faults. Each test
+//! is bounded in time and prints its figures.
+//!
+//! `DISBATCH_CHAOS_TASKS` sets the size of the big drain (default 20,000).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use bson::oid::ObjectId;
+use bson::{doc, Bson, DateTime, Document};
+use common::{wait_for, DenProcess, TestServer};
+use mongodb::Database;
+
+async fn insert_queue(db: &Database, name: &str, plugin: &str, extra: Document) -> ObjectId {
+    let mut q = doc! {"name": name, "plugin": plugin, "threads": 4, "sort": "fifo"};
+    q.extend(extra);
+    db.collection::<Document>("queues")
+        .insert_one(q)
+        .await
+        .unwrap()
+        .inserted_id
+        .as_object_id()
+        .unwrap()
+}
+
+async fn insert_tasks(db: &Database, queue: ObjectId, params: impl Iterator<Item = Document>) -> Vec<ObjectId> {
+    let now = DateTime::now();
+    let docs: Vec<Document> = params
+        .map(|p| {
+            doc! {"queue": queue, "status": -2, "node": Bson::Null, "params": p,
+            "ctime": now, "mtime": now, "stdout": Bson::Null, "stderr": Bson::Null}
+        })
+        .collect();
+    let mut ids = Vec::with_capacity(docs.len());
+    for batch in docs.chunks(5000) {
+        let r = db
+            .collection::<Document>("tasks")
+            .insert_many(batch.to_vec())
+            .await
+            .unwrap();
+        let mut got: Vec<(usize, ObjectId)> = r
+            .inserted_ids
+            .into_iter()
+            .map(|(i, id)| (i, id.as_object_id().unwrap()))
+            .collect();
+        got.sort();
+        ids.extend(got.into_iter().map(|(_, id)| id));
+    }
+    ids
+}
+
+async fn count(db: &Database, filter: Document) -> u64 {
+    db.collection::<Document>("tasks")
+        .count_documents(filter)
+        .await
+        .unwrap()
+}
+
+async fn unfinished(db: &Database) -> u64 {
+    count(db, doc! {"status": {"$in": [-2, -1, 0]}}).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn four_dens_drain_many_tasks_exactly_once_within_limits() {
+    let total: usize = std::env::var("DISBATCH_CHAOS_TASKS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20_000);
+    let t = common::test_db("chaos_drain").await;
+    let marks = tempfile::tempdir().unwrap();
+    let grant = format!("{}:/out:rw", marks.path().display());
+    let limits = [("small", 3), ("medium", 6), ("large", 10)];
+    let mut queues = Vec::new();
+    for (name, threads) in limits {
+        let q = insert_queue(
+            &t.db,
+            name,
+            "mark",
+            doc! {"threads": threads, "sandbox": {"dirs": [&grant]}},
+        )
+        .await;
+        queues.push((q, threads));
+    }
+    let mut n = 0usize;
+    for (i, (q, _)) in queues.iter().enumerate() {
+        let share = total / 3 + usize::from(i < total % 3);
+        let params = (n..n + share).map(|k| doc! {"path": format!("/out/{k}"), "sleep_ms": 10});
+        insert_tasks(&t.db, *q, params).await;
+        n += share;
+    }
+    let maxthreads = [
+        ("chaos-1", Some(2)),
+        ("chaos-2", Some(4)),
+        ("chaos-3", None),
+        ("chaos-4", None),
+    ];
+    for (node, max) in maxthreads {
+        if let Some(m) = max {
+            t.db.collection::<Document>("nodes")
+                .insert_one(doc! {"node": node, "timestamp": DateTime::now(), "maxthreads": m})
+                .await
+                .unwrap();
+        }
+    }
+    let extra = serde_json::json!({"plugins": ["mark"], "heartbeat_stale": 30});
+    let dens: Vec<DenProcess> = maxthreads
+        .iter()
+        .map(|(node, _)| DenProcess::start(&t.uri, &t.name, node, extra.clone()))
+        .collect();
+
+    let start = Instant::now();
+    let mut samples = 0u64;
+    let mut peak_queue: BTreeMap<ObjectId, u64> = BTreeMap::new();
+    let mut peak_node: BTreeMap<&str, u64> = BTreeMap::new();
+    loop {
+        for (q, _) in &queues {
+            let n = count(&t.db, doc! {"queue": q, "status": {"$in": [-1, 0]}}).await;
+            let p = peak_queue.entry(*q).or_default();
+            *p = (*p).max(n);
+        }
+        for (node, _) in &maxthreads {
+            let n = count(&t.db, doc! {"node": node, "status": {"$in": [-1, 0]}}).await;
+            let p = peak_node.entry(node).or_default();
+            *p = (*p).max(n);
+        }
+        samples += 1;
+        if unfinished(&t.db).await == 0 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(1500),
+            "drain took over 25 minutes"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let elapsed = start.elapsed();
+    drop(dens);
+    let succeeded = count(&t.db, doc! {"status": 1}).await;
+    let files = std::fs::read_dir(marks.path()).unwrap().count();
+    println!(
+        "chaos drain: {total} tasks, 4 DENs, {:.1}s ({:.0} tasks/s), {samples} samples every 50 ms",
+        elapsed.as_secs_f64(),
+        total as f64 / elapsed.as_secs_f64()
+    );
+    for (q, threads) in &queues {
+        println!("  queue threads {threads}: peak running {}", peak_queue[q]);
+    }
+    for (node, max) in &maxthreads {
+        println!("  node {node} maxthreads {max:?}: peak running {}", peak_node[node]);
+    }
+    println!(
+        "  succeeded {succeeded}, ran (marks) {files}, claimed twice {}, unfinished 0",
+        files as i64 - succeeded as i64
+    );
+    assert_eq!(
+        succeeded as usize, total,
+        "every task succeeded (a second run would fail)"
+    );
+    assert_eq!(files, total, "every task ran exactly once");
+    for (q, threads) in &queues {
+        assert!(
+            peak_queue[q] <= *threads as u64,
+            "queue limit {threads} exceeded: {}",
+            peak_queue[q]
+        );
+    }
+    for (node, max) in &maxthreads {
+        if let Some(m) = max {
+            assert!(
+                peak_node[node] <= *m as u64,
+                "{node} exceeded maxthreads {m}: {}",
+                peak_node[node]
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn killing_a_den_mid_run_loses_nothing() {
+    let t = common::test_db("chaos_kill").await;
+    let requeue = insert_queue(&t.db, "requeue", "demo", doc! {"threads": 6, "on_orphan": "requeue"}).await;
+    let orphan = insert_queue(&t.db, "orphan", "demo", doc! {"threads": 6}).await;
+    insert_tasks(&t.db, requeue, (0..300).map(|_| doc! {"sleep_ms": 100})).await;
+    insert_tasks(&t.db, orphan, (0..300).map(|_| doc! {"sleep_ms": 100})).await;
+    let stale = 2;
+    let extra = serde_json::json!({"heartbeat_stale": stale});
+    let mut victim = DenProcess::start(&t.uri, &t.name, "victim", extra.clone());
+    let _a = DenProcess::start(&t.uri, &t.name, "survivor-a", extra.clone());
+    let _b = DenProcess::start(&t.uri, &t.name, "survivor-b", extra.clone());
+    wait_for(Duration::from_secs(60), "a third of the tasks", || async {
+        count(&t.db, doc! {"status": 1}).await >= 200
+    })
+    .await;
+    wait_for(Duration::from_secs(30), "the victim to hold tasks", || async {
+        count(&t.db, doc! {"node": "victim", "status": {"$in": [-1, 0]}}).await > 0
+    })
+    .await;
+    victim.signal(libc::SIGKILL);
+    victim.wait_exit(Duration::from_secs(10));
+    let killed = Instant::now();
+    let held: Vec<Document> = {
+        use futures::TryStreamExt;
+        t.db.collection::<Document>("tasks")
+            .find(doc! {"node": "victim", "status": {"$in": [-1, 0]}})
+            .await
+            .unwrap()
+            .try_collect()
+            .await
+            .unwrap()
+    };
+    let held_ids: Vec<ObjectId> = held.iter().map(|d| d.get_object_id("_id").unwrap()).collect();
+    wait_for(
+        Duration::from_secs(30),
+        "the victim's tasks to be recovered",
+        || async {
+            count(
+                &t.db,
+                doc! {"_id": {"$in": &held_ids}, "node": "victim", "status": {"$in": [-1, 0]}},
+            )
+            .await
+                == 0
+        },
+    )
+    .await;
+    let recovered_after = killed.elapsed();
+    wait_for(
+        Duration::from_secs(120),
+        "every task to finish or be orphaned",
+        || async { unfinished(&t.db).await == 0 },
+    )
+    .await;
+    let orphaned = count(&t.db, doc! {"status": -6}).await;
+    let requeue_ok = count(&t.db, doc! {"queue": requeue, "status": 1}).await;
+    println!(
+        "kill -9: victim held {} tasks; recovered {:.2}s after the kill (stale window {stale} s); {orphaned} orphaned (-6), requeue queue {requeue_ok}/300 succeeded",
+        held_ids.len(),
+        recovered_after.as_secs_f64()
+    );
+    assert!(
+        recovered_after <= Duration::from_secs(stale + 2),
+        "recovered after {recovered_after:?}"
+    );
+    assert_eq!(requeue_ok, 300, "with on_orphan requeue every task ends succeeded");
+    let held_orphan = held
+        .iter()
+        .filter(|d| d.get_object_id("queue").unwrap() == orphan)
+        .count() as u64;
+    assert_eq!(
+        orphaned, held_orphan,
+        "exactly the orphan queue's held tasks are orphaned"
+    );
+    assert_eq!(count(&t.db, doc! {"queue": orphan, "status": 1}).await + orphaned, 300);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_database_outage_loses_nothing() {
+    let mut server = tokio::task::spawn_blocking(TestServer::start_private).await.unwrap();
+    let t = common::test_db_at(&server.uri(), "chaos_outage").await;
+    let q = insert_queue(&t.db, "outage", "demo", doc! {"threads": 8}).await;
+    let ids = insert_tasks(&t.db, q, (0..300).map(|_| doc! {"sleep_ms": 200})).await;
+    let extra = serde_json::json!({"heartbeat_stale": 30});
+    let a = DenProcess::start(&t.uri, &t.name, "outage-a", extra.clone());
+    let b = DenProcess::start(&t.uri, &t.name, "outage-b", extra.clone());
+    wait_for(Duration::from_secs(60), "100 tasks", || async {
+        count(&t.db, doc! {"status": 1}).await >= 100
+    })
+    .await;
+    let running_before = count(&t.db, doc! {"status": 0}).await;
+    let port = server.port();
+    let stopped = Instant::now();
+    server = tokio::task::spawn_blocking(move || {
+        server.stop();
+        std::thread::sleep(Duration::from_secs(5));
+        server.restart();
+        server
+    })
+    .await
+    .unwrap();
+    assert_eq!(server.port(), port, "the server came back on the same port");
+    let outage = stopped.elapsed();
+    wait_for(
+        Duration::from_secs(180),
+        "every task to finish after the outage",
+        || async { count(&t.db, doc! {"_id": {"$in": &ids}, "status": 1}).await == 300 },
+    )
+    .await;
+    let recovered = stopped.elapsed();
+    let lost = count(&t.db, doc! {"status": {"$ne": 1}}).await;
+    println!(
+        "db outage: {running_before} tasks running when the server stopped for {:.1}s; all 300 finished {:.1}s after the stop; {lost} lost or stuck",
+        outage.as_secs_f64(),
+        recovered.as_secs_f64()
+    );
+    assert_eq!(lost, 0);
+    for den in [&a, &b] {
+        let log = den.log();
+        assert!(log.contains("database unreachable"), "the outage is logged:\n{log}");
+        assert!(log.contains("reachable again"), "the recovery is logged:\n{log}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigterm_under_load_leaves_nothing_claimed() {
+    let t = common::test_db("chaos_sigterm").await;
+    let q = insert_queue(&t.db, "load", "demo", doc! {"threads": 12}).await;
+    insert_tasks(&t.db, q, (0..400).map(|_| doc! {"sleep_ms": 150})).await;
+    let extra = serde_json::json!({"heartbeat_stale": 30, "shutdown_grace": 1});
+    let mut leaving = DenProcess::start(&t.uri, &t.name, "leaving", extra.clone());
+    let _staying = DenProcess::start(&t.uri, &t.name, "staying", extra.clone());
+    wait_for(Duration::from_secs(60), "the leaving DEN to be busy", || async {
+        count(&t.db, doc! {"node": "leaving", "status": 0}).await >= 3
+    })
+    .await;
+    let held = count(&t.db, doc! {"node": "leaving", "status": {"$in": [-1, 0]}}).await;
+    leaving.signal(libc::SIGTERM);
+    let status = leaving.wait_exit(Duration::from_secs(20));
+    assert!(status.success(), "{status:?}\n{}", leaving.log());
+    let left = count(&t.db, doc! {"node": "leaving", "status": {"$in": [-1, 0]}}).await;
+    assert_eq!(left, 0, "nothing left claimed or running by the stopped DEN");
+    wait_for(
+        Duration::from_secs(120),
+        "the staying DEN to finish everything",
+        || async { unfinished(&t.db).await == 0 },
+    )
+    .await;
+    let ok = count(&t.db, doc! {"status": 1}).await;
+    println!("sigterm under load: the leaving DEN held {held} tasks; 0 left claimed; {ok}/400 succeeded");
+    assert_eq!(ok, 400);
+}
