@@ -118,6 +118,11 @@ pub struct Den {
     running: AtomicUsize,
     /// `maxthreads` of this node as last read (None = no limit).
     maxthreads: Mutex<Option<i64>>,
+    /// When this DEN last lost the database; recovery by stale heartbeat waits until the
+    /// connection has been back for `heartbeat_stale`, so live nodes can heartbeat first.
+    outage_ended: Mutex<Option<tokio::time::Instant>>,
+    /// Whether the database is unreachable as far as the loop knows.
+    in_outage: std::sync::atomic::AtomicBool,
     /// Tasks in flight: task id → the slot it holds.
     in_flight: Mutex<HashMap<ObjectId, Slot>>,
     /// Cancelled when claiming must stop.
@@ -137,6 +142,8 @@ impl Den {
             wake: Notify::new(),
             running: AtomicUsize::new(0),
             maxthreads: Mutex::new(None),
+            outage_ended: Mutex::new(None),
+            in_outage: std::sync::atomic::AtomicBool::new(false),
             in_flight: Mutex::new(HashMap::new()),
             stopping: CancellationToken::new(),
             abandoned: CancellationToken::new(),
@@ -161,7 +168,6 @@ impl Den {
             );
             let mut interval = tokio::time::interval(self.settings.tick);
             interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let mut outage = false;
             let watcher = tokio::spawn(self.clone().watch_queued(shutdown.clone()));
             loop {
                 let full = tokio::select! {
@@ -170,14 +176,14 @@ impl Den {
                     _ = self.wake.notified() => false,
                 };
                 match self.tick(full).await {
-                    Ok(()) if outage => {
-                        info!("database reachable again");
-                        outage = false;
+                    Ok(()) => {
+                        if self.in_outage.swap(false, Ordering::SeqCst) {
+                            info!("database reachable again");
+                        }
                     }
-                    Ok(()) => {}
-                    Err(e @ StoreError::Database(_)) if !outage => {
+                    Err(e @ StoreError::Database(_)) if !self.in_outage.load(Ordering::SeqCst) => {
                         error!(error = %e, "database unreachable; running tasks continue, claiming resumes when it is back");
-                        outage = true;
+                        self.in_outage.store(true, Ordering::SeqCst);
                     }
                     Err(e @ StoreError::Database(_)) => debug!(error = %e, "database still unreachable"),
                     Err(e) => error!(error = %e, "tick failed"),
@@ -237,6 +243,14 @@ impl Den {
         let s = &self.settings;
         let me = self.store.heartbeat(&s.node, s.heartbeat_stale).await?;
         *self.maxthreads.lock().unwrap_or_else(|e| e.into_inner()) = me.maxthreads;
+        if self.in_outage.load(Ordering::SeqCst) {
+            *self.outage_ended.lock().unwrap_or_else(|e| e.into_inner()) = Some(tokio::time::Instant::now());
+        }
+        let since_outage = *self.outage_ended.lock().unwrap_or_else(|e| e.into_inner());
+        if since_outage.is_some_and(|t| t.elapsed() < s.heartbeat_stale) {
+            // Right after an outage every other node's heartbeat looks stale too.
+            return Ok(());
+        }
         let now = DateTime::now().timestamp_millis();
         let recovered = self
             .store

@@ -329,3 +329,55 @@ async fn sigterm_under_load_leaves_nothing_claimed() {
     println!("sigterm under load: the leaving DEN held {held} tasks; 0 left claimed; {ok}/400 succeeded");
     assert_eq!(ok, 400);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_outage_longer_than_the_stale_window_orphans_no_live_node() {
+    let mut server = tokio::task::spawn_blocking(TestServer::start_private).await.unwrap();
+    let t = common::test_db_at(&server.uri(), "chaos_long_outage").await;
+    let q = insert_queue(&t.db, "long", "demo", doc! {"threads": 4}).await;
+    let ids = insert_tasks(&t.db, q, (0..4).map(|_| doc! {"sleep_ms": 9000})).await;
+    // Heartbeats go stale after 2 s; the outage lasts 5 s.
+    let extra = serde_json::json!({"heartbeat_stale": 2});
+    let a = DenProcess::start(&t.uri, &t.name, "long-a", extra.clone());
+    let b = DenProcess::start(&t.uri, &t.name, "long-b", extra.clone());
+    wait_for(Duration::from_secs(60), "4 running tasks", || async {
+        count(&t.db, doc! {"status": 0}).await == 4
+    })
+    .await;
+    server = tokio::task::spawn_blocking(move || {
+        server.stop();
+        std::thread::sleep(Duration::from_secs(5));
+        server.restart();
+        server
+    })
+    .await
+    .unwrap();
+    let start = Instant::now();
+    while count(&t.db, doc! {"_id": {"$in": &ids}, "status": {"$gt": 0}}).await < 4 {
+        if start.elapsed() > Duration::from_secs(40) {
+            use futures::TryStreamExt;
+            let docs: Vec<Document> =
+                t.db.collection::<Document>("tasks")
+                    .find(doc! {})
+                    .await
+                    .unwrap()
+                    .try_collect()
+                    .await
+                    .unwrap();
+            panic!("tasks did not finish: {docs:?}\n{}\n{}", a.log(), b.log());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let ok = count(&t.db, doc! {"_id": {"$in": &ids}, "status": 1}).await;
+    let orphaned = count(&t.db, doc! {"status": -6}).await;
+    println!("long outage: 4 tasks running through a 5 s outage with a 2 s stale window: {ok} succeeded, {orphaned} orphaned");
+    assert_eq!(
+        orphaned,
+        0,
+        "no live node's task is orphaned after the outage:\n{}\n{}",
+        a.log(),
+        b.log()
+    );
+    assert_eq!(ok, 4);
+    drop(server);
+}

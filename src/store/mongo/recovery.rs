@@ -85,14 +85,6 @@ impl MongoStore {
                 }
             }
         }
-        if !recovery.orphaned.is_empty() || !recovery.requeued.is_empty() {
-            tracing::info!(
-                orphaned = recovery.orphaned.len(),
-                requeued = recovery.requeued.len(),
-                "recovered orphaned tasks"
-            );
-        }
-
         self.free_slots_of(&stale).await?;
         Ok(recovery)
     }
