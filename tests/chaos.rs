@@ -9,54 +9,9 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use bson::oid::ObjectId;
-use bson::{doc, Bson, DateTime, Document};
-use common::{wait_for, DenProcess, TestServer};
+use bson::{doc, DateTime, Document};
+use common::{count_tasks as count, insert_queue, insert_tasks, wait_for, DenProcess, TestServer};
 use mongodb::Database;
-
-async fn insert_queue(db: &Database, name: &str, plugin: &str, extra: Document) -> ObjectId {
-    let mut q = doc! {"name": name, "plugin": plugin, "threads": 4, "sort": "fifo"};
-    q.extend(extra);
-    db.collection::<Document>("queues")
-        .insert_one(q)
-        .await
-        .unwrap()
-        .inserted_id
-        .as_object_id()
-        .unwrap()
-}
-
-async fn insert_tasks(db: &Database, queue: ObjectId, params: impl Iterator<Item = Document>) -> Vec<ObjectId> {
-    let now = DateTime::now();
-    let docs: Vec<Document> = params
-        .map(|p| {
-            doc! {"queue": queue, "status": -2, "node": Bson::Null, "params": p,
-            "ctime": now, "mtime": now, "stdout": Bson::Null, "stderr": Bson::Null}
-        })
-        .collect();
-    let mut ids = Vec::with_capacity(docs.len());
-    for batch in docs.chunks(5000) {
-        let r = db
-            .collection::<Document>("tasks")
-            .insert_many(batch.to_vec())
-            .await
-            .unwrap();
-        let mut got: Vec<(usize, ObjectId)> = r
-            .inserted_ids
-            .into_iter()
-            .map(|(i, id)| (i, id.as_object_id().unwrap()))
-            .collect();
-        got.sort();
-        ids.extend(got.into_iter().map(|(_, id)| id));
-    }
-    ids
-}
-
-async fn count(db: &Database, filter: Document) -> u64 {
-    db.collection::<Document>("tasks")
-        .count_documents(filter)
-        .await
-        .unwrap()
-}
 
 async fn unfinished(db: &Database) -> u64 {
     count(db, doc! {"status": {"$in": [-2, -1, 0]}}).await

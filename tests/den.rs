@@ -3,10 +3,10 @@
 
 mod common;
 
-use common::wait_for;
+use common::{count_tasks as count, insert_queue, insert_task, task_doc_of as task_doc, wait_for};
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -15,24 +15,11 @@ use bson::{doc, Bson, DateTime, Document};
 use disbatch::config::Gfs;
 use disbatch::den::{Den, DenSettings};
 use disbatch::model::{Node, Output, Queue};
-use disbatch::runner::{EngineOptions, Runner, Sandbox};
+use disbatch::runner::Sandbox;
 use disbatch::store::*;
 use futures::TryStreamExt;
 use mongodb::Database;
 use tokio_util::sync::CancellationToken;
-
-fn runner() -> Runner {
-    static RUNNER: OnceLock<Runner> = OnceLock::new();
-    RUNNER
-        .get_or_init(|| {
-            Runner::new(&EngineOptions {
-                cache_dir: Some(tempfile::tempdir().unwrap().keep()),
-                max_instances: 128,
-            })
-            .unwrap()
-        })
-        .clone()
-}
 
 fn settings(node: &str) -> DenSettings {
     DenSettings {
@@ -65,7 +52,7 @@ struct RunningDen {
 
 impl RunningDen {
     fn start(store: Arc<dyn Store>, settings: DenSettings) -> Self {
-        let den = Den::new(store, runner(), settings);
+        let den = Den::new(store, common::shared_runner(), settings);
         let shutdown = CancellationToken::new();
         let handle = tokio::spawn({
             let den = den.clone();
@@ -91,50 +78,8 @@ impl Drop for RunningDen {
     }
 }
 
-async fn insert_queue(db: &Database, name: &str, plugin: &str, extra: Document) -> ObjectId {
-    let mut q = doc! {"name": name, "plugin": plugin, "threads": 4, "sort": "fifo"};
-    q.extend(extra);
-    db.collection::<Document>("queues")
-        .insert_one(q)
-        .await
-        .unwrap()
-        .inserted_id
-        .as_object_id()
-        .unwrap()
-}
-
-/// Inserts a task the way any Disbatch 4 client writes one.
-async fn insert_task(db: &Database, queue: ObjectId, status: i32, params: Document) -> ObjectId {
-    let now = DateTime::now();
-    db.collection::<Document>("tasks")
-        .insert_one(doc! {
-            "queue": queue, "status": status, "node": Bson::Null, "params": params,
-            "ctime": now, "mtime": now, "stdout": Bson::Null, "stderr": Bson::Null,
-        })
-        .await
-        .unwrap()
-        .inserted_id
-        .as_object_id()
-        .unwrap()
-}
-
-async fn task_doc(db: &Database, id: ObjectId) -> Document {
-    db.collection::<Document>("tasks")
-        .find_one(doc! {"_id": id})
-        .await
-        .unwrap()
-        .expect("task exists")
-}
-
 async fn status_of(db: &Database, id: ObjectId) -> i32 {
     task_doc(db, id).await.get_i32("status").unwrap()
-}
-
-async fn count(db: &Database, filter: Document) -> u64 {
-    db.collection::<Document>("tasks")
-        .count_documents(filter)
-        .await
-        .unwrap()
 }
 
 async fn all_done(db: &Database, queue: ObjectId) -> bool {

@@ -3,60 +3,21 @@
 
 mod common;
 
-use common::{wait_for, DenProcess};
+use common::{count_tasks as count, insert_queue, insert_tasks, wait_for, DenProcess};
 
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use bson::oid::ObjectId;
-use bson::{doc, Bson, DateTime, Document};
-use mongodb::Database;
-
-async fn insert_queue(db: &Database, name: &str, extra: Document) -> ObjectId {
-    let mut q = doc! {"name": name, "plugin": "demo", "threads": 4, "sort": "fifo"};
-    q.extend(extra);
-    db.collection::<Document>("queues")
-        .insert_one(q)
-        .await
-        .unwrap()
-        .inserted_id
-        .as_object_id()
-        .unwrap()
-}
-
-async fn insert_tasks(db: &Database, queue: ObjectId, n: usize, params: Document) -> Vec<ObjectId> {
-    let now = DateTime::now();
-    let docs: Vec<Document> = (0..n)
-        .map(|_| {
-            doc! {"queue": queue, "status": -2, "node": Bson::Null, "params": params.clone(),
-            "ctime": now, "mtime": now, "stdout": Bson::Null, "stderr": Bson::Null}
-        })
-        .collect();
-    let r = db.collection::<Document>("tasks").insert_many(docs).await.unwrap();
-    let mut ids: Vec<(usize, ObjectId)> = r
-        .inserted_ids
-        .into_iter()
-        .map(|(i, id)| (i, id.as_object_id().unwrap()))
-        .collect();
-    ids.sort();
-    ids.into_iter().map(|(_, id)| id).collect()
-}
-
-async fn count(db: &Database, filter: Document) -> u64 {
-    db.collection::<Document>("tasks")
-        .count_documents(filter)
-        .await
-        .unwrap()
-}
+use bson::{doc, Bson, Document};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn tasks_of_a_killed_den_are_recovered_after_the_stale_window() {
     let t = common::test_db("den_kill9").await;
-    let orphan_q = insert_queue(&t.db, "orphan", doc! {}).await;
-    let requeue_q = insert_queue(&t.db, "requeue", doc! {"on_orphan": "requeue"}).await;
-    let orphans = insert_tasks(&t.db, orphan_q, 2, doc! {"sleep_ms": 3000}).await;
-    let requeued = insert_tasks(&t.db, requeue_q, 2, doc! {"sleep_ms": 3000}).await;
+    let orphan_q = insert_queue(&t.db, "orphan", "demo", doc! {}).await;
+    let requeue_q = insert_queue(&t.db, "requeue", "demo", doc! {"on_orphan": "requeue"}).await;
+    let orphans = insert_tasks(&t.db, orphan_q, (0..2).map(|_| doc! {"sleep_ms": 3000})).await;
+    let requeued = insert_tasks(&t.db, requeue_q, (0..2).map(|_| doc! {"sleep_ms": 3000})).await;
 
     let mut victim = DenProcess::start(&t.uri, &t.name, "victim", serde_json::json!({}));
     wait_for(Duration::from_secs(30), "the victim to run all 4 tasks", || async {
@@ -107,9 +68,9 @@ async fn tasks_of_a_killed_den_are_recovered_after_the_stale_window() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sigterm_lets_short_tasks_finish_and_requeues_the_rest() {
     let t = common::test_db("den_sigterm").await;
-    let q = insert_queue(&t.db, "mixed", doc! {"threads": 4}).await;
-    let long = insert_tasks(&t.db, q, 2, doc! {"sleep_ms": 60_000}).await;
-    let short = insert_tasks(&t.db, q, 2, doc! {"sleep_ms": 300}).await;
+    let q = insert_queue(&t.db, "mixed", "demo", doc! {"threads": 4}).await;
+    let long = insert_tasks(&t.db, q, (0..2).map(|_| doc! {"sleep_ms": 60_000})).await;
+    let short = insert_tasks(&t.db, q, (0..2).map(|_| doc! {"sleep_ms": 300})).await;
     let mut den = DenProcess::start(&t.uri, &t.name, "graceful", serde_json::json!({"shutdown_grace": 3}));
     wait_for(Duration::from_secs(30), "4 running tasks", || async {
         count(&t.db, doc! {"queue": q, "status": 0}).await == 4
@@ -141,8 +102,8 @@ async fn sigterm_lets_short_tasks_finish_and_requeues_the_rest() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_second_signal_exits_at_once() {
     let t = common::test_db("den_twice").await;
-    let q = insert_queue(&t.db, "long", doc! {}).await;
-    insert_tasks(&t.db, q, 1, doc! {"sleep_ms": 60_000}).await;
+    let q = insert_queue(&t.db, "long", "demo", doc! {}).await;
+    insert_tasks(&t.db, q, (0..1).map(|_| doc! {"sleep_ms": 60_000})).await;
     let mut den = DenProcess::start(&t.uri, &t.name, "impatient", serde_json::json!({"shutdown_grace": 60}));
     wait_for(Duration::from_secs(30), "the task to run", || async {
         count(&t.db, doc! {"queue": q, "status": 0}).await == 1

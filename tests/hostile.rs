@@ -5,14 +5,14 @@
 mod common;
 
 use std::path::Path;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
 use disbatch::config::Gfs;
 use disbatch::den::{Den, DenSettings};
-use disbatch::runner::{EngineOptions, Runner, Sandbox};
+use disbatch::runner::Sandbox;
 use mongodb::Database;
 use tokio_util::sync::CancellationToken;
 
@@ -29,19 +29,6 @@ const PLUGINS: [&str; 11] = [
     "wrongworld",
     "badimport",
 ];
-
-fn runner() -> Runner {
-    static RUNNER: OnceLock<Runner> = OnceLock::new();
-    RUNNER
-        .get_or_init(|| {
-            Runner::new(&EngineOptions {
-                cache_dir: Some(tempfile::tempdir().unwrap().keep()),
-                max_instances: 256,
-            })
-            .unwrap()
-        })
-        .clone()
-}
 
 /// A DEN over `db` with its own plugin directory: the built plugins plus `extra` files.
 struct Fixture {
@@ -82,7 +69,7 @@ impl Fixture {
             tick: Duration::from_millis(100),
             max_instances: 32,
         };
-        let den = Den::new(Arc::new(t.store.clone()), runner(), settings);
+        let den = Den::new(Arc::new(t.store.clone()), common::shared_runner(), settings);
         let shutdown = CancellationToken::new();
         let handle = tokio::spawn({
             let shutdown = shutdown.clone();
