@@ -137,20 +137,21 @@ async fn killing_a_den_mid_run_loses_nothing() {
     let t = common::test_db("chaos_kill").await;
     let requeue = insert_queue(&t.db, "requeue", "demo", doc! {"threads": 6, "on_orphan": "requeue"}).await;
     let orphan = insert_queue(&t.db, "orphan", "demo", doc! {"threads": 6}).await;
-    insert_tasks(&t.db, requeue, (0..300).map(|_| doc! {"sleep_ms": 100})).await;
-    insert_tasks(&t.db, orphan, (0..300).map(|_| doc! {"sleep_ms": 100})).await;
+    insert_tasks(&t.db, requeue, (0..300).map(|_| doc! {"sleep_ms": 200})).await;
+    insert_tasks(&t.db, orphan, (0..300).map(|_| doc! {"sleep_ms": 200})).await;
     let stale = 2;
     let extra = serde_json::json!({"heartbeat_stale": stale});
     let mut victim = DenProcess::start(&t.uri, &t.name, "victim", extra.clone());
     let _a = DenProcess::start(&t.uri, &t.name, "survivor-a", extra.clone());
     let _b = DenProcess::start(&t.uri, &t.name, "survivor-b", extra.clone());
-    wait_for(Duration::from_secs(60), "a third of the tasks", || async {
-        count(&t.db, doc! {"status": 1}).await >= 200
-    })
-    .await;
-    wait_for(Duration::from_secs(30), "the victim to hold tasks", || async {
-        count(&t.db, doc! {"node": "victim", "status": {"$in": [-1, 0]}}).await > 0
-    })
+    wait_for(
+        Duration::from_secs(60),
+        "the run to be under way with the victim busy",
+        || async {
+            count(&t.db, doc! {"status": 1}).await >= 30
+                && count(&t.db, doc! {"node": "victim", "status": {"$in": [-1, 0]}}).await > 0
+        },
+    )
     .await;
     victim.signal(libc::SIGKILL);
     victim.wait_exit(Duration::from_secs(10));
@@ -265,7 +266,7 @@ async fn sigterm_under_load_leaves_nothing_claimed() {
     let mut leaving = DenProcess::start(&t.uri, &t.name, "leaving", extra.clone());
     let _staying = DenProcess::start(&t.uri, &t.name, "staying", extra.clone());
     wait_for(Duration::from_secs(60), "the leaving DEN to be busy", || async {
-        count(&t.db, doc! {"node": "leaving", "status": 0}).await >= 3
+        count(&t.db, doc! {"node": "leaving", "status": 0}).await >= 1
     })
     .await;
     let held = count(&t.db, doc! {"node": "leaving", "status": {"$in": [-1, 0]}}).await;
