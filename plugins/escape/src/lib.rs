@@ -6,9 +6,13 @@
 //! Params: `read` (paths to read, default ["/etc/passwd"]), `write` (paths to create and
 //! write "escape was here", default []), `list` (directories to list, default ["/"]),
 //! `connect` (address for a TCP connection, default "127.0.0.1:9").
+//!
+//! Every attempt is recorded, never unwrapped: the plugin does not panic whatever the
+//! sandbox refuses. Environment variables and arguments that are not UTF-8 are reported
+//! lossily rather than panicking as `std::env::vars` would.
 
 use std::collections::BTreeMap;
-use std::io::Read;
+use std::io::{Read, Write};
 
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -75,8 +79,10 @@ fn run(p: Params) -> Result<u32, String> {
     let reads: BTreeMap<_, _> = p.read.iter().map(|path| (path.clone(), read(path))).collect();
     let writes: BTreeMap<_, _> = p.write.iter().map(|path| (path.clone(), write(path))).collect();
     let lists: BTreeMap<_, _> = p.list.iter().map(|dir| (dir.clone(), list(dir))).collect();
-    let env: BTreeMap<String, String> = std::env::vars().collect();
-    let args: Vec<String> = std::env::args().collect();
+    let env: BTreeMap<String, String> = std::env::vars_os()
+        .map(|(k, v)| (k.to_string_lossy().into_owned(), v.to_string_lossy().into_owned()))
+        .collect();
+    let args: Vec<String> = std::env::args_os().map(|a| a.to_string_lossy().into_owned()).collect();
     let report = json!({
         "read": reads,
         "write": writes,
@@ -85,7 +91,10 @@ fn run(p: Params) -> Result<u32, String> {
         "args": args,
         "connect": connect(&p.connect),
     });
-    println!("{report}");
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{report}")
+        .and_then(|()| out.flush())
+        .map_err(|e| format!("cannot write the report to stdout: {e}"))?;
     Ok(disbatch_plugin::SUCCEEDED)
 }
 

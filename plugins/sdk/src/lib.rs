@@ -4,7 +4,28 @@
 //! `disbatch:plugin/plugin` world of the repository's `wit/plugin.wit`. With this crate a
 //! plugin is one function: it receives the task's params — as a [`serde_json::Value`] or
 //! as any type implementing `serde::Deserialize` — prints what it likes to stdout and
-//! stderr, and returns the task's status.
+//! stderr, and returns the task's status. The crate generates the WIT bindings, so a
+//! plugin crate needs no `wit-bindgen` code of its own.
+//!
+//! # A complete plugin
+//!
+//! `Cargo.toml`:
+//!
+//! ```toml
+//! [package]
+//! name = "hello"            # the component is target/wasm32-wasip2/release/hello.wasm
+//! version = "0.1.0"
+//! edition = "2021"
+//!
+//! [lib]
+//! crate-type = ["cdylib"]   # a cdylib for wasm32-wasip2 is linked into a component
+//!
+//! [dependencies]
+//! disbatch-plugin = { path = "../sdk" }
+//! serde = { version = "1", features = ["derive"] }
+//! ```
+//!
+//! `src/lib.rs`:
 //!
 //! ```ignore
 //! use disbatch_plugin::{progress, SUCCEEDED};
@@ -24,24 +45,32 @@
 //! disbatch_plugin::plugin!(run);
 //! ```
 //!
-//! The crate must be a `cdylib`:
+//! Build it with `cargo build --release --target wasm32-wasip2` and try it with
+//! `runner exec target/wasm32-wasip2/release/hello.wasm --params '{"name":"you"}'`.
 //!
-//! ```toml
-//! [lib]
-//! crate-type = ["cdylib"]
+//! For params of no fixed shape take a [`serde_json::Value`] instead (and add
+//! `serde_json = "1"` to the dependencies):
+//!
+//! ```ignore
+//! fn run(params: serde_json::Value) -> Result<u32, String> {
+//!     let name = params.get("name").and_then(|v| v.as_str()).unwrap_or("world");
+//!     println!("hello, {name}");
+//!     Ok(disbatch_plugin::SUCCEEDED)
+//! }
+//!
+//! disbatch_plugin::plugin!(run);
 //! ```
 //!
-//! Build it with `cargo build --release --target wasm32-wasip2`; the component is
-//! `target/wasm32-wasip2/release/<crate name>.wasm`. Try it with
-//! `runner exec <that file> --params '{"name":"you"}'`.
+//! # The contract
 //!
-//! The rules of the contract:
-//! - return `Ok(status)` with a positive status: [`SUCCEEDED`] (1), [`FAILED`] (2), or a
-//!   larger value of your own; `Ok(0)` is rejected by the host and the task fails;
-//! - return `Err(message)` to fail the task with `message` added to its stderr;
-//! - params that do not deserialize into the function's parameter type fail the task with
-//!   `invalid params: …`;
-//! - the sandbox grants no files, environment or network unless the queue grants them.
+//! - Return `Ok(status)` with a positive status: [`SUCCEEDED`] (1), [`FAILED`] (2), or a
+//!   larger value of your own; `Ok(0)` is rejected by the host and the task fails.
+//! - Return `Err(message)` to fail the task with `message` added to its stderr.
+//! - Params that do not deserialize into the function's parameter type fail the task with
+//!   `invalid params: <serde error>` without calling the function.
+//! - stdout and stderr are captured by the host; a panic or a trap fails the task.
+//! - Report progress with [`progress`], [`progress_percent`] or [`progress_info`].
+//! - The sandbox grants no files, environment or network unless the queue grants them.
 
 /// The generated bindings of the `disbatch:plugin/plugin` world.
 #[doc(hidden)]
@@ -66,6 +95,9 @@ pub const SUCCEEDED: u32 = 1;
 pub const FAILED: u32 = 2;
 
 /// Reports progress: `percent` in 0..=100 and a short message.
+///
+/// The host clamps `percent` to 0..=100, ignores NaN, keeps at most 1 KiB of `info` and
+/// keeps only the latest reports, so calling this often is fine.
 pub fn progress(percent: f32, info: &str) {
     bindings::disbatch::plugin::host::progress(Some(percent), Some(info));
 }
@@ -101,7 +133,9 @@ macro_rules! plugin {
         struct __DisbatchPlugin;
 
         impl $crate::__Guest for __DisbatchPlugin {
-            fn run(params: ::std::string::String) -> ::std::result::Result<u32, ::std::string::String> {
+            fn run(
+                params: ::std::string::String,
+            ) -> ::std::result::Result<::core::primitive::u32, ::std::string::String> {
                 $crate::__run(&params, $f)
             }
         }
