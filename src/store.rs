@@ -8,6 +8,7 @@
 
 pub mod gridfs;
 pub mod mongo;
+pub mod sqlite;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

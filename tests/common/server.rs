@@ -270,7 +270,11 @@ impl Drop for TestServer {
 fn servers_root() -> PathBuf {
     static ROOT: OnceLock<PathBuf> = OnceLock::new();
     ROOT.get_or_init(|| {
-        let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("secantus");
+        let root = match option_env!("CARGO_TARGET_TMPDIR") {
+            Some(tmp) => PathBuf::from(tmp),
+            None => Path::new(env!("CARGO_MANIFEST_DIR")).join("target/tmp"),
+        }
+        .join("secantus");
         fs::create_dir_all(&root).unwrap_or_else(|e| panic!("cannot create {}: {e}", root.display()));
         if let Ok(entries) = fs::read_dir(&root) {
             for entry in entries.flatten() {

@@ -1,0 +1,942 @@
+//! [`SqliteStore`]: the [`Store`] on one SQLite file, the embedded single-node store.
+//!
+//! The file is opened in WAL mode with a busy timeout, so several DEN processes on the
+//! same machine can share it. Every operation that reads before it writes runs in a
+//! `BEGIN IMMEDIATE` transaction (the file's write lock is taken first), so a claim is
+//! one atomic "pick the next queued task and mark it claimed", exactly once across every
+//! connection and process.
+//!
+//! Tables mirror the MongoDB collections:
+//!
+//! - `tasks(id, queue, ctime, mtime, node, status, params, stdout, stdout_file, stderr,
+//!   stderr_file)`: ids are ObjectIds as 24 lowercase hex digits (so text order is `_id`
+//!   order), times are milliseconds since the epoch, `params` is the BSON document's bytes
+//!   (it reads back equal, types included), and an output is either text or the id of an
+//!   output file. Indexed as the MongoDB store indexes `tasks`.
+//! - `queues(id, name UNIQUE, doc)`: the whole queue document as BSON, parsed with the same
+//!   leniency as MongoDB's (an unknown `sort` is `default`; a queue with a malformed field
+//!   is left out of the list with a warning).
+//! - `nodes(id, node UNIQUE, timestamp, maxthreads)`.
+//! - `slots(queue, n, holder, expires)`: the queue slot leases, same rules as MongoDB's.
+//! - `output_files(id, task, filename, length, upload_date, data)`: large outputs, the
+//!   GridFS files of the MongoDB store.
+//!
+//! [`Store::watch_queued`] is not implemented (`Ok(None)`): DENs poll.
+//! SQLite calls block, so each operation runs on [`tokio::task::spawn_blocking`] with a
+//! connection from a small pool.
+
+mod rows;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bson::oid::ObjectId;
+use bson::{Bson, DateTime, Document};
+use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+
+use self::rows::{
+    bson_bytes, db_err, lease_end, on_orphan_lenient, output_columns, queue_from, read_bson, sort_str, task_from_row,
+    TASK_COLUMNS,
+};
+use super::{
+    NewQueue, OutputValue, Page, QueueUpdate, Recovery, Slot, StatusCounts, Store, StoreError, StoreResult, TaskFilter,
+};
+use crate::model::{status, Node, OnOrphan, Output, Queue, Sort, Task};
+
+/// Table of output files.
+pub const OUTPUT_FILES: &str = "output_files";
+
+/// How long a connection waits for another's write lock before failing.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Connections kept open for reuse.
+const POOL_SIZE: usize = 8;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS tasks (
+    id TEXT PRIMARY KEY NOT NULL,
+    queue TEXT NOT NULL,
+    ctime INTEGER NOT NULL,
+    mtime INTEGER NOT NULL,
+    node TEXT,
+    status INTEGER NOT NULL,
+    params BLOB NOT NULL,
+    stdout TEXT,
+    stdout_file TEXT,
+    stderr TEXT,
+    stderr_file TEXT
+);
+CREATE INDEX IF NOT EXISTS tasks_claim ON tasks (queue, status, node, id);
+CREATE INDEX IF NOT EXISTS tasks_node_status ON tasks (node, status);
+CREATE INDEX IF NOT EXISTS tasks_status_mtime ON tasks (status, mtime);
+CREATE INDEX IF NOT EXISTS tasks_queue_status ON tasks (queue, status);
+CREATE TABLE IF NOT EXISTS queues (
+    id TEXT PRIMARY KEY NOT NULL,
+    name TEXT NOT NULL UNIQUE,
+    doc BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS nodes (
+    id TEXT PRIMARY KEY NOT NULL,
+    node TEXT NOT NULL UNIQUE,
+    timestamp INTEGER NOT NULL,
+    maxthreads INTEGER
+);
+CREATE TABLE IF NOT EXISTS slots (
+    queue TEXT NOT NULL,
+    n INTEGER NOT NULL,
+    holder TEXT,
+    expires INTEGER NOT NULL,
+    PRIMARY KEY (queue, n)
+);
+CREATE INDEX IF NOT EXISTS slots_holder ON slots (holder);
+CREATE TABLE IF NOT EXISTS output_files (
+    id TEXT PRIMARY KEY NOT NULL,
+    task TEXT NOT NULL,
+    filename TEXT NOT NULL,
+    length INTEGER NOT NULL,
+    upload_date INTEGER NOT NULL,
+    data TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS output_files_task ON output_files (task);
+CREATE INDEX IF NOT EXISTS output_files_name ON output_files (filename, upload_date);
+";
+
+/// The [`Store`] on a SQLite file. Cloning is cheap: clones share the connection pool.
+#[derive(Clone)]
+pub struct SqliteStore {
+    path: Arc<PathBuf>,
+    pool: Arc<Mutex<Vec<Connection>>>,
+    /// Problems with stored queues already logged, so each is logged once.
+    warned: Arc<Mutex<HashSet<String>>>,
+}
+
+impl std::fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SqliteStore {
+    /// Opens (creating as needed) the store in the file at `path` and creates its schema.
+    pub async fn open(path: impl AsRef<Path>) -> StoreResult<SqliteStore> {
+        let store = SqliteStore {
+            path: Arc::new(path.as_ref().to_path_buf()),
+            pool: Arc::new(Mutex::new(Vec::new())),
+            warned: Arc::new(Mutex::new(HashSet::new())),
+        };
+        store.ensure_indexes().await?;
+        Ok(store)
+    }
+
+    /// The file in use.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn connect(path: &Path) -> StoreResult<Connection> {
+        let open = db_err("open database");
+        let conn = Connection::open(path).map_err(&open)?;
+        conn.busy_timeout(BUSY_TIMEOUT).map_err(&open)?;
+        conn.pragma_update(None, "journal_mode", "WAL").map_err(&open)?;
+        conn.pragma_update(None, "synchronous", "NORMAL").map_err(&open)?;
+        Ok(conn)
+    }
+
+    /// Runs `f` on a pooled connection on the blocking thread pool.
+    async fn with<T, F>(&self, f: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
+    {
+        let pool = self.pool.clone();
+        let path = self.path.clone();
+        tokio::task::spawn_blocking(move || {
+            let pooled = pool.lock().ok().and_then(|mut p| p.pop());
+            let mut conn = match pooled {
+                Some(c) => c,
+                None => Self::connect(&path)?,
+            };
+            let result = f(&mut conn);
+            if let Ok(mut p) = pool.lock() {
+                if p.len() < POOL_SIZE {
+                    p.push(conn);
+                }
+            }
+            result
+        })
+        .await
+        .map_err(|e| StoreError::Database(format!("database task failed: {e}")))?
+    }
+
+    /// Runs `f` in a `BEGIN IMMEDIATE` transaction, committed when `f` succeeds.
+    async fn write<T, F>(&self, op: &'static str, f: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&rusqlite::Transaction<'_>) -> StoreResult<T> + Send + 'static,
+    {
+        self.with(move |conn| {
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(db_err(op))?;
+            let value = f(&tx)?;
+            tx.commit().map_err(db_err(op))?;
+            Ok(value)
+        })
+        .await
+    }
+
+    /// Logs a problem with a stored document once per process.
+    fn warn_once(&self, message: String) {
+        let first = self
+            .warned
+            .lock()
+            .map(|mut w| w.insert(message.clone()))
+            .unwrap_or(true);
+        if first {
+            tracing::warn!("{message}");
+        }
+    }
+}
+
+/// Keys of a queue document that `extra` fields may not set.
+const QUEUE_CORE_FIELDS: [&str; 5] = ["_id", "name", "plugin", "threads", "sort"];
+
+fn check_extra(extra: &Document) -> StoreResult<()> {
+    match extra.keys().find(|k| QUEUE_CORE_FIELDS.contains(&k.as_str())) {
+        Some(k) => Err(StoreError::Invalid(format!("extra queue field {k:?} is not allowed"))),
+        None => Ok(()),
+    }
+}
+
+fn check_threads(threads: Option<i64>) -> StoreResult<()> {
+    match threads {
+        Some(t) if t < 0 => Err(StoreError::Invalid(format!("threads must be non-negative, got {t}"))),
+        _ => Ok(()),
+    }
+}
+
+fn opt_int_bson(n: Option<i64>) -> Bson {
+    n.map_or(Bson::Null, |n| i32::try_from(n).map_or(Bson::Int64(n), Bson::Int32))
+}
+
+fn is_unique_violation(e: &rusqlite::Error) -> bool {
+    matches!(e, rusqlite::Error::SqliteFailure(f, _) if f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE
+        || f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY)
+}
+
+fn parse_oid(collection: &'static str, text: &str) -> StoreResult<ObjectId> {
+    ObjectId::parse_str(text).map_err(|e| StoreError::Malformed {
+        collection,
+        id: text.to_string(),
+        reason: format!("id is not an ObjectId: {e}"),
+    })
+}
+
+/// Reads one queue row `(id, doc)` as a queue document.
+fn queue_doc(collection: &'static str, id: &str, bytes: &[u8]) -> StoreResult<Document> {
+    let mut d = read_bson(collection, id, bytes)?;
+    d.insert("_id", parse_oid(collection, id)?);
+    Ok(d)
+}
+
+/// Appends the SQL conditions and parameters of a task search.
+fn filter_sql(filter: &TaskFilter) -> (String, Vec<rusqlite::types::Value>) {
+    use rusqlite::types::Value;
+    let mut clauses = Vec::new();
+    let mut args = Vec::new();
+    if let Some(id) = filter.id {
+        clauses.push("id = ?".to_string());
+        args.push(Value::Text(id.to_hex()));
+    }
+    if let Some(queue) = filter.queue {
+        clauses.push("queue = ?".to_string());
+        args.push(Value::Text(queue.to_hex()));
+    }
+    if let Some(statuses) = &filter.status {
+        if statuses.is_empty() {
+            clauses.push("0".to_string());
+        } else {
+            clauses.push(format!("status IN ({})", vec!["?"; statuses.len()].join(", ")));
+            args.extend(statuses.iter().map(|s| Value::Integer(i64::from(*s))));
+        }
+    }
+    match &filter.node {
+        Some(None) => clauses.push("node IS NULL".to_string()),
+        Some(Some(n)) => {
+            clauses.push("node = ?".to_string());
+            args.push(Value::Text(n.clone()));
+        }
+        None => {}
+    }
+    let sql = if clauses.is_empty() {
+        String::new()
+    } else {
+        format!(" WHERE {}", clauses.join(" AND "))
+    };
+    (sql, args)
+}
+
+/// Renews the leases of every slot `node` holds.
+fn renew_slots(tx: &rusqlite::Transaction<'_>, node: &str, until: i64) -> StoreResult<()> {
+    tx.execute("UPDATE slots SET expires = ?1 WHERE holder = ?2", params![until, node])
+        .map_err(db_err("renew slot leases"))?;
+    Ok(())
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn ensure_indexes(&self) -> StoreResult<()> {
+        self.with(|conn| conn.execute_batch(SCHEMA).map_err(db_err("create schema")))
+            .await
+    }
+
+    // ---- nodes -------------------------------------------------------------------------
+
+    async fn heartbeat(&self, node: &str, lease: Duration) -> StoreResult<Node> {
+        let node = node.to_string();
+        self.write("heartbeat", move |tx| {
+            let now = DateTime::now();
+            renew_slots(tx, &node, lease_end(now, lease))?;
+            let row = tx
+                .query_row(
+                    "INSERT INTO nodes (id, node, timestamp, maxthreads) VALUES (?1, ?2, ?3, NULL)
+                     ON CONFLICT (node) DO UPDATE SET timestamp = excluded.timestamp
+                     RETURNING id, node, timestamp, maxthreads",
+                    params![ObjectId::new().to_hex(), node, now.timestamp_millis()],
+                    |r| {
+                        Ok((
+                            r.get::<_, String>(0)?,
+                            r.get::<_, String>(1)?,
+                            r.get::<_, i64>(2)?,
+                            r.get::<_, Option<i64>>(3)?,
+                        ))
+                    },
+                )
+                .map_err(db_err("heartbeat"))?;
+            node_from(row)
+        })
+        .await
+    }
+
+    async fn nodes(&self) -> StoreResult<Vec<Node>> {
+        let rows = self
+            .with(|conn| {
+                let err = db_err("list nodes");
+                let mut stmt = conn
+                    .prepare("SELECT id, node, timestamp, maxthreads FROM nodes ORDER BY node")
+                    .map_err(&err)?;
+                let rows = stmt
+                    .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+                    .map_err(&err)?
+                    .collect::<Result<Vec<(String, String, i64, Option<i64>)>, _>>()
+                    .map_err(&err)?;
+                Ok(rows)
+            })
+            .await?;
+        let mut nodes = Vec::with_capacity(rows.len());
+        for row in rows {
+            match node_from(row) {
+                Ok(n) => nodes.push(n),
+                Err(e) => self.warn_once(format!("ignoring node: {e}")),
+            }
+        }
+        Ok(nodes)
+    }
+
+    async fn set_maxthreads(&self, node: &str, maxthreads: Option<i64>) -> StoreResult<bool> {
+        if let Some(m) = maxthreads.filter(|m| *m < 0) {
+            return Err(StoreError::Invalid(format!("maxthreads must be non-negative, got {m}")));
+        }
+        let node = node.to_string();
+        self.with(move |conn| {
+            let n = conn
+                .execute(
+                    "UPDATE nodes SET maxthreads = ?1 WHERE node = ?2",
+                    params![maxthreads, node],
+                )
+                .map_err(db_err("set maxthreads"))?;
+            Ok(n > 0)
+        })
+        .await
+    }
+
+    // ---- queues ------------------------------------------------------------------------
+
+    async fn queues(&self) -> StoreResult<Vec<Queue>> {
+        let rows = self
+            .with(|conn| {
+                let err = db_err("list queues");
+                let mut stmt = conn.prepare("SELECT id, doc FROM queues ORDER BY id").map_err(&err)?;
+                let rows = stmt
+                    .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+                    .map_err(&err)?
+                    .collect::<Result<Vec<(String, Vec<u8>)>, _>>()
+                    .map_err(&err)?;
+                Ok(rows)
+            })
+            .await?;
+        let mut queues = Vec::with_capacity(rows.len());
+        for (id, bytes) in rows {
+            let d = match queue_doc("queues", &id, &bytes) {
+                Ok(d) => d,
+                Err(e) => {
+                    self.warn_once(format!("ignoring queue {id}: {e}"));
+                    continue;
+                }
+            };
+            match queue_from(&d) {
+                Ok((q, problems)) => {
+                    for p in problems {
+                        self.warn_once(format!("queue {:?} ({}): {p}", q.name, q.id));
+                    }
+                    queues.push(q);
+                }
+                Err(e) => self.warn_once(format!("ignoring queue {:?}: {e}", d.get_str("name").unwrap_or("?"))),
+            }
+        }
+        Ok(queues)
+    }
+
+    async fn create_queue(&self, queue: NewQueue) -> StoreResult<Queue> {
+        check_extra(&queue.extra)?;
+        check_threads(queue.threads)?;
+        let id = ObjectId::new();
+        let mut d = bson::doc! {
+            "_id": id,
+            "name": queue.name.clone(),
+            "plugin": queue.plugin.clone(),
+            "threads": opt_int_bson(queue.threads),
+            "sort": sort_str(queue.sort),
+        };
+        d.extend(queue.extra);
+        let (parsed, _) = queue_from(&d).map_err(|e| StoreError::Invalid(e.to_string()))?;
+        d.remove("_id");
+        let bytes = bson_bytes(&d)?;
+        let name = queue.name;
+        self.with(move |conn| {
+            match conn.execute(
+                "INSERT INTO queues (id, name, doc) VALUES (?1, ?2, ?3)",
+                params![id.to_hex(), name, bytes],
+            ) {
+                Ok(_) => Ok(parsed),
+                Err(e) if is_unique_violation(&e) => Err(StoreError::Duplicate { what: "queue", name }),
+                Err(e) => Err(db_err("create queue")(e)),
+            }
+        })
+        .await
+    }
+
+    async fn update_queue(&self, id: ObjectId, update: QueueUpdate) -> StoreResult<Option<Queue>> {
+        check_extra(&update.extra)?;
+        if let Some(threads) = update.threads {
+            check_threads(threads)?;
+        }
+        self.write("update queue", move |tx| {
+            let hex = id.to_hex();
+            let found: Option<Vec<u8>> = tx
+                .query_row("SELECT doc FROM queues WHERE id = ?1", [&hex], |r| r.get(0))
+                .optional()
+                .map_err(db_err("update queue"))?;
+            let Some(bytes) = found else {
+                return Ok(None);
+            };
+            let mut d = queue_doc("queues", &hex, &bytes)?;
+            if let Some(name) = &update.name {
+                d.insert("name", name.clone());
+            }
+            if let Some(plugin) = update.plugin {
+                d.insert("plugin", plugin);
+            }
+            if let Some(threads) = update.threads {
+                d.insert("threads", opt_int_bson(threads));
+            }
+            if let Some(sort) = update.sort {
+                d.insert("sort", sort_str(sort));
+            }
+            d.extend(update.extra);
+            let (parsed, _) = queue_from(&d)?;
+            d.remove("_id");
+            let bytes = bson_bytes(&d)?;
+            match tx.execute(
+                "UPDATE queues SET name = ?1, doc = ?2 WHERE id = ?3",
+                params![parsed.name, bytes, hex],
+            ) {
+                Ok(_) => Ok(Some(parsed)),
+                Err(e) if is_unique_violation(&e) => Err(StoreError::Duplicate {
+                    what: "queue",
+                    name: update.name.unwrap_or_default(),
+                }),
+                Err(e) => Err(db_err("update queue")(e)),
+            }
+        })
+        .await
+    }
+
+    async fn delete_queue(&self, id: ObjectId) -> StoreResult<bool> {
+        self.write("delete queue", move |tx| {
+            let err = db_err("delete queue");
+            let n = tx
+                .execute("DELETE FROM queues WHERE id = ?1", [id.to_hex()])
+                .map_err(&err)?;
+            tx.execute("DELETE FROM slots WHERE queue = ?1", [id.to_hex()])
+                .map_err(&err)?;
+            Ok(n > 0)
+        })
+        .await
+    }
+
+    async fn queue_counts(&self) -> StoreResult<BTreeMap<ObjectId, StatusCounts>> {
+        let rows = self
+            .with(|conn| {
+                let err = db_err("count tasks by queue");
+                let mut stmt = conn
+                    .prepare("SELECT queue, status, COUNT(*) FROM tasks GROUP BY queue, status")
+                    .map_err(&err)?;
+                let rows = stmt
+                    .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                    .map_err(&err)?
+                    .collect::<Result<Vec<(String, i64, i64)>, _>>()
+                    .map_err(&err)?;
+                Ok(rows)
+            })
+            .await?;
+        let mut counts: BTreeMap<ObjectId, StatusCounts> = BTreeMap::new();
+        for (queue, code, n) in rows {
+            match (
+                ObjectId::parse_str(&queue).ok(),
+                i32::try_from(code).ok(),
+                u64::try_from(n).ok(),
+            ) {
+                (Some(q), Some(c), Some(n)) => *counts.entry(q).or_default().entry(c).or_default() += n,
+                _ => self.warn_once(format!(
+                    "tasks with a malformed queue or status are not counted: {queue} {code}"
+                )),
+            }
+        }
+        Ok(counts)
+    }
+
+    // ---- claiming and running (the DEN) ------------------------------------------------
+
+    /// Refuses while a slot at or above `threads` is held and unexpired, else takes the
+    /// lowest free slot below it, all in one transaction.
+    async fn acquire_slot(&self, queue: &Queue, node: &str, lease: Duration) -> StoreResult<Option<Slot>> {
+        let threads = queue.threads.unwrap_or(0);
+        if threads <= 0 {
+            return Ok(None);
+        }
+        let queue_id = queue.id;
+        let node = node.to_string();
+        self.write("acquire slot", move |tx| {
+            let err = db_err("acquire slot");
+            let q = queue_id.to_hex();
+            let now = DateTime::now();
+            let millis = now.timestamp_millis();
+            let mut insert = tx
+                .prepare_cached("INSERT OR IGNORE INTO slots (queue, n, holder, expires) VALUES (?1, ?2, NULL, 0)")
+                .map_err(&err)?;
+            for n in 0..threads {
+                insert.execute(params![q, n]).map_err(&err)?;
+            }
+            let over: bool = tx
+                .query_row(
+                    "SELECT EXISTS (SELECT 1 FROM slots
+                     WHERE queue = ?1 AND n >= ?2 AND holder IS NOT NULL AND expires > ?3)",
+                    params![q, threads, millis],
+                    |r| r.get(0),
+                )
+                .map_err(&err)?;
+            if over {
+                return Ok(None);
+            }
+            let n: Option<i64> = tx
+                .query_row(
+                    "UPDATE slots SET holder = ?1, expires = ?2
+                     WHERE queue = ?3 AND n = (SELECT n FROM slots
+                         WHERE queue = ?3 AND n < ?4 AND (holder IS NULL OR expires < ?5)
+                         ORDER BY n LIMIT 1)
+                     RETURNING n",
+                    params![node, lease_end(now, lease), q, threads, millis],
+                    |r| r.get(0),
+                )
+                .optional()
+                .map_err(&err)?;
+            Ok(n.map(|n| Slot { queue: queue_id, n }))
+        })
+        .await
+    }
+
+    async fn release_slot(&self, slot: &Slot, node: &str) -> StoreResult<()> {
+        let (q, n, node) = (slot.queue.to_hex(), slot.n, node.to_string());
+        self.with(move |conn| {
+            conn.execute(
+                "UPDATE slots SET holder = NULL WHERE queue = ?1 AND n = ?2 AND holder = ?3",
+                params![q, n, node],
+            )
+            .map_err(db_err("release slot"))?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn has_queued(&self, queue: ObjectId) -> StoreResult<bool> {
+        self.with(move |conn| {
+            conn.query_row(
+                "SELECT EXISTS (SELECT 1 FROM tasks WHERE queue = ?1 AND status = ?2 AND node IS NULL)",
+                params![queue.to_hex(), status::QUEUED],
+                |r| r.get(0),
+            )
+            .map_err(db_err("look for queued tasks"))
+        })
+        .await
+    }
+
+    /// Claims with one `UPDATE … WHERE id = (SELECT … LIMIT 1) RETURNING …` in an
+    /// immediate transaction. A claimed row that cannot be read as a task is marked failed
+    /// (status 2, the reason in `stderr`) and the error returned.
+    async fn claim(&self, queue: &Queue, node: &str) -> StoreResult<Option<Task>> {
+        let order = match queue.sort {
+            Sort::Fifo => "ORDER BY id ASC",
+            Sort::Lifo => "ORDER BY id DESC",
+            Sort::Default => "",
+        };
+        let sql = format!(
+            "UPDATE tasks SET node = ?1, status = ?2, mtime = ?3
+             WHERE id = (SELECT id FROM tasks WHERE queue = ?4 AND status = ?5 AND node IS NULL {order} LIMIT 1)
+             RETURNING {TASK_COLUMNS}"
+        );
+        let (q, node) = (queue.id.to_hex(), node.to_string());
+        self.write("claim task", move |tx| {
+            let now = DateTime::now().timestamp_millis();
+            let claimed = tx
+                .query_row(
+                    &sql,
+                    params![node, status::CLAIMED, now, q, status::QUEUED],
+                    task_from_row,
+                )
+                .optional()
+                .map_err(db_err("claim task"))?;
+            match claimed {
+                None => Ok(Ok(None)),
+                Some((_, Ok(task))) => Ok(Ok(Some(task))),
+                Some((id, Err(e))) => {
+                    tx.execute(
+                        "UPDATE tasks SET status = ?1, stderr = ?2, stderr_file = NULL, mtime = ?3 WHERE id = ?4",
+                        params![status::FAILED, format!("disbatch: cannot run this task: {e}"), now, id],
+                    )
+                    .map_err(db_err("fail malformed task"))?;
+                    Ok(Err(e))
+                }
+            }
+        })
+        .await?
+    }
+
+    async fn start(&self, task: ObjectId, node: &str) -> StoreResult<bool> {
+        let node = node.to_string();
+        self.with(move |conn| {
+            let n = conn
+                .execute(
+                    "UPDATE tasks SET status = ?1, mtime = ?2 WHERE id = ?3 AND node = ?4 AND status = ?5",
+                    params![
+                        status::RUNNING,
+                        DateTime::now().timestamp_millis(),
+                        task.to_hex(),
+                        node,
+                        status::CLAIMED
+                    ],
+                )
+                .map_err(db_err("start task"))?;
+            Ok(n == 1)
+        })
+        .await
+    }
+
+    async fn write_output_file(&self, task: ObjectId, filename: &str, text: &str) -> StoreResult<ObjectId> {
+        let (filename, text) = (filename.to_string(), text.to_string());
+        self.with(move |conn| {
+            let id = ObjectId::new();
+            let length = i64::try_from(text.len()).unwrap_or(i64::MAX);
+            conn.execute(
+                "INSERT INTO output_files (id, task, filename, length, upload_date, data)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                params![
+                    id.to_hex(),
+                    task.to_hex(),
+                    filename,
+                    length,
+                    DateTime::now().timestamp_millis(),
+                    text
+                ],
+            )
+            .map_err(db_err("write output file"))?;
+            Ok(id)
+        })
+        .await
+    }
+
+    async fn finish(
+        &self,
+        task: ObjectId,
+        node: &str,
+        status: i32,
+        stdout: OutputValue,
+        stderr: OutputValue,
+    ) -> StoreResult<bool> {
+        let node = node.to_string();
+        self.with(move |conn| {
+            let (out_text, out_file) = output_columns(&stdout);
+            let (err_text, err_file) = output_columns(&stderr);
+            let n = conn
+                .execute(
+                    "UPDATE tasks SET status = ?1, stdout = ?2, stdout_file = ?3, stderr = ?4, stderr_file = ?5,
+                     mtime = ?6 WHERE id = ?7 AND node = ?8 AND status = ?9",
+                    params![
+                        status,
+                        out_text,
+                        out_file,
+                        err_text,
+                        err_file,
+                        DateTime::now().timestamp_millis(),
+                        task.to_hex(),
+                        node,
+                        status::RUNNING
+                    ],
+                )
+                .map_err(db_err("finish task"))?;
+            Ok(n == 1)
+        })
+        .await
+    }
+
+    async fn requeue_own(&self, node: &str, tasks: &[ObjectId]) -> StoreResult<Vec<ObjectId>> {
+        let (node, tasks) = (node.to_string(), tasks.to_vec());
+        self.write("requeue task", move |tx| {
+            let now = DateTime::now().timestamp_millis();
+            let mut requeued = Vec::new();
+            for id in tasks {
+                let n = tx
+                    .execute(
+                        "UPDATE tasks SET status = ?1, node = NULL, mtime = ?2
+                         WHERE id = ?3 AND node = ?4 AND status IN (?5, ?6)",
+                        params![status::QUEUED, now, id.to_hex(), node, status::CLAIMED, status::RUNNING],
+                    )
+                    .map_err(db_err("requeue task"))?;
+                if n == 1 {
+                    requeued.push(id);
+                }
+            }
+            Ok(requeued)
+        })
+        .await
+    }
+
+    /// Recovers as the MongoDB store does, in one transaction: a node is fresh when its
+    /// `timestamp` is at or after `stale_before`; claimed or running tasks of any other
+    /// node are recovered once their own `mtime` is before `stale_before` too.
+    async fn recover_orphans(&self, claimed_before: DateTime, stale_before: DateTime) -> StoreResult<Recovery> {
+        let (claimed_before, stale_before) = (claimed_before.timestamp_millis(), stale_before.timestamp_millis());
+        self.write("recover orphans", move |tx| {
+            let err = db_err("recover orphans");
+            let mut policies: HashMap<String, OnOrphan> = HashMap::new();
+            {
+                let mut stmt = tx.prepare("SELECT id, doc FROM queues").map_err(&err)?;
+                let rows = stmt
+                    .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, Vec<u8>>(1)?)))
+                    .map_err(&err)?;
+                for row in rows {
+                    let (id, bytes) = row.map_err(&err)?;
+                    let policy = read_bson("queues", &id, &bytes)
+                        .map(|d| on_orphan_lenient(&d))
+                        .unwrap_or_default();
+                    policies.insert(id, policy);
+                }
+            }
+            let candidates: Vec<(String, String)> = {
+                let mut stmt = tx
+                    .prepare(
+                        "SELECT id, queue FROM tasks
+                         WHERE (status = ?1 AND mtime < ?3)
+                            OR (status IN (?1, ?2) AND mtime < ?4
+                                AND (node IS NULL OR node NOT IN (SELECT node FROM nodes WHERE timestamp >= ?4)))",
+                    )
+                    .map_err(&err)?;
+                let rows = stmt
+                    .query_map(
+                        params![status::CLAIMED, status::RUNNING, claimed_before, stale_before],
+                        |r| Ok((r.get(0)?, r.get(1)?)),
+                    )
+                    .map_err(&err)?
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(&err)?;
+                rows
+            };
+            let now = DateTime::now().timestamp_millis();
+            let mut recovery = Recovery::default();
+            for (id, queue) in candidates {
+                let Ok(oid) = ObjectId::parse_str(&id) else { continue };
+                // Tasks of a queue that no longer exists are orphaned.
+                if policies.get(&queue) == Some(&OnOrphan::Requeue) {
+                    tx.execute(
+                        "UPDATE tasks SET status = ?1, node = NULL, mtime = ?2 WHERE id = ?3",
+                        params![status::QUEUED, now, id],
+                    )
+                    .map_err(&err)?;
+                    recovery.requeued.push(oid);
+                } else {
+                    tx.execute(
+                        "UPDATE tasks SET status = ?1, mtime = ?2 WHERE id = ?3",
+                        params![status::ORPHANED, now, id],
+                    )
+                    .map_err(&err)?;
+                    recovery.orphaned.push(oid);
+                }
+            }
+            tx.execute(
+                "UPDATE slots SET holder = NULL
+                 WHERE holder IS NOT NULL AND holder NOT IN (SELECT node FROM nodes WHERE timestamp >= ?1)
+                   AND holder IN (SELECT node FROM nodes)",
+                [stale_before],
+            )
+            .map_err(&err)?;
+            Ok(recovery)
+        })
+        .await
+    }
+
+    // ---- tasks (the DCI) ---------------------------------------------------------------
+
+    async fn create_tasks(&self, queue: ObjectId, params: Vec<Document>) -> StoreResult<Vec<ObjectId>> {
+        if params.is_empty() {
+            return Ok(Vec::new());
+        }
+        let encoded = params.iter().map(bson_bytes).collect::<StoreResult<Vec<_>>>()?;
+        self.write("create tasks", move |tx| {
+            let err = db_err("create tasks");
+            let now = DateTime::now().timestamp_millis();
+            let q = queue.to_hex();
+            let mut stmt = tx
+                .prepare_cached(
+                    "INSERT INTO tasks (id, queue, ctime, mtime, node, status, params)
+                     VALUES (?1, ?2, ?3, ?3, NULL, ?4, ?5)",
+                )
+                .map_err(&err)?;
+            let mut ids = Vec::with_capacity(encoded.len());
+            for bytes in encoded {
+                let id = ObjectId::new();
+                stmt.execute(params![id.to_hex(), q, now, status::QUEUED, bytes])
+                    .map_err(&err)?;
+                ids.push(id);
+            }
+            Ok(ids)
+        })
+        .await
+    }
+
+    async fn find_tasks(&self, filter: &TaskFilter, page: Page) -> StoreResult<Vec<Task>> {
+        if page.limit == 0 {
+            return Ok(Vec::new());
+        }
+        let (clause, mut args) = filter_sql(filter);
+        args.push(rusqlite::types::Value::Integer(
+            i64::try_from(page.limit).unwrap_or(i64::MAX),
+        ));
+        args.push(rusqlite::types::Value::Integer(
+            i64::try_from(page.skip).unwrap_or(i64::MAX),
+        ));
+        let sql = format!("SELECT {TASK_COLUMNS} FROM tasks{clause} ORDER BY id DESC LIMIT ? OFFSET ?");
+        self.with(move |conn| {
+            let err = db_err("find tasks");
+            let mut stmt = conn.prepare(&sql).map_err(&err)?;
+            let rows = stmt
+                .query_map(rusqlite::params_from_iter(args), task_from_row)
+                .map_err(&err)?
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(&err)?;
+            rows.into_iter().map(|(_, t)| t).collect()
+        })
+        .await
+    }
+
+    async fn count_tasks(&self, filter: &TaskFilter) -> StoreResult<u64> {
+        let (clause, args) = filter_sql(filter);
+        let sql = format!("SELECT COUNT(*) FROM tasks{clause}");
+        let n: i64 = self
+            .with(move |conn| {
+                conn.query_row(&sql, rusqlite::params_from_iter(args), |r| r.get(0))
+                    .map_err(db_err("count tasks"))
+            })
+            .await?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
+    async fn task(&self, id: ObjectId) -> StoreResult<Option<Task>> {
+        let sql = format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?1");
+        let found = self
+            .with(move |conn| {
+                conn.query_row(&sql, [id.to_hex()], task_from_row)
+                    .optional()
+                    .map_err(db_err("find task"))
+            })
+            .await?;
+        found.map(|(_, t)| t).transpose()
+    }
+
+    async fn read_output(&self, output: &Output) -> StoreResult<String> {
+        let id = match output {
+            Output::Inline(s) => return Ok(s.clone()),
+            Output::File(id) => *id,
+        };
+        let found: Option<(String, i64)> = self
+            .with(move |conn| {
+                conn.query_row(
+                    "SELECT data, length FROM output_files WHERE id = ?1",
+                    [id.to_hex()],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .optional()
+                .map_err(db_err("read output file"))
+            })
+            .await?;
+        let Some((text, length)) = found else {
+            return Err(StoreError::Malformed {
+                collection: OUTPUT_FILES,
+                id: id.to_hex(),
+                reason: "no such file".to_string(),
+            });
+        };
+        if usize::try_from(length).ok() != Some(text.len()) {
+            return Err(StoreError::Malformed {
+                collection: OUTPUT_FILES,
+                id: id.to_hex(),
+                reason: format!("length is {length} but the data has {} bytes", text.len()),
+            });
+        }
+        Ok(text)
+    }
+}
+
+/// A node row as a node.
+fn node_from((id, node, timestamp, maxthreads): (String, String, i64, Option<i64>)) -> StoreResult<Node> {
+    let maxthreads = match maxthreads {
+        Some(m) if m < 0 => {
+            return Err(StoreError::Malformed {
+                collection: "nodes",
+                id,
+                reason: format!("field `maxthreads` must be a non-negative integer or null, found {m}"),
+            })
+        }
+        other => other,
+    };
+    Ok(Node {
+        id: parse_oid("nodes", &id)?,
+        node,
+        timestamp: DateTime::from_millis(timestamp),
+        maxthreads,
+    })
+}

@@ -1,0 +1,206 @@
+//! Rows of the SQLite store ↔ model types.
+//!
+//! Queue documents are parsed with the MongoDB store's leniency: integers may be Int32,
+//! Int64 or an integral Double, optional fields may be null or missing, an unknown `sort`
+//! is `default`. Anything else is [`StoreError::Malformed`], naming the table, the id and
+//! the field.
+
+use std::time::Duration;
+
+use bson::oid::ObjectId;
+use bson::{Bson, DateTime, Document};
+
+use crate::model::{OnOrphan, Output, Queue, QueueSandbox, Sort, Task};
+use crate::store::{OutputValue, StoreError, StoreResult};
+
+/// The columns of a task row, in the order [`task_from_row`] reads them.
+pub(super) const TASK_COLUMNS: &str =
+    "id, queue, ctime, mtime, node, status, params, stdout, stdout_file, stderr, stderr_file";
+
+/// Largest integer a Double represents exactly (2^53).
+const MAX_EXACT_DOUBLE: f64 = 9_007_199_254_740_992.0;
+
+/// A driver error as a store error, saying what was being done.
+pub(super) fn db_err(op: &'static str) -> impl Fn(rusqlite::Error) -> StoreError {
+    move |e| StoreError::Database(format!("{op}: {e}"))
+}
+
+/// A lease's end in milliseconds since the epoch.
+pub(super) fn lease_end(now: DateTime, lease: Duration) -> i64 {
+    let millis = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
+    now.timestamp_millis().saturating_add(millis)
+}
+
+/// An integer as other clients write it: Int32, Int64 or an integral Double.
+pub(super) fn as_int(value: &Bson) -> Option<i64> {
+    match value {
+        Bson::Int32(n) => Some(i64::from(*n)),
+        Bson::Int64(n) => Some(*n),
+        Bson::Double(f) if f.fract() == 0.0 && f.abs() <= MAX_EXACT_DOUBLE => Some(*f as i64),
+        _ => None,
+    }
+}
+
+/// The spec's `sort` string.
+pub(super) fn sort_str(sort: Sort) -> &'static str {
+    match sort {
+        Sort::Fifo => "fifo",
+        Sort::Lifo => "lifo",
+        Sort::Default => "default",
+    }
+}
+
+/// A document as BSON bytes.
+pub(super) fn bson_bytes(doc: &Document) -> StoreResult<Vec<u8>> {
+    let mut bytes = Vec::new();
+    doc.to_writer(&mut bytes)
+        .map_err(|e| StoreError::Invalid(format!("document cannot be stored as BSON: {e}")))?;
+    Ok(bytes)
+}
+
+/// BSON bytes read back as a document.
+pub(super) fn read_bson(collection: &'static str, id: &str, bytes: &[u8]) -> StoreResult<Document> {
+    Document::from_reader(&mut &bytes[..]).map_err(|e| StoreError::Malformed {
+        collection,
+        id: id.to_string(),
+        reason: format!("stored BSON is unreadable: {e}"),
+    })
+}
+
+/// The `(text, file id)` columns of a finishing task's stdout or stderr.
+pub(super) fn output_columns(value: &OutputValue) -> (Option<String>, Option<String>) {
+    match value {
+        OutputValue::Inline(s) => (Some(s.clone()), None),
+        OutputValue::File(id) => (None, Some(id.to_hex())),
+    }
+}
+
+/// A task row ([`TASK_COLUMNS`]) as its id text and the task, or why it cannot be read.
+/// Only errors of SQLite itself fail the row.
+pub(super) fn task_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(String, StoreResult<Task>)> {
+    let id: String = r.get(0)?;
+    let queue: String = r.get(1)?;
+    let ctime: i64 = r.get(2)?;
+    let mtime: i64 = r.get(3)?;
+    let node: Option<String> = r.get(4)?;
+    let status: i64 = r.get(5)?;
+    let params: Vec<u8> = r.get(6)?;
+    let stdout: (Option<String>, Option<String>) = (r.get(7)?, r.get(8)?);
+    let stderr: (Option<String>, Option<String>) = (r.get(9)?, r.get(10)?);
+    let malformed = |reason: String| StoreError::Malformed {
+        collection: "tasks",
+        id: id.clone(),
+        reason,
+    };
+    let oid = |field: &str, text: &str| {
+        ObjectId::parse_str(text).map_err(|e| malformed(format!("field `{field}` must be an ObjectId: {e}")))
+    };
+    let output = |field: &str, (text, file): (Option<String>, Option<String>)| match (text, file) {
+        (_, Some(f)) => oid(field, &f).map(|f| Some(Output::File(f))),
+        (Some(t), None) => Ok(Some(Output::Inline(t))),
+        (None, None) => Ok(None),
+    };
+    let task = (|| {
+        Ok(Task {
+            id: oid("_id", &id)?,
+            queue: oid("queue", &queue)?,
+            ctime: DateTime::from_millis(ctime),
+            mtime: DateTime::from_millis(mtime),
+            node,
+            status: i32::try_from(status).map_err(|_| malformed("field `status` must be a 32-bit integer".into()))?,
+            params: read_bson("tasks", &id, &params)?,
+            stdout: output("stdout", stdout)?,
+            stderr: output("stderr", stderr)?,
+        })
+    })();
+    Ok((id.clone(), task))
+}
+
+fn malformed(id: &Document, field: &str, expected: &str) -> StoreError {
+    let found = match id.get(field) {
+        None => "nothing".to_string(),
+        Some(v) => format!("{:?} {v}", v.element_type()),
+    };
+    StoreError::Malformed {
+        collection: "queues",
+        id: match id.get("_id") {
+            Some(Bson::ObjectId(o)) => o.to_hex(),
+            _ => "?".to_string(),
+        },
+        reason: format!("field `{field}` must be {expected}, found {found}"),
+    }
+}
+
+/// A present, non-null value.
+fn get<'a>(d: &'a Document, field: &str) -> Option<&'a Bson> {
+    d.get(field).filter(|v| !matches!(v, Bson::Null))
+}
+
+/// A queue document, with the problems that were tolerated (the MongoDB store's rules).
+pub(super) fn queue_from(d: &Document) -> StoreResult<(Queue, Vec<String>)> {
+    let mut problems = Vec::new();
+    let sort = match get(d, "sort") {
+        None => Sort::Default,
+        Some(Bson::String(s)) => Sort::parse(s).unwrap_or_else(|e| {
+            problems.push(format!("field `sort`: {e}; claiming in the default order"));
+            Sort::Default
+        }),
+        Some(other) => {
+            problems.push(format!(
+                "field `sort` is {other}, not a string; claiming in the default order"
+            ));
+            Sort::Default
+        }
+    };
+    let sandbox = match get(d, "sandbox") {
+        None => QueueSandbox::default(),
+        Some(Bson::Document(s)) => bson::from_document::<QueueSandbox>(s.clone()).map_err(|e| {
+            let mut err = malformed(d, "sandbox", "a valid sandbox");
+            if let StoreError::Malformed { reason, .. } = &mut err {
+                *reason = format!("field `sandbox`: {e}");
+            }
+            err
+        })?,
+        Some(_) => return Err(malformed(d, "sandbox", "an object")),
+    };
+    let on_orphan = match get(d, "on_orphan") {
+        None => OnOrphan::default(),
+        Some(Bson::String(s)) if s == "orphan" => OnOrphan::Orphan,
+        Some(Bson::String(s)) if s == "requeue" => OnOrphan::Requeue,
+        Some(_) => return Err(malformed(d, "on_orphan", "\"orphan\", \"requeue\" or null")),
+    };
+    let string = |field: &str| match get(d, field) {
+        Some(Bson::String(s)) => Ok(s.clone()),
+        _ => Err(malformed(d, field, "a string")),
+    };
+    let threads = match get(d, "threads") {
+        None => None,
+        Some(v) => match as_int(v) {
+            Some(n) if n >= 0 => Some(n),
+            _ => return Err(malformed(d, "threads", "a non-negative integer or null")),
+        },
+    };
+    let id = match get(d, "_id") {
+        Some(Bson::ObjectId(id)) => *id,
+        _ => return Err(malformed(d, "_id", "an ObjectId")),
+    };
+    let queue = Queue {
+        id,
+        name: string("name")?,
+        plugin: string("plugin")?,
+        threads,
+        sort,
+        sandbox,
+        on_orphan,
+    };
+    Ok((queue, problems))
+}
+
+/// A queue's `on_orphan` policy for recovery: anything but `"requeue"` is the spec's
+/// orphaning, so a malformed queue still gets its tasks recovered.
+pub(super) fn on_orphan_lenient(d: &Document) -> OnOrphan {
+    match d.get("on_orphan") {
+        Some(Bson::String(s)) if s == "requeue" => OnOrphan::Requeue,
+        _ => OnOrphan::Orphan,
+    }
+}

@@ -1,0 +1,853 @@
+//! One suite, two stores: every store-level and DEN lifecycle test here is written once
+//! against `Arc<dyn Store>` and run on [`MongoStore`] (a fresh database on the test
+//! server) and on [`SqliteStore`] (a fresh file), so the two cannot drift.
+//!
+//! Each test gets two store instances on the same data (two `MongoStore`s on one
+//! database, two `SqliteStore`s on one file) to stand for two DEN processes.
+
+mod common;
+#[path = "store_shared/recording.rs"]
+mod recording;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bson::oid::ObjectId;
+use bson::{doc, Bson, DateTime, Document};
+use disbatch::config::Gfs;
+use disbatch::den::{Den, DenSettings};
+use disbatch::model::{status, OnOrphan, Output, Queue, Sort};
+use disbatch::runner::Sandbox;
+use disbatch::store::mongo::MongoStore;
+use disbatch::store::sqlite::SqliteStore;
+use disbatch::store::{NewQueue, OutputValue, Page, QueueUpdate, Store, StoreError, TaskFilter};
+use tokio_util::sync::CancellationToken;
+
+use common::wait_for;
+use recording::Recording;
+
+const LEASE: Duration = Duration::from_secs(30);
+
+/// Two store instances on the same data, and what keeps that data alive.
+struct Stores {
+    a: Arc<dyn Store>,
+    b: Arc<dyn Store>,
+    _keep: Box<dyn std::any::Any + Send>,
+}
+
+async fn mongo_stores(hint: &str) -> Stores {
+    let t = common::test_db(hint).await;
+    let b = MongoStore::from_database(t.db.clone());
+    Stores {
+        a: Arc::new(t.store.clone()),
+        b: Arc::new(b),
+        _keep: Box::new(t.db.clone()),
+    }
+}
+
+async fn sqlite_stores(_hint: &str) -> Stores {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("disbatch.db");
+    let a = SqliteStore::open(&path).await.expect("open SQLite store");
+    let b = SqliteStore::open(&path).await.expect("open SQLite store again");
+    Stores {
+        a: Arc::new(a),
+        b: Arc::new(b),
+        _keep: Box::new(dir),
+    }
+}
+
+/// Runs the suite's test `$name` on both stores.
+macro_rules! on_both_stores {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn mongo() {
+                super::$name(super::mongo_stores(stringify!($name)).await).await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn sqlite() {
+                super::$name(super::sqlite_stores(stringify!($name)).await).await;
+            }
+        }
+    )*};
+}
+
+on_both_stores!(
+    created_claimed_started_finished_field_by_field,
+    fifo_lifo_and_default_order,
+    held_statuses_are_never_claimed,
+    concurrent_claimers_get_every_task_exactly_once,
+    slots_hold_threads_across_nodes,
+    lowering_threads_blocks_while_higher_slots_are_held,
+    expired_slots_are_free_and_heartbeats_renew_them,
+    heartbeat_upserts_and_preserves_maxthreads,
+    stale_nodes_tasks_are_recovered_and_fresh_nodes_left_alone,
+    spec_sweep_orphans_old_claimed_tasks,
+    finish_is_fenced_after_recovery,
+    requeue_own_puts_back_only_our_unfinished_tasks,
+    output_file_round_trip_of_20_mb_multibyte_text,
+    queue_crud_and_duplicate_names,
+    task_search_counts_and_paging,
+    queue_counts_by_status,
+    den_runs_a_demo_task_to_success,
+    two_dens_never_claim_a_task_twice,
+);
+
+fn new_queue(name: &str, threads: Option<i64>, sort: Sort) -> NewQueue {
+    NewQueue {
+        name: name.to_string(),
+        plugin: "demo".to_string(),
+        threads,
+        sort,
+        extra: Document::new(),
+    }
+}
+
+async fn queue(s: &dyn Store, name: &str, threads: i64, sort: Sort) -> Queue {
+    s.create_queue(new_queue(name, Some(threads), sort)).await.unwrap()
+}
+
+async fn task(s: &dyn Store, id: ObjectId) -> disbatch::model::Task {
+    s.task(id).await.unwrap().expect("task exists")
+}
+
+async fn claim_run(s: &dyn Store, q: &Queue, node: &str) -> ObjectId {
+    let t = s.claim(q, node).await.unwrap().expect("a task to claim");
+    assert!(s.start(t.id, node).await.unwrap());
+    t.id
+}
+
+fn ago(millis: i64) -> DateTime {
+    DateTime::from_millis(DateTime::now().timestamp_millis() - millis)
+}
+
+async fn pause() {
+    tokio::time::sleep(Duration::from_millis(30)).await;
+}
+
+async fn created_claimed_started_finished_field_by_field(s: Stores) {
+    let q = queue(&*s.a, "spec", 2, Sort::Fifo).await;
+    let params = doc! {
+        "user": "ashley@example.com", "n": 7, "big": 1i64 << 40, "ratio": 2.0, "when": DateTime::from_millis(1_700_000_000_123),
+        "nested": { "list": [1, "two", { "three": 3.5 }], "none": null, "flag": true },
+    };
+    let before = DateTime::now();
+    let ids = s.a.create_tasks(q.id, vec![params.clone()]).await.unwrap();
+    assert_eq!(ids.len(), 1);
+    let id = ids[0];
+    let created = task(&*s.b, id).await;
+    assert_eq!(created.queue, q.id);
+    assert_eq!(created.status, status::QUEUED);
+    assert_eq!(created.node, None);
+    assert_eq!((created.stdout.clone(), created.stderr.clone()), (None, None));
+    assert_eq!(created.ctime, created.mtime);
+    assert!(created.ctime >= DateTime::from_millis(before.timestamp_millis() - 1));
+    assert_eq!(created.params, params);
+    assert_eq!(created.params.get("n"), Some(&Bson::Int32(7)));
+    assert_eq!(created.params.get("ratio"), Some(&Bson::Double(2.0)));
+    assert!(s.a.has_queued(q.id).await.unwrap());
+
+    let claimed = s.b.claim(&q, "den-1").await.unwrap().expect("claims the task");
+    assert_eq!(claimed.id, id);
+    assert_eq!(claimed.status, status::CLAIMED);
+    assert_eq!(claimed.node.as_deref(), Some("den-1"));
+    assert_eq!(claimed.params, params);
+    assert_eq!(claimed.ctime, created.ctime);
+    assert!(claimed.mtime >= created.mtime);
+    assert!(!s.a.has_queued(q.id).await.unwrap());
+    assert!(s.a.claim(&q, "den-2").await.unwrap().is_none());
+
+    assert!(!s.a.start(id, "den-2").await.unwrap(), "start is fenced on the node");
+    assert!(s.a.start(id, "den-1").await.unwrap());
+    assert_eq!(task(&*s.b, id).await.status, status::RUNNING);
+    assert!(!s.a.start(id, "den-1").await.unwrap(), "start is fenced on status -1");
+    assert_eq!(task(&*s.b, id).await.stdout, None, "stdout stays null while running");
+
+    assert!(!s
+        .a
+        .finish(
+            id,
+            "den-2",
+            1,
+            OutputValue::Inline("x".into()),
+            OutputValue::Inline(String::new())
+        )
+        .await
+        .unwrap());
+    assert!(s
+        .a
+        .finish(
+            id,
+            "den-1",
+            1,
+            OutputValue::Inline("out\n".into()),
+            OutputValue::Inline(String::new())
+        )
+        .await
+        .unwrap());
+    let done = task(&*s.b, id).await;
+    assert_eq!(done.status, 1);
+    assert_eq!(done.node.as_deref(), Some("den-1"));
+    assert_eq!(done.stdout, Some(Output::Inline("out\n".into())));
+    assert_eq!(done.stderr, Some(Output::Inline(String::new())));
+    assert_eq!(done.params, params);
+    assert_eq!(done.ctime, created.ctime);
+    assert!(done.mtime >= claimed.mtime);
+    assert!(!s
+        .a
+        .finish(
+            id,
+            "den-1",
+            2,
+            OutputValue::Inline("again".into()),
+            OutputValue::Inline(String::new())
+        )
+        .await
+        .unwrap());
+    assert_eq!(s.a.read_output(&Output::Inline("abc".into())).await.unwrap(), "abc");
+}
+
+async fn fifo_lifo_and_default_order(s: Stores) {
+    for (name, sort) in [("fifo", Sort::Fifo), ("lifo", Sort::Lifo), ("default", Sort::Default)] {
+        let q = queue(&*s.a, name, 4, sort).await;
+        let mut ids = Vec::new();
+        for i in 0..4 {
+            ids.extend(s.a.create_tasks(q.id, vec![doc! { "i": i }]).await.unwrap());
+        }
+        let mut got = Vec::new();
+        while let Some(t) = s.b.claim(&q, "n").await.unwrap() {
+            got.push(t.id);
+        }
+        match sort {
+            Sort::Fifo => assert_eq!(got, ids),
+            Sort::Lifo => assert_eq!(got, ids.iter().rev().copied().collect::<Vec<_>>()),
+            Sort::Default => {
+                let (mut a, mut b) = (got.clone(), ids.clone());
+                a.sort();
+                b.sort();
+                assert_eq!(a, b);
+            }
+        }
+    }
+}
+
+async fn held_statuses_are_never_claimed(s: Stores) {
+    let q = queue(&*s.a, "held", 4, Sort::Fifo).await;
+    let ids = s.a.create_tasks(q.id, vec![doc! {}; 7]).await.unwrap();
+    for (i, code) in [-6, -5, -4, -3, -7, 1, 2].into_iter().enumerate() {
+        let id = claim_run(&*s.a, &q, "n").await;
+        assert_eq!(id, ids[i]);
+        assert!(s
+            .a
+            .finish(
+                id,
+                "n",
+                code,
+                OutputValue::Inline(String::new()),
+                OutputValue::Inline(String::new())
+            )
+            .await
+            .unwrap());
+    }
+    assert!(!s.b.has_queued(q.id).await.unwrap());
+    assert!(s.b.claim(&q, "other").await.unwrap().is_none());
+    for (i, code) in [-6, -5, -4, -3, -7, 1, 2].into_iter().enumerate() {
+        assert_eq!(task(&*s.b, ids[i]).await.status, code);
+    }
+}
+
+async fn concurrent_claimers_get_every_task_exactly_once(s: Stores) {
+    let q = queue(&*s.a, "race", 8, Sort::Fifo).await;
+    let ids = s.a.create_tasks(q.id, vec![doc! {}; 200]).await.unwrap();
+    let mut claimers = Vec::new();
+    for c in 0..8 {
+        let store = if c % 2 == 0 { s.a.clone() } else { s.b.clone() };
+        let q = q.clone();
+        claimers.push(tokio::spawn(async move {
+            let node = format!("node-{c}");
+            let mut got = Vec::new();
+            while let Some(t) = store.claim(&q, &node).await.unwrap() {
+                assert_eq!(t.node.as_deref(), Some(node.as_str()));
+                got.push(t.id);
+            }
+            got
+        }));
+    }
+    let mut all = Vec::new();
+    for c in claimers {
+        all.extend(c.await.unwrap());
+    }
+    let unique: HashSet<_> = all.iter().collect();
+    assert_eq!(unique.len(), all.len(), "no task claimed twice");
+    assert_eq!(unique, ids.iter().collect::<HashSet<_>>(), "every task claimed");
+}
+
+async fn slots_hold_threads_across_nodes(s: Stores) {
+    let q = queue(&*s.a, "slots", 2, Sort::Fifo).await;
+    let first = s.a.acquire_slot(&q, "node-a", LEASE).await.unwrap().expect("slot");
+    let second = s.b.acquire_slot(&q, "node-b", LEASE).await.unwrap().expect("slot");
+    assert_ne!(first.n, second.n);
+    assert!([first.n, second.n].iter().all(|n| (0..2).contains(n)));
+    assert!(s.a.acquire_slot(&q, "node-a", LEASE).await.unwrap().is_none());
+    assert!(s.b.acquire_slot(&q, "node-c", LEASE).await.unwrap().is_none());
+    s.b.release_slot(&first, "node-b").await.unwrap();
+    assert!(
+        s.b.acquire_slot(&q, "node-c", LEASE).await.unwrap().is_none(),
+        "only the holder gives a slot back"
+    );
+    s.a.release_slot(&first, "node-a").await.unwrap();
+    let again =
+        s.b.acquire_slot(&q, "node-c", LEASE)
+            .await
+            .unwrap()
+            .expect("freed slot");
+    assert_eq!(again.n, first.n);
+    let paused = queue(&*s.a, "paused", 0, Sort::Fifo).await;
+    assert!(s.a.acquire_slot(&paused, "node-a", LEASE).await.unwrap().is_none());
+}
+
+async fn lowering_threads_blocks_while_higher_slots_are_held(s: Stores) {
+    let q = queue(&*s.a, "lower", 3, Sort::Fifo).await;
+    let mut held = Vec::new();
+    for node in ["a", "b", "c"] {
+        held.push(s.a.acquire_slot(&q, node, LEASE).await.unwrap().expect("slot"));
+    }
+    held.sort_by_key(|s| s.n);
+    let q =
+        s.a.update_queue(
+            q.id,
+            QueueUpdate {
+                threads: Some(Some(1)),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap()
+        .expect("queue");
+    assert_eq!(q.threads, Some(1));
+    s.a.release_slot(&held[0], "a").await.unwrap();
+    assert!(
+        s.b.acquire_slot(&q, "d", LEASE).await.unwrap().is_none(),
+        "slots 1 and 2 are still held"
+    );
+    s.a.release_slot(&held[1], "b").await.unwrap();
+    s.a.release_slot(&held[2], "c").await.unwrap();
+    let slot =
+        s.b.acquire_slot(&q, "d", LEASE)
+            .await
+            .unwrap()
+            .expect("slot under the new limit");
+    assert_eq!(slot.n, 0);
+    assert!(s.b.acquire_slot(&q, "e", LEASE).await.unwrap().is_none());
+}
+
+async fn expired_slots_are_free_and_heartbeats_renew_them(s: Stores) {
+    let short = Duration::from_millis(300);
+    let q = queue(&*s.a, "expire", 1, Sort::Fifo).await;
+    s.a.acquire_slot(&q, "alive", short).await.unwrap().expect("slot");
+    s.a.heartbeat("alive", LEASE).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        s.b.acquire_slot(&q, "other", LEASE).await.unwrap().is_none(),
+        "a heartbeat renews its node's leases"
+    );
+    let q2 = queue(&*s.a, "expire-2", 1, Sort::Fifo).await;
+    s.a.acquire_slot(&q2, "dead", short).await.unwrap().expect("slot");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        s.b.acquire_slot(&q2, "other", LEASE).await.unwrap().is_some(),
+        "an expired lease is free"
+    );
+}
+
+async fn heartbeat_upserts_and_preserves_maxthreads(s: Stores) {
+    let n = s.a.heartbeat("node-1", LEASE).await.unwrap();
+    assert_eq!((n.node.as_str(), n.maxthreads), ("node-1", None));
+    assert!(s.b.set_maxthreads("node-1", Some(3)).await.unwrap());
+    pause().await;
+    let again = s.a.heartbeat("node-1", LEASE).await.unwrap();
+    assert_eq!(again.id, n.id);
+    assert_eq!(again.maxthreads, Some(3));
+    assert!(again.timestamp > n.timestamp);
+    s.b.heartbeat("node-0", LEASE).await.unwrap();
+    let nodes = s.a.nodes().await.unwrap();
+    let names: Vec<_> = nodes.iter().map(|n| n.node.as_str()).collect();
+    assert_eq!(names, ["node-0", "node-1"]);
+    assert!(!s.a.set_maxthreads("ghost", Some(1)).await.unwrap());
+    assert!(matches!(
+        s.a.set_maxthreads("node-1", Some(-1)).await,
+        Err(StoreError::Invalid(_))
+    ));
+    assert!(s.a.set_maxthreads("node-1", None).await.unwrap());
+    assert_eq!(s.a.heartbeat("node-1", LEASE).await.unwrap().maxthreads, None);
+}
+
+async fn stale_nodes_tasks_are_recovered_and_fresh_nodes_left_alone(s: Stores) {
+    let q = queue(&*s.a, "orphans", 8, Sort::Fifo).await;
+    let rq =
+        s.a.create_queue(NewQueue {
+            extra: doc! { "on_orphan": "requeue" },
+            ..new_queue("requeue", Some(8), Sort::Fifo)
+        })
+        .await
+        .unwrap();
+    assert_eq!(rq.on_orphan, OnOrphan::Requeue);
+    s.a.create_tasks(q.id, vec![doc! {}; 4]).await.unwrap();
+    s.a.create_tasks(rq.id, vec![doc! {}; 1]).await.unwrap();
+
+    s.a.heartbeat("stale", LEASE).await.unwrap();
+    let stale_slot = s.a.acquire_slot(&q, "stale", LEASE).await.unwrap().expect("slot");
+    let stale_claimed = s.a.claim(&q, "stale").await.unwrap().unwrap().id;
+    let stale_running = claim_run(&*s.a, &q, "stale").await;
+    let requeued = claim_run(&*s.a, &rq, "stale").await;
+    let nodeless = claim_run(&*s.a, &q, "no-such-node").await;
+    let fresh_running = claim_run(&*s.b, &q, "fresh").await;
+    pause().await;
+    let cut = DateTime::now();
+    pause().await;
+    s.b.heartbeat("fresh", LEASE).await.unwrap();
+
+    let r = s.b.recover_orphans(ago(3_600_000), cut).await.unwrap();
+    let orphaned: HashSet<_> = r.orphaned.iter().copied().collect();
+    assert_eq!(orphaned, HashSet::from([stale_claimed, stale_running, nodeless]));
+    assert_eq!(r.requeued, vec![requeued]);
+    for id in [stale_claimed, stale_running, nodeless] {
+        let t = task(&*s.a, id).await;
+        assert_eq!(t.status, status::ORPHANED);
+        assert!(t.node.is_some(), "an orphan keeps its node");
+    }
+    let t = task(&*s.a, requeued).await;
+    assert_eq!((t.status, t.node), (status::QUEUED, None));
+    assert!(s.a.has_queued(rq.id).await.unwrap());
+    assert_eq!(task(&*s.a, fresh_running).await.status, status::RUNNING);
+    // The stale node's slot was freed.
+    let q1 =
+        s.a.update_queue(
+            q.id,
+            QueueUpdate {
+                threads: Some(Some(1)),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stale_slot.n, 0);
+    assert!(s.b.acquire_slot(&q1, "fresh", LEASE).await.unwrap().is_some());
+    let again = s.b.recover_orphans(ago(3_600_000), cut).await.unwrap();
+    assert!(again.orphaned.is_empty() && again.requeued.is_empty());
+}
+
+async fn spec_sweep_orphans_old_claimed_tasks(s: Stores) {
+    let q = queue(&*s.a, "sweep", 8, Sort::Fifo).await;
+    s.a.create_tasks(q.id, vec![doc! {}; 3]).await.unwrap();
+    s.a.heartbeat("live", LEASE).await.unwrap();
+    let old_claimed = s.a.claim(&q, "live").await.unwrap().unwrap().id;
+    let old_running = claim_run(&*s.a, &q, "live").await;
+    pause().await;
+    let cut = DateTime::now();
+    pause().await;
+    let new_claimed = s.a.claim(&q, "live").await.unwrap().unwrap().id;
+    s.a.heartbeat("live", LEASE).await.unwrap();
+    let r = s.b.recover_orphans(cut, ago(3_600_000)).await.unwrap();
+    assert_eq!(r.orphaned, vec![old_claimed]);
+    assert!(r.requeued.is_empty());
+    assert_eq!(task(&*s.a, old_running).await.status, status::RUNNING);
+    assert_eq!(task(&*s.a, new_claimed).await.status, status::CLAIMED);
+}
+
+async fn finish_is_fenced_after_recovery(s: Stores) {
+    let q = queue(&*s.a, "fence", 8, Sort::Fifo).await;
+    s.a.create_tasks(q.id, vec![doc! {}; 2]).await.unwrap();
+    s.a.heartbeat("gone", LEASE).await.unwrap();
+    let claimed = s.a.claim(&q, "gone").await.unwrap().unwrap().id;
+    let running = claim_run(&*s.a, &q, "gone").await;
+    pause().await;
+    let r = s.b.recover_orphans(ago(3_600_000), DateTime::now()).await.unwrap();
+    assert_eq!(r.orphaned.len(), 2);
+    assert!(!s.a.start(claimed, "gone").await.unwrap());
+    assert!(!s
+        .a
+        .finish(
+            running,
+            "gone",
+            1,
+            OutputValue::Inline("late".into()),
+            OutputValue::Inline(String::new())
+        )
+        .await
+        .unwrap());
+    let t = task(&*s.b, running).await;
+    assert_eq!((t.status, t.stdout), (status::ORPHANED, None));
+    assert_eq!(task(&*s.b, claimed).await.status, status::ORPHANED);
+}
+
+async fn requeue_own_puts_back_only_our_unfinished_tasks(s: Stores) {
+    let q = queue(&*s.a, "requeue-own", 8, Sort::Fifo).await;
+    s.a.create_tasks(q.id, vec![doc! {}; 4]).await.unwrap();
+    let claimed = s.a.claim(&q, "me").await.unwrap().unwrap().id;
+    let running = claim_run(&*s.a, &q, "me").await;
+    let done = claim_run(&*s.a, &q, "me").await;
+    assert!(s
+        .a
+        .finish(
+            done,
+            "me",
+            1,
+            OutputValue::Inline(String::new()),
+            OutputValue::Inline(String::new())
+        )
+        .await
+        .unwrap());
+    let theirs = claim_run(&*s.b, &q, "them").await;
+    let mut back = s.a.requeue_own("me", &[claimed, running, done, theirs]).await.unwrap();
+    back.sort();
+    let mut want = vec![claimed, running];
+    want.sort();
+    assert_eq!(back, want);
+    for id in [claimed, running] {
+        let t = task(&*s.b, id).await;
+        assert_eq!((t.status, t.node), (status::QUEUED, None));
+    }
+    assert_eq!(task(&*s.b, done).await.status, 1);
+    assert_eq!(task(&*s.b, theirs).await.status, status::RUNNING);
+    assert_eq!(s.b.claim(&q, "next").await.unwrap().map(|t| t.id), Some(claimed));
+}
+
+async fn output_file_round_trip_of_20_mb_multibyte_text(s: Stores) {
+    let q = queue(&*s.a, "big", 1, Sort::Fifo).await;
+    s.a.create_tasks(q.id, vec![doc! {}]).await.unwrap();
+    let id = claim_run(&*s.a, &q, "n").await;
+    let line = "ascii, café, Ωμέγα, 漢字, 🦀 emoji\n";
+    let text = line.repeat(20 * 1024 * 1024 / line.len() + 1);
+    assert!(text.len() >= 20 * 1024 * 1024);
+    let file =
+        s.a.write_output_file(id, &format!("{id}-stdout.txt"), &text)
+            .await
+            .unwrap();
+    let empty =
+        s.a.write_output_file(id, &format!("{id}-stderr.txt"), "")
+            .await
+            .unwrap();
+    assert!(s
+        .a
+        .finish(id, "n", 1, OutputValue::File(file), OutputValue::File(empty))
+        .await
+        .unwrap());
+    let t = task(&*s.b, id).await;
+    assert_eq!(t.stdout, Some(Output::File(file)));
+    assert_eq!(t.stderr, Some(Output::File(empty)));
+    let back = s.b.read_output(&Output::File(file)).await.unwrap();
+    assert_eq!(back.len(), text.len());
+    assert!(back == text, "the file reads back as written");
+    assert_eq!(s.b.read_output(&Output::File(empty)).await.unwrap(), "");
+    assert!(matches!(
+        s.b.read_output(&Output::File(ObjectId::new())).await,
+        Err(StoreError::Malformed { .. })
+    ));
+}
+
+async fn queue_crud_and_duplicate_names(s: Stores) {
+    let created =
+        s.a.create_queue(NewQueue {
+            extra: doc! { "sandbox": { "timeout": "30s", "memory_mib": 64 }, "on_orphan": "requeue" },
+            ..new_queue("alpha", Some(2), Sort::Lifo)
+        })
+        .await
+        .unwrap();
+    assert_eq!(created.name, "alpha");
+    assert_eq!(created.plugin, "demo");
+    assert_eq!(created.threads, Some(2));
+    assert_eq!(created.sort, Sort::Lifo);
+    assert_eq!(created.sandbox.timeout, Some(Duration::from_secs(30)));
+    assert_eq!(created.sandbox.memory_mib, Some(64));
+    assert_eq!(created.on_orphan, OnOrphan::Requeue);
+    assert_eq!(s.b.queues().await.unwrap(), vec![created.clone()]);
+
+    let dup = s.b.create_queue(new_queue("alpha", None, Sort::Default)).await;
+    assert!(matches!(dup, Err(StoreError::Duplicate { what: "queue", ref name }) if name == "alpha"));
+    assert!(matches!(
+        s.a.create_queue(new_queue("neg", Some(-1), Sort::Default)).await,
+        Err(StoreError::Invalid(_))
+    ));
+    assert!(matches!(
+        s.a.create_queue(NewQueue {
+            extra: doc! { "name": "sneaky" },
+            ..new_queue("x", None, Sort::Default)
+        })
+        .await,
+        Err(StoreError::Invalid(_))
+    ));
+    let beta = s.a.create_queue(new_queue("beta", None, Sort::Default)).await.unwrap();
+    assert_eq!(beta.threads, None);
+
+    let renamed =
+        s.b.update_queue(
+            created.id,
+            QueueUpdate {
+                name: Some("gamma".into()),
+                plugin: Some("fail".into()),
+                threads: Some(None),
+                sort: Some(Sort::Fifo),
+                extra: doc! { "on_orphan": "orphan" },
+            },
+        )
+        .await
+        .unwrap()
+        .expect("queue exists");
+    assert_eq!(
+        (
+            renamed.name.as_str(),
+            renamed.plugin.as_str(),
+            renamed.threads,
+            renamed.sort
+        ),
+        ("gamma", "fail", None, Sort::Fifo)
+    );
+    assert_eq!(renamed.on_orphan, OnOrphan::Orphan);
+    assert_eq!(renamed.sandbox.memory_mib, Some(64), "other fields are kept");
+    let clash =
+        s.a.update_queue(
+            beta.id,
+            QueueUpdate {
+                name: Some("gamma".into()),
+                ..Default::default()
+            },
+        )
+        .await;
+    assert!(matches!(clash, Err(StoreError::Duplicate { .. })));
+    let unchanged = s.a.update_queue(beta.id, QueueUpdate::default()).await.unwrap();
+    assert_eq!(unchanged, Some(beta.clone()));
+    assert_eq!(
+        s.a.update_queue(ObjectId::new(), QueueUpdate::default()).await.unwrap(),
+        None
+    );
+
+    let tasks = s.a.create_tasks(beta.id, vec![doc! {}]).await.unwrap();
+    assert!(s.b.delete_queue(beta.id).await.unwrap());
+    assert!(!s.b.delete_queue(beta.id).await.unwrap());
+    assert!(s.a.task(tasks[0]).await.unwrap().is_some(), "its tasks stay");
+    let names: Vec<_> = s.a.queues().await.unwrap().into_iter().map(|q| q.name).collect();
+    assert_eq!(names, ["gamma"]);
+    s.a.create_queue(new_queue("beta", None, Sort::Default)).await.unwrap();
+}
+
+async fn task_search_counts_and_paging(s: Stores) {
+    let q1 = queue(&*s.a, "one", 8, Sort::Fifo).await;
+    let q2 = queue(&*s.a, "two", 8, Sort::Fifo).await;
+    let ids1 =
+        s.a.create_tasks(q1.id, (0..10).map(|i| doc! { "i": i }).collect())
+            .await
+            .unwrap();
+    let ids2 = s.a.create_tasks(q2.id, vec![doc! {}; 3]).await.unwrap();
+    let claimed = s.a.claim(&q1, "n1").await.unwrap().unwrap().id;
+    let all = Page { skip: 0, limit: 100 };
+
+    let found = s.b.find_tasks(&TaskFilter::default(), all).await.unwrap();
+    assert_eq!(found.len(), 13);
+    let mut newest_first: Vec<_> = ids1.iter().chain(&ids2).copied().collect();
+    newest_first.sort();
+    newest_first.reverse();
+    assert_eq!(found.iter().map(|t| t.id).collect::<Vec<_>>(), newest_first);
+
+    let in_q1 = TaskFilter {
+        queue: Some(q1.id),
+        ..Default::default()
+    };
+    assert_eq!(s.b.count_tasks(&in_q1).await.unwrap(), 10);
+    let page = s.b.find_tasks(&in_q1, Page { skip: 3, limit: 4 }).await.unwrap();
+    let want: Vec<_> = ids1.iter().rev().skip(3).take(4).copied().collect();
+    assert_eq!(page.iter().map(|t| t.id).collect::<Vec<_>>(), want);
+    assert!(s
+        .b
+        .find_tasks(&in_q1, Page { skip: 0, limit: 0 })
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(s
+        .b
+        .find_tasks(&in_q1, Page { skip: 20, limit: 5 })
+        .await
+        .unwrap()
+        .is_empty());
+
+    let queued_unclaimed = TaskFilter {
+        queue: Some(q1.id),
+        status: Some(vec![status::QUEUED]),
+        node: Some(None),
+        ..Default::default()
+    };
+    assert_eq!(s.b.count_tasks(&queued_unclaimed).await.unwrap(), 9);
+    let by_node = TaskFilter {
+        node: Some(Some("n1".into())),
+        ..Default::default()
+    };
+    let mine = s.b.find_tasks(&by_node, all).await.unwrap();
+    assert_eq!(mine.iter().map(|t| t.id).collect::<Vec<_>>(), vec![claimed]);
+    let statuses = TaskFilter {
+        status: Some(vec![status::CLAIMED, status::RUNNING]),
+        ..Default::default()
+    };
+    assert_eq!(s.b.count_tasks(&statuses).await.unwrap(), 1);
+    let one = TaskFilter {
+        id: Some(ids2[1]),
+        ..Default::default()
+    };
+    let got = s.b.find_tasks(&one, all).await.unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].queue, q2.id);
+    let none = TaskFilter {
+        id: Some(ids2[1]),
+        queue: Some(q1.id),
+        ..Default::default()
+    };
+    assert_eq!(s.b.count_tasks(&none).await.unwrap(), 0);
+    assert!(s.b.task(ObjectId::new()).await.unwrap().is_none());
+}
+
+async fn queue_counts_by_status(s: Stores) {
+    let q1 = queue(&*s.a, "one", 8, Sort::Fifo).await;
+    let q2 = queue(&*s.a, "two", 8, Sort::Fifo).await;
+    s.a.create_tasks(q1.id, vec![doc! {}; 5]).await.unwrap();
+    s.a.create_tasks(q2.id, vec![doc! {}; 2]).await.unwrap();
+    s.a.claim(&q1, "n").await.unwrap().unwrap();
+    let run = claim_run(&*s.a, &q1, "n").await;
+    let done = claim_run(&*s.a, &q1, "n").await;
+    assert!(s
+        .a
+        .finish(
+            done,
+            "n",
+            1,
+            OutputValue::Inline(String::new()),
+            OutputValue::Inline(String::new())
+        )
+        .await
+        .unwrap());
+    let _ = run;
+    let counts = s.b.queue_counts().await.unwrap();
+    assert_eq!(counts.len(), 2);
+    let c1: Vec<_> = counts[&q1.id].iter().map(|(k, v)| (*k, *v)).collect();
+    assert_eq!(c1, vec![(-2, 2), (-1, 1), (0, 1), (1, 1)]);
+    let c2: Vec<_> = counts[&q2.id].iter().map(|(k, v)| (*k, *v)).collect();
+    assert_eq!(c2, vec![(-2, 2)]);
+}
+
+// ---- the DEN over each store ---------------------------------------------------------
+
+fn settings(node: &str) -> DenSettings {
+    DenSettings {
+        node: node.to_owned(),
+        plugin_dir: common::plugins_dir(),
+        plugins: vec!["demo".to_string()],
+        active_queues: vec![],
+        ignore_queues: vec![],
+        gfs: Gfs::Auto,
+        heartbeat_stale: Duration::from_secs(30),
+        orphan_claimed_after: Duration::from_secs(300),
+        shutdown_grace: Duration::from_secs(10),
+        sandbox: Sandbox {
+            timeout: Duration::from_secs(60),
+            ..Sandbox::default()
+        },
+        tick: Duration::from_millis(100),
+        max_instances: 64,
+    }
+}
+
+/// A DEN running in this process until stopped or dropped.
+struct RunningDen {
+    shutdown: CancellationToken,
+    handle: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl RunningDen {
+    fn start(store: Arc<dyn Store>, settings: DenSettings) -> Self {
+        let den = Den::new(store, common::shared_runner(), settings);
+        let shutdown = CancellationToken::new();
+        let handle = tokio::spawn({
+            let shutdown = shutdown.clone();
+            async move { den.run(shutdown).await.expect("DEN failed") }
+        });
+        RunningDen {
+            shutdown,
+            handle: Some(handle),
+        }
+    }
+
+    async fn stop(mut self) {
+        self.shutdown.cancel();
+        if let Some(h) = self.handle.take() {
+            h.await.expect("DEN task panicked");
+        }
+    }
+}
+
+impl Drop for RunningDen {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+async fn unfinished(s: &dyn Store, queue: ObjectId) -> u64 {
+    let filter = TaskFilter {
+        queue: Some(queue),
+        status: Some(vec![status::QUEUED, status::CLAIMED, status::RUNNING]),
+        ..Default::default()
+    };
+    s.count_tasks(&filter).await.unwrap()
+}
+
+async fn den_runs_a_demo_task_to_success(s: Stores) {
+    let q = queue(&*s.a, "demo", 4, Sort::Fifo).await;
+    let params = doc! { "message": "spec", "repeat": 2, "sleep_ms": 100 };
+    let id = s.a.create_tasks(q.id, vec![params.clone()]).await.unwrap()[0];
+    let den = RunningDen::start(s.b.clone(), settings("node-a"));
+    wait_for(Duration::from_secs(30), "the task to finish", || async {
+        task(&*s.a, id).await.status > 0
+    })
+    .await;
+    den.stop().await;
+    let done = task(&*s.a, id).await;
+    assert_eq!(done.status, 1);
+    assert_eq!(done.node.as_deref(), Some("node-a"));
+    assert_eq!(done.params, params);
+    assert!(done.mtime >= done.ctime);
+    let out = done.stdout.expect("stdout set");
+    assert_eq!(s.a.read_output(&out).await.unwrap(), "spec\nspec\n");
+    let err = done.stderr.expect("stderr set");
+    assert_eq!(s.a.read_output(&err).await.unwrap(), "");
+    let nodes = s.a.nodes().await.unwrap();
+    assert_eq!(nodes.iter().map(|n| n.node.as_str()).collect::<Vec<_>>(), ["node-a"]);
+}
+
+async fn two_dens_never_claim_a_task_twice(s: Stores) {
+    let q = queue(&*s.a, "shared", 8, Sort::Fifo).await;
+    let ids = s.a.create_tasks(q.id, vec![doc! {}; 200]).await.unwrap();
+    let a = Recording::new(s.a.clone());
+    let b = Recording::new(s.b.clone());
+    let den_a = RunningDen::start(a.clone(), settings("node-a"));
+    let den_b = RunningDen::start(b.clone(), settings("node-b"));
+    wait_for(Duration::from_secs(120), "all tasks to finish", || async {
+        unfinished(&*s.a, q.id).await == 0
+    })
+    .await;
+    den_a.stop().await;
+    den_b.stop().await;
+    let ca = a.claimed.lock().expect("lock").clone();
+    let cb = b.claimed.lock().expect("lock").clone();
+    let (sa, sb): (HashSet<_>, HashSet<_>) = (ca.iter().collect(), cb.iter().collect());
+    println!("node-a claimed {}, node-b claimed {}", ca.len(), cb.len());
+    assert_eq!(sa.len(), ca.len(), "node-a never claims a task twice");
+    assert_eq!(sb.len(), cb.len(), "node-b never claims a task twice");
+    assert!(sa.is_disjoint(&sb), "no task claimed by both DENs");
+    assert_eq!(sa.len() + sb.len(), ids.len(), "every task claimed once");
+    let succeeded = TaskFilter {
+        queue: Some(q.id),
+        status: Some(vec![1]),
+        ..Default::default()
+    };
+    assert_eq!(s.a.count_tasks(&succeeded).await.unwrap(), 200);
+}

@@ -1,0 +1,116 @@
+//! A store wrapper that records which tasks a DEN claimed and started.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bson::oid::ObjectId;
+use bson::{DateTime, Document};
+use disbatch::model::{Node, Output, Queue};
+use disbatch::store::*;
+
+/// A store that records which tasks each DEN claimed and started.
+pub struct Recording {
+    inner: Arc<dyn Store>,
+    pub claimed: Mutex<Vec<ObjectId>>,
+    pub started: Mutex<Vec<ObjectId>>,
+}
+
+impl Recording {
+    pub fn new(inner: Arc<dyn Store>) -> Arc<Self> {
+        Arc::new(Recording {
+            inner,
+            claimed: Mutex::default(),
+            started: Mutex::default(),
+        })
+    }
+}
+
+#[async_trait]
+impl Store for Recording {
+    async fn ensure_indexes(&self) -> StoreResult<()> {
+        self.inner.ensure_indexes().await
+    }
+    async fn heartbeat(&self, node: &str, lease: Duration) -> StoreResult<Node> {
+        self.inner.heartbeat(node, lease).await
+    }
+    async fn nodes(&self) -> StoreResult<Vec<Node>> {
+        self.inner.nodes().await
+    }
+    async fn set_maxthreads(&self, node: &str, maxthreads: Option<i64>) -> StoreResult<bool> {
+        self.inner.set_maxthreads(node, maxthreads).await
+    }
+    async fn queues(&self) -> StoreResult<Vec<Queue>> {
+        self.inner.queues().await
+    }
+    async fn create_queue(&self, queue: NewQueue) -> StoreResult<Queue> {
+        self.inner.create_queue(queue).await
+    }
+    async fn update_queue(&self, id: ObjectId, update: QueueUpdate) -> StoreResult<Option<Queue>> {
+        self.inner.update_queue(id, update).await
+    }
+    async fn delete_queue(&self, id: ObjectId) -> StoreResult<bool> {
+        self.inner.delete_queue(id).await
+    }
+    async fn queue_counts(&self) -> StoreResult<BTreeMap<ObjectId, StatusCounts>> {
+        self.inner.queue_counts().await
+    }
+    async fn acquire_slot(&self, queue: &Queue, node: &str, lease: Duration) -> StoreResult<Option<Slot>> {
+        self.inner.acquire_slot(queue, node, lease).await
+    }
+    async fn release_slot(&self, slot: &Slot, node: &str) -> StoreResult<()> {
+        self.inner.release_slot(slot, node).await
+    }
+    async fn has_queued(&self, queue: ObjectId) -> StoreResult<bool> {
+        self.inner.has_queued(queue).await
+    }
+    async fn claim(&self, queue: &Queue, node: &str) -> StoreResult<Option<disbatch::model::Task>> {
+        let t = self.inner.claim(queue, node).await?;
+        if let Some(t) = &t {
+            self.claimed.lock().unwrap().push(t.id);
+        }
+        Ok(t)
+    }
+    async fn start(&self, task: ObjectId, node: &str) -> StoreResult<bool> {
+        let ok = self.inner.start(task, node).await?;
+        if ok {
+            self.started.lock().unwrap().push(task);
+        }
+        Ok(ok)
+    }
+    async fn write_output_file(&self, task: ObjectId, filename: &str, text: &str) -> StoreResult<ObjectId> {
+        self.inner.write_output_file(task, filename, text).await
+    }
+    async fn finish(
+        &self,
+        task: ObjectId,
+        node: &str,
+        status: i32,
+        stdout: OutputValue,
+        stderr: OutputValue,
+    ) -> StoreResult<bool> {
+        self.inner.finish(task, node, status, stdout, stderr).await
+    }
+    async fn requeue_own(&self, node: &str, tasks: &[ObjectId]) -> StoreResult<Vec<ObjectId>> {
+        self.inner.requeue_own(node, tasks).await
+    }
+    async fn recover_orphans(&self, claimed_before: DateTime, stale_before: DateTime) -> StoreResult<Recovery> {
+        self.inner.recover_orphans(claimed_before, stale_before).await
+    }
+    async fn create_tasks(&self, queue: ObjectId, params: Vec<Document>) -> StoreResult<Vec<ObjectId>> {
+        self.inner.create_tasks(queue, params).await
+    }
+    async fn find_tasks(&self, filter: &TaskFilter, page: Page) -> StoreResult<Vec<disbatch::model::Task>> {
+        self.inner.find_tasks(filter, page).await
+    }
+    async fn count_tasks(&self, filter: &TaskFilter) -> StoreResult<u64> {
+        self.inner.count_tasks(filter).await
+    }
+    async fn task(&self, id: ObjectId) -> StoreResult<Option<disbatch::model::Task>> {
+        self.inner.task(id).await
+    }
+    async fn read_output(&self, output: &Output) -> StoreResult<String> {
+        self.inner.read_output(output).await
+    }
+}
