@@ -101,7 +101,9 @@ impl Bench {
 
     async fn queue(&self, db: &Database, threads: i64) -> ObjectId {
         db.collection::<Document>("queues")
-            .insert_one(doc! {"name": format!("q{}", ObjectId::new()), "plugin": "demo", "threads": threads, "sort": "fifo"})
+            .insert_one(
+                doc! {"name": format!("q{}", ObjectId::new()), "plugin": "demo", "threads": threads, "sort": "fifo"},
+            )
             .await
             .unwrap()
             .inserted_id
@@ -118,7 +120,10 @@ impl Bench {
             })
             .collect();
         for batch in docs.chunks(10_000) {
-            db.collection::<Document>("tasks").insert_many(batch.to_vec()).await.unwrap();
+            db.collection::<Document>("tasks")
+                .insert_many(batch.to_vec())
+                .await
+                .unwrap();
         }
     }
 
@@ -137,7 +142,11 @@ impl Bench {
             tick: Duration::from_secs(1),
             max_instances: 256,
         };
-        let den = Den::new(Arc::new(MongoStore::from_database(db.clone())), self.runner.clone(), settings);
+        let den = Den::new(
+            Arc::new(MongoStore::from_database(db.clone())),
+            self.runner.clone(),
+            settings,
+        );
         let stop = CancellationToken::new();
         let handle = tokio::spawn({
             let stop = stop.clone();
@@ -148,7 +157,12 @@ impl Bench {
 
     async fn wait_done(db: &Database, queue: ObjectId) {
         let tasks = db.collection::<Document>("tasks");
-        while tasks.count_documents(doc! {"queue": queue, "status": {"$lte": 0}}).await.unwrap() > 0 {
+        while tasks
+            .count_documents(doc! {"queue": queue, "status": {"$lte": 0}})
+            .await
+            .unwrap()
+            > 0
+        {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
@@ -252,14 +266,23 @@ impl Bench {
         println!("| runner | µs per task |\n|---|---|");
         println!("| in-process (Runner::run, instance per task) | {a:.1} |");
         println!("| process per task (runner exec, cached compile) | {b:.0} |");
-        println!("RESULT sandbox in_process_us={a:.1} process_us={b:.0} ratio={:.0}", b / a);
+        println!(
+            "RESULT sandbox in_process_us={a:.1} process_us={b:.0} ratio={:.0}",
+            b / a
+        );
     }
 
     async fn ceiling_and_throughput(&self, only_ceiling: bool) {
         let sizes: &[usize] = if self.quick { &[2_000] } else { &[2_000, 20_000] };
-        let rounds = if self.quick { 3.max(self.rounds / 2) } else { self.rounds };
+        let rounds = if self.quick {
+            3.max(self.rounds / 2)
+        } else {
+            self.rounds
+        };
         println!("\n## ceiling and throughput: trivial demo tasks, {THREADS} at a time (median of {rounds} rounds)");
-        println!("| N | driver-only claim+finish /s | 1 DEN /s | ratio | 2 DENs /s | ratio |\n|---|---|---|---|---|---|");
+        println!(
+            "| N | driver-only claim+finish /s | 1 DEN /s | ratio | 2 DENs /s | ratio |\n|---|---|---|---|---|---|"
+        );
         let mut last = String::new();
         for &n in sizes {
             let rounds_here = if n > 5_000 { 1.max(rounds / 3) } else { rounds };
@@ -274,11 +297,18 @@ impl Bench {
                 }
             }
             let (c, one, two) = (median(c), median(one), median(two));
-            println!("| {n} | {c:.0} | {one:.0} | {:.2} | {two:.0} | {:.2} |", one / c, two / c);
+            println!(
+                "| {n} | {c:.0} | {one:.0} | {:.2} | {two:.0} | {:.2} |",
+                one / c,
+                two / c
+            );
             last = format!("n={n} ceiling_per_s={c:.0} tasks_per_s={one:.0} ratio_to_ceiling={:.2} two_dens_per_s={two:.0} two_dens_ratio={:.2}", one / c, two / c);
         }
         if only_ceiling {
-            println!("RESULT ceiling {}", last.split(" tasks_per_s").next().unwrap_or_default());
+            println!(
+                "RESULT ceiling {}",
+                last.split(" tasks_per_s").next().unwrap_or_default()
+            );
         } else {
             println!("RESULT throughput {last}");
         }
@@ -297,7 +327,7 @@ impl Bench {
             let start = Instant::now();
             let id = tasks
                 .insert_one(doc! {"queue": q, "status": -2, "node": Bson::Null, "params": {},
-                    "ctime": now, "mtime": now, "stdout": Bson::Null, "stderr": Bson::Null})
+                "ctime": now, "mtime": now, "stdout": Bson::Null, "stderr": Bson::Null})
                 .await
                 .unwrap()
                 .inserted_id;
@@ -337,7 +367,12 @@ impl Bench {
         let tasks = db.collection::<Document>("tasks");
         let start = Instant::now();
         let (stop, handle) = self.den(&db, "bench-depth");
-        while tasks.count_documents(doc! {"queue": q, "status": {"$gt": 0}}).await.unwrap() < n as u64 {
+        while tasks
+            .count_documents(doc! {"queue": q, "status": {"$gt": 0}})
+            .await
+            .unwrap()
+            < n as u64
+        {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let rate = n as f64 / start.elapsed().as_secs_f64();
@@ -403,7 +438,9 @@ impl Bench {
         self.tasks(&db, q, 100, doc! {"sleep_ms": 5000}).await;
         let tasks = db.collection::<Document>("tasks");
         let start = Instant::now();
-        while tasks.count_documents(doc! {"status": 0}).await.unwrap() < 100 && start.elapsed() < Duration::from_secs(30) {
+        while tasks.count_documents(doc! {"status": 0}).await.unwrap() < 100
+            && start.elapsed() < Duration::from_secs(30)
+        {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         let running = tasks.count_documents(doc! {"status": 0}).await.unwrap();
@@ -424,7 +461,11 @@ async fn main() {
     let args = Args::parse();
     let known = ["sandbox", "ceiling", "throughput", "latency", "depth", "memory", "all"];
     if !known.contains(&args.scenario.as_str()) {
-        eprintln!("unknown scenario {:?}: expected one of {}", args.scenario, known.join(", "));
+        eprintln!(
+            "unknown scenario {:?}: expected one of {}",
+            args.scenario,
+            known.join(", ")
+        );
         std::process::exit(2);
     }
     build_binaries();
@@ -432,7 +473,9 @@ async fn main() {
     let (uri, server) = match std::env::var("MONGODB_URI").ok().filter(|u| !u.is_empty()) {
         Some(uri) => (uri, None),
         None => {
-            let s = tokio::task::spawn_blocking(server::TestServer::start_private).await.unwrap();
+            let s = tokio::task::spawn_blocking(server::TestServer::start_private)
+                .await
+                .unwrap();
             (s.uri(), Some(s))
         }
     };
@@ -449,7 +492,12 @@ async fn main() {
         plugins,
         _server: server,
     };
-    println!("# Disbatch bench ({} mode, {} rounds, {} cores)", if args.quick { "quick" } else { "full" }, bench.rounds, std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+    println!(
+        "# Disbatch bench ({} mode, {} rounds, {} cores)",
+        if args.quick { "quick" } else { "full" },
+        bench.rounds,
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+    );
     let all = args.scenario == "all";
     if all || args.scenario == "sandbox" {
         tokio::task::block_in_place(|| bench.sandbox());
