@@ -142,7 +142,10 @@ impl QueueSandbox {
             s.memory = m.checked_mul(1 << 20).ok_or("sandbox.memory_mib is too large")?;
         }
         if let Some(c) = self.output_cap_mib {
-            s.output_cap = usize::try_from(c << 20).map_err(|_| "sandbox.output_cap_mib is too large")?;
+            s.output_cap = c
+                .checked_mul(1 << 20)
+                .and_then(|b| usize::try_from(b).ok())
+                .ok_or("sandbox.output_cap_mib is too large")?;
         }
         for d in &self.dirs {
             s.dirs.push(d.parse().map_err(|e| format!("sandbox.dirs: {e}"))?);
@@ -174,7 +177,9 @@ mod opt_duration {
         }
         match Option::<Raw>::deserialize(d)? {
             None => Ok(None),
-            Some(Raw::Secs(s)) if s > 0.0 && s.is_finite() => Ok(Some(Duration::from_secs_f64(s))),
+            Some(Raw::Secs(s)) if s > 0.0 => Duration::try_from_secs_f64(s)
+                .map(Some)
+                .map_err(|_| serde::de::Error::custom(format!("timeout {s} s is too large"))),
             Some(Raw::Secs(s)) => Err(serde::de::Error::custom(format!("timeout must be positive, got {s}"))),
             Some(Raw::Text(t)) => humantime::parse_duration(&t)
                 .map(Some)
@@ -241,5 +246,21 @@ impl Task {
 impl fmt::Display for Task {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "task {}", self.id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::QueueSandbox;
+    use crate::runner::Sandbox;
+
+    #[test]
+    fn huge_sandbox_values_are_errors_not_panics() {
+        let s: Result<QueueSandbox, _> = serde_json::from_value(serde_json::json!({ "timeout": 1e300 }));
+        assert!(s.unwrap_err().to_string().contains("too large"));
+        let s: QueueSandbox = serde_json::from_value(serde_json::json!({ "output_cap_mib": u64::MAX })).unwrap();
+        assert!(s.resolve(&Sandbox::default()).unwrap_err().contains("output_cap_mib"));
+        let s: QueueSandbox = serde_json::from_value(serde_json::json!({ "memory_mib": u64::MAX })).unwrap();
+        assert!(s.resolve(&Sandbox::default()).unwrap_err().contains("memory_mib"));
     }
 }
