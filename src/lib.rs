@@ -2,6 +2,8 @@
 //! plugins are sandboxed WebAssembly components.
 //!
 //! # Layout
+//! - [`api`]: the DCI — REST API router, web UI and OpenAPI document (`disbatch web`).
+//! - [`cli`]: the `disbatch` command line, an HTTP client of the API.
 //! - [`config`]: the JSON config file (spec keys + ours) → a validated `Config`.
 //! - [`den`]: the Disbatch Execution Node — heartbeat, orphan recovery, queue processing,
 //!   claiming within `threads`/`maxthreads`, running tasks and writing results back.
@@ -10,6 +12,8 @@
 //!   with String-chunk GridFS for large task output.
 //! - [`runner`]: the sandbox — wasmtime engine, WASI context, limits, plugin loading and
 //!   the result of one task.
+pub mod api;
+pub mod cli;
 pub mod config;
 pub mod den;
 pub mod model;

@@ -1,0 +1,181 @@
+//! The DCI (Disbatch Command Interface): the JSON REST API, the web UI and the OpenAPI
+//! document, all served by one axum [`Router`] built by [`router`].
+//!
+//! Routes and JSON shapes follow the Perl Disbatch 4 DCI so existing scripts keep working
+//! (see `docs/api.md`): `GET /info`, `GET /nodes`, `GET|POST /nodes/{node}`, `GET /plugins`,
+//! `GET|POST /queues`, `GET|POST|DELETE /queues/{queue}`, `GET|POST /tasks`,
+//! `GET /tasks/{id}`, `GET /monitoring`, plus `GET /metrics` (Prometheus text),
+//! `GET /openapi.json` and the web UI at `/`.
+//!
+//! Every error is a JSON object `{"error": "…"}`: 400 naming the offending field for bad
+//! input, 401 for a write without the bearer token when one is configured, 404 for an
+//! unknown id or name, 413 for a body over the limit, 503 when the database is unreachable.
+//!
+//! Parts: `error` ([`ApiError`] → HTTP), `auth` (bearer token on writes), `body` (the JSON
+//! body extractor), `json` (documents → JSON), `nodes`, `queues`, `tasks`, `status` (info,
+//! monitoring, metrics), `source` ([`DocumentSource`] for `POST /tasks` from a collection),
+//! `ui` (embedded HTML/JS/CSS) and `openapi`.
+
+mod auth;
+mod body;
+mod error;
+mod json;
+mod nodes;
+mod openapi;
+mod queues;
+mod source;
+mod status;
+mod tasks;
+mod ui;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::DefaultBodyLimit;
+use axum::routing::get;
+use axum::Router;
+use tower_http::cors::{AllowOrigin, CorsLayer};
+
+use crate::store::Store;
+
+pub use self::error::ApiError;
+pub use self::openapi::OPENAPI_JSON;
+pub use self::source::DocumentSource;
+
+/// Default largest request body: 16 MiB.
+pub const DEFAULT_BODY_LIMIT: usize = 16 << 20;
+/// A node whose heartbeat is younger than this is fresh (`GET /monitoring`), as in Disbatch 4.
+pub const FRESH_NODE: Duration = Duration::from_secs(60);
+/// Largest `limit` of `GET /tasks`.
+pub const MAX_TASK_LIMIT: u64 = 10_000;
+
+/// What the handlers share.
+#[derive(Clone)]
+pub struct ApiState {
+    /// The store.
+    pub store: Arc<dyn Store>,
+    /// The allowed plugin names (the config's `plugins`).
+    pub plugins: Vec<String>,
+    /// When set, every write (any method but GET/HEAD/OPTIONS) needs
+    /// `Authorization: Bearer <token>`.
+    pub api_token: Option<String>,
+    /// Documents of other collections, for `POST /tasks` with `collection` + `filter`;
+    /// `None` refuses that form with 400.
+    pub documents: Option<Arc<dyn DocumentSource>>,
+    /// The database name shown by `GET /info`.
+    pub database: Option<String>,
+    /// Whether `GET /monitoring` checks the nodes (the config's `monitoring`).
+    pub monitoring: bool,
+    /// Largest request body in bytes.
+    pub body_limit: usize,
+    /// Origins allowed by CORS; empty (the default) sends no CORS headers at all.
+    pub cors_origins: Vec<String>,
+}
+
+impl ApiState {
+    /// A state with the defaults: no token, no document source, monitoring on,
+    /// [`DEFAULT_BODY_LIMIT`], CORS off.
+    pub fn new(store: Arc<dyn Store>, plugins: Vec<String>) -> ApiState {
+        ApiState {
+            store,
+            plugins,
+            api_token: None,
+            documents: None,
+            database: None,
+            monitoring: true,
+            body_limit: DEFAULT_BODY_LIMIT,
+            cors_origins: Vec::new(),
+        }
+    }
+}
+
+impl std::fmt::Debug for ApiState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiState")
+            .field("plugins", &self.plugins)
+            .field("api_token", &self.api_token.as_ref().map(|_| "<set>"))
+            .field("documents", &self.documents.is_some())
+            .field("database", &self.database)
+            .field("monitoring", &self.monitoring)
+            .field("body_limit", &self.body_limit)
+            .field("cors_origins", &self.cors_origins)
+            .finish()
+    }
+}
+
+/// Every route of the API as `(method, path)`, in axum's path syntax; the OpenAPI
+/// document lists exactly these.
+pub const ROUTES: &[(&str, &str)] = &[
+    ("GET", "/info"),
+    ("GET", "/nodes"),
+    ("GET", "/nodes/{node}"),
+    ("POST", "/nodes/{node}"),
+    ("GET", "/plugins"),
+    ("GET", "/queues"),
+    ("POST", "/queues"),
+    ("GET", "/queues/{queue}"),
+    ("POST", "/queues/{queue}"),
+    ("DELETE", "/queues/{queue}"),
+    ("GET", "/tasks"),
+    ("POST", "/tasks"),
+    ("GET", "/tasks/{id}"),
+    ("GET", "/monitoring"),
+    ("GET", "/metrics"),
+    ("GET", "/openapi.json"),
+];
+
+/// The DCI: API routes, the web UI and `/openapi.json`, with the bearer-token check on
+/// writes, the body limit and (when origins are configured) CORS.
+pub fn router(state: ApiState) -> Router {
+    let body_limit = state.body_limit;
+    let cors = cors_layer(&state.cors_origins);
+    let shared = Arc::new(state);
+    let api = Router::new()
+        .route("/info", get(status::info))
+        .route("/nodes", get(nodes::list))
+        .route("/nodes/{node}", get(nodes::one).post(nodes::set_maxthreads))
+        .route("/plugins", get(status::plugins))
+        .route("/queues", get(queues::list).post(queues::create))
+        .route(
+            "/queues/{queue}",
+            get(queues::one).post(queues::update).delete(queues::delete),
+        )
+        .route("/tasks", get(tasks::search).post(tasks::create))
+        .route("/tasks/{id}", get(tasks::one))
+        .route("/monitoring", get(status::monitoring))
+        .route("/metrics", get(status::metrics))
+        .route("/openapi.json", get(openapi::document))
+        .merge(ui::routes())
+        .fallback(error::not_found)
+        .method_not_allowed_fallback(error::method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(
+            shared.clone(),
+            auth::require_token,
+        ))
+        .layer(DefaultBodyLimit::max(body_limit))
+        .with_state(shared);
+    match cors {
+        Some(layer) => api.layer(layer),
+        None => api,
+    }
+}
+
+fn cors_layer(origins: &[String]) -> Option<CorsLayer> {
+    if origins.is_empty() {
+        return None;
+    }
+    let allow = if origins.iter().any(|o| o == "*") {
+        AllowOrigin::any()
+    } else {
+        AllowOrigin::list(origins.iter().filter_map(|o| o.parse().ok()))
+    };
+    Some(
+        CorsLayer::new()
+            .allow_origin(allow)
+            .allow_methods(tower_http::cors::Any)
+            .allow_headers(tower_http::cors::Any),
+    )
+}
+
+/// The shared state as handlers see it.
+type Shared = Arc<ApiState>;

@@ -1,0 +1,113 @@
+//! Documents as the JSON the DCI sends: the spec's fields in relaxed Extended JSON (so
+//! `_id` is `{"$oid": …}` and dates `{"$date": …}` as a Disbatch 4 client reads them),
+//! plus an `id` string for convenience.
+
+use bson::oid::ObjectId;
+use bson::{Bson, DateTime};
+use serde_json::{json, Map, Value};
+
+use crate::model::{status, Node, Output, Queue, Task};
+use crate::store::StatusCounts;
+
+/// `{"$oid": "<hex>"}`.
+pub(super) fn oid(id: &ObjectId) -> Value {
+    json!({ "$oid": id.to_hex() })
+}
+
+/// A date as `{"$date": "<RFC 3339>"}`, or seconds since the epoch when `epoch`.
+pub(super) fn date(d: &DateTime, epoch: bool) -> Value {
+    if epoch {
+        json!(d.timestamp_millis() as f64 / 1000.0)
+    } else {
+        Bson::DateTime(*d).into_relaxed_extjson()
+    }
+}
+
+/// A stored output: the text, or the GridFS file's id as `{"$oid": …}`.
+pub(super) fn output(o: &Option<Output>) -> Value {
+    match o {
+        None => Value::Null,
+        Some(Output::Inline(s)) => Value::String(s.clone()),
+        Some(Output::File(id)) => oid(id),
+    }
+}
+
+/// How to render a task.
+#[derive(Debug, Clone, Default)]
+pub(super) struct TaskView {
+    /// Dates as epoch seconds.
+    pub epoch: bool,
+    /// Only these top-level fields (plus `id` and `_id`).
+    pub fields: Option<Vec<String>>,
+}
+
+/// A task document.
+pub(super) fn task(t: &Task, view: &TaskView) -> Value {
+    let mut m = Map::new();
+    m.insert("id".into(), Value::String(t.id.to_hex()));
+    m.insert("_id".into(), oid(&t.id));
+    m.insert("queue".into(), oid(&t.queue));
+    m.insert("status".into(), json!(t.status));
+    m.insert("status_name".into(), json!(status::name(t.status)));
+    m.insert("node".into(), json!(t.node));
+    m.insert("ctime".into(), date(&t.ctime, view.epoch));
+    m.insert("mtime".into(), date(&t.mtime, view.epoch));
+    m.insert("params".into(), Bson::Document(t.params.clone()).into_relaxed_extjson());
+    m.insert("stdout".into(), output(&t.stdout));
+    m.insert("stderr".into(), output(&t.stderr));
+    if let Some(fields) = &view.fields {
+        m.retain(|k, _| k == "id" || k == "_id" || fields.iter().any(|f| f == k));
+    }
+    Value::Object(m)
+}
+
+/// Queued / running (claimed or running) / completed (any positive status) counts.
+pub(super) fn summary(counts: Option<&StatusCounts>) -> (u64, u64, u64) {
+    let Some(c) = counts else { return (0, 0, 0) };
+    let queued = c.get(&status::QUEUED).copied().unwrap_or(0);
+    let running = c.get(&status::CLAIMED).copied().unwrap_or(0) + c.get(&status::RUNNING).copied().unwrap_or(0);
+    let completed = c.iter().filter(|(s, _)| **s > 0).map(|(_, n)| n).sum();
+    (queued, running, completed)
+}
+
+/// A queue with its counts: `{id, name, plugin, threads, sort, on_orphan, sandbox,
+/// queued, running, completed, counts: {"<status>": n}}`.
+pub(super) fn queue(q: &Queue, counts: Option<&StatusCounts>) -> Value {
+    let (queued, running, completed) = summary(counts);
+    let by_status: Map<String, Value> = counts
+        .map(|c| c.iter().map(|(s, n)| (s.to_string(), json!(n))).collect())
+        .unwrap_or_default();
+    json!({
+        "id": q.id.to_hex(),
+        "_id": oid(&q.id),
+        "name": q.name,
+        "plugin": q.plugin,
+        "threads": q.threads,
+        "sort": q.sort,
+        "on_orphan": q.on_orphan,
+        "sandbox": serde_json::to_value(&q.sandbox).unwrap_or(Value::Null),
+        "queued": queued,
+        "running": running,
+        "completed": completed,
+        "counts": by_status,
+    })
+}
+
+/// Age of a node's heartbeat in seconds (never negative).
+pub(super) fn node_age(n: &Node, now: DateTime) -> f64 {
+    ((now.timestamp_millis() - n.timestamp.timestamp_millis()).max(0)) as f64 / 1000.0
+}
+
+/// A node: `{id, _id, node, timestamp, maxthreads, age_secs, fresh}`.
+pub(super) fn node(n: &Node, now: DateTime) -> Value {
+    let age = node_age(n, now);
+    json!({
+        "id": n.id.to_hex(),
+        "_id": oid(&n.id),
+        "node": n.node,
+        "timestamp": date(&n.timestamp, false),
+        "maxthreads": n.maxthreads,
+        "age_secs": age,
+        "fresh": age < super::FRESH_NODE.as_secs_f64(),
+    })
+}

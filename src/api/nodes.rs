@@ -1,0 +1,78 @@
+//! `GET /nodes`, `GET /nodes/{node}` and `POST /nodes/{node} {maxthreads}`.
+
+use axum::extract::{Path, State};
+use axum::Json;
+use bson::oid::ObjectId;
+use bson::DateTime;
+use serde_json::Value;
+
+use super::body::{kind, JsonBody};
+use super::{json, ApiError, Shared};
+use crate::model::Node;
+
+/// The node with this `_id` (hex) or name.
+async fn find(state: &Shared, key: &str) -> Result<Node, ApiError> {
+    let id = ObjectId::parse_str(key).ok();
+    state
+        .store
+        .nodes()
+        .await?
+        .into_iter()
+        .find(|n| Some(n.id) == id || n.node == key)
+        .ok_or_else(|| ApiError::NotFound(format!("no node {key:?}")))
+}
+
+/// `GET /nodes`: every node, fresh or stale.
+pub(super) async fn list(State(state): State<Shared>) -> Result<Json<Value>, ApiError> {
+    let now = DateTime::now();
+    let nodes = state.store.nodes().await?;
+    Ok(Json(Value::Array(nodes.iter().map(|n| json::node(n, now)).collect())))
+}
+
+/// `GET /nodes/{node}`.
+pub(super) async fn one(State(state): State<Shared>, Path(key): Path<String>) -> Result<Json<Value>, ApiError> {
+    let node = find(&state, &key).await?;
+    Ok(Json(json::node(&node, DateTime::now())))
+}
+
+/// `POST /nodes/{node} {"maxthreads": n|null}`: the node's limit (null = no limit).
+pub(super) async fn set_maxthreads(
+    State(state): State<Shared>,
+    Path(key): Path<String>,
+    JsonBody(body): JsonBody,
+) -> Result<Json<Value>, ApiError> {
+    if let Some(k) = body.keys().find(|k| *k != "maxthreads") {
+        return Err(ApiError::bad(format!(
+            "unknown field {k:?}: only \"maxthreads\" can be set"
+        )));
+    }
+    let maxthreads = match body.get("maxthreads") {
+        None => {
+            return Err(ApiError::bad(
+                "field \"maxthreads\" is required (a non-negative integer or null)",
+            ))
+        }
+        Some(Value::Null) => None,
+        Some(v) => Some(non_negative(v).ok_or_else(|| {
+            ApiError::bad(format!(
+                "field \"maxthreads\" must be a non-negative integer or null, got {}",
+                kind(v)
+            ))
+        })?),
+    };
+    let node = find(&state, &key).await?;
+    if !state.store.set_maxthreads(&node.node, maxthreads).await? {
+        return Err(ApiError::NotFound(format!("no node {key:?}")));
+    }
+    let node = find(&state, &node.node).await?;
+    Ok(Json(json::node(&node, DateTime::now())))
+}
+
+/// A non-negative integer (`3` or `"3"`, as the Perl DCI took form values).
+pub(super) fn non_negative(v: &Value) -> Option<i64> {
+    match v {
+        Value::Number(n) => n.as_i64().filter(|n| *n >= 0),
+        Value::String(s) => s.trim().parse::<i64>().ok().filter(|n| *n >= 0),
+        _ => None,
+    }
+}

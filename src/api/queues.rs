@@ -1,0 +1,191 @@
+//! `GET|POST /queues` and `GET|POST|DELETE /queues/{queue}` (queue = `_id` hex or name).
+
+use axum::extract::{Path, State};
+use axum::Json;
+use bson::oid::ObjectId;
+use bson::Document;
+use serde_json::{json, Map, Value};
+
+use super::body::{kind, JsonBody};
+use super::nodes::non_negative;
+use super::{json, ApiError, Shared};
+use crate::config::check_plugin_name;
+use crate::model::{OnOrphan, Queue, QueueSandbox, Sort};
+use crate::store::{NewQueue, QueueUpdate};
+
+/// The queue with this `_id` (hex) or name.
+pub(super) async fn find(state: &Shared, key: &str) -> Result<Queue, ApiError> {
+    let id = ObjectId::parse_str(key).ok();
+    let queues = state.store.queues().await?;
+    let found = match id {
+        Some(id) => queues.iter().find(|q| q.id == id),
+        None => None,
+    }
+    .or_else(|| queues.iter().find(|q| q.name == key));
+    found
+        .cloned()
+        .ok_or_else(|| ApiError::NotFound(format!("no queue {key:?}")))
+}
+
+/// `GET /queues`: every queue with its counts.
+pub(super) async fn list(State(state): State<Shared>) -> Result<Json<Value>, ApiError> {
+    let queues = state.store.queues().await?;
+    let counts = state.store.queue_counts().await?;
+    Ok(Json(Value::Array(
+        queues.iter().map(|q| json::queue(q, counts.get(&q.id))).collect(),
+    )))
+}
+
+/// `GET /queues/{queue}`: `{id, plugin, name, threads, queued, running, completed, …}`.
+pub(super) async fn one(State(state): State<Shared>, Path(key): Path<String>) -> Result<Json<Value>, ApiError> {
+    let queue = find(&state, &key).await?;
+    let counts = state.store.queue_counts().await?;
+    Ok(Json(json::queue(&queue, counts.get(&queue.id))))
+}
+
+/// The settable fields of a queue, checked.
+#[derive(Default)]
+struct Fields {
+    name: Option<String>,
+    plugin: Option<String>,
+    threads: Option<Option<i64>>,
+    sort: Option<Sort>,
+    extra: Document,
+}
+
+const QUEUE_FIELDS: &str = "name, plugin, threads, sort, sandbox, on_orphan";
+
+fn fields(state: &Shared, body: &Map<String, Value>) -> Result<Fields, ApiError> {
+    let mut f = Fields::default();
+    for (k, v) in body {
+        match k.as_str() {
+            "name" => f.name = Some(name(v)?),
+            "plugin" => f.plugin = Some(plugin(state, v)?),
+            "threads" => {
+                f.threads = Some(match v {
+                    Value::Null => None,
+                    v => Some(non_negative(v).ok_or_else(|| {
+                        ApiError::bad(format!(
+                            "field \"threads\" must be a non-negative integer or null, got {}",
+                            kind(v)
+                        ))
+                    })?),
+                })
+            }
+            "sort" => {
+                let s = v
+                    .as_str()
+                    .ok_or_else(|| ApiError::bad("field \"sort\" must be \"fifo\", \"lifo\" or \"default\""))?;
+                f.sort = Some(Sort::parse(s).map_err(|e| ApiError::bad(format!("field \"sort\": {e}")))?);
+            }
+            "sandbox" => {
+                let sandbox: QueueSandbox =
+                    serde_json::from_value(v.clone()).map_err(|e| ApiError::bad(format!("field \"sandbox\": {e}")))?;
+                let doc = bson::to_document(&sandbox).map_err(|e| ApiError::bad(format!("field \"sandbox\": {e}")))?;
+                f.extra.insert("sandbox", doc);
+            }
+            "on_orphan" => {
+                let policy: OnOrphan = serde_json::from_value(v.clone())
+                    .map_err(|_| ApiError::bad("field \"on_orphan\" must be \"orphan\" or \"requeue\""))?;
+                f.extra.insert(
+                    "on_orphan",
+                    match policy {
+                        OnOrphan::Orphan => "orphan",
+                        OnOrphan::Requeue => "requeue",
+                    },
+                );
+            }
+            other => {
+                return Err(ApiError::bad(format!(
+                    "unknown field {other:?}: a queue has {QUEUE_FIELDS}"
+                )))
+            }
+        }
+    }
+    Ok(f)
+}
+
+fn name(v: &Value) -> Result<String, ApiError> {
+    match v.as_str().map(str::trim) {
+        Some(s) if !s.is_empty() => Ok(s.to_owned()),
+        _ => Err(ApiError::bad("field \"name\" must be a non-empty string")),
+    }
+}
+
+fn plugin(state: &Shared, v: &Value) -> Result<String, ApiError> {
+    let Some(p) = v.as_str() else {
+        return Err(ApiError::bad("field \"plugin\" must be a string"));
+    };
+    check_plugin_name(p).map_err(|e| ApiError::bad(format!("field \"plugin\": {e}")))?;
+    if !state.plugins.iter().any(|a| a == p) {
+        return Err(ApiError::bad(format!(
+            "field \"plugin\": {p:?} is not an allowed plugin (allowed: {})",
+            state.plugins.join(", ")
+        )));
+    }
+    Ok(p.to_owned())
+}
+
+/// `POST /queues {name, plugin[, threads, sort, sandbox, on_orphan]}`: creates a queue.
+pub(super) async fn create(State(state): State<Shared>, JsonBody(body): JsonBody) -> Result<Json<Value>, ApiError> {
+    let f = fields(&state, &body)?;
+    let name = f.name.ok_or_else(|| ApiError::bad("field \"name\" is required"))?;
+    let plugin = f.plugin.ok_or_else(|| ApiError::bad("field \"plugin\" is required"))?;
+    if ObjectId::parse_str(&name).is_ok() {
+        return Err(ApiError::bad("field \"name\" must not look like an ObjectId"));
+    }
+    let queue = state
+        .store
+        .create_queue(NewQueue {
+            name,
+            plugin,
+            threads: f.threads.unwrap_or(None),
+            sort: f.sort.unwrap_or_default(),
+            extra: f.extra,
+        })
+        .await?;
+    Ok(Json(json::queue(&queue, None)))
+}
+
+/// `POST /queues/{queue} {name|plugin|threads|sort|sandbox|on_orphan…}`: changes a queue.
+pub(super) async fn update(
+    State(state): State<Shared>,
+    Path(key): Path<String>,
+    JsonBody(body): JsonBody,
+) -> Result<Json<Value>, ApiError> {
+    if body.is_empty() {
+        return Err(ApiError::bad(format!("nothing to change: give one of {QUEUE_FIELDS}")));
+    }
+    let f = fields(&state, &body)?;
+    if let Some(n) = &f.name {
+        if ObjectId::parse_str(n).is_ok() {
+            return Err(ApiError::bad("field \"name\" must not look like an ObjectId"));
+        }
+    }
+    let queue = find(&state, &key).await?;
+    let update = QueueUpdate {
+        name: f.name,
+        plugin: f.plugin,
+        threads: f.threads,
+        sort: f.sort,
+        extra: f.extra,
+    };
+    let queue = state
+        .store
+        .update_queue(queue.id, update)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("no queue {key:?}")))?;
+    let counts = state.store.queue_counts().await?;
+    Ok(Json(json::queue(&queue, counts.get(&queue.id))))
+}
+
+/// `DELETE /queues/{queue}`: deletes a queue (its tasks stay).
+pub(super) async fn delete(State(state): State<Shared>, Path(key): Path<String>) -> Result<Json<Value>, ApiError> {
+    let queue = find(&state, &key).await?;
+    if !state.store.delete_queue(queue.id).await? {
+        return Err(ApiError::NotFound(format!("no queue {key:?}")));
+    }
+    Ok(Json(
+        json!({ "id": queue.id.to_hex(), "name": queue.name, "deleted": true }),
+    ))
+}

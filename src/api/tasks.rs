@@ -1,0 +1,379 @@
+//! `GET /tasks` (search on indexed fields), `POST /tasks` (both Disbatch 4 forms) and
+//! `GET /tasks/{id}`.
+
+use std::collections::HashMap;
+
+use axum::extract::{Path, Query, State};
+use axum::Json;
+use bson::oid::ObjectId;
+use bson::{Bson, Document};
+use serde_json::{json, Map, Value};
+
+use super::body::{kind, JsonBody};
+use super::json::TaskView;
+use super::{json, queues, ApiError, Shared, MAX_TASK_LIMIT};
+use crate::model::Output;
+use crate::store::{Page, TaskFilter};
+
+/// Most tasks one `POST /tasks` with a `collection` may create.
+pub const MAX_COLLECTION_TASKS: i64 = 1_000_000;
+/// Tasks inserted per store call.
+const INSERT_BATCH: usize = 1000;
+
+/// Query options of `GET /tasks` that are not filters.
+const OPTIONS: [&str; 8] = ["limit", "skip", "count", "fields", "epoch", "terse", "full", "pretty"];
+
+fn truthy(v: Option<&String>) -> bool {
+    matches!(v.map(String::as_str), Some("1" | "true" | "yes" | "on" | ""))
+}
+
+fn number(q: &HashMap<String, String>, key: &str) -> Result<Option<u64>, ApiError> {
+    q.get(key)
+        .map(|v| {
+            v.trim()
+                .parse::<u64>()
+                .map_err(|_| ApiError::bad(format!("{key:?} must be a non-negative integer, got {v:?}")))
+        })
+        .transpose()
+}
+
+/// One status code, or several separated by commas.
+fn statuses(v: &Value) -> Result<Vec<i32>, ApiError> {
+    let bad = || {
+        ApiError::bad(format!(
+            "filter \"status\" must be an integer or a list of integers, got {v}"
+        ))
+    };
+    match v {
+        Value::Number(n) => Ok(vec![n.as_i64().and_then(|n| i32::try_from(n).ok()).ok_or_else(bad)?]),
+        Value::String(s) => s
+            .split(',')
+            .map(|p| p.trim().parse::<i32>().map_err(|_| bad()))
+            .collect(),
+        Value::Array(a) => a.iter().map(|x| statuses(x).map(|v| v[0])).collect(),
+        Value::Object(o) if o.len() == 1 && o.contains_key("$in") => statuses(&o["$in"]),
+        _ => Err(bad()),
+    }
+}
+
+/// An ObjectId given as hex or `{"$oid": hex}`.
+fn object_id(v: &Value) -> Option<ObjectId> {
+    match v {
+        Value::String(s) => ObjectId::parse_str(s).ok(),
+        Value::Object(o) => o
+            .get("$oid")
+            .and_then(Value::as_str)
+            .and_then(|s| ObjectId::parse_str(s).ok()),
+        _ => None,
+    }
+}
+
+/// Builds the filter from `key → value` pairs; only indexed fields are accepted.
+async fn filter(state: &Shared, pairs: &Map<String, Value>) -> Result<TaskFilter, ApiError> {
+    let mut f = TaskFilter::default();
+    for (k, v) in pairs {
+        match k.as_str() {
+            "queue" => {
+                let queue = match object_id(v) {
+                    Some(id) => id,
+                    None => {
+                        let key = v
+                            .as_str()
+                            .ok_or_else(|| ApiError::bad("filter \"queue\" must be a queue id or name"))?;
+                        queues::find(state, key).await?.id
+                    }
+                };
+                f.queue = Some(queue);
+            }
+            "status" => f.status = Some(statuses(v)?),
+            "node" => {
+                f.node = Some(match v {
+                    Value::Null => None,
+                    Value::String(s) if s == "null" => None,
+                    Value::String(s) => Some(s.clone()),
+                    other => {
+                        return Err(ApiError::bad(format!(
+                            "filter \"node\" must be a node name or null, got {}",
+                            kind(other)
+                        )))
+                    }
+                })
+            }
+            "id" | "_id" => {
+                f.id = Some(object_id(v).ok_or_else(|| ApiError::bad(format!("filter {k:?} must be a task id")))?)
+            }
+            other => {
+                return Err(ApiError::bad(format!(
+                    "cannot filter on {other:?}: only the indexed fields queue, status, node and id"
+                )))
+            }
+        }
+    }
+    Ok(f)
+}
+
+/// `GET /tasks?queue=&status=&node=&id=&filter={json}&limit=&skip=&count=&fields=&epoch=`:
+/// tasks newest first, or `{"count": n}`. A query without a filter needs a limit.
+pub(super) async fn search(
+    State(state): State<Shared>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Json<Value>, ApiError> {
+    let mut pairs = Map::new();
+    if let Some(text) = q.get("filter") {
+        match serde_json::from_str::<Value>(text) {
+            Ok(Value::Object(m)) => pairs.extend(m),
+            Ok(other) => {
+                return Err(ApiError::bad(format!(
+                    "\"filter\" must be a JSON object, got {}",
+                    kind(&other)
+                )))
+            }
+            Err(e) => return Err(ApiError::bad(format!("\"filter\" is not valid JSON: {e}"))),
+        }
+    }
+    for (k, v) in &q {
+        if k != "filter" && !OPTIONS.contains(&k.as_str()) {
+            let value = match k.as_str() {
+                "node" if v == "null" => Value::Null,
+                _ => Value::String(v.clone()),
+            };
+            pairs.insert(k.clone(), value);
+        }
+    }
+    let filter = filter(&state, &pairs).await?;
+    if truthy(q.get("count")) {
+        let n = state.store.count_tasks(&filter).await?;
+        return Ok(Json(json!({ "count": n })));
+    }
+    let limit = number(&q, "limit")?;
+    let skip = number(&q, "skip")?.unwrap_or(0);
+    if filter == TaskFilter::default() && limit.is_none() {
+        return Err(ApiError::bad(
+            "refusing an unbounded query: give a filter (queue, status, node, id) or a \"limit\"",
+        ));
+    }
+    let limit = limit.unwrap_or(MAX_TASK_LIMIT);
+    if limit > MAX_TASK_LIMIT {
+        return Err(ApiError::bad(format!(
+            "\"limit\" must be at most {MAX_TASK_LIMIT}, got {limit}"
+        )));
+    }
+    let view = TaskView {
+        epoch: truthy(q.get("epoch")),
+        fields: q.get("fields").map(|f| {
+            f.split(',')
+                .map(|s| s.trim().to_owned())
+                .filter(|s| !s.is_empty())
+                .collect()
+        }),
+    };
+    let tasks = state.store.find_tasks(&filter, Page { skip, limit }).await?;
+    Ok(Json(Value::Array(tasks.iter().map(|t| json::task(t, &view)).collect())))
+}
+
+/// `GET /tasks/{id}?output=1&epoch=1`: one task; with `output`, GridFS-backed stdout/stderr
+/// are read back as text.
+pub(super) async fn one(
+    State(state): State<Shared>,
+    Path(id): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Json<Value>, ApiError> {
+    let oid = ObjectId::parse_str(&id).map_err(|_| ApiError::bad(format!("invalid task id {id:?}")))?;
+    let task = state
+        .store
+        .task(oid)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("no task {id}")))?;
+    let view = TaskView {
+        epoch: truthy(q.get("epoch")),
+        fields: None,
+    };
+    let mut value = json::task(&task, &view);
+    if truthy(q.get("output")) {
+        for (name, out) in [("stdout", &task.stdout), ("stderr", &task.stderr)] {
+            if let Some(o @ Output::File(_)) = out {
+                let text = state.store.read_output(o).await?;
+                value[name] = Value::String(text);
+                value[format!("{name}_file")] = json::output(out);
+            }
+        }
+    }
+    Ok(Json(value))
+}
+
+/// `POST /tasks`: `{queue, params: [{…}, …]}` creates one task per params object;
+/// `{queue, collection, filter, params: {key: "document.field" | literal}}` one per
+/// matching document of `collection`. Answers `{"ids": [...], "count": n}`.
+pub(super) async fn create(State(state): State<Shared>, JsonBody(body): JsonBody) -> Result<Json<Value>, ApiError> {
+    for k in body.keys() {
+        if !["queue", "params", "collection", "filter"].contains(&k.as_str()) {
+            return Err(ApiError::bad(format!(
+                "unknown field {k:?}: expected queue and params, and for tasks from documents collection and filter"
+            )));
+        }
+    }
+    let key = match body.get("queue") {
+        Some(Value::String(s)) if !s.is_empty() => s.clone(),
+        Some(v @ Value::Object(_)) => object_id(v)
+            .map(|id| id.to_hex())
+            .ok_or_else(|| ApiError::bad("field \"queue\" must be a queue id or name"))?,
+        _ => return Err(ApiError::bad("field \"queue\" is required (a queue id or name)")),
+    };
+    let params = if body.contains_key("collection") {
+        from_collection(&state, &body).await?
+    } else {
+        if body.contains_key("filter") {
+            return Err(ApiError::bad("field \"filter\" needs field \"collection\""));
+        }
+        let list = match body.get("params") {
+            Some(Value::Array(a)) => a,
+            Some(other) => {
+                return Err(ApiError::bad(format!(
+                    "field \"params\" must be an array of objects, got {}",
+                    kind(other)
+                )))
+            }
+            None => return Err(ApiError::bad("field \"params\" is required (an array of objects)")),
+        };
+        list.iter()
+            .enumerate()
+            .map(|(i, p)| to_document(p).map_err(|e| ApiError::bad(format!("field \"params[{i}]\" {e}"))))
+            .collect::<Result<Vec<_>, _>>()?
+    };
+    let queue = queues::find(&state, &key).await?;
+    let mut ids = Vec::with_capacity(params.len());
+    let mut params = params;
+    while !params.is_empty() {
+        let rest = params.split_off(params.len().min(INSERT_BATCH));
+        ids.extend(state.store.create_tasks(queue.id, params).await?);
+        params = rest;
+    }
+    Ok(Json(json!({
+        "queue": queue.id.to_hex(),
+        "count": ids.len(),
+        "ids": ids.iter().map(|id| id.to_hex()).collect::<Vec<_>>(),
+    })))
+}
+
+fn to_document(v: &Value) -> Result<Document, String> {
+    match v {
+        Value::Object(_) => match Bson::try_from(v.clone()) {
+            Ok(Bson::Document(d)) => Ok(d),
+            Ok(_) => Err("must be an object".into()),
+            Err(e) => Err(format!("is not valid Extended JSON: {e}")),
+        },
+        other => Err(format!("must be an object, got {}", kind(other))),
+    }
+}
+
+/// Operators that run code on the server; refused in a filter.
+const CODE_OPERATORS: [&str; 3] = ["$where", "$function", "$accumulator"];
+
+fn check_no_code(v: &Value) -> Result<(), ApiError> {
+    match v {
+        Value::Object(m) => {
+            if let Some(k) = m.keys().find(|k| CODE_OPERATORS.contains(&k.as_str())) {
+                return Err(ApiError::bad(format!("field \"filter\": operator {k} is not allowed")));
+            }
+            m.values().try_for_each(check_no_code)
+        }
+        Value::Array(a) => a.iter().try_for_each(check_no_code),
+        _ => Ok(()),
+    }
+}
+
+async fn from_collection(state: &Shared, body: &Map<String, Value>) -> Result<Vec<Document>, ApiError> {
+    let collection = match body.get("collection") {
+        Some(Value::String(s)) if !s.is_empty() && !s.contains('$') && !s.starts_with("system.") => s.clone(),
+        _ => return Err(ApiError::bad("field \"collection\" must be a collection name")),
+    };
+    let filter_value = body.get("filter").cloned().unwrap_or_else(|| json!({}));
+    check_no_code(&filter_value)?;
+    let filter = to_document(&filter_value).map_err(|e| ApiError::bad(format!("field \"filter\" {e}")))?;
+    let mapping = match body.get("params") {
+        Some(Value::Object(m)) => m.clone(),
+        None => Map::new(),
+        Some(other) => {
+            return Err(ApiError::bad(format!(
+                "field \"params\" must be an object mapping keys to \"document.<field>\" or values, got {}",
+                kind(other)
+            )))
+        }
+    };
+    let source = state
+        .documents
+        .as_ref()
+        .ok_or_else(|| ApiError::bad("field \"collection\": this server cannot read other collections"))?;
+    let docs = source
+        .find(&collection, filter, MAX_COLLECTION_TASKS + 1)
+        .await
+        .map_err(|e| ApiError::bad(format!("field \"filter\": the query on {collection:?} failed: {e}")))?;
+    if docs.len() as i64 > MAX_COLLECTION_TASKS {
+        return Err(ApiError::bad(format!(
+            "field \"filter\" matches more than {MAX_COLLECTION_TASKS} documents"
+        )));
+    }
+    Ok(docs.iter().map(|d| map_params(&mapping, d)).collect())
+}
+
+/// The params of one task: each value `"document"` is the whole document, `"document.a.b"`
+/// the document's field `a.b` (null when missing); anything else is taken as is.
+pub(super) fn map_params(mapping: &Map<String, Value>, doc: &Document) -> Document {
+    let mut out = Document::new();
+    for (k, v) in mapping {
+        let value = match v.as_str() {
+            Some("document") => Bson::Document(doc.clone()),
+            Some(path) if path.starts_with("document.") => lookup(doc, &path["document.".len()..]),
+            _ => Bson::try_from(v.clone()).unwrap_or(Bson::Null),
+        };
+        out.insert(k.clone(), value);
+    }
+    out
+}
+
+fn lookup(doc: &Document, path: &str) -> Bson {
+    let mut current = Bson::Document(doc.clone());
+    for part in path.split('.') {
+        current = match current {
+            Bson::Document(d) => d.get(part).cloned().unwrap_or(Bson::Null),
+            Bson::Array(a) => part
+                .parse::<usize>()
+                .ok()
+                .and_then(|i| a.get(i).cloned())
+                .unwrap_or(Bson::Null),
+            _ => Bson::Null,
+        };
+    }
+    current
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::doc;
+
+    #[test]
+    fn params_from_document_paths() {
+        let d = doc! { "_id": 1, "a": { "b": "x" }, "list": [10, 20] };
+        let m: Map<String, Value> = serde_json::from_value(
+            json!({"id": "document._id", "b": "document.a.b", "second": "document.list.1",
+                "missing": "document.nope", "lit": 5, "all": "document"}),
+        )
+        .unwrap();
+        let p = map_params(&m, &d);
+        assert_eq!(p.get("id"), Some(&Bson::Int32(1)));
+        assert_eq!(p.get_str("b").unwrap(), "x");
+        assert_eq!(p.get("second"), Some(&Bson::Int32(20)));
+        assert_eq!(p.get("missing"), Some(&Bson::Null));
+        assert_eq!(p.get("lit"), Some(&Bson::Int32(5)));
+        assert_eq!(p.get_document("all").unwrap(), &d);
+    }
+
+    #[test]
+    fn status_lists() {
+        assert_eq!(statuses(&json!("1,2")).unwrap(), vec![1, 2]);
+        assert_eq!(statuses(&json!([-2, 0])).unwrap(), vec![-2, 0]);
+        assert_eq!(statuses(&json!({"$in": [1]})).unwrap(), vec![1]);
+        assert!(statuses(&json!("x")).is_err());
+    }
+}

@@ -1,0 +1,236 @@
+"use strict";
+// Disbatch web UI: plain JavaScript over the DCI's JSON API.
+
+const $ = (sel) => document.querySelector(sel);
+const STATUS = { "-6": "orphaned", "-5": "cancelled", "-4": "blocked", "-3": "terminated", "-2": "queued", "-1": "claimed", "0": "running", "1": "succeeded", "2": "failed" };
+const PAGE = 25;
+let plugins = [];
+let refreshTimer = null;
+
+function esc(v) {
+  return String(v ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
+}
+function plain(v) {
+  if (v && typeof v === "object" && ("$oid" in v)) return v.$oid;
+  if (v && typeof v === "object" && ("$date" in v)) return new Date(v.$date).toLocaleString();
+  return v ?? "-";
+}
+function say(text, kind = "info") {
+  const m = $("#message");
+  m.textContent = text;
+  m.className = kind;
+}
+
+async function api(method, path, body) {
+  const headers = {};
+  const token = localStorage.getItem("disbatch-token");
+  if (token && method !== "GET") headers["Authorization"] = "Bearer " + token;
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  const resp = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
+  const text = await resp.text();
+  let data;
+  try { data = JSON.parse(text); } catch { data = text; }
+  if (!resp.ok) throw new Error((data && data.error) || resp.statusText);
+  return data;
+}
+
+function editing() {
+  const a = document.activeElement;
+  return a && ["INPUT", "SELECT", "TEXTAREA"].includes(a.tagName) && $("#view").contains(a);
+}
+
+// ---- queues -------------------------------------------------------------------------------
+
+async function showQueues() {
+  const queues = await api("GET", "/queues");
+  const rows = queues.map((q) => `
+    <tr data-queue="${esc(q.name)}">
+      <td>${esc(q.name)}<br><small>${esc(q.id)}</small></td>
+      <td><select class="edit-plugin" data-id="${esc(q.id)}">${pluginOptions(q.plugin)}</select></td>
+      <td><input class="edit-threads" type="number" min="0" data-id="${esc(q.id)}" value="${q.threads ?? ""}" placeholder="paused"></td>
+      <td>${esc(q.sort)}</td>
+      <td class="num queued">${q.queued}</td><td class="num running">${q.running}</td><td class="num completed">${q.completed}</td>
+      <td><a href="#/tasks?queue=${encodeURIComponent(q.name)}">tasks</a>
+          <button class="delete-queue" data-id="${esc(q.id)}" data-name="${esc(q.name)}">delete</button></td>
+    </tr>`).join("");
+  $("#view").innerHTML = `
+    <div class="toolbar"><button id="new-queue">New queue</button></div>
+    <table id="queues"><thead><tr><th>Queue</th><th>Plugin</th><th>Threads</th><th>Sort</th>
+      <th>Queued</th><th>Running</th><th>Completed</th><th></th></tr></thead><tbody>${rows ||
+      '<tr><td colspan="8">No queues yet.</td></tr>'}</tbody></table>`;
+  $("#new-queue").onclick = openNewQueue;
+  document.querySelectorAll(".edit-threads").forEach((el) => el.addEventListener("change", async () => {
+    const threads = el.value === "" ? null : Number(el.value);
+    await write(() => api("POST", "/queues/" + el.dataset.id, { threads }), "threads set to " + (threads ?? "null"));
+  }));
+  document.querySelectorAll(".edit-plugin").forEach((el) => el.addEventListener("change", async () => {
+    await write(() => api("POST", "/queues/" + el.dataset.id, { plugin: el.value }), "plugin set to " + el.value);
+  }));
+  document.querySelectorAll(".delete-queue").forEach((el) => el.addEventListener("click", async () => {
+    if (!confirm("Delete queue " + el.dataset.name + "? Its tasks stay.")) return;
+    await write(() => api("DELETE", "/queues/" + el.dataset.id), "deleted " + el.dataset.name);
+  }));
+}
+
+function pluginOptions(selected) {
+  const names = plugins.includes(selected) || !selected ? plugins : [selected, ...plugins];
+  return names.map((p) => `<option${p === selected ? " selected" : ""}>${esc(p)}</option>`).join("");
+}
+
+async function write(action, done) {
+  try {
+    await action();
+    say(done);
+  } catch (e) {
+    say(e.message, "error");
+  }
+  await render();
+}
+
+function openNewQueue() {
+  $("#new-queue-plugin").innerHTML = pluginOptions(plugins[0]);
+  $("#new-queue-name").value = "";
+  $("#new-queue-dialog").showModal();
+}
+
+// ---- nodes --------------------------------------------------------------------------------
+
+async function showNodes() {
+  const nodes = await api("GET", "/nodes");
+  const rows = nodes.map((n) => `
+    <tr data-node="${esc(n.node)}">
+      <td>${esc(n.node)}<br><small>${esc(n.id)}</small></td>
+      <td><input class="edit-maxthreads" type="number" min="0" data-node="${esc(n.node)}" value="${n.maxthreads ?? ""}" placeholder="no limit"></td>
+      <td>${plain(n.timestamp)} (${Math.round(n.age_secs)} s ago)</td>
+      <td><span class="state ${n.fresh ? "fresh" : "stale"}">${n.fresh ? "fresh" : "stale"}</span></td>
+      <td><a href="#/tasks?node=${encodeURIComponent(n.node)}">tasks</a></td>
+    </tr>`).join("");
+  $("#view").innerHTML = `<table id="nodes"><thead><tr><th>Node</th><th>Maxthreads</th><th>Heartbeat</th><th>State</th><th></th></tr></thead>
+    <tbody>${rows || '<tr><td colspan="5">No nodes have reported yet.</td></tr>'}</tbody></table>`;
+  document.querySelectorAll(".edit-maxthreads").forEach((el) => el.addEventListener("change", async () => {
+    const maxthreads = el.value === "" ? null : Number(el.value);
+    await write(() => api("POST", "/nodes/" + encodeURIComponent(el.dataset.node), { maxthreads }), "maxthreads set to " + (maxthreads ?? "null"));
+  }));
+}
+
+// ---- tasks --------------------------------------------------------------------------------
+
+async function showTasks(params) {
+  const queues = await api("GET", "/queues");
+  const queue = params.get("queue") || "";
+  const status = params.get("status") || "";
+  const node = params.get("node") || "";
+  const skip = Number(params.get("skip") || 0);
+  const q = new URLSearchParams({ limit: PAGE, skip });
+  if (queue) q.set("queue", queue);
+  if (status) q.set("status", status);
+  if (node) q.set("node", node);
+  let tasks = [];
+  let error = "";
+  try { tasks = await api("GET", "/tasks?" + q); } catch (e) { error = e.message; }
+  const names = Object.fromEntries(queues.map((x) => [x.id, x.name]));
+  const rows = tasks.map((t) => `
+    <tr><td><a class="task-link" href="#/task/${esc(t.id)}">${esc(t.id)}</a></td><td>${esc(names[t.queue.$oid] || t.queue.$oid)}</td>
+      <td>${t.status} ${esc(t.status_name)}</td><td>${esc(t.node ?? "-")}</td><td>${plain(t.mtime)}</td>
+      <td><code>${esc(JSON.stringify(t.params)).slice(0, 120)}</code></td></tr>`).join("");
+  $("#view").innerHTML = `
+    <form class="toolbar" id="task-search">
+      <label>Queue <select id="search-queue"><option value="">any</option>${queues.map((x) =>
+        `<option${x.name === queue ? " selected" : ""}>${esc(x.name)}</option>`).join("")}</select></label>
+      <label>Status <select id="search-status"><option value="">any</option>${Object.entries(STATUS).map(([c, n]) =>
+        `<option value="${c}"${c === status ? " selected" : ""}>${c} ${n}</option>`).join("")}</select></label>
+      <label>Node <input id="search-node" value="${esc(node)}" placeholder="any (null = unclaimed)"></label>
+      <button type="submit">Search</button>
+      <button type="button" id="prev"${skip === 0 ? " disabled" : ""}>Previous</button>
+      <button type="button" id="next"${tasks.length < PAGE ? " disabled" : ""}>Next</button>
+      <span>${tasks.length ? `${skip + 1}–${skip + tasks.length}` : ""}</span>
+    </form>
+    ${error ? `<p class="error">${esc(error)}</p>` : ""}
+    <table id="tasks"><thead><tr><th>Task</th><th>Queue</th><th>Status</th><th>Node</th><th>Modified</th><th>Params</th></tr></thead>
+    <tbody>${rows || '<tr><td colspan="6">No tasks.</td></tr>'}</tbody></table>`;
+  const go = (newSkip) => {
+    const p = new URLSearchParams();
+    if ($("#search-queue").value) p.set("queue", $("#search-queue").value);
+    if ($("#search-status").value) p.set("status", $("#search-status").value);
+    if ($("#search-node").value) p.set("node", $("#search-node").value);
+    if (newSkip) p.set("skip", newSkip);
+    location.hash = "#/tasks?" + p;
+  };
+  $("#task-search").onsubmit = (e) => { e.preventDefault(); go(0); };
+  $("#prev").onclick = () => go(Math.max(0, skip - PAGE));
+  $("#next").onclick = () => go(skip + PAGE);
+}
+
+async function showTask(id) {
+  const t = await api("GET", "/tasks/" + encodeURIComponent(id) + "?output=1");
+  const file = (k) => t[k + "_file"] ? ` <small>(GridFS file ${esc(t[k + "_file"].$oid)})</small>` : "";
+  $("#view").innerHTML = `
+    <h2>Task ${esc(t.id)}</h2>
+    <dl id="task">
+      <dt>Status</dt><dd id="task-status">${t.status} ${esc(t.status_name)}</dd>
+      <dt>Queue</dt><dd><a href="#/tasks?queue=${esc(t.queue.$oid)}">${esc(t.queue.$oid)}</a></dd>
+      <dt>Node</dt><dd>${esc(t.node ?? "-")}</dd>
+      <dt>Created</dt><dd>${plain(t.ctime)}</dd>
+      <dt>Modified</dt><dd>${plain(t.mtime)}</dd>
+    </dl>
+    <h3>Params</h3><pre id="task-params">${esc(JSON.stringify(t.params, null, 2))}</pre>
+    <h3>stdout${file("stdout")}</h3><pre id="task-stdout">${esc(t.stdout ?? "")}</pre>
+    <h3>stderr${file("stderr")}</h3><pre id="task-stderr">${esc(t.stderr ?? "")}</pre>`;
+}
+
+// ---- shell --------------------------------------------------------------------------------
+
+async function render() {
+  const hash = location.hash || "#/queues";
+  const [path, query] = hash.slice(1).split("?");
+  document.querySelectorAll("nav a").forEach((a) => a.classList.toggle("active", hash.startsWith(a.getAttribute("href"))));
+  try {
+    if (path.startsWith("/task/")) await showTask(decodeURIComponent(path.slice(6)));
+    else if (path === "/nodes") await showNodes();
+    else if (path === "/tasks") await showTasks(new URLSearchParams(query || ""));
+    else await showQueues();
+  } catch (e) {
+    say(e.message, "error");
+  }
+  api("GET", "/monitoring").then((m) => {
+    const h = $("#health");
+    h.textContent = m.disbatch.status + ": " + m.disbatch.message;
+    h.className = "badge " + m.disbatch.status;
+  }).catch(() => {});
+}
+
+function schedule() {
+  clearInterval(refreshTimer);
+  if ($("#autorefresh").checked) {
+    refreshTimer = setInterval(() => {
+      if (!editing() && !$("#new-queue-dialog").open) render();
+    }, 5000);
+  }
+}
+
+async function start() {
+  $("#token").value = localStorage.getItem("disbatch-token") || "";
+  $("#token").addEventListener("change", () => localStorage.setItem("disbatch-token", $("#token").value));
+  $("#autorefresh").addEventListener("change", schedule);
+  $("#new-queue-cancel").onclick = () => $("#new-queue-dialog").close();
+  $("#new-queue-form").addEventListener("submit", async (e) => {
+    e.preventDefault();
+    const body = { name: $("#new-queue-name").value, plugin: $("#new-queue-plugin").value, sort: $("#new-queue-sort").value };
+    const threads = $("#new-queue-threads").value;
+    if (threads !== "") body.threads = Number(threads);
+    try {
+      await api("POST", "/queues", body);
+      $("#new-queue-dialog").close();
+      say("created queue " + body.name);
+    } catch (err) {
+      say(err.message, "error");
+    }
+    await render();
+  });
+  try { plugins = await api("GET", "/plugins"); } catch (e) { say(e.message, "error"); }
+  window.addEventListener("hashchange", render);
+  await render();
+  schedule();
+}
+
+start();

@@ -1,0 +1,468 @@
+//! The `disbatch` command line: `disbatch web` serves the DCI; every other verb talks HTTP
+//! to a DCI (`--url`, default `http://localhost:8080`, env `DISBATCH_URL`) with the
+//! Disbatch 4 CLI's verbs. Output is a human table, or the API's JSON with `--json`.
+//!
+//! Parts: `client` (HTTP + errors), `table` (text tables), `web` (the server verb).
+
+pub mod client;
+pub mod table;
+pub mod web;
+
+use std::io::Read as _;
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+use serde_json::{json, Map, Value};
+
+use self::client::{encode, Client};
+use self::table::{cell, render};
+
+/// Tasks sent per `POST /tasks` when creating tasks from a list.
+pub const TASK_BATCH: usize = 1000;
+
+/// Errors of a CLI verb.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CliError {
+    /// Bad arguments or input (exit code 2).
+    #[error("{0}")]
+    Usage(String),
+    /// The API answered with an error (exit code 1).
+    #[error("{message} (HTTP {status})")]
+    Api {
+        /// HTTP status.
+        status: u16,
+        /// The API's `error` message.
+        message: String,
+    },
+    /// The API could not be reached (exit code 3).
+    #[error("{0}")]
+    Http(String),
+    /// `disbatch web` could not start or serve (exit code 1).
+    #[error("{0}")]
+    Server(String),
+}
+
+impl CliError {
+    /// The process exit code for this error.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            CliError::Usage(_) => 2,
+            CliError::Http(_) => 3,
+            CliError::Api { .. } | CliError::Server(_) => 1,
+        }
+    }
+}
+
+/// `disbatch`: operate a Disbatch cluster through its DCI.
+#[derive(Debug, Parser)]
+#[command(
+    name = "disbatch",
+    version,
+    about = "Disbatch command interface: serve the DCI, manage queues and tasks"
+)]
+pub struct Cli {
+    /// URL of the DCI.
+    #[arg(long, global = true, env = "DISBATCH_URL", default_value = "http://localhost:8080")]
+    pub url: String,
+    /// Bearer token for writes (the server's `api_token`).
+    #[arg(long, global = true, env = "DISBATCH_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Print the API's JSON instead of tables.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// `tasks`: return at most this many.
+    #[arg(long, global = true)]
+    pub limit: Option<u64>,
+    /// `tasks`: skip this many.
+    #[arg(long, global = true)]
+    pub skip: Option<u64>,
+    /// `tasks`: print only the number of matching tasks.
+    #[arg(long, global = true)]
+    pub count: bool,
+    /// `tasks`: only these fields (comma-separated).
+    #[arg(long, global = true)]
+    pub fields: Option<String>,
+    /// The verb.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The verbs.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the DCI (REST API and web UI) for a config file.
+    Web {
+        /// The JSON config file.
+        #[arg(long, env = "DISBATCH_CONFIG")]
+        config: PathBuf,
+        /// Address to listen on (default: the config's `bind`, 127.0.0.1:8080).
+        #[arg(long)]
+        bind: Option<String>,
+    },
+    /// Server information.
+    Info,
+    /// The allowed plugins.
+    Plugins,
+    /// Queues with their queued/running/completed counts.
+    #[command(alias = "status")]
+    Queues,
+    /// Create a queue.
+    CreateQueue {
+        /// Queue name.
+        name: String,
+        /// Plugin name (one of `disbatch plugins`).
+        plugin: String,
+        /// Concurrency limit across all nodes.
+        #[arg(long)]
+        threads: Option<i64>,
+        /// Claim order: fifo, lifo or default.
+        #[arg(long)]
+        sort: Option<String>,
+    },
+    /// Change a queue: `update-queue <queue> threads 4 plugin demo …`.
+    UpdateQueue {
+        /// Queue id or name.
+        queue: String,
+        /// Pairs of field and value (name, plugin, threads, sort, sandbox, on_orphan).
+        #[arg(required = true, num_args = 2..)]
+        pairs: Vec<String>,
+    },
+    /// Delete a queue (its tasks stay).
+    DeleteQueue {
+        /// Queue id or name.
+        queue: String,
+    },
+    /// Create one task: `create-task <queue> key value …` (values parsed as JSON when they can be).
+    CreateTask {
+        /// Queue id or name.
+        queue: String,
+        /// Pairs of param name and value.
+        pairs: Vec<String>,
+    },
+    /// Create tasks from a JSON array of params (inline, `@file` or `-` for stdin), or with
+    /// `--collection` one per document: `{"filter": {…}, "params": {"k": "document.field"}}`.
+    CreateTasks {
+        /// Create one task per document of this collection.
+        #[arg(long)]
+        collection: Option<String>,
+        /// Queue id or name.
+        queue: String,
+        /// The JSON (array of params, or `{filter, params}` with --collection).
+        #[arg(value_name = "JSON")]
+        tasks: String,
+    },
+    /// Search tasks: `tasks '{"queue":"q","status":-2}'` (indexed fields only).
+    Tasks {
+        /// JSON filter on queue, status, node, id.
+        filter: Option<String>,
+    },
+    /// One task with its stdout and stderr.
+    Task {
+        /// Task id.
+        id: String,
+    },
+    /// Nodes (DENs) with their heartbeat and maxthreads.
+    Nodes,
+    /// Set a node's maxthreads (`null` for no limit).
+    SetMaxthreads {
+        /// Node id or name.
+        node: String,
+        /// A non-negative number or `null`.
+        maxthreads: String,
+    },
+    /// The monitoring check (OK, WARNING or CRITICAL).
+    Monitoring,
+}
+
+/// Runs a client verb (everything but `web`) and prints its result.
+pub async fn run(cli: &Cli) -> Result<(), CliError> {
+    let client = Client::new(&cli.url, cli.token.clone())?;
+    let out = match &cli.command {
+        Command::Web { .. } => return Err(CliError::Usage("`web` is served by the binary".into())),
+        Command::Info => Output::new(client.get("/info").await?, pretty),
+        Command::Plugins => Output::new(client.get("/plugins").await?, lines),
+        Command::Queues => Output::new(client.get("/queues").await?, queues_table),
+        Command::CreateQueue {
+            name,
+            plugin,
+            threads,
+            sort,
+        } => {
+            let mut body = json!({"name": name, "plugin": plugin});
+            if let Some(t) = threads {
+                body["threads"] = json!(t);
+            }
+            if let Some(s) = sort {
+                body["sort"] = json!(s);
+            }
+            Output::new(client.post("/queues", &body).await?, |v| {
+                format!("created queue {} ({})\n", cell(&v["name"]), cell(&v["id"]))
+            })
+        }
+        Command::UpdateQueue { queue, pairs } => {
+            let body = queue_fields(pairs)?;
+            let v = client.post(&format!("/queues/{}", encode(queue)), &body).await?;
+            Output::new(v, |v| queues_table(&Value::Array(vec![v.clone()])))
+        }
+        Command::DeleteQueue { queue } => {
+            Output::new(client.delete(&format!("/queues/{}", encode(queue))).await?, |v| {
+                format!("deleted queue {} ({})\n", cell(&v["name"]), cell(&v["id"]))
+            })
+        }
+        Command::CreateTask { queue, pairs } => {
+            let params = task_params(pairs)?;
+            let body = json!({"queue": queue, "params": [params]});
+            Output::new(client.post("/tasks", &body).await?, created)
+        }
+        Command::CreateTasks {
+            collection,
+            queue,
+            tasks: text,
+        } => {
+            let value = read_json(text)?;
+            match collection {
+                Some(c) => {
+                    let Value::Object(mut body) = value else {
+                        return Err(CliError::Usage(
+                            "with --collection the JSON must be an object {\"filter\": {…}, \"params\": {…}}".into(),
+                        ));
+                    };
+                    body.insert("queue".into(), json!(queue));
+                    body.insert("collection".into(), json!(c));
+                    Output::new(client.post("/tasks", &Value::Object(body)).await?, created)
+                }
+                None => {
+                    let Value::Array(list) = value else {
+                        return Err(CliError::Usage(
+                            "the tasks must be a JSON array of params objects".into(),
+                        ));
+                    };
+                    Output::new(create_in_batches(&client, queue, list).await?, created)
+                }
+            }
+        }
+        Command::Tasks { filter } => {
+            let mut q = Vec::new();
+            if let Some(f) = filter {
+                let value: Value = serde_json::from_str(f)
+                    .map_err(|e| CliError::Usage(format!("the filter is not valid JSON: {e}")))?;
+                q.push(format!("filter={}", encode(&value.to_string())));
+            }
+            if let Some(l) = cli.limit {
+                q.push(format!("limit={l}"));
+            }
+            if let Some(s) = cli.skip {
+                q.push(format!("skip={s}"));
+            }
+            if cli.count {
+                q.push("count=1".into());
+            }
+            if let Some(f) = &cli.fields {
+                q.push(format!("fields={}", encode(f)));
+            }
+            let v = client.get(&format!("/tasks?{}", q.join("&"))).await?;
+            if cli.count {
+                Output::new(v, |v| format!("{}\n", cell(&v["count"])))
+            } else {
+                Output::new(v, tasks_table)
+            }
+        }
+        Command::Task { id } => Output::new(client.get(&format!("/tasks/{}?output=1", encode(id))).await?, task_text),
+        Command::Nodes => Output::new(client.get("/nodes").await?, nodes_table),
+        Command::SetMaxthreads { node, maxthreads } => {
+            let value = match maxthreads.as_str() {
+                "null" | "none" => Value::Null,
+                n => json!(n
+                    .parse::<i64>()
+                    .map_err(|_| CliError::Usage(format!("maxthreads must be a number or null, got {n:?}")))?),
+            };
+            let v = client
+                .post(&format!("/nodes/{}", encode(node)), &json!({"maxthreads": value}))
+                .await?;
+            Output::new(v, |v| nodes_table(&Value::Array(vec![v.clone()])))
+        }
+        Command::Monitoring => Output::new(client.get("/monitoring").await?, |v| {
+            let d = &v["disbatch"];
+            format!("{}: {}\n", cell(&d["status"]), cell(&d["message"]))
+        }),
+    };
+    if cli.json {
+        println!("{}", serde_json::to_string_pretty(&out.value).unwrap_or_default());
+    } else {
+        print!("{}", (out.human)(&out.value));
+    }
+    Ok(())
+}
+
+/// A verb's answer and how to show it to a person.
+struct Output {
+    value: Value,
+    human: fn(&Value) -> String,
+}
+
+impl Output {
+    fn new(value: Value, human: fn(&Value) -> String) -> Output {
+        Output { value, human }
+    }
+}
+
+fn pretty(v: &Value) -> String {
+    serde_json::to_string_pretty(v).unwrap_or_default() + "\n"
+}
+
+fn lines(v: &Value) -> String {
+    v.as_array()
+        .map(|a| a.iter().map(|x| cell(x) + "\n").collect())
+        .unwrap_or_default()
+}
+
+fn created(v: &Value) -> String {
+    let ids = v["ids"].as_array().map(Vec::len).unwrap_or(0);
+    let mut s = format!("created {} tasks\n", cell(&v["count"]));
+    if ids == 1 {
+        s.push_str(&format!("{}\n", cell(&v["ids"][0])));
+    }
+    s
+}
+
+fn rows(v: &Value, f: impl Fn(&Value) -> Vec<String>) -> Vec<Vec<String>> {
+    v.as_array().map(|a| a.iter().map(f).collect()).unwrap_or_default()
+}
+
+fn queues_table(v: &Value) -> String {
+    let rows = rows(v, |q| {
+        ["id", "name", "plugin", "threads", "queued", "running", "completed"]
+            .iter()
+            .map(|k| cell(&q[*k]))
+            .collect()
+    });
+    render(
+        &["id", "name", "plugin", "threads", "queued", "running", "completed"],
+        &rows,
+    )
+}
+
+fn nodes_table(v: &Value) -> String {
+    let rows = rows(v, |n| {
+        vec![
+            cell(&n["id"]),
+            cell(&n["node"]),
+            cell(&n["maxthreads"]),
+            format!("{:.0}s", n["age_secs"].as_f64().unwrap_or(0.0)),
+            if n["fresh"] == true { "fresh" } else { "stale" }.into(),
+        ]
+    });
+    render(&["id", "node", "maxthreads", "heartbeat", "state"], &rows)
+}
+
+fn tasks_table(v: &Value) -> String {
+    let rows = rows(v, |t| {
+        vec![
+            cell(&t["id"]),
+            cell(&t["queue"]),
+            format!("{} ({})", cell(&t["status"]), cell(&t["status_name"])),
+            cell(&t["node"]),
+            cell(&t["mtime"]),
+            t.get("params").map(|p| p.to_string()).unwrap_or_default(),
+        ]
+    });
+    render(&["id", "queue", "status", "node", "mtime", "params"], &rows)
+}
+
+fn task_text(t: &Value) -> String {
+    let mut s = String::new();
+    for k in ["id", "queue", "status", "status_name", "node", "ctime", "mtime"] {
+        s.push_str(&format!("{k:<12}{}\n", cell(&t[k])));
+    }
+    s.push_str(&format!("{:<12}{}\n", "params", t["params"]));
+    for k in ["stdout", "stderr"] {
+        s.push_str(&format!("--- {k} ---\n{}", cell(&t[k])));
+        if !s.ends_with('\n') {
+            s.push('\n');
+        }
+    }
+    s
+}
+
+/// `key value …` pairs → a JSON object; each value is JSON when it parses, else a string.
+fn pairs_object(pairs: &[String]) -> Result<Map<String, Value>, CliError> {
+    if !pairs.len().is_multiple_of(2) {
+        return Err(CliError::Usage(format!(
+            "expected pairs of key and value, got an odd number of words: {}",
+            pairs.join(" ")
+        )));
+    }
+    Ok(pairs
+        .chunks(2)
+        .map(|kv| {
+            let v = serde_json::from_str::<Value>(&kv[1]).unwrap_or_else(|_| Value::String(kv[1].clone()));
+            (kv[0].clone(), v)
+        })
+        .collect())
+}
+
+fn task_params(pairs: &[String]) -> Result<Value, CliError> {
+    pairs_object(pairs).map(Value::Object)
+}
+
+/// Queue fields from pairs: `name`, `plugin`, `sort` and `on_orphan` stay strings; `threads`
+/// is a number or null; `sandbox` is JSON.
+fn queue_fields(pairs: &[String]) -> Result<Value, CliError> {
+    let mut m = pairs_object(pairs)?;
+    for kv in pairs.chunks(2) {
+        if matches!(kv[0].as_str(), "name" | "plugin" | "sort" | "on_orphan") {
+            m.insert(kv[0].clone(), Value::String(kv[1].clone()));
+        }
+    }
+    Ok(Value::Object(m))
+}
+
+/// JSON given inline, as `@file`, or `-` for stdin.
+fn read_json(arg: &str) -> Result<Value, CliError> {
+    let text = if arg == "-" {
+        let mut s = String::new();
+        std::io::stdin()
+            .read_to_string(&mut s)
+            .map_err(|e| CliError::Usage(format!("cannot read stdin: {e}")))?;
+        s
+    } else if let Some(path) = arg.strip_prefix('@') {
+        std::fs::read_to_string(path).map_err(|e| CliError::Usage(format!("cannot read {path}: {e}")))?
+    } else {
+        arg.to_owned()
+    };
+    serde_json::from_str(&text).map_err(|e| CliError::Usage(format!("invalid JSON: {e}")))
+}
+
+/// Posts `list` in batches of [`TASK_BATCH`], with a progress bar on a terminal when there
+/// is more than one batch. Answers like one `POST /tasks`.
+async fn create_in_batches(client: &Client, queue: &str, list: Vec<Value>) -> Result<Value, CliError> {
+    if let Some(i) = list.iter().position(|p| !p.is_object()) {
+        return Err(CliError::Usage(format!("task {i} of the list is not a JSON object")));
+    }
+    let bar = (list.len() > TASK_BATCH).then(|| {
+        let bar = indicatif::ProgressBar::new(list.len() as u64);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} tasks {elapsed_precise} eta {eta}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        bar
+    });
+    let mut ids = Vec::with_capacity(list.len());
+    let mut queue_id = Value::Null;
+    for chunk in list.chunks(TASK_BATCH) {
+        let v = client.post("/tasks", &json!({"queue": queue, "params": chunk})).await?;
+        queue_id = v["queue"].clone();
+        ids.extend(v["ids"].as_array().cloned().unwrap_or_default());
+        if let Some(b) = &bar {
+            b.inc(chunk.len() as u64);
+        }
+    }
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    if list.is_empty() {
+        queue_id = json!(queue);
+    }
+    Ok(json!({"queue": queue_id, "count": ids.len(), "ids": ids}))
+}

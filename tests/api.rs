@@ -1,0 +1,594 @@
+//! The REST API in-process (`router(state)` + `oneshot`) against the real test database
+//! server: every route's happy path, bad bodies, bad ids and the bearer token.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{header, Method, Request, StatusCode};
+use axum::Router;
+use bson::{doc, Document};
+use disbatch::api::{router, ApiState, ROUTES};
+use disbatch::store::{OutputValue, Store};
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+use tower::ServiceExt;
+
+use common::TestDb;
+
+const PLUGINS: [&str; 2] = ["demo", "fail"];
+
+async fn setup(hint: &str, tweak: impl FnOnce(&mut ApiState)) -> (TestDb, Router) {
+    let db = common::test_db(hint).await;
+    let mut state = ApiState::new(
+        Arc::new(db.store.clone()),
+        PLUGINS.iter().map(|s| s.to_string()).collect(),
+    );
+    state.documents = Some(Arc::new(db.db.clone()));
+    state.database = Some(db.name.clone());
+    tweak(&mut state);
+    let app = router(state);
+    (db, app)
+}
+
+struct Reply {
+    status: StatusCode,
+    headers: axum::http::HeaderMap,
+    text: String,
+}
+
+impl Reply {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.text).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text))
+    }
+    fn error(&self) -> String {
+        self.json()["error"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no error field: {}", self.text))
+            .to_owned()
+    }
+}
+
+async fn send(app: &Router, method: Method, uri: &str, body: Option<&str>, token: Option<&str>) -> Reply {
+    let mut req = Request::builder().method(method).uri(uri);
+    if body.is_some() {
+        req = req.header(header::CONTENT_TYPE, "application/json");
+    }
+    if let Some(t) = token {
+        req = req.header(header::AUTHORIZATION, format!("Bearer {t}"));
+    }
+    let req = req.body(Body::from(body.unwrap_or_default().to_owned())).unwrap();
+    let resp = app.clone().oneshot(req).await.unwrap();
+    let status = resp.status();
+    let headers = resp.headers().clone();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    Reply {
+        status,
+        headers,
+        text: String::from_utf8_lossy(&bytes).into_owned(),
+    }
+}
+
+async fn get(app: &Router, uri: &str) -> Reply {
+    send(app, Method::GET, uri, None, None).await
+}
+
+async fn post(app: &Router, uri: &str, body: Value) -> Reply {
+    send(app, Method::POST, uri, Some(&body.to_string()), None).await
+}
+
+fn assert_bad(r: &Reply, mentions: &str) {
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text);
+    assert!(
+        r.error().contains(mentions),
+        "error {:?} should mention {mentions:?}",
+        r.error()
+    );
+}
+
+#[tokio::test]
+async fn queues_create_read_update_delete() {
+    let (_db, app) = setup("api_queues", |_| {}).await;
+    let r = post(
+        &app,
+        "/queues",
+        json!({"name": "q1", "plugin": "demo", "threads": 2, "sort": "fifo"}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let created = r.json();
+    let id = created["id"].as_str().unwrap().to_owned();
+    assert_eq!(created["name"], "q1");
+    assert_eq!(created["threads"], 2);
+
+    for key in [id.as_str(), "q1"] {
+        let q = get(&app, &format!("/queues/{key}")).await.json();
+        assert_eq!(q["id"], id.as_str());
+        for k in ["plugin", "name", "threads", "queued", "running", "completed"] {
+            assert!(q.get(k).is_some(), "missing {k} in {q}");
+        }
+    }
+    let list = get(&app, "/queues").await.json();
+    assert_eq!(list.as_array().unwrap().len(), 1);
+
+    let r = post(&app, "/queues/q1", json!({"threads": 5, "plugin": "fail"})).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(r.json()["threads"], 5);
+    assert_eq!(r.json()["plugin"], "fail");
+    let r = post(&app, &format!("/queues/{id}"), json!({"threads": null, "name": "q2"})).await;
+    assert_eq!(r.json()["threads"], Value::Null);
+    assert_eq!(r.json()["name"], "q2");
+    let r = post(
+        &app,
+        "/queues/q2",
+        json!({"sandbox": {"timeout": "5s", "memory_mib": 64}, "on_orphan": "requeue"}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(r.json()["on_orphan"], "requeue");
+    assert_eq!(r.json()["sandbox"]["memory_mib"], 64);
+
+    let r = send(&app, Method::DELETE, "/queues/q2", None, None).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(r.json()["deleted"], true);
+    assert_eq!(get(&app, "/queues/q2").await.status, StatusCode::NOT_FOUND);
+    assert_eq!(get(&app, &format!("/queues/{id}")).await.status, StatusCode::NOT_FOUND);
+    let r = send(&app, Method::DELETE, "/queues/q2", None, None).await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    assert!(r.error().contains("q2"));
+}
+
+#[tokio::test]
+async fn queue_bad_bodies_are_400_naming_the_field() {
+    let (_db, app) = setup("api_queue_bad", |_| {}).await;
+    assert_bad(&post(&app, "/queues", json!({"plugin": "demo"})).await, "\"name\"");
+    assert_bad(&post(&app, "/queues", json!({"name": "x"})).await, "\"plugin\"");
+    assert_bad(
+        &post(&app, "/queues", json!({"name": "x", "plugin": "nope"})).await,
+        "not an allowed plugin",
+    );
+    assert_bad(
+        &post(&app, "/queues", json!({"name": "x", "plugin": "../demo"})).await,
+        "\"plugin\"",
+    );
+    assert_bad(
+        &post(&app, "/queues", json!({"name": "x", "plugin": "demo", "threads": -1})).await,
+        "\"threads\"",
+    );
+    assert_bad(
+        &post(
+            &app,
+            "/queues",
+            json!({"name": "x", "plugin": "demo", "threads": "many"}),
+        )
+        .await,
+        "\"threads\"",
+    );
+    assert_bad(
+        &post(
+            &app,
+            "/queues",
+            json!({"name": "x", "plugin": "demo", "sort": "random"}),
+        )
+        .await,
+        "\"sort\"",
+    );
+    assert_bad(
+        &post(&app, "/queues", json!({"name": "x", "plugin": "demo", "bogus": 1})).await,
+        "\"bogus\"",
+    );
+    assert_bad(
+        &post(
+            &app,
+            "/queues",
+            json!({"name": "x", "plugin": "demo", "sandbox": {"cpu": 1}}),
+        )
+        .await,
+        "\"sandbox\"",
+    );
+    assert_bad(
+        &post(&app, "/queues", json!({"name": "", "plugin": "demo"})).await,
+        "\"name\"",
+    );
+    assert_bad(&post(&app, "/queues", json!(["name"])).await, "JSON object");
+    assert_bad(
+        &send(&app, Method::POST, "/queues", Some("{not json"), None).await,
+        "not valid JSON",
+    );
+    assert_bad(&send(&app, Method::POST, "/queues", Some(""), None).await, "empty");
+
+    assert_eq!(
+        post(&app, "/queues", json!({"name": "x", "plugin": "demo"}))
+            .await
+            .status,
+        StatusCode::OK
+    );
+    assert_bad(
+        &post(&app, "/queues", json!({"name": "x", "plugin": "demo"})).await,
+        "already exists",
+    );
+    assert_bad(&post(&app, "/queues/x", json!({})).await, "nothing to change");
+    assert_bad(&post(&app, "/queues/x", json!({"threads": 1.5})).await, "\"threads\"");
+    assert_eq!(
+        post(&app, "/queues/nope", json!({"threads": 1})).await.status,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        get(&app, "/queues/0123456789abcdef01234567").await.status,
+        StatusCode::NOT_FOUND
+    );
+}
+
+#[tokio::test]
+async fn tasks_from_params_search_and_read_back() {
+    let (db, app) = setup("api_tasks", |_| {}).await;
+    post(&app, "/queues", json!({"name": "work", "plugin": "demo", "threads": 1})).await;
+    let r = post(
+        &app,
+        "/tasks",
+        json!({"queue": "work", "params": [{"n": 1}, {"n": 2}, {"n": 3}]}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let ids: Vec<String> = serde_json::from_value(r.json()["ids"].clone()).unwrap();
+    assert_eq!(ids.len(), 3);
+    assert_eq!(r.json()["count"], 3);
+
+    assert_bad(&get(&app, "/tasks").await, "unbounded");
+    let all = get(&app, "/tasks?limit=10").await.json();
+    assert_eq!(all.as_array().unwrap().len(), 3);
+    let by_queue = get(&app, "/tasks?queue=work&status=-2").await.json();
+    assert_eq!(by_queue.as_array().unwrap().len(), 3);
+    assert_eq!(by_queue[0]["status"], -2);
+    assert_eq!(by_queue[0]["node"], Value::Null);
+    assert!(by_queue[0]["_id"]["$oid"].is_string());
+    assert!(by_queue[0]["ctime"]["$date"].is_string());
+    let page = get(&app, "/tasks?queue=work&limit=1&skip=1").await.json();
+    assert_eq!(page.as_array().unwrap().len(), 1);
+    assert_eq!(get(&app, "/tasks?queue=work&count=1").await.json()["count"], 3);
+    let filtered = get(
+        &app,
+        &format!("/tasks?filter={}", urlencode(r#"{"status":[-2],"node":null}"#)),
+    )
+    .await;
+    assert_eq!(filtered.json().as_array().unwrap().len(), 3, "{}", filtered.text);
+    let terse = get(&app, "/tasks?queue=work&fields=status&epoch=1").await.json();
+    assert_eq!(terse[0].as_object().unwrap().len(), 3, "{terse}");
+    assert_bad(&get(&app, "/tasks?params.n=1").await, "indexed");
+    assert_bad(&get(&app, "/tasks?status=queued").await, "\"status\"");
+    assert_bad(&get(&app, "/tasks?limit=ten").await, "\"limit\"");
+    assert_bad(&get(&app, "/tasks?limit=1000000").await, "\"limit\"");
+    assert_bad(&get(&app, "/tasks?filter=%7B").await, "\"filter\"");
+    assert_eq!(get(&app, "/tasks?queue=nosuch").await.status, StatusCode::NOT_FOUND);
+
+    let one = get(&app, &format!("/tasks/{}", ids[0])).await;
+    assert_eq!(one.status, StatusCode::OK);
+    assert_eq!(one.json()["params"]["n"], 1);
+    assert_bad(&get(&app, "/tasks/not-an-id").await, "invalid task id");
+    assert_eq!(
+        get(&app, "/tasks/0123456789abcdef01234567").await.status,
+        StatusCode::NOT_FOUND
+    );
+
+    // Run one by hand with stdout in GridFS, and read it back resolved.
+    let queue = db.store.queues().await.unwrap().remove(0);
+    let task = db.store.claim(&queue, "n1").await.unwrap().unwrap();
+    assert!(db.store.start(task.id, "n1").await.unwrap());
+    let big = "line\n".repeat(100_000);
+    let file = db.store.write_output_file(task.id, "stdout", &big).await.unwrap();
+    let done = db
+        .store
+        .finish(
+            task.id,
+            "n1",
+            1,
+            OutputValue::File(file),
+            OutputValue::Inline("warn".into()),
+        )
+        .await
+        .unwrap();
+    assert!(done);
+    let raw = get(&app, &format!("/tasks/{}", task.id.to_hex())).await.json();
+    assert_eq!(raw["stdout"]["$oid"], file.to_hex());
+    let resolved = get(&app, &format!("/tasks/{}?output=1", task.id.to_hex())).await.json();
+    assert_eq!(resolved["stdout"].as_str().unwrap(), big);
+    assert_eq!(resolved["stderr"], "warn");
+    assert_eq!(resolved["status"], 1);
+    let q = get(&app, "/queues/work").await.json();
+    assert_eq!(
+        (q["queued"].as_u64(), q["completed"].as_u64()),
+        (Some(2), Some(1)),
+        "{q}"
+    );
+    assert_eq!(get(&app, "/tasks?node=n1").await.json().as_array().unwrap().len(), 1);
+}
+
+fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'_' | b'.' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn task_bad_bodies() {
+    let (_db, app) = setup("api_task_bad", |_| {}).await;
+    post(&app, "/queues", json!({"name": "w", "plugin": "demo"})).await;
+    assert_bad(&post(&app, "/tasks", json!({"params": [{}]})).await, "\"queue\"");
+    assert_bad(&post(&app, "/tasks", json!({"queue": "w"})).await, "\"params\"");
+    assert_bad(
+        &post(&app, "/tasks", json!({"queue": "w", "params": {"a": 1}})).await,
+        "\"params\"",
+    );
+    assert_bad(
+        &post(&app, "/tasks", json!({"queue": "w", "params": [{}, 3]})).await,
+        "params[1]",
+    );
+    assert_bad(
+        &post(&app, "/tasks", json!({"queue": "w", "params": [], "x": 1})).await,
+        "\"x\"",
+    );
+    assert_bad(
+        &post(&app, "/tasks", json!({"queue": "w", "filter": {}, "params": []})).await,
+        "\"collection\"",
+    );
+    let r = post(&app, "/tasks", json!({"queue": "nope", "params": [{}]})).await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn tasks_from_a_collection() {
+    let (db, app) = setup("api_tasks_coll", |_| {}).await;
+    post(&app, "/queues", json!({"name": "users", "plugin": "demo"})).await;
+    let users: Vec<Document> = (0..5)
+        .map(|i| doc! {"name": format!("u{i}"), "age": 20 + i, "addr": {"city": format!("c{i}")}})
+        .collect();
+    db.db.collection::<Document>("people").insert_many(users).await.unwrap();
+    let r = post(
+        &app,
+        "/tasks",
+        json!({"queue": "users", "collection": "people", "filter": {"age": {"$gte": 22}},
+               "params": {"user": "document.name", "city": "document.addr.city", "kind": "greeting"}}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(r.json()["count"], 3);
+    let tasks = get(&app, "/tasks?queue=users").await.json();
+    let mut got: Vec<(String, String)> = tasks
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            assert_eq!(t["params"]["kind"], "greeting");
+            (
+                t["params"]["user"].as_str().unwrap().to_owned(),
+                t["params"]["city"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    got.sort();
+    assert_eq!(
+        got,
+        vec![
+            ("u2".into(), "c2".into()),
+            ("u3".into(), "c3".into()),
+            ("u4".into(), "c4".into())
+        ]
+    );
+
+    let r = post(
+        &app,
+        "/tasks",
+        json!({"queue": "users", "collection": "people", "filter": {"$where": "1"}, "params": {}}),
+    )
+    .await;
+    assert_bad(&r, "$where");
+    assert_bad(
+        &post(
+            &app,
+            "/tasks",
+            json!({"queue": "users", "collection": "", "params": {}}),
+        )
+        .await,
+        "\"collection\"",
+    );
+    assert_bad(
+        &post(
+            &app,
+            "/tasks",
+            json!({"queue": "users", "collection": "people", "params": ["x"]}),
+        )
+        .await,
+        "\"params\"",
+    );
+}
+
+#[tokio::test]
+async fn collection_form_refused_without_a_document_source() {
+    let (_db, app) = setup("api_no_source", |s| s.documents = None).await;
+    post(&app, "/queues", json!({"name": "q", "plugin": "demo"})).await;
+    let r = post(
+        &app,
+        "/tasks",
+        json!({"queue": "q", "collection": "c", "filter": {}, "params": {}}),
+    )
+    .await;
+    assert_bad(&r, "\"collection\"");
+}
+
+#[tokio::test]
+async fn nodes_and_maxthreads() {
+    let (db, app) = setup("api_nodes", |_| {}).await;
+    let node = db.store.heartbeat("n1", Duration::from_secs(30)).await.unwrap();
+    let list = get(&app, "/nodes").await.json();
+    assert_eq!(list[0]["node"], "n1");
+    assert_eq!(list[0]["fresh"], true);
+    assert_eq!(
+        get(&app, &format!("/nodes/{}", node.id.to_hex())).await.json()["node"],
+        "n1"
+    );
+    let r = post(&app, "/nodes/n1", json!({"maxthreads": 3})).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(r.json()["maxthreads"], 3);
+    assert_eq!(get(&app, "/nodes/n1").await.json()["maxthreads"], 3);
+    let r = post(&app, "/nodes/n1", json!({"maxthreads": null})).await;
+    assert_eq!(r.json()["maxthreads"], Value::Null);
+    assert_bad(
+        &post(&app, "/nodes/n1", json!({"maxthreads": "x"})).await,
+        "\"maxthreads\"",
+    );
+    assert_bad(
+        &post(&app, "/nodes/n1", json!({"maxthreads": -2})).await,
+        "\"maxthreads\"",
+    );
+    assert_bad(&post(&app, "/nodes/n1", json!({})).await, "\"maxthreads\"");
+    assert_bad(
+        &post(&app, "/nodes/n1", json!({"maxthreads": 1, "x": 1})).await,
+        "\"x\"",
+    );
+    assert_eq!(
+        post(&app, "/nodes/n9", json!({"maxthreads": 1})).await.status,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(get(&app, "/nodes/n9").await.status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn monitoring_fresh_and_stale() {
+    let (db, app) = setup("api_monitoring", |_| {}).await;
+    let m = get(&app, "/monitoring").await.json();
+    assert_eq!(m["disbatch"]["status"], "CRITICAL", "{m}");
+    db.store.heartbeat("alive", Duration::from_secs(30)).await.unwrap();
+    let m = get(&app, "/monitoring").await.json();
+    assert_eq!(m["disbatch"]["status"], "OK", "{m}");
+    assert_eq!(m["disbatch"]["nodes"]["fresh"], json!(["alive"]));
+    let old = bson::DateTime::from_millis(bson::DateTime::now().timestamp_millis() - 120_000);
+    db.db
+        .collection::<Document>("nodes")
+        .insert_one(doc! {"node": "dead", "timestamp": old, "maxthreads": null})
+        .await
+        .unwrap();
+    let m = get(&app, "/monitoring").await.json();
+    assert_eq!(m["disbatch"]["status"], "WARNING", "{m}");
+    assert_eq!(m["disbatch"]["nodes"]["stale"], json!(["dead"]));
+    assert!(m["disbatch"]["message"].as_str().unwrap().contains("dead"));
+}
+
+#[tokio::test]
+async fn metrics_info_plugins_and_ui() {
+    let (db, app) = setup("api_metrics", |_| {}).await;
+    post(&app, "/queues", json!({"name": "m\"q", "plugin": "demo", "threads": 2})).await;
+    post(&app, "/tasks", json!({"queue": "m\"q", "params": [{}, {}]})).await;
+    db.store.heartbeat("n1", Duration::from_secs(30)).await.unwrap();
+    let r = get(&app, "/metrics").await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert!(r.headers[header::CONTENT_TYPE]
+        .to_str()
+        .unwrap()
+        .starts_with("text/plain"));
+    assert!(r.text.contains("disbatch_tasks{queue=\"m\\\"q\","), "{}", r.text);
+    assert!(r.text.contains("status=\"queued\",code=\"-2\"} 2"), "{}", r.text);
+    assert!(r.text.contains("disbatch_node_running{node=\"n1\"} 0"), "{}", r.text);
+    assert!(
+        r.text.contains("disbatch_queue_threads{queue=\"m\\\"q\"} 2"),
+        "{}",
+        r.text
+    );
+
+    let info = get(&app, "/info").await.json();
+    assert_eq!(info["database"], db.name.as_str());
+    assert_eq!(info["token_required"], false);
+    assert_eq!(get(&app, "/plugins").await.json(), json!(PLUGINS));
+    let ui = get(&app, "/").await;
+    assert_eq!(ui.status, StatusCode::OK);
+    assert!(ui.text.contains("<html") || ui.text.contains("<!doctype html>"));
+    assert_eq!(get(&app, "/ui/app.js").await.status, StatusCode::OK);
+    let r = get(&app, "/no/such/route").await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    assert!(r.error().contains("no route"));
+    let r = send(&app, Method::PUT, "/queues", Some("{}"), None).await;
+    assert_eq!(r.status, StatusCode::METHOD_NOT_ALLOWED);
+}
+
+#[tokio::test]
+async fn token_guards_every_write() {
+    let (_db, app) = setup("api_auth", |s| s.api_token = Some("s3cret".into())).await;
+    let body = json!({"name": "q", "plugin": "demo"}).to_string();
+    let r = send(&app, Method::POST, "/queues", Some(&body), None).await;
+    assert_eq!(r.status, StatusCode::UNAUTHORIZED);
+    assert!(r.error().contains("token"));
+    assert_eq!(r.headers[header::WWW_AUTHENTICATE], "Bearer");
+    let r = send(&app, Method::POST, "/queues", Some(&body), Some("wrong")).await;
+    assert_eq!(r.status, StatusCode::UNAUTHORIZED);
+    let r = send(&app, Method::POST, "/queues", Some(&body), Some("s3cret")).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    for (method, uri) in [
+        (Method::POST, "/queues/q"),
+        (Method::DELETE, "/queues/q"),
+        (Method::POST, "/tasks"),
+        (Method::POST, "/nodes/n1"),
+    ] {
+        let r = send(&app, method.clone(), uri, Some("{}"), None).await;
+        assert_eq!(r.status, StatusCode::UNAUTHORIZED, "{method} {uri}");
+    }
+    assert_eq!(get(&app, "/queues").await.status, StatusCode::OK);
+    assert_eq!(get(&app, "/info").await.json()["token_required"], true);
+}
+
+#[tokio::test]
+async fn body_limit_and_cors() {
+    let (_db, app) = setup("api_limits", |s| s.body_limit = 1024).await;
+    let big = json!({"name": "x".repeat(4096), "plugin": "demo"}).to_string();
+    let r = send(&app, Method::POST, "/queues", Some(&big), None).await;
+    assert_eq!(r.status, StatusCode::PAYLOAD_TOO_LARGE, "{}", r.text);
+    assert!(r.error().contains("limit"));
+
+    let req = Request::get("/queues")
+        .header(header::ORIGIN, "http://evil.example")
+        .body(Body::empty())
+        .unwrap();
+    let resp = app.clone().oneshot(req).await.unwrap();
+    assert!(resp.headers().get(header::ACCESS_CONTROL_ALLOW_ORIGIN).is_none());
+
+    let (_db2, app) = setup("api_cors", |s| s.cors_origins = vec!["http://ui.example".into()]).await;
+    let req = Request::get("/queues")
+        .header(header::ORIGIN, "http://ui.example")
+        .body(Body::empty())
+        .unwrap();
+    let resp = app.oneshot(req).await.unwrap();
+    assert_eq!(resp.headers()[header::ACCESS_CONTROL_ALLOW_ORIGIN], "http://ui.example");
+}
+
+#[tokio::test]
+async fn openapi_matches_the_routes() {
+    let (_db, app) = setup("api_openapi", |_| {}).await;
+    let doc = get(&app, "/openapi.json").await.json();
+    assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
+    let mut documented = Vec::new();
+    for (path, ops) in doc["paths"].as_object().unwrap() {
+        for method in ops.as_object().unwrap().keys() {
+            if method != "parameters" {
+                documented.push((method.to_uppercase(), path.clone()));
+            }
+        }
+    }
+    documented.sort();
+    let mut routes: Vec<(String, String)> = ROUTES.iter().map(|(m, p)| (m.to_string(), p.to_string())).collect();
+    routes.sort();
+    assert_eq!(documented, routes, "the OpenAPI paths and the router's routes differ");
+    for (method, path) in &routes {
+        let uri = path
+            .replace("{node}", "n")
+            .replace("{queue}", "q")
+            .replace("{id}", "0123456789abcdef01234567");
+        let body = (method != "GET").then_some("{}");
+        let r = send(&app, method.parse().unwrap(), &uri, body, None).await;
+        assert_ne!(r.status, StatusCode::METHOD_NOT_ALLOWED, "{method} {uri}");
+        assert!(!r.text.contains("no route"), "{method} {uri} is not routed: {}", r.text);
+        assert!(!r.status.is_server_error(), "{method} {uri}: {}", r.text);
+    }
+}

@@ -1,0 +1,165 @@
+//! The web UI in Debian's headless Chromium, driven by playwright-core (npm): create a
+//! queue, edit its threads, edit a node's maxthreads and open a finished task's
+//! GridFS-backed output. Screenshots are saved under `target/browser-artifacts/`.
+//!
+//! Needs `/usr/bin/chromium` (`apt-get install -y chromium`) and npm; playwright-core is
+//! installed by the test into `target/browser-test/` from `tests/browser/package-lock.json`.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use disbatch::model::Sort;
+use disbatch::store::{NewQueue, OutputValue, Store};
+use serde_json::json;
+
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target"))
+}
+
+fn chromium() -> PathBuf {
+    let path = std::env::var_os("CHROMIUM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/usr/bin/chromium"));
+    assert!(
+        path.is_file(),
+        "Chromium is missing at {}: install it with `apt-get update && apt-get install -y chromium` \
+         (or set CHROMIUM to its path)",
+        path.display()
+    );
+    path
+}
+
+/// `target/browser-test/` with the driver script and playwright-core installed.
+fn driver_dir() -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser");
+    let dir = target_dir().join("browser-test");
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["package.json", "package-lock.json", "ui.mjs"] {
+        std::fs::copy(src.join(f), dir.join(f)).unwrap_or_else(|e| panic!("copy tests/browser/{f}: {e}"));
+    }
+    if !dir.join("node_modules/playwright-core/package.json").is_file() {
+        let status = Command::new("npm")
+            .args(["ci", "--no-audit", "--no-fund"])
+            .current_dir(&dir)
+            .status();
+        assert!(
+            matches!(status, Ok(s) if s.success()),
+            "installing playwright-core failed ({status:?}); run `npm ci --prefix {}` (needs Node.js and npm)",
+            dir.display()
+        );
+    }
+    dir
+}
+
+struct Web(Child);
+
+impl Drop for Web {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test]
+async fn ui_creates_a_queue_edits_limits_and_shows_output() {
+    let chromium = chromium();
+    let driver = driver_dir();
+    let db = common::test_db("browser_ui").await;
+
+    db.store.heartbeat("ui-node", Duration::from_secs(30)).await.unwrap();
+    let queue = db
+        .store
+        .create_queue(NewQueue {
+            name: "done-q".into(),
+            plugin: "demo".into(),
+            threads: Some(1),
+            sort: Sort::Fifo,
+            extra: bson::Document::new(),
+        })
+        .await
+        .unwrap();
+    let ids = db
+        .store
+        .create_tasks(queue.id, vec![bson::doc! {"message": "shown in the browser"}])
+        .await
+        .unwrap();
+    let task = db.store.claim(&queue, "ui-node").await.unwrap().unwrap();
+    assert_eq!(task.id, ids[0]);
+    assert!(db.store.start(task.id, "ui-node").await.unwrap());
+    let stdout = "shown in the browser\n".repeat(20_000);
+    let file = db.store.write_output_file(task.id, "stdout", &stdout).await.unwrap();
+    assert!(db
+        .store
+        .finish(
+            task.id,
+            "ui-node",
+            1,
+            OutputValue::File(file),
+            OutputValue::Inline(String::new())
+        )
+        .await
+        .unwrap());
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("web.json");
+    let body = json!({"mongohost": db.uri, "database": db.name, "plugins": ["demo", "fail"],
+        "plugin_dir": dir.path()});
+    std::fs::write(&config, body.to_string()).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_disbatch"))
+        .args(["web", "--bind", "127.0.0.1:0", "--config"])
+        .arg(&config)
+        .env_remove("DISBATCH_API_TOKEN")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start disbatch web");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let _web = Web(child);
+    let url = line
+        .trim()
+        .strip_prefix("disbatch web: listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .trim_end_matches('/')
+        .to_owned();
+
+    let artifacts = target_dir().join("browser-artifacts");
+    let _ = std::fs::remove_dir_all(&artifacts);
+    std::fs::create_dir_all(&artifacts).unwrap();
+    let out = tokio::process::Command::new("node")
+        .arg(driver.join("ui.mjs"))
+        .args([&url, &task.id.to_hex(), "shown in the browser"])
+        .arg(&artifacts)
+        .env("CHROMIUM", &chromium)
+        .current_dir(&driver)
+        .output()
+        .await
+        .expect("run node (install Node.js)");
+    assert!(
+        out.status.success(),
+        "the browser script failed (screenshots in {}):\n{}\n{}",
+        artifacts.display(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let queues = db.store.queues().await.unwrap();
+    let created = queues
+        .iter()
+        .find(|q| q.name == "browser-q")
+        .expect("queue created by the UI");
+    assert_eq!(created.threads, Some(7));
+    assert_eq!(created.plugin, "demo");
+    let nodes = db.store.nodes().await.unwrap();
+    assert_eq!(nodes[0].maxthreads, Some(3));
+    let shots = std::fs::read_dir(&artifacts).unwrap().count();
+    assert!(shots >= 5, "expected screenshots in {}", artifacts.display());
+}

@@ -1,0 +1,81 @@
+// Drives the Disbatch web UI in headless Chromium: creates a queue, edits its threads,
+// edits a node's maxthreads and opens a finished task's output. Screenshots go to OUT_DIR.
+// Usage: node ui.mjs <base-url> <finished-task-id> <expected-stdout-snippet> <out-dir>
+import { chromium } from "playwright-core";
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+
+const [base, taskId, expected, outDir] = process.argv.slice(2);
+const profile = mkdtempSync(join(tmpdir(), "disbatch-chromium-"));
+const context = await chromium.launchPersistentContext(profile, {
+  executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
+  headless: true,
+  args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+  viewport: { width: 1280, height: 800 },
+});
+const page = context.pages()[0] || (await context.newPage());
+const errors = [];
+page.on("pageerror", (e) => errors.push(String(e)));
+let step = 0;
+const shot = (name) => page.screenshot({ path: join(outDir, `${String(++step).padStart(2, "0")}-${name}.png`), fullPage: true });
+const api = async (path) => (await fetch(base + path)).json();
+
+try {
+  await page.goto(base + "/");
+  await page.waitForSelector("#queues");
+  await shot("queues");
+
+  await page.click("#new-queue");
+  await page.fill("#new-queue-name", "browser-q");
+  await page.selectOption("#new-queue-plugin", "demo");
+  await page.fill("#new-queue-threads", "1");
+  await shot("new-queue-dialog");
+  await page.click("#new-queue-create");
+  await page.waitForSelector('tr[data-queue="browser-q"]');
+  const created = await api("/queues/browser-q");
+  if (created.plugin !== "demo" || created.threads !== 1) throw new Error("queue not created as asked: " + JSON.stringify(created));
+
+  const threads = page.locator('tr[data-queue="browser-q"] .edit-threads');
+  await threads.fill("7");
+  await threads.press("Enter");
+  await threads.blur();
+  await page.waitForFunction(() => document.querySelector("#message").textContent.includes("threads set to 7"));
+  const edited = await api("/queues/browser-q");
+  if (edited.threads !== 7) throw new Error("threads not saved: " + JSON.stringify(edited));
+  await page.waitForSelector('tr[data-queue="browser-q"] .edit-threads[value="7"]');
+  await shot("threads-edited");
+
+  await page.click("#nav-nodes");
+  await page.waitForSelector("#nodes");
+  const maxthreads = page.locator(".edit-maxthreads").first();
+  await maxthreads.fill("3");
+  await maxthreads.press("Enter");
+  await maxthreads.blur();
+  await page.waitForFunction(() => document.querySelector("#message").textContent.includes("maxthreads set to 3"));
+  await shot("nodes");
+
+  await page.click("#nav-tasks");
+  await page.waitForSelector("#task-search");
+  await page.selectOption("#search-queue", "done-q");
+  await page.click('#task-search button[type="submit"]');
+  await page.waitForSelector(`a.task-link[href="#/task/${taskId}"]`);
+  await shot("task-search");
+  await page.click(`a.task-link[href="#/task/${taskId}"]`);
+  await page.waitForSelector("#task-stdout");
+  const stdout = await page.textContent("#task-stdout");
+  if (!stdout.includes(expected)) throw new Error("task stdout does not show the output: " + stdout.slice(0, 200));
+  const status = await page.textContent("#task-status");
+  if (!status.includes("succeeded")) throw new Error("task status shown as " + status);
+  await shot("task-output");
+  if (errors.length) throw new Error("page errors: " + errors.join("; "));
+  console.log(JSON.stringify({ ok: true, screenshots: step }));
+} catch (e) {
+  await shot("failure").catch(() => {});
+  console.error(String(e && e.stack || e));
+  process.exitCode = 1;
+} finally {
+  await context.close();
+  rmSync(profile, { recursive: true, force: true });
+}

@@ -1,0 +1,247 @@
+//! The `disbatch` binary: `disbatch web` as a real process on a test database, and every
+//! client verb run as a process against it (tables, `--json`, errors and exit codes).
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use bson::{doc, Document};
+use disbatch::store::Store;
+use serde_json::{json, Value};
+
+/// A `disbatch web` process; killed when dropped.
+struct Web {
+    child: Child,
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Web {
+    fn start(uri: &str, db: &str, extra: Value) -> Web {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = json!({"mongohost": uri, "database": db, "plugins": ["demo", "fail"],
+            "plugin_dir": dir.path()});
+        for (k, v) in extra.as_object().unwrap() {
+            config[k] = v.clone();
+        }
+        let path = dir.path().join("web.json");
+        std::fs::write(&path, config.to_string()).unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_disbatch"))
+            .args(["web", "--bind", "127.0.0.1:0", "--config"])
+            .arg(&path)
+            .env_remove("DISBATCH_API_TOKEN")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start disbatch web");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let url = line
+            .trim()
+            .strip_prefix("disbatch web: listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .trim_end_matches('/')
+            .to_owned();
+        Web { child, url, _dir: dir }
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.run_with(args, None, &[])
+    }
+
+    fn run_with(&self, args: &[&str], stdin: Option<&str>, env: &[(&str, &str)]) -> Output {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_disbatch"));
+        cmd.args(args)
+            .env("DISBATCH_URL", &self.url)
+            .env_remove("DISBATCH_TOKEN")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().unwrap();
+        let mut pipe = child.stdin.take().unwrap();
+        if let Some(s) = stdin {
+            pipe.write_all(s.as_bytes()).unwrap();
+        }
+        drop(pipe);
+        child.wait_with_output().unwrap()
+    }
+
+    /// Runs a verb that must succeed; returns stdout.
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert!(
+            out.status.success(),
+            "disbatch {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// Runs a verb with `--json` that must succeed; returns the JSON.
+    fn json(&self, args: &[&str]) -> Value {
+        let mut all = vec!["--json"];
+        all.extend_from_slice(args);
+        serde_json::from_str(&self.ok(&all)).unwrap()
+    }
+}
+
+impl Drop for Web {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[tokio::test]
+async fn queues_tasks_and_nodes_through_the_cli() {
+    let db = common::test_db("cli_flow").await;
+    let web = Web::start(&db.uri, &db.name, json!({}));
+
+    assert_eq!(web.ok(&["plugins"]), "demo\nfail\n");
+    let q = web.json(&["create-queue", "jobs", "demo", "--threads", "2"]);
+    assert_eq!(q["name"], "jobs");
+    let table = web.ok(&["queues"]);
+    assert!(table.starts_with("ID"), "{table}");
+    assert!(table.contains("jobs") && table.contains("demo"), "{table}");
+    assert_eq!(web.ok(&["status"]), table);
+    let q = web.json(&["update-queue", "jobs", "threads", "4", "sort", "lifo"]);
+    assert_eq!((q["threads"].as_i64(), q["sort"].as_str()), (Some(4), Some("lifo")));
+
+    let t = web.json(&["create-task", "jobs", "message", "hi", "repeat", "2"]);
+    assert_eq!(t["count"], 1);
+    let id = t["ids"][0].as_str().unwrap().to_owned();
+    let task = web.json(&["task", &id]);
+    assert_eq!(task["params"], json!({"message": "hi", "repeat": 2}));
+    assert!(web.ok(&["task", &id]).contains("status_name queued"));
+
+    let t = web.json(&["create-tasks", "jobs", r#"[{"n":1},{"n":2}]"#]);
+    assert_eq!(t["count"], 2);
+    let list: Vec<Value> = (0..2500).map(|n| json!({ "n": n })).collect();
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), serde_json::to_string(&list).unwrap()).unwrap();
+    let t = web.json(&["create-tasks", "jobs", &format!("@{}", file.path().display())]);
+    assert_eq!(t["count"], 2500);
+    let out = web.run_with(&["create-tasks", "jobs", "-"], Some(r#"[{"from":"stdin"}]"#), &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("created 1 tasks"));
+
+    db.db
+        .collection::<Document>("people")
+        .insert_many([doc! {"name": "ann"}, doc! {"name": "bob"}])
+        .await
+        .unwrap();
+    let t = web.json(&[
+        "create-tasks",
+        "--collection",
+        "people",
+        "jobs",
+        r#"{"filter":{"name":"bob"},"params":{"who":"document.name"}}"#,
+    ]);
+    assert_eq!(t["count"], 1);
+
+    assert_eq!(web.ok(&["--count", "tasks", r#"{"queue":"jobs"}"#]).trim(), "2505");
+    let page = web.json(&[
+        "--limit",
+        "3",
+        "--skip",
+        "1",
+        "tasks",
+        r#"{"queue":"jobs","status":-2}"#,
+    ]);
+    assert_eq!(page.as_array().unwrap().len(), 3);
+    let newest = web.json(&["--limit", "1", "tasks", r#"{"queue":"jobs"}"#]);
+    assert_eq!(newest[0]["params"]["who"], "bob");
+    let table = web.ok(&["--limit", "2", "tasks"]);
+    assert_eq!(table.lines().count(), 3, "{table}");
+
+    db.store.heartbeat("node-a", Duration::from_secs(30)).await.unwrap();
+    let nodes = web.ok(&["nodes"]);
+    assert!(nodes.contains("node-a") && nodes.contains("fresh"), "{nodes}");
+    let n = web.json(&["set-maxthreads", "node-a", "3"]);
+    assert_eq!(n["maxthreads"], 3);
+    let n = web.json(&["set-maxthreads", "node-a", "null"]);
+    assert_eq!(n["maxthreads"], Value::Null);
+    assert!(web.ok(&["monitoring"]).starts_with("OK"));
+
+    assert!(web.ok(&["delete-queue", "jobs"]).contains("deleted queue jobs"));
+    assert!(!web.ok(&["queues"]).contains("jobs"));
+}
+
+#[tokio::test]
+async fn errors_and_exit_codes() {
+    let db = common::test_db("cli_errors").await;
+    let web = Web::start(&db.uri, &db.name, json!({}));
+
+    let out = web.run(&["create-queue", "q", "nope"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("not an allowed plugin"), "{}", stderr(&out));
+    assert!(stderr(&out).contains("HTTP 400"));
+    let out = web.run(&["task", "0123456789abcdef01234567"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("HTTP 404"));
+    let out = web.run(&["tasks"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("unbounded"));
+    let out = web.run(&["create-tasks", "q", "[not json"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("invalid JSON"));
+    let out = web.run(&["create-tasks", "q", "@/no/such/file.json"]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = web.run(&["update-queue", "q", "threads"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let out = web.run(&["set-maxthreads", "n", "many"]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = web.run(&["--url", "http://127.0.0.1:1", "queues"]);
+    assert_eq!(out.status.code(), Some(3));
+    assert!(stderr(&out).contains("cannot reach"));
+}
+
+#[tokio::test]
+async fn token_from_flag_or_env() {
+    let db = common::test_db("cli_token").await;
+    let web = Web::start(&db.uri, &db.name, json!({"api_token": "t0k"}));
+    let out = web.run(&["create-queue", "q", "demo"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("--token"), "{}", stderr(&out));
+    assert!(web
+        .run(&["--token", "t0k", "create-queue", "q", "demo"])
+        .status
+        .success());
+    let out = web.run_with(&["delete-queue", "q"], None, &[("DISBATCH_TOKEN", "t0k")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(web.run(&["queues"]).status.success());
+}
+
+#[tokio::test]
+async fn a_den_runs_what_the_cli_submits() {
+    let db = common::test_db("cli_den").await;
+    let web = Web::start(&db.uri, &db.name, json!({"plugin_dir": common::plugins_dir()}));
+    web.ok(&["create-queue", "run", "demo", "--threads", "1"]);
+    let id = web.json(&["create-task", "run", "message", "from-the-cli"])["ids"][0]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let _den = common::DenProcess::start(&db.uri, &db.name, "cli-den", json!({}));
+    let store = db.store.clone();
+    let oid = bson::oid::ObjectId::parse_str(&id).unwrap();
+    common::wait_for(Duration::from_secs(60), "the task to finish", || {
+        let store = store.clone();
+        async move { store.task(oid).await.unwrap().is_some_and(|t| t.status == 1) }
+    })
+    .await;
+    let text = web.ok(&["task", &id]);
+    assert!(text.contains("from-the-cli"), "{text}");
+    let q = web.json(&["queues"]);
+    assert_eq!(q[0]["completed"], 1);
+}
