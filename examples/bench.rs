@@ -4,12 +4,13 @@
 //! ```sh
 //! cargo run --release --example bench -- all            # every scenario
 //! cargo run --release --example bench -- throughput     # one scenario
-//! cargo run --release --example bench -- all --quick    # smaller sizes, fewer rounds
+//! cargo run --release --example bench -- all --quick    # small sizes: about a minute after the builds
 //! ```
 //!
 //! Starts its own `secantusd-rs` (or uses `MONGODB_URI`), builds the plugins and the
 //! binaries it needs, prints a table per scenario with medians over the rounds, and ends
-//! each scenario with one line `RESULT <scenario> key=value …`.
+//! each scenario with one line `RESULT <scenario> key=value …`. `--n`, `--deep`, `--claims`,
+//! `--rounds` and `--threads` set the sizes; `docs/performance.md` explains the figures.
 
 #[path = "../tests/common/plugins.rs"]
 #[allow(dead_code)]
@@ -40,20 +41,36 @@ use tokio_util::sync::CancellationToken;
 struct Args {
     /// sandbox, ceiling, throughput, latency, depth, memory or all.
     scenario: String,
-    /// Smaller sizes and fewer rounds, for a run of a minute or two.
+    /// Smaller sizes and fewer rounds, so `all` takes a few minutes.
     #[arg(long)]
     quick: bool,
-    /// Rounds per measurement (medians are reported).
-    #[arg(long, default_value_t = 5)]
-    rounds: usize,
+    /// Rounds per measurement (medians are reported; default 5; the sandbox always runs at least 5).
+    #[arg(long)]
+    rounds: Option<usize>,
+    /// Task counts of the throughput scenario, comma-separated (default 2000,20000; 500 with --quick).
+    #[arg(long, value_delimiter = ',')]
+    n: Vec<usize>,
+    /// Depth scenario: the deep queue's size (default 50000; 5000 with --quick).
+    #[arg(long)]
+    deep: Option<usize>,
+    /// Depth scenario: claims timed at each depth, by the driver loop and then by the DEN (default 100; 50 with --quick).
+    #[arg(long)]
+    claims: Option<usize>,
+    /// Tasks at a time: the queue's `threads` and the driver-only loop's workers.
+    #[arg(long, default_value_t = 8)]
+    threads: i64,
+    /// Never run `cargo build` for the binaries (use them even when older than the sources).
+    #[arg(long)]
+    no_build: bool,
 }
-
-/// Concurrency of the DEN runs and of the driver-only loop beside them.
-const THREADS: i64 = 8;
 
 struct Bench {
     quick: bool,
     rounds: usize,
+    threads: i64,
+    sizes: Vec<usize>,
+    deep: usize,
+    claims: usize,
     uri: String,
     client: Client,
     runner: Runner,
@@ -76,19 +93,162 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn percentile(mut v: Vec<f64>, p: f64) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
-    v[((v.len() as f64 - 1.0) * p).round() as usize]
+    v.get(((v.len() as f64 - 1.0) * p).round() as usize)
+        .copied()
+        .unwrap_or(f64::NAN)
 }
 
-fn build_binaries() {
-    let status = Command::new(env!("CARGO"))
+/// Newest modification time of the files a release binary is built from.
+fn newest_source() -> std::time::SystemTime {
+    fn walk(dir: &Path, newest: &mut std::time::SystemTime) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let path = e.path();
+            if path.is_dir() {
+                walk(&path, newest);
+            } else if let Ok(m) = e.metadata().and_then(|m| m.modified()) {
+                *newest = (*newest).max(m);
+            }
+        }
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut newest = std::time::SystemTime::UNIX_EPOCH;
+    walk(&root.join("src"), &mut newest);
+    walk(&root.join("wit"), &mut newest);
+    for f in ["Cargo.toml", "Cargo.lock"] {
+        if let Ok(m) = std::fs::metadata(root.join(f)).and_then(|m| m.modified()) {
+            newest = newest.max(m);
+        }
+    }
+    newest
+}
+
+/// Builds `target/release/{runner,den}` unless they are newer than their sources (or
+/// `--no-build` was given); exits with the command to run when that fails.
+fn build_binaries(no_build: bool) {
+    const BUILD: &str = "cargo build --release --bin runner --bin den";
+    let fresh = |name: &str| {
+        std::fs::metadata(bin(name))
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t >= newest_source())
+    };
+    if fresh("runner") && fresh("den") {
+        return;
+    }
+    if no_build {
+        if bin("runner").is_file() && bin("den").is_file() {
+            eprintln!("note: target/release/runner or den is older than its sources (--no-build)");
+            return;
+        }
+        eprintln!("target/release/runner and target/release/den are needed; run:\n    {BUILD}");
+        std::process::exit(2);
+    }
+    eprintln!("building the binaries: {BUILD}");
+    let ok = Command::new(env!("CARGO"))
         .args(["build", "--release", "--bin", "runner", "--bin", "den"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
         .status()
-        .expect("run cargo build");
-    assert!(status.success(), "cargo build --release --bin runner --bin den failed");
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("building the binaries failed; run:\n    {BUILD}");
+        std::process::exit(2);
+    }
 }
 
 fn bin(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release").join(name)
+}
+
+/// A task document as the spec has it, queued.
+fn queued(queue: ObjectId, params: &Document) -> Document {
+    let now = DateTime::now();
+    doc! {"queue": queue, "status": -2, "node": Bson::Null, "params": params.clone(),
+    "ctime": now, "mtime": now, "stdout": Bson::Null, "stderr": Bson::Null}
+}
+
+/// Finishing rate of the tasks matching `filter`: (count − 1) over the span between the
+/// first and the last finishing `mtime`, so start-up (plugin load, first tick) is left out
+/// and the DEN and the driver-only loop are timed the same way.
+async fn finish_rate(db: &Database, filter: Document) -> (f64, u64) {
+    let pipeline = [
+        doc! {"$match": filter},
+        doc! {"$group": {"_id": Bson::Null, "n": {"$sum": 1}, "first": {"$min": "$mtime"}, "last": {"$max": "$mtime"}}},
+    ];
+    let mut cursor = db.collection::<Document>("tasks").aggregate(pipeline).await.unwrap();
+    use futures::TryStreamExt;
+    let Some(g) = cursor.try_next().await.unwrap() else {
+        return (f64::NAN, 0);
+    };
+    let n = g.get_i32("n").map(i64::from).or_else(|_| g.get_i64("n")).unwrap_or(0);
+    let first = g.get_datetime("first").map(|d| d.timestamp_millis()).unwrap_or(0);
+    let last = g.get_datetime("last").map(|d| d.timestamp_millis()).unwrap_or(0);
+    let span = (last - first).max(1) as f64 / 1e3;
+    ((n - 1).max(0) as f64 / span, n as u64)
+}
+
+/// CPU seconds (user + system) used so far by process `pid`.
+fn cpu_secs(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which is in parentheses): state is field 3, utime 14, stime 15.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    (ticks(11) + ticks(12)) / hz
+}
+
+/// The pid of the `secantusd-rs` this process started, if any.
+fn server_pid() -> Option<u32> {
+    let me = std::process::id().to_string();
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+        let (name, rest) = stat.split_once(") ")?;
+        let ppid = rest.split_whitespace().nth(1)?;
+        (name.ends_with("(secantusd-rs") && ppid == me).then_some(pid)
+    })
+}
+
+/// CPU time of the database server and of this process (the in-process DENs, the
+/// driver loop and the bench's polling) over a measured run.
+#[derive(Clone, Copy)]
+struct Cpu {
+    server: f64,
+    own: f64,
+}
+
+impl Cpu {
+    fn now() -> Cpu {
+        Cpu {
+            server: server_pid().map_or(f64::NAN, cpu_secs),
+            own: cpu_secs(std::process::id()),
+        }
+    }
+
+    /// µs of CPU per task since `self`, for `n` tasks: (server, this process).
+    fn per_task_since(self, n: usize) -> (f64, f64) {
+        let now = Cpu::now();
+        let n = n.max(1) as f64;
+        ((now.server - self.server) * 1e6 / n, (now.own - self.own) * 1e6 / n)
+    }
+}
+
+/// Counts finished tasks matching `filter` every 50 ms until there are `n`.
+async fn wait_finished(db: &Database, filter: Document, n: u64, limit: Duration) -> bool {
+    let tasks = db.collection::<Document>("tasks");
+    let start = Instant::now();
+    loop {
+        if tasks.count_documents(filter.clone()).await.unwrap() >= n {
+            return true;
+        }
+        if start.elapsed() > limit {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 impl Bench {
@@ -112,14 +272,8 @@ impl Bench {
     }
 
     async fn tasks(&self, db: &Database, queue: ObjectId, n: usize, params: Document) {
-        let now = DateTime::now();
-        let docs: Vec<Document> = (0..n)
-            .map(|_| {
-                doc! {"queue": queue, "status": -2, "node": Bson::Null, "params": params.clone(),
-                "ctime": now, "mtime": now, "stdout": Bson::Null, "stderr": Bson::Null}
-            })
-            .collect();
-        for batch in docs.chunks(10_000) {
+        let docs: Vec<Document> = (0..n).map(|_| queued(queue, &params)).collect();
+        for batch in docs.chunks(5_000) {
             db.collection::<Document>("tasks")
                 .insert_many(batch.to_vec())
                 .await
@@ -155,44 +309,33 @@ impl Bench {
         (stop, handle)
     }
 
-    async fn wait_done(db: &Database, queue: ObjectId) {
-        let tasks = db.collection::<Document>("tasks");
-        while tasks
-            .count_documents(doc! {"queue": queue, "status": {"$lte": 0}})
-            .await
-            .unwrap()
-            > 0
-        {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    /// Tasks/s of `dens` DENs draining `n` trivial tasks.
-    async fn drain(&self, n: usize, dens: usize) -> f64 {
+    /// Tasks/s of `dens` DENs draining `n` trivial tasks (steady rate, see [`finish_rate`]).
+    async fn drain(&self, n: usize, dens: usize) -> (f64, (f64, f64)) {
         let db = self.db("drain").await;
-        let q = self.queue(&db, THREADS).await;
+        let q = self.queue(&db, self.threads).await;
         self.tasks(&db, q, n, doc! {}).await;
-        let start = Instant::now();
+        let cpu = Cpu::now();
         let running: Vec<_> = (0..dens).map(|i| self.den(&db, &format!("bench-{i}"))).collect();
-        Self::wait_done(&db, q).await;
-        let rate = n as f64 / start.elapsed().as_secs_f64();
+        let done = wait_finished(&db, doc! {"queue": q, "status": 1}, n as u64, Duration::from_secs(600)).await;
+        assert!(done, "{dens} DEN(s) did not drain {n} tasks in 10 minutes");
+        let cpu = cpu.per_task_since(n);
         for (stop, handle) in running {
             stop.cancel();
             handle.await.unwrap();
         }
+        let (rate, _) = finish_rate(&db, doc! {"queue": q, "status": 1}).await;
         db.drop().await.ok();
-        rate
+        (rate, cpu)
     }
 
-    /// Tasks/s of a driver-only loop: claim with findOneAndUpdate, then one finishing
-    /// update, with `THREADS` workers, over `n` tasks (of which `depth` are queued).
-    async fn ceiling(&self, n: usize, depth: usize) -> f64 {
-        let db = self.db("ceiling").await;
-        let q = self.queue(&db, THREADS).await;
-        self.tasks(&db, q, depth.max(n), doc! {}).await;
+    /// The driver-only loop on `q`: `self.threads` workers, each claiming with the spec's
+    /// findOneAndUpdate then writing one finishing update, until `n` tasks are done. Returns
+    /// tasks/s (steady rate) and µs per claim+finish pair as one worker saw it.
+    /// With `start`, each task also gets the DEN's `status: 0` write between claim and
+    /// finish (three round trips per task, as the DEN makes).
+    async fn driver_loop(&self, db: &Database, q: ObjectId, n: usize, start: bool) -> (f64, f64) {
         let claimed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let start = Instant::now();
-        let workers: Vec<_> = (0..THREADS)
+        let workers: Vec<_> = (0..self.threads)
             .map(|w| {
                 let tasks = db.collection::<Document>("tasks");
                 let claimed = claimed.clone();
@@ -200,6 +343,7 @@ impl Bench {
                     let node = format!("driver-{w}");
                     let mut options = FindOneAndUpdateOptions::default();
                     options.sort = Some(doc! {"_id": 1});
+                    let (mut pairs, began) = (0u32, Instant::now());
                     while claimed.fetch_add(1, std::sync::atomic::Ordering::SeqCst) < n {
                         let Some(t) = tasks
                             .find_one_and_update(
@@ -212,31 +356,61 @@ impl Bench {
                         else {
                             break;
                         };
+                        let id = t.get_object_id("_id").unwrap();
+                        let claimed_status = if start {
+                            tasks
+                                .update_one(
+                                    doc! {"_id": id, "node": &node, "status": -1},
+                                    doc! {"$set": {"status": 0, "mtime": DateTime::now()}},
+                                )
+                                .await
+                                .unwrap();
+                            0
+                        } else {
+                            -1
+                        };
                         tasks
                             .update_one(
-                                doc! {"_id": t.get_object_id("_id").unwrap(), "node": &node},
+                                doc! {"_id": id, "node": &node, "status": claimed_status},
                                 doc! {"$set": {"status": 1, "stdout": "hello\n", "stderr": "", "mtime": DateTime::now()}},
                             )
                             .await
                             .unwrap();
+                        pairs += 1;
                     }
+                    began.elapsed().as_secs_f64() * 1e6 / f64::from(pairs.max(1))
                 })
             })
             .collect();
+        let mut per_pair = Vec::new();
         for w in workers {
-            w.await.unwrap();
+            per_pair.push(w.await.unwrap());
         }
-        let rate = n as f64 / start.elapsed().as_secs_f64();
+        let (rate, _) = finish_rate(db, doc! {"queue": q, "status": 1, "node": {"$regex": "^driver-"}}).await;
+        (rate, median(per_pair))
+    }
+
+    /// Tasks/s of the driver-only loop over `n` tasks of a fresh queue.
+    async fn ceiling(&self, n: usize, start: bool) -> (f64, (f64, f64)) {
+        let db = self.db("ceiling").await;
+        let q = self.queue(&db, self.threads).await;
+        self.tasks(&db, q, n, doc! {}).await;
+        let cpu = Cpu::now();
+        let (rate, _) = self.driver_loop(&db, q, n, start).await;
+        let cpu = cpu.per_task_since(n);
         db.drop().await.ok();
-        rate
+        (rate, cpu)
     }
 
     fn sandbox(&self) {
         let plugin = self.runner.load(&self.plugins.join("demo.wasm")).unwrap();
         let sandbox = Sandbox::default();
         let per_round = if self.quick { 2_000 } else { 10_000 };
+        for _ in 0..200 {
+            assert!(self.runner.run(&plugin, "{}", &sandbox, None).succeeded());
+        }
         let mut in_process = Vec::new();
-        for _ in 0..self.rounds {
+        for _ in 0..self.rounds.max(5) {
             let start = Instant::now();
             for _ in 0..per_round {
                 let o = self.runner.run(&plugin, "{}", &sandbox, None);
@@ -245,98 +419,160 @@ impl Bench {
             in_process.push(start.elapsed().as_secs_f64() * 1e6 / per_round as f64);
         }
         let processes = if self.quick { 10 } else { 30 };
+        let exec = || {
+            Command::new(bin("runner"))
+                .arg("exec")
+                .arg(self.plugins.join("demo.wasm"))
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        assert!(exec(), "target/release/runner exec demo.wasm failed");
         let mut per_process = Vec::new();
-        for _ in 0..self.rounds {
+        for _ in 0..self.rounds.max(5) {
             let start = Instant::now();
             for _ in 0..processes {
-                let ok = Command::new(bin("runner"))
-                    .arg("exec")
-                    .arg(self.plugins.join("demo.wasm"))
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .status()
-                    .unwrap()
-                    .success();
-                assert!(ok);
+                assert!(exec());
             }
             per_process.push(start.elapsed().as_secs_f64() * 1e6 / processes as f64);
         }
         let (a, b) = (median(in_process), median(per_process));
-        println!("\n## sandbox: one trivial demo task (median of {} rounds)", self.rounds);
+        println!(
+            "\n## sandbox: one trivial demo task (median of {} rounds; {per_round} calls / {processes} processes per round)",
+            self.rounds.max(5)
+        );
         println!("| runner | µs per task |\n|---|---|");
-        println!("| in-process (Runner::run, instance per task) | {a:.1} |");
-        println!("| process per task (runner exec, cached compile) | {b:.0} |");
+        println!("| in-process (shared Runner, Runner::run: instantiate + call + capture) | {a:.1} |");
+        println!("| process per task (target/release/runner exec, compiled component from the disk cache) | {b:.0} |");
+        println!("| ratio (target ≥ 100×; in-process target ≤ 30 µs) | {:.0}× |", b / a);
         println!(
             "RESULT sandbox in_process_us={a:.1} process_us={b:.0} ratio={:.0}",
             b / a
         );
     }
 
-    async fn ceiling_and_throughput(&self, only_ceiling: bool) {
-        let sizes: &[usize] = if self.quick { &[2_000] } else { &[2_000, 20_000] };
-        let rounds = if self.quick {
-            3.max(self.rounds / 2)
+    async fn ceiling_scenario(&self) {
+        let mut last = String::new();
+        println!(
+            "\n## ceiling: driver-only claim (findOneAndUpdate) + finish (update_one), {} workers (median of {} rounds)",
+            self.threads, self.rounds
+        );
+        println!("| N | claim+finish /s |\n|---|---|");
+        for &n in &self.sizes {
+            let mut c = Vec::new();
+            for _ in 0..self.rounds_for(n) {
+                c.push(self.ceiling(n, false).await.0);
+            }
+            let c = median(c);
+            println!("| {n} | {c:.0} |");
+            last = format!("n={n} threads={} ceiling_per_s={c:.0}", self.threads);
+        }
+        println!("RESULT ceiling {last}");
+    }
+
+    /// Rounds for a run over `n` tasks: all of them for small runs, fewer for big ones.
+    fn rounds_for(&self, n: usize) -> usize {
+        if n > 5_000 {
+            1.max(self.rounds / 3)
         } else {
             self.rounds
-        };
-        println!("\n## ceiling and throughput: trivial demo tasks, {THREADS} at a time (median of {rounds} rounds)");
+        }
+    }
+
+    async fn throughput(&self) {
         println!(
-            "| N | driver-only claim+finish /s | 1 DEN /s | ratio | 2 DENs /s | ratio |\n|---|---|---|---|---|---|"
+            "\n## throughput: DENs draining N trivial demo tasks, queue threads {} (medians; rounds per N below)",
+            self.threads
         );
-        let mut last = String::new();
-        for &n in sizes {
-            let rounds_here = if n > 5_000 { 1.max(rounds / 3) } else { rounds };
-            let mut c = Vec::new();
-            let mut one = Vec::new();
-            let mut two = Vec::new();
-            for _ in 0..rounds_here {
-                c.push(self.ceiling(n, n).await);
-                if !only_ceiling {
-                    one.push(self.drain(n, 1).await);
-                    two.push(self.drain(n, 2).await);
-                }
+        println!("| N | rounds | ceiling /s (claim + finish) | 1 DEN /s | 1 DEN ÷ ceiling | 2 DENs /s | 2 DENs ÷ ceiling | driver with the DEN's start write /s | 1 DEN ÷ that |\n|---|---|---|---|---|---|---|---|---|");
+        let (mut results, mut ceilings, mut cpu_rows, mut cpu_kv) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for &n in &self.sizes {
+            let rounds = self.rounds_for(n);
+            let (mut c, mut c3, mut one, mut two) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            let (mut c_db, mut c_own, mut one_db, mut one_own) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            for _ in 0..rounds {
+                c3.push(self.ceiling(n, true).await.0);
+                let (rate, (db, own)) = self.ceiling(n, false).await;
+                c.push(rate);
+                c_db.push(db);
+                c_own.push(own);
+                let (rate, (db, own)) = self.drain(n, 1).await;
+                one.push(rate);
+                one_db.push(db);
+                one_own.push(own);
+                two.push(self.drain(n, 2).await.0);
             }
-            let (c, one, two) = (median(c), median(one), median(two));
+            let (c, c3, one, two) = (median(c), median(c3), median(one), median(two));
+            ceilings.push((n, c));
+            let (c_db, c_own, one_db, one_own) = (median(c_db), median(c_own), median(one_db), median(one_own));
+            cpu_rows.push(format!("| {n} | {c_db:.0} | {c_own:.0} | {one_db:.0} | {one_own:.0} |"));
+            cpu_kv.push(format!(
+                "n{n}_db_cpu_us_per_task_driver={c_db:.0} n{n}_db_cpu_us_per_task_den={one_db:.0} n{n}_den_cpu_us_per_task={one_own:.0}"
+            ));
             println!(
-                "| {n} | {c:.0} | {one:.0} | {:.2} | {two:.0} | {:.2} |",
+                "| {n} | {rounds} | {c:.0} | {one:.0} | {:.2} | {two:.0} | {:.2} | {c3:.0} | {:.2} |",
                 one / c,
-                two / c
+                two / c,
+                one / c3
             );
-            last = format!("n={n} ceiling_per_s={c:.0} tasks_per_s={one:.0} ratio_to_ceiling={:.2} two_dens_per_s={two:.0} two_dens_ratio={:.2}", one / c, two / c);
+            results.push(format!(
+                "n{n}_ceiling_per_s={c:.0} n{n}_tasks_per_s={one:.0} n{n}_ratio_to_ceiling={:.2} n{n}_two_dens_per_s={two:.0} n{n}_two_dens_ratio={:.2} n{n}_three_writes_per_s={c3:.0} n{n}_ratio_to_three_writes={:.2}",
+                one / c,
+                two / c,
+                one / c3
+            ));
         }
-        if only_ceiling {
-            println!(
-                "RESULT ceiling {}",
-                last.split(" tasks_per_s").next().unwrap_or_default()
-            );
-        } else {
-            println!("RESULT throughput {last}");
+        println!("\nCPU µs per task over the same runs (medians): the database server, and this process (driver loop, or the DEN with the bench's polling)");
+        println!("| N | DB, driver-only | driver process | DB, 1 DEN | DEN process |\n|---|---|---|---|---|");
+        for row in &cpu_rows {
+            println!("{row}");
         }
+        if let Some((n, c)) = ceilings.last() {
+            println!("RESULT ceiling n={n} threads={} ceiling_per_s={c:.0}", self.threads);
+        }
+        println!(
+            "RESULT throughput threads={} {} {}",
+            self.threads,
+            results.join(" "),
+            cpu_kv.join(" ")
+        );
     }
 
     async fn latency(&self) {
         let db = self.db("latency").await;
-        let q = self.queue(&db, THREADS).await;
+        let q = self.queue(&db, self.threads).await;
         let (stop, handle) = self.den(&db, "bench-latency");
-        tokio::time::sleep(Duration::from_millis(1500)).await; // let the DEN settle into idle
         let tasks = db.collection::<Document>("tasks");
-        let samples = if self.quick { 30 } else { 100 };
+        // Let the DEN load the plugin and settle into idle: one task through, then wait.
+        let warm = tasks.insert_one(queued(q, &doc! {})).await.unwrap().inserted_id;
+        let warm = warm.as_object_id().unwrap();
+        assert!(wait_finished(&db, doc! {"_id": warm, "status": 1}, 1, Duration::from_secs(30)).await);
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        let samples = if self.quick { 40 } else { 100 };
         let (mut to_running, mut to_finished) = (Vec::new(), Vec::new());
-        for _ in 0..samples {
-            let now = DateTime::now();
+        for i in 0..samples {
+            // Even samples are trivial (insert → finished); odd ones sleep 20 ms in the
+            // plugin so that the running state is seen by polling (insert → running).
+            let slow = i % 2 == 1;
+            let params = if slow {
+                doc! {"sleep_ms": 20}
+            } else {
+                doc! {}
+            };
             let start = Instant::now();
-            let id = tasks
-                .insert_one(doc! {"queue": q, "status": -2, "node": Bson::Null, "params": {},
-                "ctime": now, "mtime": now, "stdout": Bson::Null, "stderr": Bson::Null})
-                .await
-                .unwrap()
-                .inserted_id;
-            let mut seen_running = None;
+            let id = tasks.insert_one(queued(q, &params)).await.unwrap().inserted_id;
             loop {
-                let d = tasks.find_one(doc! {"_id": &id}).await.unwrap().unwrap();
+                let d = tasks
+                    .find_one(doc! {"_id": &id})
+                    .projection(doc! {"status": 1})
+                    .await
+                    .unwrap()
+                    .unwrap();
                 let s = d.get_i32("status").unwrap_or(-2);
-                if s >= 0 && seen_running.is_none() {
-                    seen_running = Some(start.elapsed());
+                if slow && s >= 0 {
+                    to_running.push(start.elapsed().as_secs_f64() * 1e3);
+                    break;
                 }
                 if s > 0 {
                     to_finished.push(start.elapsed().as_secs_f64() * 1e3);
@@ -344,62 +580,74 @@ impl Bench {
                 }
                 tokio::time::sleep(Duration::from_micros(500)).await;
             }
-            to_running.push(seen_running.unwrap().as_secs_f64() * 1e3);
-            tokio::time::sleep(Duration::from_millis(50)).await; // idle again
+            if slow {
+                wait_finished(&db, doc! {"_id": &id, "status": 1}, 1, Duration::from_secs(10)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(60)).await; // idle again
         }
         stop.cancel();
         handle.await.unwrap();
         db.drop().await.ok();
         let (r50, r99) = (percentile(to_running.clone(), 0.5), percentile(to_running, 0.99));
         let (f50, f99) = (percentile(to_finished.clone(), 0.5), percentile(to_finished, 0.99));
-        println!("\n## latency: one task at a time into an idle DEN ({samples} tasks)");
+        println!(
+            "\n## latency: one task at a time into an idle DEN ({} samples each; polled every 0.5 ms)",
+            samples / 2
+        );
         println!("| | p50 ms | p99 ms |\n|---|---|---|");
-        println!("| insert → running | {r50:.1} | {r99:.1} |");
-        println!("| insert → finished | {f50:.1} | {f99:.1} |");
+        println!("| insert → running (task sleeping 20 ms) | {r50:.1} | {r99:.1} |");
+        println!("| insert → finished (trivial task) | {f50:.1} | {f99:.1} |");
         println!("RESULT latency running_p50_ms={r50:.1} running_p99_ms={r99:.1} finished_p50_ms={f50:.1} finished_p99_ms={f99:.1}");
     }
 
-    /// Tasks/s of one DEN draining `n` tasks from a queue `depth` deep.
-    async fn drain_at_depth(&self, n: usize, depth: usize) -> f64 {
+    /// Driver-only and DEN rates for `n` claims from one queue `depth` deep: the driver
+    /// loop takes the first `n`, then one DEN the next `n` (the depth changes by 2n at most).
+    async fn at_depth(&self, n: usize, depth: usize) -> (f64, f64) {
         let db = self.db("depth").await;
-        let q = self.queue(&db, THREADS).await;
+        let q = self.queue(&db, self.threads).await;
         self.tasks(&db, q, depth, doc! {}).await;
-        let tasks = db.collection::<Document>("tasks");
-        let start = Instant::now();
+        let (driver, _) = self.driver_loop(&db, q, n, false).await;
         let (stop, handle) = self.den(&db, "bench-depth");
-        while tasks
-            .count_documents(doc! {"queue": q, "status": {"$gt": 0}})
-            .await
-            .unwrap()
-            < n as u64
-        {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        let rate = n as f64 / start.elapsed().as_secs_f64();
+        let filter = doc! {"node": "bench-depth", "status": 1};
+        assert!(wait_finished(&db, filter.clone(), n as u64, Duration::from_secs(600)).await);
         stop.cancel();
         handle.await.unwrap();
+        let (den, _) = finish_rate(&db, filter).await;
         db.drop().await.ok();
-        rate
+        (driver, den)
     }
 
     async fn depth(&self) {
-        let (shallow, deep) = if self.quick { (1_000, 20_000) } else { (1_000, 50_000) };
-        let n = 500;
-        let rounds = if self.quick { 1 } else { 3 };
+        let (shallow, deep, n, rounds) = (1_000, self.deep, self.claims, self.rounds);
         let (mut d_s, mut d_d, mut c_s, mut c_d) = (vec![], vec![], vec![], vec![]);
         for _ in 0..rounds {
-            c_s.push(self.ceiling(n, shallow).await);
-            c_d.push(self.ceiling(n, deep).await);
-            d_s.push(self.drain_at_depth(n, shallow).await);
-            d_d.push(self.drain_at_depth(n, deep).await);
+            let (c, d) = self.at_depth(n, shallow).await;
+            c_s.push(c);
+            d_s.push(d);
+            let (c, d) = self.at_depth(n, deep).await;
+            c_d.push(c);
+            d_d.push(d);
         }
         let (c_s, c_d, d_s, d_d) = (median(c_s), median(c_d), median(d_s), median(d_d));
-        println!("\n## depth: {n} claims from a queue {shallow} vs {deep} deep (median of {rounds} rounds)");
-        println!("| | {shallow} deep /s | {deep} deep /s | slowdown |\n|---|---|---|---|");
-        println!("| driver-only | {c_s:.0} | {c_d:.0} | {:.2}× |", c_s / c_d);
-        println!("| DEN | {d_s:.0} | {d_d:.0} | {:.2}× |", d_s / d_d);
         println!(
-            "RESULT depth shallow={shallow} deep={deep} den_slowdown={:.2} db_slowdown={:.2}",
+            "\n## depth: {n} claims from a queue {shallow} vs {deep} deep, {} at a time (median of {rounds} rounds)",
+            self.threads
+        );
+        println!("| | {shallow} deep /s | {deep} deep /s | slowdown | µs per task at {shallow} | µs per task at {deep} |\n|---|---|---|---|---|---|");
+        println!(
+            "| driver-only | {c_s:.0} | {c_d:.0} | {:.2}× | {:.0} | {:.0} |",
+            c_s / c_d,
+            1e6 / c_s,
+            1e6 / c_d
+        );
+        println!(
+            "| DEN | {d_s:.0} | {d_d:.0} | {:.2}× | {:.0} | {:.0} |",
+            d_s / d_d,
+            1e6 / d_s,
+            1e6 / d_d
+        );
+        println!(
+            "RESULT depth shallow={shallow} deep={deep} den_shallow_per_s={d_s:.0} den_deep_per_s={d_d:.0} den_slowdown={:.2} db_shallow_per_s={c_s:.0} db_deep_per_s={c_d:.0} db_slowdown={:.2}",
             d_s / d_d,
             c_s / c_d
         );
@@ -412,19 +660,20 @@ impl Bench {
         let config = serde_json::json!({
             "mongohost": self.uri, "database": db.name(), "plugins": ["demo"],
             "plugin_dir": self.plugins, "node": "bench-memory",
+            "cache_dir": dir.path().join("cache"),
         });
         let path = dir.path().join("den.json");
         std::fs::write(&path, config.to_string()).unwrap();
         let mut child = Command::new(bin("den"))
             .arg("--config")
             .arg(&path)
-            .env("DISBATCH_CACHE_DIR", dir.path().join("cache"))
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        let rss = |pid: u32| -> f64 {
+        let pid = child.id();
+        let rss = move || -> f64 {
             let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
             status
                 .lines()
@@ -433,10 +682,16 @@ impl Bench {
                 .unwrap_or(f64::NAN)
                 / 1024.0
         };
-        tokio::time::sleep(Duration::from_secs(3)).await;
-        let idle = rss(child.id());
-        self.tasks(&db, q, 100, doc! {"sleep_ms": 5000}).await;
+        // Idle: registered, plugin loaded (one task through), nothing running.
         let tasks = db.collection::<Document>("tasks");
+        tasks.insert_one(queued(q, &doc! {})).await.unwrap();
+        assert!(
+            wait_finished(&db, doc! {"status": 1}, 1, Duration::from_secs(60)).await,
+            "the den process ran no task in 60 s"
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let idle = median((0..5).map(|_| rss()).collect());
+        self.tasks(&db, q, 100, doc! {"sleep_ms": 8000}).await;
         let start = Instant::now();
         while tasks.count_documents(doc! {"status": 0}).await.unwrap() < 100
             && start.elapsed() < Duration::from_secs(30)
@@ -444,15 +699,19 @@ impl Bench {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         let running = tasks.count_documents(doc! {"status": 0}).await.unwrap();
-        let busy = rss(child.id());
+        let busy = rss();
         child.kill().ok();
         child.wait().ok();
         db.drop().await.ok();
-        println!("\n## memory: den process RSS");
+        println!("\n## memory: RSS of the den process (VmRSS)");
         println!("| state | RSS MiB |\n|---|---|");
-        println!("| idle | {idle:.1} |");
-        println!("| {running} tasks running | {busy:.1} |");
-        println!("RESULT memory idle_mib={idle:.1} busy_mib={busy:.1} running={running}");
+        println!("| idle (plugin loaded, no task) | {idle:.1} |");
+        println!("| {running} tasks running at once (demo, sleep_ms 8000) | {busy:.1} |");
+        println!("| per running task | {:.2} |", (busy - idle) / (running.max(1) as f64));
+        println!(
+            "RESULT memory idle_mib={idle:.1} busy_mib={busy:.1} running={running} per_task_kib={:.0}",
+            (busy - idle) * 1024.0 / (running.max(1) as f64)
+        );
     }
 }
 
@@ -468,7 +727,11 @@ async fn main() {
         );
         std::process::exit(2);
     }
-    build_binaries();
+    let all = args.scenario == "all";
+    let wants = |s: &str| all || args.scenario == s;
+    if wants("sandbox") || wants("memory") {
+        build_binaries(args.no_build);
+    }
     let plugins = tokio::task::spawn_blocking(plugins::plugins_dir).await.unwrap();
     let (uri, server) = match std::env::var("MONGODB_URI").ok().filter(|u| !u.is_empty()) {
         Some(uri) => (uri, None),
@@ -479,9 +742,21 @@ async fn main() {
             (s.uri(), Some(s))
         }
     };
+    let sizes = if !args.n.is_empty() {
+        args.n.clone()
+    } else if args.quick {
+        vec![500]
+    } else {
+        vec![2_000, 20_000]
+    };
+    let rounds = args.rounds.unwrap_or(5).max(1);
     let bench = Bench {
         quick: args.quick,
-        rounds: args.rounds.max(1),
+        rounds,
+        threads: args.threads.max(1),
+        sizes,
+        deep: args.deep.unwrap_or(if args.quick { 5_000 } else { 50_000 }),
+        claims: args.claims.unwrap_or(if args.quick { 50 } else { 100 }),
         client: Client::with_uri_str(&uri).await.unwrap(),
         uri,
         runner: Runner::new(&EngineOptions {
@@ -493,28 +768,30 @@ async fn main() {
         _server: server,
     };
     println!(
-        "# Disbatch bench ({} mode, {} rounds, {} cores)",
+        "# Disbatch bench: {} mode, {rounds} rounds (sandbox ≥ 5), N = {:?}, {} tasks at a time, {} cores",
         if args.quick { "quick" } else { "full" },
-        bench.rounds,
+        bench.sizes,
+        bench.threads,
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
     );
-    let all = args.scenario == "all";
-    if all || args.scenario == "sandbox" {
+    let started = Instant::now();
+    if wants("sandbox") {
         tokio::task::block_in_place(|| bench.sandbox());
     }
     if args.scenario == "ceiling" {
-        bench.ceiling_and_throughput(true).await;
+        bench.ceiling_scenario().await;
     }
-    if all || args.scenario == "throughput" {
-        bench.ceiling_and_throughput(false).await;
+    if wants("throughput") {
+        bench.throughput().await;
     }
-    if all || args.scenario == "latency" {
+    if wants("latency") {
         bench.latency().await;
     }
-    if all || args.scenario == "depth" {
+    if wants("depth") {
         bench.depth().await;
     }
-    if all || args.scenario == "memory" {
+    if wants("memory") {
         bench.memory().await;
     }
+    println!("\n(bench took {:.0} s)", started.elapsed().as_secs_f64());
 }
