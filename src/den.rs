@@ -35,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, info_span, warn, Instrument};
 
 use crate::config::{Config, Gfs};
-use crate::model::{status, Task};
+use crate::model::{status, NodeStats, Queue, Task};
 use crate::runner::{Runner, Sandbox};
 use crate::store::{Slot, Store, StoreError, StoreResult};
 
@@ -129,6 +129,8 @@ pub struct Den {
     stopping: CancellationToken,
     /// Cancelled when the drain is over: workers stop retrying writes.
     abandoned: CancellationToken,
+    /// Claim and run durations since start, and whether they changed since last reported.
+    stats: Mutex<(NodeStats, bool)>,
 }
 
 impl Den {
@@ -147,6 +149,7 @@ impl Den {
             in_flight: Mutex::new(HashMap::new()),
             stopping: CancellationToken::new(),
             abandoned: CancellationToken::new(),
+            stats: Mutex::new((NodeStats::default(), false)),
         })
     }
 
@@ -191,6 +194,10 @@ impl Den {
             }
             watcher.abort();
             self.drain().await;
+            let stats = self.stats.lock().unwrap_or_else(|e| e.into_inner()).0.clone();
+            if let Err(e) = self.store.report_stats(&node, &stats).await {
+                debug!(error = %e, "cannot report the last durations");
+            }
             Ok(())
         }
         .instrument(info_span!("den", node = %node))
@@ -217,7 +224,7 @@ impl Den {
                 let Some(slot) = self.store.acquire_slot(&q.queue, &s.node, s.heartbeat_stale).await? else {
                     break;
                 };
-                match self.store.claim(&q.queue, &s.node).await {
+                match self.claim(&q.queue).await {
                     Ok(Some(task)) => self.spawn_worker(q.clone(), slot, task),
                     Ok(None) => {
                         self.store.release_slot(&slot, &s.node).await?;
@@ -238,11 +245,38 @@ impl Den {
         Ok(())
     }
 
-    /// Heartbeat (also renewing slot leases and reading `maxthreads`) and orphan recovery.
+    /// The spec's claim, its duration recorded when it got a task.
+    async fn claim(&self, queue: &Queue) -> StoreResult<Option<Task>> {
+        let began = std::time::Instant::now();
+        let claimed = self.store.claim(queue, &self.settings.node).await;
+        if let Ok(Some(_)) = &claimed {
+            self.observe(|stats| stats.claim.observe(began.elapsed().as_secs_f64()));
+        }
+        claimed
+    }
+
+    fn observe(&self, record: impl FnOnce(&mut NodeStats)) {
+        let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+        record(&mut stats.0);
+        stats.1 = true;
+    }
+
+    /// Heartbeat (also renewing slot leases and reading `maxthreads`), the duration
+    /// histograms when they changed, and orphan recovery.
     async fn housekeeping(&self) -> StoreResult<()> {
         let s = &self.settings;
         let me = self.store.heartbeat(&s.node, s.heartbeat_stale).await?;
         *self.maxthreads.lock().unwrap_or_else(|e| e.into_inner()) = me.maxthreads;
+        let changed = {
+            let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+            std::mem::take(&mut stats.1).then(|| stats.0.clone())
+        };
+        if let Some(stats) = changed {
+            if let Err(e) = self.store.report_stats(&s.node, &stats).await {
+                self.stats.lock().unwrap_or_else(|e| e.into_inner()).1 = true;
+                return Err(e);
+            }
+        }
         if self.in_outage.load(Ordering::SeqCst) {
             *self.outage_ended.lock().unwrap_or_else(|e| e.into_inner()) = Some(tokio::time::Instant::now());
         }
@@ -347,7 +381,7 @@ impl Den {
                 Some(q) if q.allows_slot(&slot) && !self.over_node_limit() => queue = q,
                 _ => return Some(slot),
             }
-            match self.store.claim(&queue.queue, &self.settings.node).await {
+            match self.claim(&queue.queue).await {
                 Ok(Some(next)) => task = next,
                 Ok(None) => return Some(slot),
                 Err(e) => {
@@ -389,6 +423,7 @@ impl Den {
                 crate::runner::Outcome::not_run(crate::runner::Failure::Trap(format!("runner thread failed: {e}")))
             }
         };
+        self.observe(|stats| stats.run.observe(outcome.duration.as_secs_f64()));
         let final_status = outcome.status as i32;
         match &outcome.failure {
             None => info!(

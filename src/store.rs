@@ -17,7 +17,7 @@ use async_trait::async_trait;
 use bson::oid::ObjectId;
 use bson::{DateTime, Document};
 
-use crate::model::{Node, Output, Queue, Sort, Task};
+use crate::model::{Node, NodeStats, Output, Queue, Sort, Task};
 
 /// Errors of a store operation.
 #[derive(Debug, thiserror::Error)]
@@ -153,6 +153,8 @@ pub trait Store: Send + Sync + 'static {
     async fn nodes(&self) -> StoreResult<Vec<Node>>;
     /// Sets a node's `maxthreads` (None = no limit). Returns false when no such node.
     async fn set_maxthreads(&self, node: &str, maxthreads: Option<i64>) -> StoreResult<bool>;
+    /// Stores the node's claim and run duration histograms in its document (`stats`).
+    async fn report_stats(&self, node: &str, stats: &NodeStats) -> StoreResult<()>;
 
     // ---- queues ------------------------------------------------------------------------
 

@@ -3,18 +3,17 @@
 
 mod common;
 
-use common::{count_tasks as count, insert_queue, insert_task, task_doc_of as task_doc, wait_for};
+use common::{count_tasks as count, insert_queue, insert_task, task_doc_of as task_doc, wait_for, Recording};
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
 use disbatch::config::Gfs;
 use disbatch::den::{Den, DenSettings};
-use disbatch::model::{Node, Output, Queue};
+use disbatch::model::Output;
 use disbatch::runner::Sandbox;
 use disbatch::store::*;
 use futures::TryStreamExt;
@@ -378,108 +377,41 @@ async fn failures_end_as_status_2_with_the_reason_in_stderr() {
     den.stop().await;
 }
 
-/// A store that records which tasks each DEN claimed and started, delegating to MongoDB.
-struct Recording {
-    inner: Arc<dyn Store>,
-    claimed: Mutex<Vec<ObjectId>>,
-    started: Mutex<Vec<ObjectId>>,
-}
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn claim_and_run_durations_reach_the_metrics() {
+    let t = common::test_db("den_durations").await;
+    let q = insert_queue(&t.db, "timed", "demo", doc! {"threads": 2}).await;
+    t.store.create_tasks(q, vec![doc! {"sleep_ms": 30}; 6]).await.unwrap();
+    let den = RunningDen::start(Arc::new(t.store.clone()), settings("node-timed"));
+    wait_for(Duration::from_secs(60), "all tasks", || all_done(&t.db, q)).await;
+    den.stop().await;
 
-impl Recording {
-    fn new(inner: Arc<dyn Store>) -> Arc<Self> {
-        Arc::new(Recording {
-            inner,
-            claimed: Mutex::default(),
-            started: Mutex::default(),
-        })
-    }
-}
+    let nodes = t.store.nodes().await.unwrap();
+    let stats = nodes[0].stats.as_ref().expect("the DEN reported its durations");
+    assert_eq!((stats.claim.count, stats.run.count), (6, 6));
+    assert!(stats.run.sum >= 6.0 * 0.03, "six runs of 30 ms: {}", stats.run.sum);
+    let under_10ms = stats.run.cumulative()[1].1;
+    assert_eq!(under_10ms, 0, "no 30 ms run falls in the ≤ 10 ms buckets");
 
-#[async_trait]
-impl Store for Recording {
-    async fn ensure_indexes(&self) -> StoreResult<()> {
-        self.inner.ensure_indexes().await
-    }
-    async fn heartbeat(&self, node: &str, lease: Duration) -> StoreResult<Node> {
-        self.inner.heartbeat(node, lease).await
-    }
-    async fn nodes(&self) -> StoreResult<Vec<Node>> {
-        self.inner.nodes().await
-    }
-    async fn set_maxthreads(&self, node: &str, maxthreads: Option<i64>) -> StoreResult<bool> {
-        self.inner.set_maxthreads(node, maxthreads).await
-    }
-    async fn queues(&self) -> StoreResult<Vec<Queue>> {
-        self.inner.queues().await
-    }
-    async fn create_queue(&self, queue: NewQueue) -> StoreResult<Queue> {
-        self.inner.create_queue(queue).await
-    }
-    async fn update_queue(&self, id: ObjectId, update: QueueUpdate) -> StoreResult<Option<Queue>> {
-        self.inner.update_queue(id, update).await
-    }
-    async fn delete_queue(&self, id: ObjectId) -> StoreResult<bool> {
-        self.inner.delete_queue(id).await
-    }
-    async fn queue_counts(&self) -> StoreResult<BTreeMap<ObjectId, StatusCounts>> {
-        self.inner.queue_counts().await
-    }
-    async fn acquire_slot(&self, queue: &Queue, node: &str, lease: Duration) -> StoreResult<Option<Slot>> {
-        self.inner.acquire_slot(queue, node, lease).await
-    }
-    async fn release_slot(&self, slot: &Slot, node: &str) -> StoreResult<()> {
-        self.inner.release_slot(slot, node).await
-    }
-    async fn has_queued(&self, queue: ObjectId) -> StoreResult<bool> {
-        self.inner.has_queued(queue).await
-    }
-    async fn claim(&self, queue: &Queue, node: &str) -> StoreResult<Option<disbatch::model::Task>> {
-        let t = self.inner.claim(queue, node).await?;
-        if let Some(t) = &t {
-            self.claimed.lock().unwrap().push(t.id);
-        }
-        Ok(t)
-    }
-    async fn start(&self, task: ObjectId, node: &str) -> StoreResult<bool> {
-        let ok = self.inner.start(task, node).await?;
-        if ok {
-            self.started.lock().unwrap().push(task);
-        }
-        Ok(ok)
-    }
-    async fn write_output_file(&self, task: ObjectId, filename: &str, text: &str) -> StoreResult<ObjectId> {
-        self.inner.write_output_file(task, filename, text).await
-    }
-    async fn finish(
-        &self,
-        task: ObjectId,
-        node: &str,
-        status: i32,
-        stdout: OutputValue,
-        stderr: OutputValue,
-    ) -> StoreResult<bool> {
-        self.inner.finish(task, node, status, stdout, stderr).await
-    }
-    async fn requeue_own(&self, node: &str, tasks: &[ObjectId]) -> StoreResult<Vec<ObjectId>> {
-        self.inner.requeue_own(node, tasks).await
-    }
-    async fn recover_orphans(&self, claimed_before: DateTime, stale_before: DateTime) -> StoreResult<Recovery> {
-        self.inner.recover_orphans(claimed_before, stale_before).await
-    }
-    async fn create_tasks(&self, queue: ObjectId, params: Vec<Document>) -> StoreResult<Vec<ObjectId>> {
-        self.inner.create_tasks(queue, params).await
-    }
-    async fn find_tasks(&self, filter: &TaskFilter, page: Page) -> StoreResult<Vec<disbatch::model::Task>> {
-        self.inner.find_tasks(filter, page).await
-    }
-    async fn count_tasks(&self, filter: &TaskFilter) -> StoreResult<u64> {
-        self.inner.count_tasks(filter).await
-    }
-    async fn task(&self, id: ObjectId) -> StoreResult<Option<disbatch::model::Task>> {
-        self.inner.task(id).await
-    }
-    async fn read_output(&self, output: &Output) -> StoreResult<String> {
-        self.inner.read_output(output).await
+    let state = disbatch::api::ApiState::new(Arc::new(t.store.clone()), vec!["demo".into()]);
+    let response = tower::ServiceExt::oneshot(
+        disbatch::api::router(state),
+        axum::http::Request::get("/metrics")
+            .body(axum::body::Body::empty())
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    let body = axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap();
+    let text = String::from_utf8(body.to_vec()).unwrap();
+    for line in [
+        "# TYPE disbatch_claim_duration_seconds histogram",
+        "disbatch_claim_duration_seconds_count{node=\"node-timed\"} 6",
+        "disbatch_run_duration_seconds_bucket{node=\"node-timed\",le=\"0.01\"} 0",
+        "disbatch_run_duration_seconds_bucket{node=\"node-timed\",le=\"+Inf\"} 6",
+        "disbatch_run_duration_seconds_count{node=\"node-timed\"} 6",
+    ] {
+        assert!(text.contains(line), "missing {line:?} in\n{text}");
     }
 }
 

@@ -6,9 +6,6 @@
 //! database, two `SqliteStore`s on one file) to stand for two DEN processes.
 
 mod common;
-#[path = "store_shared/recording.rs"]
-mod recording;
-
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,7 +14,7 @@ use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
 use disbatch::config::Gfs;
 use disbatch::den::{Den, DenSettings};
-use disbatch::model::{status, OnOrphan, Output, Queue, Sort};
+use disbatch::model::{status, NodeStats, OnOrphan, Output, Queue, Sort};
 use disbatch::runner::Sandbox;
 use disbatch::store::mongo::MongoStore;
 use disbatch::store::sqlite::SqliteStore;
@@ -25,7 +22,7 @@ use disbatch::store::{NewQueue, OutputValue, Page, QueueUpdate, Store, StoreErro
 use tokio_util::sync::CancellationToken;
 
 use common::wait_for;
-use recording::Recording;
+use common::Recording;
 
 const LEASE: Duration = Duration::from_secs(30);
 
@@ -382,6 +379,21 @@ async fn heartbeat_upserts_and_preserves_maxthreads(s: Stores) {
     ));
     assert!(s.a.set_maxthreads("node-1", None).await.unwrap());
     assert_eq!(s.a.heartbeat("node-1", LEASE).await.unwrap().maxthreads, None);
+
+    assert_eq!(again.stats, None, "no stats before the DEN reports any");
+    let mut stats = NodeStats::default();
+    stats.claim.observe(0.004);
+    stats.run.observe(2.5);
+    s.a.report_stats("node-1", &stats).await.unwrap();
+    let beat = s.b.heartbeat("node-1", LEASE).await.unwrap();
+    assert_eq!(
+        beat.stats.as_ref(),
+        Some(&stats),
+        "the heartbeat keeps and returns the stats"
+    );
+    let listed = s.b.nodes().await.unwrap();
+    assert_eq!(listed[1].stats.as_ref(), Some(&stats));
+    assert_eq!(listed[0].stats, None);
 }
 
 async fn stale_nodes_tasks_are_recovered_and_fresh_nodes_left_alone(s: Stores) {

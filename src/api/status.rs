@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 
 use super::json::node_age;
 use super::{ApiError, Shared, FRESH_NODE};
-use crate::model::status;
+use crate::model::{status, Histogram, Node, NodeStats};
 use crate::store::TaskFilter;
 
 /// `GET /info`: `{name, version, database, plugins, token_required}`.
@@ -133,8 +133,43 @@ pub(super) async fn metrics(State(state): State<Shared>) -> Result<impl IntoResp
             n.maxthreads.unwrap_or(-1)
         );
     }
+    histograms(
+        &mut out,
+        "disbatch_claim_duration_seconds",
+        "Seconds per successful claim (the findOneAndUpdate round trip), per node since its DEN started.",
+        &nodes,
+        |s| &s.claim,
+    );
+    histograms(
+        &mut out,
+        "disbatch_run_duration_seconds",
+        "Seconds per plugin run, per node since its DEN started.",
+        &nodes,
+        |s| &s.run,
+    );
     Ok((
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
         out,
     ))
+}
+
+/// One Prometheus histogram family with a series per node that reported `stats`.
+fn histograms(out: &mut String, name: &str, help: &str, nodes: &[Node], pick: impl Fn(&NodeStats) -> &Histogram) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+    for n in nodes {
+        let Some(h) = n.stats.as_ref().map(&pick) else {
+            continue;
+        };
+        let node = label(&n.node);
+        for (bound, count) in h.cumulative() {
+            let le = if bound.is_infinite() {
+                "+Inf".to_string()
+            } else {
+                bound.to_string()
+            };
+            let _ = writeln!(out, "{name}_bucket{{node=\"{node}\",le=\"{le}\"}} {count}");
+        }
+        let _ = writeln!(out, "{name}_sum{{node=\"{node}\"}} {}", h.sum);
+        let _ = writeln!(out, "{name}_count{{node=\"{node}\"}} {}", h.count);
+    }
 }

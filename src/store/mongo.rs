@@ -40,7 +40,7 @@ use super::gridfs::{self, GridFsError};
 use super::{
     NewQueue, OutputValue, Page, QueueUpdate, Recovery, Slot, StatusCounts, Store, StoreError, StoreResult, TaskFilter,
 };
-use crate::model::{status, Node, Output, Queue, Sort, Task};
+use crate::model::{status, Node, NodeStats, Output, Queue, Sort, Task};
 
 /// Collection of task documents.
 pub const TASKS: &str = "tasks";
@@ -301,6 +301,15 @@ impl Store for MongoStore {
             .await
             .map_err(db_err("set maxthreads"))?;
         Ok(result.matched_count > 0)
+    }
+
+    async fn report_stats(&self, node: &str, stats: &NodeStats) -> StoreResult<()> {
+        let stats = bson::to_bson(stats).map_err(|e| StoreError::Invalid(format!("node stats: {e}")))?;
+        self.nodes
+            .update_one(doc! { "node": node }, doc! { "$set": { "stats": stats } })
+            .await
+            .map_err(db_err("report node stats"))?;
+        Ok(())
     }
 
     // ---- queues ------------------------------------------------------------------------

@@ -44,7 +44,7 @@ use self::rows::{
 use super::{
     NewQueue, OutputValue, Page, QueueUpdate, Recovery, Slot, StatusCounts, Store, StoreError, StoreResult, TaskFilter,
 };
-use crate::model::{status, Node, OnOrphan, Output, Queue, Sort, Task};
+use crate::model::{status, Node, NodeStats, OnOrphan, Output, Queue, Sort, Task};
 
 /// Table of output files.
 pub const OUTPUT_FILES: &str = "output_files";
@@ -83,6 +83,10 @@ CREATE TABLE IF NOT EXISTS nodes (
     node TEXT NOT NULL UNIQUE,
     timestamp INTEGER NOT NULL,
     maxthreads INTEGER
+);
+CREATE TABLE IF NOT EXISTS node_stats (
+    node TEXT PRIMARY KEY NOT NULL,
+    stats TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS slots (
     queue TEXT NOT NULL,
@@ -318,7 +322,13 @@ impl Store for SqliteStore {
                     },
                 )
                 .map_err(db_err("heartbeat"))?;
-            node_from(row)
+            let stats: Option<String> = tx
+                .query_row("SELECT stats FROM node_stats WHERE node = ?1", params![node], |r| {
+                    r.get(0)
+                })
+                .optional()
+                .map_err(db_err("heartbeat"))?;
+            node_from((row.0, row.1, row.2, row.3, stats))
         })
         .await
     }
@@ -328,12 +338,15 @@ impl Store for SqliteStore {
             .with(|conn| {
                 let err = db_err("list nodes");
                 let mut stmt = conn
-                    .prepare("SELECT id, node, timestamp, maxthreads FROM nodes ORDER BY node")
+                    .prepare(
+                        "SELECT nodes.id, nodes.node, nodes.timestamp, nodes.maxthreads, node_stats.stats
+                         FROM nodes LEFT JOIN node_stats ON node_stats.node = nodes.node ORDER BY nodes.node",
+                    )
                     .map_err(&err)?;
                 let rows = stmt
-                    .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+                    .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)))
                     .map_err(&err)?
-                    .collect::<Result<Vec<(String, String, i64, Option<i64>)>, _>>()
+                    .collect::<Result<Vec<NodeRow>, _>>()
                     .map_err(&err)?;
                 Ok(rows)
             })
@@ -361,6 +374,21 @@ impl Store for SqliteStore {
                 )
                 .map_err(db_err("set maxthreads"))?;
             Ok(n > 0)
+        })
+        .await
+    }
+
+    async fn report_stats(&self, node: &str, stats: &NodeStats) -> StoreResult<()> {
+        let text = serde_json::to_string(stats).map_err(|e| StoreError::Invalid(format!("node stats: {e}")))?;
+        let node = node.to_string();
+        self.with(move |conn| {
+            conn.execute(
+                "INSERT INTO node_stats (node, stats) VALUES (?1, ?2)
+                 ON CONFLICT (node) DO UPDATE SET stats = excluded.stats",
+                params![node, text],
+            )
+            .map_err(db_err("report node stats"))?;
+            Ok(())
         })
         .await
     }
@@ -922,7 +950,10 @@ impl Store for SqliteStore {
 }
 
 /// A node row as a node.
-fn node_from((id, node, timestamp, maxthreads): (String, String, i64, Option<i64>)) -> StoreResult<Node> {
+/// A row of `nodes` with its `node_stats` JSON.
+type NodeRow = (String, String, i64, Option<i64>, Option<String>);
+
+fn node_from((id, node, timestamp, maxthreads, stats): NodeRow) -> StoreResult<Node> {
     let maxthreads = match maxthreads {
         Some(m) if m < 0 => {
             return Err(StoreError::Malformed {
@@ -938,5 +969,6 @@ fn node_from((id, node, timestamp, maxthreads): (String, String, i64, Option<i64
         node,
         timestamp: DateTime::from_millis(timestamp),
         maxthreads,
+        stats: stats.and_then(|s| serde_json::from_str(&s).ok()),
     })
 }

@@ -7,6 +7,7 @@
 //! - [`den`]: the `den` binary as a process ([`DenProcess`]) and [`wait_for`].
 //! - [`docs`]: spec documents inserted with the plain driver, and a shared runner.
 //! - [`plugins`]: the guest plugins, built once per test binary for `wasm32-wasip2`.
+//! - [`recording`]: a store wrapper recording which tasks a DEN claimed and started.
 //!
 //! Each test binary uses a subset of these, hence the `dead_code` and `unused_imports` allowances.
 #![allow(dead_code, unused_imports)]
@@ -15,10 +16,12 @@ pub mod db;
 pub mod den;
 pub mod docs;
 pub mod plugins;
+pub mod recording;
 pub mod server;
 
 pub use db::{test_db, test_db_at, unique_db_name, TestDb};
 pub use den::{wait_for, DenProcess};
 pub use docs::{count_tasks, insert_queue, insert_task, insert_tasks, shared_runner, task_doc_of};
 pub use plugins::{plugin_path, plugins_dir};
+pub use recording::Recording;
 pub use server::{server_uri, TestServer};

@@ -260,6 +260,10 @@ pub(super) fn node_from(doc: &Document) -> StoreResult<Node> {
         node: f.string("node")?,
         timestamp: f.date("timestamp")?,
         maxthreads: f.opt_count("maxthreads")?,
+        stats: doc
+            .get_document("stats")
+            .ok()
+            .and_then(|d| bson::from_document(d.clone()).ok()),
     })
 }
 

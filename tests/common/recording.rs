@@ -1,4 +1,5 @@
-//! A store wrapper that records which tasks a DEN claimed and started.
+//! [`Recording`]: a store wrapper that records which tasks a DEN claimed and started, for
+//! the tests that prove no task is claimed or run twice.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -7,7 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bson::oid::ObjectId;
 use bson::{DateTime, Document};
-use disbatch::model::{Node, Output, Queue};
+use disbatch::model::{Node, NodeStats, Output, Queue};
 use disbatch::store::*;
 
 /// A store that records which tasks each DEN claimed and started.
@@ -40,6 +41,9 @@ impl Store for Recording {
     }
     async fn set_maxthreads(&self, node: &str, maxthreads: Option<i64>) -> StoreResult<bool> {
         self.inner.set_maxthreads(node, maxthreads).await
+    }
+    async fn report_stats(&self, node: &str, stats: &NodeStats) -> StoreResult<()> {
+        self.inner.report_stats(node, stats).await
     }
     async fn queues(&self) -> StoreResult<Vec<Queue>> {
         self.inner.queues().await
