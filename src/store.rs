@@ -2,9 +2,11 @@
 //! the database behind it.
 //!
 //! [`mongo::MongoStore`] is the production implementation (MongoDB, the distributed
-//! engine). Operations are about Disbatch — claim, finish, heartbeat, recover, search on
-//! indexed fields — never about query syntax, so an embedded single-node store can sit
-//! behind the same trait.
+//! engine); [`sqlite::SqliteStore`] is the embedded single-machine one (one SQLite file).
+//! Operations are about Disbatch — claim, finish, heartbeat, recover, search on indexed
+//! fields — never about query syntax. The documents and fields named below are the
+//! Disbatch 4 data model; each store maps them onto its own storage, and the shared test
+//! suite (`tests/store_shared.rs`) holds both to the same behaviour.
 
 pub mod gridfs;
 pub mod mongo;
@@ -188,15 +190,19 @@ pub trait Store: Send + Sync + 'static {
     async fn watch_queued(&self) -> StoreResult<Option<QueuedEvents>> {
         Ok(None)
     }
-    /// Claims the next queued task of `queue` for `node` with one atomic
-    /// find-and-modify: filter `{node: null, status: -2, queue}`, set
-    /// `{node, status: -1, mtime: now}`, sorted by `_id` per the queue's sort.
+    /// Claims the next queued task of `queue` for `node` in one atomic step: the first
+    /// task matching `{node: null, status: -2, queue}` (oldest `_id` first for `fifo`,
+    /// newest for `lifo`, any for `default`) gets `{node, status: -1, mtime: now}`. No two
+    /// callers ever get the same task. On MongoDB this is the spec's `findOneAndUpdate`;
+    /// the embedded store does it in one write transaction.
     async fn claim(&self, queue: &Queue, node: &str) -> StoreResult<Option<Task>>;
     /// Marks a claimed task running (0), fenced on `{_id, node, status: -1}`.
     /// Returns false when the task is no longer ours.
     async fn start(&self, task: ObjectId, node: &str) -> StoreResult<bool>;
-    /// Stores an output stream as a GridFS file (String chunks) tied to `task`; returns the
-    /// file id. Called before [`Store::finish`], so a task never points at a missing file.
+    /// Stores an output stream too large for the task document as a file tied to `task`
+    /// (`filename` is `stdout` or `stderr`); returns the file id. MongoDB keeps it in
+    /// GridFS (`tasks.files` / `tasks.chunks`, String chunks), the embedded store as a
+    /// blob. Called before [`Store::finish`], so a task never points at a missing file.
     async fn write_output_file(&self, task: ObjectId, filename: &str, text: &str) -> StoreResult<ObjectId>;
     /// Finishes a task: status, stdout, stderr and mtime in one update, fenced on
     /// `{_id, node, status: 0}`. Returns false when the task was recovered meanwhile (then
@@ -213,10 +219,14 @@ pub trait Store: Send + Sync + 'static {
     /// null), for a graceful shutdown. Returns the ids requeued.
     async fn requeue_own(&self, node: &str, tasks: &[ObjectId]) -> StoreResult<Vec<ObjectId>>;
     /// Recovers orphans: claimed (-1) tasks whose mtime is older than `claimed_before`
-    /// (the spec's sweep), and claimed or running tasks of nodes whose heartbeat is older
-    /// than `stale_before` (or that have no node document). Each becomes orphaned (-6),
-    /// or queued again (-2, node null) when its queue's `on_orphan` is `requeue`.
-    /// Slots held by stale nodes are freed.
+    /// (the spec's sweep), and claimed or running tasks of any node that is not fresh
+    /// (heartbeat older than `stale_before`, or no node document) once the task's own
+    /// mtime is older than `stale_before` too, so a task claimed a moment ago by a node
+    /// that registered after the node list was read is left alone. Each task is changed
+    /// only if its status, node and mtime are still the ones read. Each becomes orphaned
+    /// (-6), or queued again (-2, node null) when its queue's `on_orphan` is `requeue`;
+    /// mtime is set to now. Slots held by stale nodes are freed; slots of nodes without a
+    /// document are not freed here but expire with their lease.
     async fn recover_orphans(&self, claimed_before: DateTime, stale_before: DateTime) -> StoreResult<Recovery>;
 
     // ---- tasks (the DCI) ---------------------------------------------------------------

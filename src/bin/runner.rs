@@ -62,7 +62,7 @@ struct ExecArgs {
     /// Bytes kept of each of stdout and stderr, in MiB (the rest is dropped and reported).
     #[arg(long, value_name = "MIB", default_value_t = (disbatch::runner::DEFAULT_OUTPUT_CAP >> 20) as u64)]
     output_cap: u64,
-    /// Grant a host directory: host[:guest][:rw] (read-only unless :rw). Repeatable.
+    /// Grant a host directory: HOST, HOST:GUEST or HOST:GUEST:rw (read-only unless :rw). Repeatable.
     #[arg(long = "dir", value_name = "HOST[:GUEST][:rw]")]
     dirs: Vec<DirGrant>,
     /// Set an environment variable (K=V), or pass one through from this process (K). Repeatable.

@@ -31,7 +31,7 @@ pub struct CappedOutput {
     buffer: Arc<Mutex<Buffer>>,
 }
 
-/// What a [`CappedOutput`] captured.
+/// What one captured stream (stdout or stderr) held when the plugin finished.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Captured {
     /// The first `cap` bytes the plugin wrote.
