@@ -303,6 +303,20 @@ async fn tasks_from_params_search_and_read_back() {
         "{q}"
     );
     assert_eq!(get(&app, "/tasks?node=n1").await.json().as_array().unwrap().len(), 1);
+
+    // Disbatch 4's output options of a search: terse hides inline text, full reads files.
+    let terse = get(&app, "/tasks?node=n1&terse=1").await.json();
+    assert_eq!(terse[0]["stderr"], "[terse mode]");
+    assert_eq!(terse[0]["stdout"]["$oid"], file.to_hex(), "a file id stays an id");
+    let full = get(&app, "/tasks?node=n1&full=1").await.json();
+    assert_eq!(full[0]["stdout"].as_str().unwrap(), big);
+    assert_eq!(full[0]["stderr"], "warn");
+    assert_bad(&get(&app, "/tasks?node=n1&full=1&limit=101").await, "\"limit\"");
+    assert_bad(&get(&app, "/tasks?node=n1&full=1&terse=1").await, "\"terse\"");
+    let pretty = get(&app, "/tasks?node=n1&fields=status&pretty=1").await;
+    assert!(pretty.text.contains("\n  {\n"), "indented: {}", pretty.text);
+    assert_eq!(pretty.json()[0]["status"], 1);
+    assert_eq!(get(&app, "/tasks?node=n1&count=1&pretty=1").await.json()["count"], 1);
 }
 
 fn urlencode(s: &str) -> String {

@@ -4,6 +4,8 @@
 use std::collections::HashMap;
 
 use axum::extract::{Path, Query, State};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bson::oid::ObjectId;
 use bson::{Bson, Document};
@@ -112,12 +114,30 @@ async fn filter(state: &Shared, pairs: &Map<String, Value>) -> Result<TaskFilter
     Ok(f)
 }
 
-/// `GET /tasks?queue=&status=&node=&id=&filter={json}&limit=&skip=&count=&fields=&epoch=`:
-/// tasks newest first, or `{"count": n}`. A query without a filter needs a limit.
+/// Most tasks one `GET /tasks?full=1` may return, since each may read files back.
+pub const MAX_FULL_LIMIT: u64 = 100;
+
+/// What stands for an inline stdout/stderr with `terse`, as in Disbatch 4.
+pub const TERSE: &str = "[terse mode]";
+
+/// JSON, indented when `pretty`.
+fn reply(value: Value, pretty: bool) -> Response {
+    if !pretty {
+        return Json(value).into_response();
+    }
+    let mut text = serde_json::to_string_pretty(&value).unwrap_or_default();
+    text.push('\n');
+    ([(header::CONTENT_TYPE, "application/json")], text).into_response()
+}
+
+/// `GET /tasks?queue=&status=&node=&id=&filter={json}&limit=&skip=&count=&fields=&epoch=&terse=&full=&pretty=`:
+/// tasks newest first, or `{"count": n}`. A query without a filter needs a limit. `terse`
+/// replaces inline stdout/stderr with `"[terse mode]"`; `full` reads file-backed ones back
+/// as text (limit at most [`MAX_FULL_LIMIT`]); `pretty` indents the JSON.
 pub(super) async fn search(
     State(state): State<Shared>,
     Query(q): Query<HashMap<String, String>>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     let mut pairs = Map::new();
     if let Some(text) = q.get("filter") {
         match serde_json::from_str::<Value>(text) {
@@ -141,9 +161,14 @@ pub(super) async fn search(
         }
     }
     let filter = filter(&state, &pairs).await?;
+    let pretty = truthy(q.get("pretty"));
     if truthy(q.get("count")) {
         let n = state.store.count_tasks(&filter).await?;
-        return Ok(Json(json!({ "count": n })));
+        return Ok(reply(json!({ "count": n }), pretty));
+    }
+    let (terse, full) = (truthy(q.get("terse")), truthy(q.get("full")));
+    if terse && full {
+        return Err(ApiError::bad("\"terse\" and \"full\" exclude each other"));
     }
     let limit = number(&q, "limit")?;
     let skip = number(&q, "skip")?.unwrap_or(0);
@@ -152,7 +177,7 @@ pub(super) async fn search(
             "refusing an unbounded query: give a filter (queue, status, node, id) or a \"limit\"",
         ));
     }
-    let limit = limit.unwrap_or(MAX_TASK_LIMIT);
+    let limit = limit.unwrap_or(if full { MAX_FULL_LIMIT } else { MAX_TASK_LIMIT });
     if limit > MAX_TASK_LIMIT {
         return Err(ApiError::bad(format!(
             "\"limit\" must be at most {MAX_TASK_LIMIT}, got {limit}"
@@ -167,8 +192,28 @@ pub(super) async fn search(
                 .collect()
         }),
     };
+    if full && limit > MAX_FULL_LIMIT {
+        return Err(ApiError::bad(format!(
+            "\"full\" reads outputs back: \"limit\" must be at most {MAX_FULL_LIMIT} with it, got {limit}"
+        )));
+    }
     let tasks = state.store.find_tasks(&filter, Page { skip, limit }).await?;
-    Ok(Json(Value::Array(tasks.iter().map(|t| json::task(t, &view)).collect())))
+    let mut out = Vec::with_capacity(tasks.len());
+    for t in &tasks {
+        let mut value = json::task(t, &view);
+        for (name, stream) in [("stdout", &t.stdout), ("stderr", &t.stderr)] {
+            if value.get(name).is_none() {
+                continue;
+            }
+            match stream {
+                Some(Output::Inline(_)) if terse => value[name] = Value::String(TERSE.into()),
+                Some(o @ Output::File(_)) if full => value[name] = Value::String(state.store.read_output(o).await?),
+                _ => {}
+            }
+        }
+        out.push(value);
+    }
+    Ok(reply(Value::Array(out), pretty))
 }
 
 /// `GET /tasks/{id}?output=1&epoch=1`: one task; with `output`, GridFS-backed stdout/stderr
