@@ -9,12 +9,13 @@
 //!
 //! Every error is a JSON object `{"error": "…"}`: 400 naming the offending field for bad
 //! input, 401 for a write without the bearer token when one is configured, 404 for an
-//! unknown id or name, 413 for a body over the limit, 503 when the database is unreachable.
+//! unknown id or name, 413 for a body over the limit, 415 for a body not sent as
+//! `application/json`, 503 when the database is unreachable.
 //!
 //! Parts: `error` ([`ApiError`] → HTTP), `auth` (bearer token on writes), `body` (the JSON
-//! body extractor), `json` (documents → JSON), `nodes`, `queues`, `tasks`, `status` (info,
-//! monitoring, metrics), `source` ([`DocumentSource`] for `POST /tasks` from a collection),
-//! `ui` (embedded HTML/JS/CSS) and `openapi`.
+//! body and path extractors), `json` (documents → JSON), `nodes`, `queues`, `tasks`,
+//! `status` (info, monitoring, metrics), `source` ([`DocumentSource`] for `POST /tasks` from
+//! a collection), `ui` (embedded HTML/JS/CSS) and `openapi`.
 
 mod auth;
 mod body;

@@ -358,5 +358,12 @@ mod tests {
         assert!(s.resolve(&Sandbox::default()).unwrap_err().contains("output_cap_mib"));
         let s: QueueSandbox = serde_json::from_value(serde_json::json!({ "memory_mib": u64::MAX })).unwrap();
         assert!(s.resolve(&Sandbox::default()).unwrap_err().contains("memory_mib"));
+        // A queue document written straight to the database can carry a timeout the API refuses;
+        // the DEN must fail such a task with a reason instead of overflowing its deadline.
+        let s: QueueSandbox = serde_json::from_value(serde_json::json!({ "timeout": 1e18 })).unwrap();
+        assert!(s
+            .resolve(&Sandbox::default())
+            .unwrap_err()
+            .contains("timeout must be at most"));
     }
 }

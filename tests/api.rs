@@ -3,90 +3,17 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{header, Method, Request, StatusCode};
-use axum::Router;
 use bson::{doc, Document};
-use disbatch::api::{router, ApiState, ROUTES};
+use disbatch::api::ROUTES;
 use disbatch::store::{OutputValue, Store};
-use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
-use common::TestDb;
-
-const PLUGINS: [&str; 2] = ["demo", "fail"];
-
-async fn setup(hint: &str, tweak: impl FnOnce(&mut ApiState)) -> (TestDb, Router) {
-    let db = common::test_db(hint).await;
-    let mut state = ApiState::new(
-        Arc::new(db.store.clone()),
-        PLUGINS.iter().map(|s| s.to_string()).collect(),
-    );
-    state.documents = Some(Arc::new(db.db.clone()));
-    state.database = Some(db.name.clone());
-    tweak(&mut state);
-    let app = router(state);
-    (db, app)
-}
-
-struct Reply {
-    status: StatusCode,
-    headers: axum::http::HeaderMap,
-    text: String,
-}
-
-impl Reply {
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.text).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text))
-    }
-    fn error(&self) -> String {
-        self.json()["error"]
-            .as_str()
-            .unwrap_or_else(|| panic!("no error field: {}", self.text))
-            .to_owned()
-    }
-}
-
-async fn send(app: &Router, method: Method, uri: &str, body: Option<&str>, token: Option<&str>) -> Reply {
-    let mut req = Request::builder().method(method).uri(uri);
-    if body.is_some() {
-        req = req.header(header::CONTENT_TYPE, "application/json");
-    }
-    if let Some(t) = token {
-        req = req.header(header::AUTHORIZATION, format!("Bearer {t}"));
-    }
-    let req = req.body(Body::from(body.unwrap_or_default().to_owned())).unwrap();
-    let resp = app.clone().oneshot(req).await.unwrap();
-    let status = resp.status();
-    let headers = resp.headers().clone();
-    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-    Reply {
-        status,
-        headers,
-        text: String::from_utf8_lossy(&bytes).into_owned(),
-    }
-}
-
-async fn get(app: &Router, uri: &str) -> Reply {
-    send(app, Method::GET, uri, None, None).await
-}
-
-async fn post(app: &Router, uri: &str, body: Value) -> Reply {
-    send(app, Method::POST, uri, Some(&body.to_string()), None).await
-}
-
-fn assert_bad(r: &Reply, mentions: &str) {
-    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text);
-    assert!(
-        r.error().contains(mentions),
-        "error {:?} should mention {mentions:?}",
-        r.error()
-    );
-}
+use common::http::{assert_bad, get, post, send, setup, urlencode, PLUGINS};
 
 #[tokio::test]
 async fn queues_create_read_update_delete() {
@@ -317,15 +244,6 @@ async fn tasks_from_params_search_and_read_back() {
     assert!(pretty.text.contains("\n  {\n"), "indented: {}", pretty.text);
     assert_eq!(pretty.json()[0]["status"], 1);
     assert_eq!(get(&app, "/tasks?node=n1&count=1&pretty=1").await.json()["count"], 1);
-}
-
-fn urlencode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'_' | b'.' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }
 
 #[tokio::test]

@@ -3,105 +3,13 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
 use bson::{doc, Document};
 use disbatch::store::Store;
 use serde_json::{json, Value};
 
-/// A `disbatch web` process; killed when dropped.
-struct Web {
-    child: Child,
-    url: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Web {
-    fn start(uri: &str, db: &str, extra: Value) -> Web {
-        let dir = tempfile::tempdir().unwrap();
-        let mut config = json!({"mongohost": uri, "database": db, "plugins": ["demo", "fail"],
-            "plugin_dir": dir.path()});
-        for (k, v) in extra.as_object().unwrap() {
-            config[k] = v.clone();
-        }
-        let path = dir.path().join("web.json");
-        std::fs::write(&path, config.to_string()).unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_disbatch"))
-            .args(["web", "--bind", "127.0.0.1:0", "--config"])
-            .arg(&path)
-            .env_remove("DISBATCH_API_TOKEN")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start disbatch web");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let url = line
-            .trim()
-            .strip_prefix("disbatch web: listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .trim_end_matches('/')
-            .to_owned();
-        Web { child, url, _dir: dir }
-    }
-
-    fn run(&self, args: &[&str]) -> Output {
-        self.run_with(args, None, &[])
-    }
-
-    fn run_with(&self, args: &[&str], stdin: Option<&str>, env: &[(&str, &str)]) -> Output {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_disbatch"));
-        cmd.args(args)
-            .env("DISBATCH_URL", &self.url)
-            .env_remove("DISBATCH_TOKEN")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let mut child = cmd.spawn().unwrap();
-        let mut pipe = child.stdin.take().unwrap();
-        if let Some(s) = stdin {
-            pipe.write_all(s.as_bytes()).unwrap();
-        }
-        drop(pipe);
-        child.wait_with_output().unwrap()
-    }
-
-    /// Runs a verb that must succeed; returns stdout.
-    fn ok(&self, args: &[&str]) -> String {
-        let out = self.run(args);
-        assert!(
-            out.status.success(),
-            "disbatch {args:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    }
-
-    /// Runs a verb with `--json` that must succeed; returns the JSON.
-    fn json(&self, args: &[&str]) -> Value {
-        let mut all = vec!["--json"];
-        all.extend_from_slice(args);
-        serde_json::from_str(&self.ok(&all)).unwrap()
-    }
-}
-
-impl Drop for Web {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
+use common::web::{stderr, Web};
 
 #[tokio::test]
 async fn queues_tasks_and_nodes_through_the_cli() {

@@ -1,10 +1,13 @@
-//! [`JsonBody`]: a request body parsed as a JSON object, with errors as [`ApiError`]s
-//! (400 for bad JSON or a body that is not an object, 413 over the limit).
+//! The extractors, with errors as [`ApiError`]s: [`JsonBody`], a request body parsed as a
+//! JSON object (415 when not declared JSON, 400 for bad JSON or a body that is not an
+//! object, 413 over the limit), and [`PathKey`], the one parameter of a path (400 when it
+//! is not UTF-8).
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{FromRequest, Request};
-use axum::http::StatusCode;
+use axum::extract::{FromRequest, FromRequestParts, Path, Request};
+use axum::http::request::Parts;
+use axum::http::{header, HeaderMap, StatusCode};
 use serde_json::{Map, Value};
 
 use super::ApiError;
@@ -16,6 +19,7 @@ impl<S: Send + Sync> FromRequest<S> for JsonBody {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        check_json_type(req.headers())?;
         let bytes = Bytes::from_request(req, state).await.map_err(|e: BytesRejection| {
             if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
                 ApiError::TooLarge
@@ -34,6 +38,41 @@ impl<S: Send + Sync> FromRequest<S> for JsonBody {
             ))),
             Err(e) => Err(ApiError::bad(format!("the request body is not valid JSON: {e}"))),
         }
+    }
+}
+
+/// Refuses a body whose `Content-Type` is not JSON (`application/json` or `…+json`):
+/// browsers send other types cross-site without asking, so accepting them would let any
+/// web page write to a DCI without a token.
+fn check_json_type(headers: &HeaderMap) -> Result<(), ApiError> {
+    let given = headers.get(header::CONTENT_TYPE);
+    let essence = given
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.split(';').next().unwrap_or("").trim().to_ascii_lowercase());
+    match essence.as_deref() {
+        Some("application/json") => Ok(()),
+        Some(t) if t.starts_with("application/") && t.ends_with("+json") => Ok(()),
+        _ => Err(ApiError::NotJson(format!(
+            "the request body must be JSON: send header Content-Type: application/json (got {})",
+            match given {
+                Some(v) => format!("{:?}", String::from_utf8_lossy(v.as_bytes())),
+                None => "no Content-Type".into(),
+            }
+        ))),
+    }
+}
+
+/// The single parameter of a route's path (a queue, node or task key).
+pub(super) struct PathKey(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for PathKey {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        Path::<String>::from_request_parts(parts, state)
+            .await
+            .map(|Path(key)| PathKey(key))
+            .map_err(|e| ApiError::bad(e.body_text()))
     }
 }
 

@@ -26,6 +26,9 @@ pub enum ApiError {
     /// The request body is larger than the limit (413).
     #[error("the request body is larger than the limit")]
     TooLarge,
+    /// A request body not declared as JSON (415); the message names the Content-Type given.
+    #[error("{0}")]
+    NotJson(String),
     /// The store failed (503 when the database is unreachable, 500 for bad stored data).
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -45,6 +48,7 @@ impl ApiError {
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::NotJson(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::Store(StoreError::Invalid(_) | StoreError::Duplicate { .. }) => StatusCode::BAD_REQUEST,
             ApiError::Store(StoreError::Database(_)) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,

@@ -1,12 +1,12 @@
 //! `GET /nodes`, `GET /nodes/{node}` and `POST /nodes/{node} {maxthreads}`.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::Json;
 use bson::oid::ObjectId;
 use bson::DateTime;
 use serde_json::Value;
 
-use super::body::{kind, JsonBody};
+use super::body::{kind, JsonBody, PathKey};
 use super::{json, ApiError, Shared};
 use crate::model::Node;
 
@@ -30,7 +30,7 @@ pub(super) async fn list(State(state): State<Shared>) -> Result<Json<Value>, Api
 }
 
 /// `GET /nodes/{node}`.
-pub(super) async fn one(State(state): State<Shared>, Path(key): Path<String>) -> Result<Json<Value>, ApiError> {
+pub(super) async fn one(State(state): State<Shared>, PathKey(key): PathKey) -> Result<Json<Value>, ApiError> {
     let node = find(&state, &key).await?;
     Ok(Json(json::node(&node, DateTime::now())))
 }
@@ -38,7 +38,7 @@ pub(super) async fn one(State(state): State<Shared>, Path(key): Path<String>) ->
 /// `POST /nodes/{node} {"maxthreads": n|null}`: the node's limit (null = no limit).
 pub(super) async fn set_maxthreads(
     State(state): State<Shared>,
-    Path(key): Path<String>,
+    PathKey(key): PathKey,
     JsonBody(body): JsonBody,
 ) -> Result<Json<Value>, ApiError> {
     if let Some(k) = body.keys().find(|k| *k != "maxthreads") {

@@ -1,16 +1,17 @@
 //! `GET|POST /queues` and `GET|POST|DELETE /queues/{queue}` (queue = `_id` hex or name).
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::Json;
 use bson::oid::ObjectId;
 use bson::Document;
 use serde_json::{json, Map, Value};
 
-use super::body::{kind, JsonBody};
+use super::body::{kind, JsonBody, PathKey};
 use super::nodes::non_negative;
 use super::{json, ApiError, Shared};
-use crate::config::check_plugin_name;
+use crate::config::{check_plugin_name, MAX_DURATION, MAX_OUTPUT_CAP_MIB};
 use crate::model::{OnOrphan, Queue, QueueSandbox, Sort};
+use crate::runner::{DirGrant, MAX_MEMORY};
 use crate::store::{NewQueue, QueueUpdate};
 
 /// The queue with this `_id` (hex) or name.
@@ -37,7 +38,7 @@ pub(super) async fn list(State(state): State<Shared>) -> Result<Json<Value>, Api
 }
 
 /// `GET /queues/{queue}`: `{id, plugin, name, threads, queued, running, completed, …}`.
-pub(super) async fn one(State(state): State<Shared>, Path(key): Path<String>) -> Result<Json<Value>, ApiError> {
+pub(super) async fn one(State(state): State<Shared>, PathKey(key): PathKey) -> Result<Json<Value>, ApiError> {
     let queue = find(&state, &key).await?;
     let counts = state.store.queue_counts().await?;
     Ok(Json(json::queue(&queue, counts.get(&queue.id))))
@@ -79,8 +80,15 @@ fn fields(state: &Shared, body: &Map<String, Value>) -> Result<Fields, ApiError>
                 f.sort = Some(Sort::parse(s).map_err(|e| ApiError::bad(format!("field \"sort\": {e}")))?);
             }
             "sandbox" => {
+                if !v.is_object() {
+                    return Err(ApiError::bad(format!(
+                        "field \"sandbox\" must be an object, got {}",
+                        kind(v)
+                    )));
+                }
                 let sandbox: QueueSandbox =
                     serde_json::from_value(v.clone()).map_err(|e| ApiError::bad(format!("field \"sandbox\": {e}")))?;
+                check_sandbox(&sandbox)?;
                 let doc = bson::to_document(&sandbox).map_err(|e| ApiError::bad(format!("field \"sandbox\": {e}")))?;
                 f.extra.insert("sandbox", doc);
             }
@@ -103,6 +111,49 @@ fn fields(state: &Shared, body: &Map<String, Value>) -> Result<Fields, ApiError>
         }
     }
     Ok(f)
+}
+
+/// The limits a DEN's config puts on its own sandbox, so no queue asks for what no DEN can
+/// give (e.g. a timeout past the end of its clock). Granted directories are checked by
+/// each DEN, on its own host.
+fn check_sandbox(s: &QueueSandbox) -> Result<(), ApiError> {
+    let bad = |key: &str, message: String| ApiError::bad(format!("field \"sandbox.{key}\" {message}"));
+    if let Some(t) = s.timeout.filter(|t| t.is_zero() || *t > MAX_DURATION) {
+        return Err(bad(
+            "timeout",
+            format!(
+                "must be more than 0 and at most {} seconds (365 days), got {} s",
+                MAX_DURATION.as_secs(),
+                t.as_secs_f64()
+            ),
+        ));
+    }
+    let max_memory_mib = MAX_MEMORY >> 20;
+    if let Some(m) = s.memory_mib.filter(|m| !(1..=max_memory_mib).contains(m)) {
+        return Err(bad(
+            "memory_mib",
+            format!("must be between 1 and {max_memory_mib}, got {m}"),
+        ));
+    }
+    if let Some(c) = s.output_cap_mib.filter(|c| *c > MAX_OUTPUT_CAP_MIB) {
+        return Err(bad(
+            "output_cap_mib",
+            format!("must be at most {MAX_OUTPUT_CAP_MIB}, got {c}"),
+        ));
+    }
+    for (name, value) in &s.env {
+        if name.is_empty() || name.contains(['=', '\0']) {
+            return Err(bad("env", format!("{name:?} is not a valid environment variable name")));
+        }
+        if value.contains('\0') {
+            return Err(bad("env", format!("{name:?} must not contain a NUL byte")));
+        }
+    }
+    for (i, d) in s.dirs.iter().enumerate() {
+        d.parse::<DirGrant>()
+            .map_err(|e| bad(&format!("dirs[{i}]"), format!("is not a grant: {e}")))?;
+    }
+    Ok(())
 }
 
 fn name(v: &Value) -> Result<String, ApiError> {
@@ -150,7 +201,7 @@ pub(super) async fn create(State(state): State<Shared>, JsonBody(body): JsonBody
 /// `POST /queues/{queue} {name|plugin|threads|sort|sandbox|on_orphan…}`: changes a queue.
 pub(super) async fn update(
     State(state): State<Shared>,
-    Path(key): Path<String>,
+    PathKey(key): PathKey,
     JsonBody(body): JsonBody,
 ) -> Result<Json<Value>, ApiError> {
     if body.is_empty() {
@@ -180,7 +231,7 @@ pub(super) async fn update(
 }
 
 /// `DELETE /queues/{queue}`: deletes a queue (its tasks stay).
-pub(super) async fn delete(State(state): State<Shared>, Path(key): Path<String>) -> Result<Json<Value>, ApiError> {
+pub(super) async fn delete(State(state): State<Shared>, PathKey(key): PathKey) -> Result<Json<Value>, ApiError> {
     let queue = find(&state, &key).await?;
     if !state.store.delete_queue(queue.id).await? {
         return Err(ApiError::NotFound(format!("no queue {key:?}")));

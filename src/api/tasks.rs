@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -11,7 +11,7 @@ use bson::oid::ObjectId;
 use bson::{Bson, Document};
 use serde_json::{json, Map, Value};
 
-use super::body::{kind, JsonBody};
+use super::body::{kind, JsonBody, PathKey};
 use super::json::TaskView;
 use super::{json, queues, ApiError, Shared, MAX_TASK_LIMIT};
 use crate::model::Output;
@@ -52,7 +52,13 @@ fn statuses(v: &Value) -> Result<Vec<i32>, ApiError> {
             .split(',')
             .map(|p| p.trim().parse::<i32>().map_err(|_| bad()))
             .collect(),
-        Value::Array(a) => a.iter().map(|x| statuses(x).map(|v| v[0])).collect(),
+        Value::Array(a) => a
+            .iter()
+            .map(|x| match (x, statuses(x)?.as_slice()) {
+                (Value::Number(_) | Value::String(_), [one]) => Ok(*one),
+                _ => Err(bad()),
+            })
+            .collect(),
         Value::Object(o) if o.len() == 1 && o.contains_key("$in") => statuses(&o["$in"]),
         _ => Err(bad()),
     }
@@ -172,6 +178,12 @@ pub(super) async fn search(
     }
     let limit = number(&q, "limit")?;
     let skip = number(&q, "skip")?.unwrap_or(0);
+    if i64::try_from(skip).is_err() {
+        return Err(ApiError::bad(format!(
+            "\"skip\" must be at most {}, got {skip}",
+            i64::MAX
+        )));
+    }
     if filter == TaskFilter::default() && limit.is_none() {
         return Err(ApiError::bad(
             "refusing an unbounded query: give a filter (queue, status, node, id) or a \"limit\"",
@@ -220,7 +232,7 @@ pub(super) async fn search(
 /// are read back as text.
 pub(super) async fn one(
     State(state): State<Shared>,
-    Path(id): Path<String>,
+    PathKey(id): PathKey,
     Query(q): Query<HashMap<String, String>>,
 ) -> Result<Json<Value>, ApiError> {
     let oid = ObjectId::parse_str(&id).map_err(|_| ApiError::bad(format!("invalid task id {id:?}")))?;
@@ -285,6 +297,9 @@ pub(super) async fn create(State(state): State<Shared>, JsonBody(body): JsonBody
             .map(|(i, p)| to_document(p).map_err(|e| ApiError::bad(format!("field \"params[{i}]\" {e}"))))
             .collect::<Result<Vec<_>, _>>()?
     };
+    for (i, p) in params.iter().enumerate() {
+        check_storable(p).map_err(|e| ApiError::bad(format!("field \"params[{i}]\" {e}")))?;
+    }
     let queue = queues::find(&state, &key).await?;
     let mut ids = Vec::with_capacity(params.len());
     let mut params = params;
@@ -298,6 +313,23 @@ pub(super) async fn create(State(state): State<Shared>, JsonBody(body): JsonBody
         "count": ids.len(),
         "ids": ids.iter().map(|id| id.to_hex()).collect::<Vec<_>>(),
     })))
+}
+
+/// Largest BSON size of one task's params: the database's 16 MiB document limit less room
+/// for the task's other fields.
+pub const MAX_PARAMS_BYTES: usize = (16 << 20) - (16 << 10);
+
+/// Whether `params` can be stored in a task document: BSON keys without NUL bytes, and at
+/// most [`MAX_PARAMS_BYTES`].
+fn check_storable(params: &Document) -> Result<(), String> {
+    let bytes = bson::to_vec(params).map_err(|e| format!("cannot be stored: {e}"))?;
+    if bytes.len() > MAX_PARAMS_BYTES {
+        return Err(format!(
+            "is {} bytes as BSON, over the {MAX_PARAMS_BYTES} bytes a task's params may take",
+            bytes.len()
+        ));
+    }
+    Ok(())
 }
 
 fn to_document(v: &Value) -> Result<Document, String> {
@@ -420,5 +452,8 @@ mod tests {
         assert_eq!(statuses(&json!([-2, 0])).unwrap(), vec![-2, 0]);
         assert_eq!(statuses(&json!({"$in": [1]})).unwrap(), vec![1]);
         assert!(statuses(&json!("x")).is_err());
+        assert!(statuses(&json!([[]])).is_err());
+        assert!(statuses(&json!([{"$in": []}])).is_err());
+        assert!(statuses(&json!(["1,2"])).is_err());
     }
 }

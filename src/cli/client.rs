@@ -17,12 +17,15 @@ pub struct Client {
 impl Client {
     /// A client of the DCI at `base` (e.g. `http://localhost:8080`).
     pub fn new(base: &str, token: Option<String>) -> Result<Client, CliError> {
-        let base = base.trim_end_matches('/').to_owned();
         if !(base.starts_with("http://") || base.starts_with("https://")) {
             return Err(CliError::Usage(format!(
                 "--url {base:?} must start with http:// or https://"
             )));
         }
+        if let Err(e) = reqwest::Url::parse(base) {
+            return Err(CliError::Usage(format!("--url {base:?} is not a valid URL: {e}")));
+        }
+        let base = base.trim_end_matches('/').to_owned();
         let http = reqwest::Client::builder()
             .user_agent(concat!("disbatch-cli/", env!("CARGO_PKG_VERSION")))
             .build()

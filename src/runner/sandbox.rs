@@ -23,6 +23,8 @@ pub const DEFAULT_MEMORY: u64 = 1024 * 1024 * 1024;
 pub const DEFAULT_OUTPUT_CAP: usize = 64 * 1024 * 1024;
 /// The largest memory limit a sandbox may set (the engine's per-instance maximum, 4 GiB).
 pub const MAX_MEMORY: u64 = 4 * 1024 * 1024 * 1024;
+/// The longest wall-time limit a sandbox may set (365 days).
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// A host directory made visible to the plugin.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -114,6 +116,13 @@ impl Sandbox {
         if self.timeout.is_zero() {
             return Err("timeout must be greater than zero".into());
         }
+        if self.timeout > MAX_TIMEOUT {
+            return Err(format!(
+                "timeout must be at most {} seconds (365 days), got {} s",
+                MAX_TIMEOUT.as_secs(),
+                self.timeout.as_secs()
+            ));
+        }
         if self.memory == 0 || self.memory > MAX_MEMORY {
             return Err(format!(
                 "memory must be between 1 byte and {MAX_MEMORY} bytes (4 GiB), got {}",
@@ -197,5 +206,10 @@ mod tests {
             ..Sandbox::default()
         };
         assert!(s.validate().unwrap_err().contains("memory"));
+        let s = Sandbox {
+            timeout: MAX_TIMEOUT + Duration::from_secs(1),
+            ..Sandbox::default()
+        };
+        assert!(s.validate().unwrap_err().contains("timeout must be at most"));
     }
 }

@@ -6,8 +6,11 @@
 //!   [`MongoStore`](disbatch::store::mongo::MongoStore).
 //! - [`den`]: the `den` binary as a process ([`DenProcess`]) and [`wait_for`].
 //! - [`docs`]: spec documents inserted with the plain driver, and a shared runner.
+//! - [`http`]: the REST API router on a test database, and requests to it in-process or
+//!   over TCP.
 //! - [`plugins`]: the guest plugins, built once per test binary for `wasm32-wasip2`.
 //! - [`recording`]: a store wrapper recording which tasks a DEN claimed and started.
+//! - [`web`]: `disbatch web` as a process and the `disbatch` client verbs against it.
 //!
 //! Each test binary uses a subset of these, hence the `dead_code` and `unused_imports` allowances.
 #![allow(dead_code, unused_imports)]
@@ -15,9 +18,11 @@
 pub mod db;
 pub mod den;
 pub mod docs;
+pub mod http;
 pub mod plugins;
 pub mod recording;
 pub mod server;
+pub mod web;
 
 pub use db::{test_db, test_db_at, unique_db_name, TestDb};
 pub use den::{wait_for, DenProcess};
@@ -25,3 +30,4 @@ pub use docs::{count_tasks, insert_queue, insert_task, insert_tasks, shared_runn
 pub use plugins::{plugin_path, plugins_dir};
 pub use recording::Recording;
 pub use server::{server_uri, TestServer};
+pub use web::Web;
