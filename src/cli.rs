@@ -2,20 +2,22 @@
 //! to a DCI (`--url`, default `http://localhost:8080`, env `DISBATCH_URL`) with the
 //! Disbatch 4 CLI's verbs. Output is a human table, or the API's JSON with `--json`.
 //!
-//! Parts: `client` (HTTP + errors), `table` (text tables), `web` (the server verb).
+//! Parts: `client` (HTTP + errors), `table` (text tables), `web` (the server verb), `dev`
+//! (a DEN and the DCI in one process, for trying Disbatch on one machine).
 
 pub mod client;
+pub mod dev;
 pub mod table;
 pub mod web;
 
 use std::io::Read as _;
-use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 use serde_json::{json, Map, Value};
 
 use self::client::{encode, Client};
 use self::table::{cell, render};
+use crate::launch::{StartError, StoreArgs};
 
 /// Tasks sent per `POST /tasks` when creating tasks from a list.
 pub const TASK_BATCH: usize = 1000;
@@ -38,9 +40,18 @@ pub enum CliError {
     /// The API could not be reached (exit code 3).
     #[error("{0}")]
     Http(String),
-    /// `disbatch web` could not start or serve (exit code 1).
+    /// `disbatch web` or `disbatch dev` could not start or serve (exit code 1).
     #[error("{0}")]
     Server(String),
+}
+
+impl From<StartError> for CliError {
+    fn from(e: StartError) -> Self {
+        match e {
+            StartError::Usage(m) => CliError::Usage(m),
+            StartError::Failed(m) => CliError::Server(m),
+        }
+    }
 }
 
 impl CliError {
@@ -91,15 +102,18 @@ pub struct Cli {
 /// The verbs.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Serve the DCI (REST API and web UI) for a config file.
+    /// Serve the DCI (REST API and web UI) for a config file, or for an embedded store.
     Web {
-        /// The JSON config file.
-        #[arg(long, env = "DISBATCH_CONFIG")]
-        config: PathBuf,
+        /// The config and the store.
+        #[command(flatten)]
+        store: StoreArgs,
         /// Address to listen on (default: the config's `bind`, 127.0.0.1:8080).
         #[arg(long)]
         bind: Option<String>,
     },
+    /// Try Disbatch on one machine: an embedded store (or MongoDB), a `demo` queue, a DEN
+    /// and the web UI in one process.
+    Dev(dev::DevArgs),
     /// Server information.
     Info,
     /// The allowed plugins.
@@ -179,7 +193,9 @@ pub enum Command {
 pub async fn run(cli: &Cli) -> Result<(), CliError> {
     let client = Client::new(&cli.url, cli.token.clone())?;
     let out = match &cli.command {
-        Command::Web { .. } => return Err(CliError::Usage("`web` is served by the binary".into())),
+        Command::Web { .. } | Command::Dev(_) => {
+            return Err(CliError::Usage("`web` and `dev` are run by the binary".into()))
+        }
         Command::Info => Output::new(client.get("/info").await?, pretty),
         Command::Plugins => Output::new(client.get("/plugins").await?, lines),
         Command::Queues => Output::new(client.get("/queues").await?, queues_table),
@@ -420,18 +436,19 @@ fn queue_fields(pairs: &[String]) -> Result<Value, CliError> {
 
 /// JSON given inline, as `@file`, or `-` for stdin.
 fn read_json(arg: &str) -> Result<Value, CliError> {
-    let text = if arg == "-" {
+    let (text, source) = if arg == "-" {
         let mut s = String::new();
         std::io::stdin()
             .read_to_string(&mut s)
             .map_err(|e| CliError::Usage(format!("cannot read stdin: {e}")))?;
-        s
+        (s, "stdin".to_owned())
     } else if let Some(path) = arg.strip_prefix('@') {
-        std::fs::read_to_string(path).map_err(|e| CliError::Usage(format!("cannot read {path}: {e}")))?
+        let text = std::fs::read_to_string(path).map_err(|e| CliError::Usage(format!("cannot read {path}: {e}")))?;
+        (text, format!("file {path}"))
     } else {
-        arg.to_owned()
+        (arg.to_owned(), "the tasks argument".to_owned())
     };
-    serde_json::from_str(&text).map_err(|e| CliError::Usage(format!("invalid JSON: {e}")))
+    serde_json::from_str(&text).map_err(|e| CliError::Usage(format!("invalid JSON in {source}: {e}")))
 }
 
 /// Posts `list` in batches of [`TASK_BATCH`], with a progress bar on a terminal when there

@@ -20,6 +20,8 @@ use crate::runner::{DirGrant, Sandbox, MAX_MEMORY};
 
 /// Environment variable naming the config file when `--config` is not given.
 pub const CONFIG_ENV: &str = "DISBATCH_CONFIG";
+/// How errors name the config of a program run without a config file.
+pub const NO_CONFIG_FILE: &str = "(no config file)";
 /// Default `plugin_dir`.
 pub const DEFAULT_PLUGIN_DIR: &str = "/var/lib/disbatch/plugins";
 /// Default `heartbeat_stale`: a node silent this long is dead.
@@ -150,6 +152,18 @@ impl ConfigError {
     }
 }
 
+/// The store a config is for: MongoDB needs `mongohost` and `database`; the embedded
+/// store (one SQLite file) needs neither.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum StoreKind {
+    /// MongoDB: `mongohost` and `database` are required.
+    #[default]
+    Mongo,
+    /// The embedded store: `mongohost` and `database` are optional (empty when absent) and
+    /// still checked when present.
+    Embedded,
+}
+
 /// Where stdout/stderr of finished tasks go (the spec's `gfs`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Gfs {
@@ -209,9 +223,9 @@ pub struct Balance {
 /// The validated configuration. Its `Debug` output hides passwords and the API token.
 #[derive(Clone, PartialEq)]
 pub struct Config {
-    /// MongoDB URI (`mongohost`).
+    /// MongoDB URI (`mongohost`; empty in a config for the embedded store that has none).
     pub mongohost: String,
-    /// Database name (`database`).
+    /// Database name (`database`; empty in a config for the embedded store that has none).
     pub database: String,
     /// TLS settings (`attributes`).
     pub tls: Tls,
@@ -292,16 +306,43 @@ impl Config {
 
     /// Loads `path`; `env` looks up the override variables of [`ENV_OVERRIDES`].
     pub fn load_with_env(path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+        Config::load_for(path, StoreKind::Mongo, env)
+    }
+
+    /// Loads `path` as a config for the `store` kind; `env` looks up the override variables
+    /// of [`ENV_OVERRIDES`].
+    pub fn load_for(
+        path: &Path,
+        store: StoreKind,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
             path: path.to_owned(),
             source,
         })?;
-        Config::from_json_str(&text, &path.display().to_string(), env)
+        Config::parse_for(&text, &path.display().to_string(), store, env)
+    }
+
+    /// The config of a program run without a config file, on the embedded store: every key
+    /// at its default, then the overrides of [`ENV_OVERRIDES`] looked up with `env`. Errors
+    /// name the file as [`NO_CONFIG_FILE`].
+    pub fn defaults(env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+        Config::parse_for("{}", NO_CONFIG_FILE, StoreKind::Embedded, env)
     }
 
     /// Parses config text; `file` names it in errors; `env` looks up the override variables
     /// of [`ENV_OVERRIDES`] (pass `&|_| None` for none).
     pub fn from_json_str(text: &str, file: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+        Config::parse_for(text, file, StoreKind::Mongo, env)
+    }
+
+    /// Parses config text for the `store` kind, as [`Config::from_json_str`] does for MongoDB.
+    pub fn parse_for(
+        text: &str,
+        file: &str,
+        store: StoreKind,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigError> {
         let value: Value = serde_json::from_str(text).map_err(|e| ConfigError::Syntax {
             file: file.to_owned(),
             line: e.line(),
@@ -325,6 +366,7 @@ impl Config {
         Parser {
             file,
             map: &map,
+            store,
             from_env,
             warnings: Vec::new(),
         }
@@ -389,6 +431,35 @@ pub fn plugin_file(dir: &Path, allowed: &[String], name: &str) -> Result<PathBuf
     Ok(dir.join(format!("{name}.wasm")))
 }
 
+/// Checks a MongoDB URI (`mongohost`): the scheme, then the driver's parser. Messages show
+/// the URI with its password redacted.
+pub fn check_mongohost(uri: &str) -> Result<(), String> {
+    if !(uri.starts_with("mongodb://") || uri.starts_with("mongodb+srv://")) {
+        return Err(format!(
+            "must be a mongodb:// or mongodb+srv:// URI, got {:?}",
+            redact_uri(uri)
+        ));
+    }
+    if let Err(e) = mongodb::options::ConnectionString::parse(uri) {
+        let reason = match *e.kind {
+            mongodb::error::ErrorKind::InvalidArgument { ref message, .. } => message.clone(),
+            ref other => other.to_string(),
+        };
+        return Err(format!("is not a valid MongoDB URI ({reason}): {:?}", redact_uri(uri)));
+    }
+    Ok(())
+}
+
+/// Checks a MongoDB database name (`database`): under 64 bytes, none of `/\. "$` or NUL.
+pub fn check_database(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() >= 64 || name.contains(['/', '\\', '.', ' ', '"', '$', '\0']) {
+        return Err(format!(
+            "{name:?} is not a valid MongoDB database name (not empty, under 64 bytes, none of /\\. \"$)"
+        ));
+    }
+    Ok(())
+}
+
 /// `uri` with any `user:password@` replaced by `***@`, for messages and logs.
 pub fn redact_uri(uri: &str) -> String {
     let Some((scheme, rest)) = uri.split_once("://") else {
@@ -443,6 +514,8 @@ fn edit_distance(a: &str, b: &str) -> usize {
 struct Parser<'a> {
     file: &'a str,
     map: &'a Map<String, Value>,
+    /// Which keys are required.
+    store: StoreKind,
     /// (key, variable) of the keys an environment variable set.
     from_env: Vec<(&'static str, &'static str)>,
     warnings: Vec<String>,
@@ -644,35 +717,27 @@ impl<'a> Parser<'a> {
         })
     }
 
+    /// A string required for MongoDB and optional (empty when absent) for the embedded store.
+    fn store_str(&self, key: &str) -> Result<Option<String>, ConfigError> {
+        match self.store {
+            StoreKind::Mongo => self.required_str(key).map(Some),
+            StoreKind::Embedded => self.opt_str(key),
+        }
+    }
+
     fn mongohost(&self) -> Result<String, ConfigError> {
-        let uri = self.required_str("mongohost")?;
-        if !(uri.starts_with("mongodb://") || uri.starts_with("mongodb+srv://")) {
-            return Err(self.invalid(
-                "mongohost",
-                format!("must be a mongodb:// or mongodb+srv:// URI, got {:?}", redact_uri(&uri)),
-            ));
-        }
-        if let Err(e) = mongodb::options::ConnectionString::parse(&uri) {
-            let reason = match *e.kind {
-                mongodb::error::ErrorKind::InvalidArgument { ref message, .. } => message.clone(),
-                ref other => other.to_string(),
-            };
-            return Err(self.invalid(
-                "mongohost",
-                format!("is not a valid MongoDB URI ({reason}): {:?}", redact_uri(&uri)),
-            ));
-        }
+        let Some(uri) = self.store_str("mongohost")? else {
+            return Ok(String::new());
+        };
+        check_mongohost(&uri).map_err(|e| self.invalid("mongohost", e))?;
         Ok(uri)
     }
 
     fn database(&self) -> Result<String, ConfigError> {
-        let database = self.required_str("database")?;
-        if database.len() >= 64 || database.contains(['/', '\\', '.', ' ', '"', '$', '\0']) {
-            return Err(self.invalid(
-                "database",
-                format!("{database:?} is not a valid MongoDB database name (under 64 bytes, none of /\\. \"$)"),
-            ));
-        }
+        let Some(database) = self.store_str("database")? else {
+            return Ok(String::new());
+        };
+        check_database(&database).map_err(|e| self.invalid("database", e))?;
         Ok(database)
     }
 
@@ -1113,5 +1178,41 @@ mod tests {
             .contains("\"sandbox.memroy_mib\" is not a sandbox setting (did you mean \"memory_mib\"?)"));
         assert!(err(r#""api_token":" padded-token-0123456789 ""#).contains("\"api_token\" must not start or end"));
         assert!(parse(r#""api_token":"short""#).unwrap().warnings[0].contains("api_token is shorter"));
+    }
+
+    #[test]
+    fn the_embedded_store_needs_no_mongodb_keys() {
+        let embedded = |text: &str| Config::parse_for(text, "e.json", StoreKind::Embedded, &|_| None);
+        let c = embedded(r#"{"plugins":["demo"]}"#).unwrap();
+        assert_eq!((c.mongohost.as_str(), c.database.as_str()), ("", ""));
+        assert_eq!(c.plugins, ["demo"]);
+        let c = embedded(r#"{"mongohost":"mongodb://h","database":"d"}"#).unwrap();
+        assert_eq!((c.mongohost.as_str(), c.database.as_str()), ("mongodb://h", "d"));
+        let e = embedded(r#"{"mongohost":"http://h"}"#).unwrap_err().to_string();
+        assert!(
+            e.contains("e.json") && e.contains("\"mongohost\" must be a mongodb://"),
+            "{e}"
+        );
+        let e = embedded(r#"{"database":""}"#).unwrap_err().to_string();
+        assert!(e.contains("\"database\" must be a non-empty string"), "{e}");
+        let e = Config::from_json_str(r#"{"plugins":[]}"#, "m.json", &|_| None).unwrap_err();
+        assert_eq!(e.key(), Some("mongohost"));
+    }
+
+    #[test]
+    fn defaults_take_the_environment() {
+        let c = Config::defaults(&|_| None).unwrap();
+        assert_eq!(c.plugin_dir, Path::new(DEFAULT_PLUGIN_DIR));
+        assert_eq!((c.bind.as_str(), c.plugins.len()), (DEFAULT_BIND, 0));
+        let env = |k: &str| (k == "DISBATCH_NODE").then(|| "worker-2".to_string());
+        assert_eq!(Config::defaults(&env).unwrap().node, "worker-2");
+        let bad = |k: &str| (k == "DISBATCH_BIND").then(|| "nowhere".to_string());
+        let e = Config::defaults(&bad).unwrap_err().to_string();
+        assert!(
+            e.contains(NO_CONFIG_FILE) && e.contains("(set by DISBATCH_BIND)"),
+            "{e}"
+        );
+        assert!(check_database("").is_err() && check_database("ok_name").is_ok());
+        assert!(check_mongohost("mongodb://h:1").is_ok() && check_mongohost("h:1").is_err());
     }
 }

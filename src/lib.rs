@@ -5,17 +5,21 @@
 //! - [`api`]: the DCI — REST API router, web UI and OpenAPI document (`disbatch web`).
 //! - [`cli`]: the `disbatch` command line, an HTTP client of the API.
 //! - [`config`]: the JSON config file (spec keys + ours) → a validated `Config`.
+//! - [`launch`]: what the binaries share to start — the `--config` / `--embedded` /
+//!   `--plugin-dir` flags, opening MongoDB or the embedded SQLite store, building a DEN,
+//!   serving the DCI, the runtime, logging and signals.
 //! - [`den`]: the Disbatch Execution Node — heartbeat, orphan recovery, queue processing,
 //!   claiming within `threads`/`maxthreads`, running tasks and writing results back.
 //! - [`model`]: the spec's documents as types — tasks, queues, nodes, status codes.
-//! - [`store`]: the store boundary (the `Store` trait) and its MongoDB implementation,
-//!   with String-chunk GridFS for large task output.
+//! - [`store`]: the store boundary (the `Store` trait), its MongoDB implementation with
+//!   String-chunk GridFS for large task output, and the embedded SQLite implementation.
 //! - [`runner`]: the sandbox — wasmtime engine, WASI context, limits, plugin loading and
 //!   the result of one task.
 pub mod api;
 pub mod cli;
 pub mod config;
 pub mod den;
+pub mod launch;
 pub mod model;
 pub mod runner;
 pub mod store;

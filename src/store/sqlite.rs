@@ -21,7 +21,10 @@
 //! - `output_files(id, task, filename, length, upload_date, data)`: large outputs, the
 //!   GridFS files of the MongoDB store.
 //!
-//! [`Store::watch_queued`] is not implemented (`Ok(None)`): DENs poll.
+//! [`Store::watch_queued`] yields for tasks queued (created, requeued, recovered as queued)
+//! through this store or its clones, in this process: a DEN sharing the store with the DCI
+//! (`disbatch dev`) claims them at once. Tasks queued by other processes wait for the
+//! DEN's next poll.
 //! SQLite calls block, so each operation runs on [`tokio::task::spawn_blocking`] with a
 //! connection from a small pool.
 
@@ -54,6 +57,9 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Connections kept open for reuse.
 const POOL_SIZE: usize = 8;
+
+/// Queued-task signals kept for a slow watcher (more coalesce into one).
+const QUEUED_EVENTS: usize = 16;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS tasks (
@@ -115,6 +121,8 @@ pub struct SqliteStore {
     pool: Arc<Mutex<Vec<Connection>>>,
     /// Problems with stored queues already logged, so each is logged once.
     warned: Arc<Mutex<HashSet<String>>>,
+    /// Signals tasks queued through this store, for [`Store::watch_queued`].
+    queued: tokio::sync::broadcast::Sender<()>,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -132,6 +140,7 @@ impl SqliteStore {
             path: Arc::new(path.as_ref().to_path_buf()),
             pool: Arc::new(Mutex::new(Vec::new())),
             warned: Arc::new(Mutex::new(HashSet::new())),
+            queued: tokio::sync::broadcast::channel(QUEUED_EVENTS).0,
         };
         store.ensure_indexes().await?;
         Ok(store)
@@ -192,6 +201,11 @@ impl SqliteStore {
             Ok(value)
         })
         .await
+    }
+
+    /// Tells the watchers of [`Store::watch_queued`] that tasks were queued.
+    fn signal_queued(&self) {
+        let _ = self.queued.send(());
     }
 
     /// Logs a problem with a stored document once per process.
@@ -612,6 +626,17 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn watch_queued(&self) -> StoreResult<Option<super::QueuedEvents>> {
+        use tokio::sync::broadcast::error::RecvError;
+        let events = futures::stream::unfold(self.queued.subscribe(), |mut rx| async move {
+            match rx.recv().await {
+                Ok(()) | Err(RecvError::Lagged(_)) => Some((Ok(()), rx)),
+                Err(RecvError::Closed) => None,
+            }
+        });
+        Ok(Some(Box::pin(events)))
+    }
+
     async fn has_queued(&self, queue: ObjectId) -> StoreResult<bool> {
         self.with(move |conn| {
             conn.query_row(
@@ -744,24 +769,29 @@ impl Store for SqliteStore {
 
     async fn requeue_own(&self, node: &str, tasks: &[ObjectId]) -> StoreResult<Vec<ObjectId>> {
         let (node, tasks) = (node.to_string(), tasks.to_vec());
-        self.write("requeue task", move |tx| {
-            let now = DateTime::now().timestamp_millis();
-            let mut requeued = Vec::new();
-            for id in tasks {
-                let n = tx
-                    .execute(
-                        "UPDATE tasks SET status = ?1, node = NULL, mtime = ?2
+        let requeued = self
+            .write("requeue task", move |tx| {
+                let now = DateTime::now().timestamp_millis();
+                let mut requeued = Vec::new();
+                for id in tasks {
+                    let n = tx
+                        .execute(
+                            "UPDATE tasks SET status = ?1, node = NULL, mtime = ?2
                          WHERE id = ?3 AND node = ?4 AND status IN (?5, ?6)",
-                        params![status::QUEUED, now, id.to_hex(), node, status::CLAIMED, status::RUNNING],
-                    )
-                    .map_err(db_err("requeue task"))?;
-                if n == 1 {
-                    requeued.push(id);
+                            params![status::QUEUED, now, id.to_hex(), node, status::CLAIMED, status::RUNNING],
+                        )
+                        .map_err(db_err("requeue task"))?;
+                    if n == 1 {
+                        requeued.push(id);
+                    }
                 }
-            }
-            Ok(requeued)
-        })
-        .await
+                Ok(requeued)
+            })
+            .await?;
+        if !requeued.is_empty() {
+            self.signal_queued();
+        }
+        Ok(requeued)
     }
 
     /// Recovers as the MongoDB store does, in one transaction: a node is fresh when its
@@ -769,72 +799,77 @@ impl Store for SqliteStore {
     /// node are recovered once their own `mtime` is before `stale_before` too.
     async fn recover_orphans(&self, claimed_before: DateTime, stale_before: DateTime) -> StoreResult<Recovery> {
         let (claimed_before, stale_before) = (claimed_before.timestamp_millis(), stale_before.timestamp_millis());
-        self.write("recover orphans", move |tx| {
-            let err = db_err("recover orphans");
-            let mut policies: HashMap<String, OnOrphan> = HashMap::new();
-            {
-                let mut stmt = tx.prepare("SELECT id, doc FROM queues").map_err(&err)?;
-                let rows = stmt
-                    .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, Vec<u8>>(1)?)))
-                    .map_err(&err)?;
-                for row in rows {
-                    let (id, bytes) = row.map_err(&err)?;
-                    let policy = read_bson("queues", &id, &bytes)
-                        .map(|d| on_orphan_lenient(&d))
-                        .unwrap_or_default();
-                    policies.insert(id, policy);
+        let recovery = self
+            .write("recover orphans", move |tx| {
+                let err = db_err("recover orphans");
+                let mut policies: HashMap<String, OnOrphan> = HashMap::new();
+                {
+                    let mut stmt = tx.prepare("SELECT id, doc FROM queues").map_err(&err)?;
+                    let rows = stmt
+                        .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, Vec<u8>>(1)?)))
+                        .map_err(&err)?;
+                    for row in rows {
+                        let (id, bytes) = row.map_err(&err)?;
+                        let policy = read_bson("queues", &id, &bytes)
+                            .map(|d| on_orphan_lenient(&d))
+                            .unwrap_or_default();
+                        policies.insert(id, policy);
+                    }
                 }
-            }
-            let candidates: Vec<(String, String)> = {
-                let mut stmt = tx
-                    .prepare(
-                        "SELECT id, queue FROM tasks
+                let candidates: Vec<(String, String)> = {
+                    let mut stmt = tx
+                        .prepare(
+                            "SELECT id, queue FROM tasks
                          WHERE (status = ?1 AND mtime < ?3)
                             OR (status IN (?1, ?2) AND mtime < ?4
                                 AND (node IS NULL OR node NOT IN (SELECT node FROM nodes WHERE timestamp >= ?4)))",
-                    )
-                    .map_err(&err)?;
-                let rows = stmt
-                    .query_map(
-                        params![status::CLAIMED, status::RUNNING, claimed_before, stale_before],
-                        |r| Ok((r.get(0)?, r.get(1)?)),
-                    )
-                    .map_err(&err)?
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(&err)?;
-                rows
-            };
-            let now = DateTime::now().timestamp_millis();
-            let mut recovery = Recovery::default();
-            for (id, queue) in candidates {
-                let Ok(oid) = ObjectId::parse_str(&id) else { continue };
-                // Tasks of a queue that no longer exists are orphaned.
-                if policies.get(&queue) == Some(&OnOrphan::Requeue) {
-                    tx.execute(
-                        "UPDATE tasks SET status = ?1, node = NULL, mtime = ?2 WHERE id = ?3",
-                        params![status::QUEUED, now, id],
-                    )
-                    .map_err(&err)?;
-                    recovery.requeued.push(oid);
-                } else {
-                    tx.execute(
-                        "UPDATE tasks SET status = ?1, mtime = ?2 WHERE id = ?3",
-                        params![status::ORPHANED, now, id],
-                    )
-                    .map_err(&err)?;
-                    recovery.orphaned.push(oid);
+                        )
+                        .map_err(&err)?;
+                    let rows = stmt
+                        .query_map(
+                            params![status::CLAIMED, status::RUNNING, claimed_before, stale_before],
+                            |r| Ok((r.get(0)?, r.get(1)?)),
+                        )
+                        .map_err(&err)?
+                        .collect::<Result<Vec<_>, _>>()
+                        .map_err(&err)?;
+                    rows
+                };
+                let now = DateTime::now().timestamp_millis();
+                let mut recovery = Recovery::default();
+                for (id, queue) in candidates {
+                    let Ok(oid) = ObjectId::parse_str(&id) else { continue };
+                    // Tasks of a queue that no longer exists are orphaned.
+                    if policies.get(&queue) == Some(&OnOrphan::Requeue) {
+                        tx.execute(
+                            "UPDATE tasks SET status = ?1, node = NULL, mtime = ?2 WHERE id = ?3",
+                            params![status::QUEUED, now, id],
+                        )
+                        .map_err(&err)?;
+                        recovery.requeued.push(oid);
+                    } else {
+                        tx.execute(
+                            "UPDATE tasks SET status = ?1, mtime = ?2 WHERE id = ?3",
+                            params![status::ORPHANED, now, id],
+                        )
+                        .map_err(&err)?;
+                        recovery.orphaned.push(oid);
+                    }
                 }
-            }
-            tx.execute(
-                "UPDATE slots SET holder = NULL
+                tx.execute(
+                    "UPDATE slots SET holder = NULL
                  WHERE holder IS NOT NULL AND holder NOT IN (SELECT node FROM nodes WHERE timestamp >= ?1)
                    AND holder IN (SELECT node FROM nodes)",
-                [stale_before],
-            )
-            .map_err(&err)?;
-            Ok(recovery)
-        })
-        .await
+                    [stale_before],
+                )
+                .map_err(&err)?;
+                Ok(recovery)
+            })
+            .await?;
+        if !recovery.requeued.is_empty() {
+            self.signal_queued();
+        }
+        Ok(recovery)
     }
 
     // ---- tasks (the DCI) ---------------------------------------------------------------
@@ -844,26 +879,29 @@ impl Store for SqliteStore {
             return Ok(Vec::new());
         }
         let encoded = params.iter().map(bson_bytes).collect::<StoreResult<Vec<_>>>()?;
-        self.write("create tasks", move |tx| {
-            let err = db_err("create tasks");
-            let now = DateTime::now().timestamp_millis();
-            let q = queue.to_hex();
-            let mut stmt = tx
-                .prepare_cached(
-                    "INSERT INTO tasks (id, queue, ctime, mtime, node, status, params)
+        let ids = self
+            .write("create tasks", move |tx| {
+                let err = db_err("create tasks");
+                let now = DateTime::now().timestamp_millis();
+                let q = queue.to_hex();
+                let mut stmt = tx
+                    .prepare_cached(
+                        "INSERT INTO tasks (id, queue, ctime, mtime, node, status, params)
                      VALUES (?1, ?2, ?3, ?3, NULL, ?4, ?5)",
-                )
-                .map_err(&err)?;
-            let mut ids = Vec::with_capacity(encoded.len());
-            for bytes in encoded {
-                let id = ObjectId::new();
-                stmt.execute(params![id.to_hex(), q, now, status::QUEUED, bytes])
+                    )
                     .map_err(&err)?;
-                ids.push(id);
-            }
-            Ok(ids)
-        })
-        .await
+                let mut ids = Vec::with_capacity(encoded.len());
+                for bytes in encoded {
+                    let id = ObjectId::new();
+                    stmt.execute(params![id.to_hex(), q, now, status::QUEUED, bytes])
+                        .map_err(&err)?;
+                    ids.push(id);
+                }
+                Ok(ids)
+            })
+            .await?;
+        self.signal_queued();
+        Ok(ids)
     }
 
     async fn find_tasks(&self, filter: &TaskFilter, page: Page) -> StoreResult<Vec<Task>> {

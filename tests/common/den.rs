@@ -1,7 +1,8 @@
 //! `den` as a real process, and waiting for conditions.
 
+use std::ffi::OsStr;
 use std::future::Future;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -16,10 +17,24 @@ impl DenProcess {
     /// Starts `den` as `node` on database `db` at `uri`, with a config of test defaults
     /// (the built plugins, `heartbeat_stale` 2 s, `shutdown_grace` 1 s) overridden by `extra`.
     pub fn start(uri: &str, db: &str, node: &str, extra: serde_json::Value) -> DenProcess {
+        let mut config = serde_json::json!({"mongohost": uri, "database": db});
+        for (k, v) in extra.as_object().unwrap() {
+            config[k] = v.clone();
+        }
+        DenProcess::spawn(node, config, &[])
+    }
+
+    /// Starts `den --embedded <file>` as `node`, with a config file of the same test
+    /// defaults as [`DenProcess::start`] (no `mongohost`, no `database`) overridden by `extra`.
+    pub fn start_embedded(file: &Path, node: &str, extra: serde_json::Value) -> DenProcess {
+        DenProcess::spawn(node, extra, &["--embedded".as_ref(), file.as_os_str()])
+    }
+
+    /// Starts `den <args> --config <file>`, the config being the test defaults overridden
+    /// by `extra`.
+    fn spawn(node: &str, extra: serde_json::Value, args: &[&OsStr]) -> DenProcess {
         let dir = tempfile::tempdir().unwrap();
         let mut config = serde_json::json!({
-            "mongohost": uri,
-            "database": db,
             "plugins": ["demo"],
             "plugin_dir": super::plugins_dir(),
             "node": node,
@@ -33,6 +48,7 @@ impl DenProcess {
         std::fs::write(&config_path, config.to_string()).unwrap();
         let log = dir.path().join("den.log");
         let child = Command::new(env!("CARGO_BIN_EXE_den"))
+            .args(args)
             .arg("--config")
             .arg(&config_path)
             .env("DISBATCH_CACHE_DIR", dir.path().join("cache"))

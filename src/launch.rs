@@ -1,0 +1,355 @@
+//! Starting the programs: what `den`, `disbatch web` and `disbatch dev` share.
+//!
+//! - [`StoreArgs`]: the `--config`, `--embedded [FILE]` and `--plugin-dir DIR` flags, and the
+//!   [`Config`] they give ([`StoreArgs::load_config`]): with `--embedded` the config file is
+//!   optional, and without one the defaults apply with every `*.wasm` of the plugin
+//!   directory allowed.
+//! - [`open_store`]: MongoDB ([`MongoStore`]) or the embedded SQLite file ([`SqliteStore`]),
+//!   schema and indexes ensured.
+//! - [`den`] and [`run_den`]: a DEN on that store.
+//! - [`listen`], [`api_state`] and [`serve_dci`]: the DCI (REST API and web UI).
+//! - [`runtime`], [`init_tracing`] and [`signals`]: the process around them.
+//!
+//! Errors are [`StartError`]s: bad flags or config (exit code 2), or a failure to start or
+//! run (exit code 1).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::api::{router, ApiState, DocumentSource};
+use crate::config::{check_plugin_name, redact_uri, Config, ConfigError, StoreKind};
+use crate::den::{Den, DenSettings};
+use crate::runner::{EngineOptions, Runner};
+use crate::store::mongo::MongoStore;
+use crate::store::sqlite::SqliteStore;
+use crate::store::Store;
+
+/// Default file of the embedded store (`--embedded` without a value, `disbatch dev --db`).
+pub const DEFAULT_EMBEDDED_PATH: &str = "./disbatch.db";
+
+/// Errors starting or running a program.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// Bad flags, config file or plugin directory (exit code 2).
+    #[error("{0}")]
+    Usage(String),
+    /// The store, the sandbox, the listener or the DEN failed (exit code 1).
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl StartError {
+    /// The process exit code for this error.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            StartError::Usage(_) => 2,
+            StartError::Failed(_) => 1,
+        }
+    }
+}
+
+impl From<ConfigError> for StartError {
+    fn from(e: ConfigError) -> Self {
+        StartError::Usage(e.to_string())
+    }
+}
+
+/// The flags choosing the config and the store, shared by `den` and `disbatch web`.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct StoreArgs {
+    /// The JSON config file (optional with --embedded: the defaults apply without one).
+    #[arg(long, env = "DISBATCH_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Use the embedded store, a SQLite file (default ./disbatch.db), instead of MongoDB.
+    #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = DEFAULT_EMBEDDED_PATH)]
+    pub embedded: Option<PathBuf>,
+    /// Directory of plugin components, over the config's `plugin_dir`. Without a config
+    /// file every `*.wasm` in it is an allowed plugin.
+    #[arg(long, value_name = "DIR")]
+    pub plugin_dir: Option<PathBuf>,
+}
+
+impl StoreArgs {
+    /// The config these flags give: the `--config` file (the environment overrides
+    /// applied), or with `--embedded` and no file the defaults; then `--plugin-dir` over
+    /// `plugin_dir`; without a config file the allowed plugins are the `*.wasm` files of
+    /// the plugin directory ([`allow_plugins_in_dir`]).
+    pub fn load_config(&self) -> Result<Config, StartError> {
+        let env = |k: &str| std::env::var(k).ok();
+        let kind = if self.embedded.is_some() {
+            StoreKind::Embedded
+        } else {
+            StoreKind::Mongo
+        };
+        let mut config = match &self.config {
+            Some(path) => Config::load_for(path, kind, &env)?,
+            None if self.embedded.is_some() => Config::defaults(&env)?,
+            None => {
+                return Err(StartError::Usage(
+                    "no config file: give --config FILE (or set DISBATCH_CONFIG), or use --embedded [FILE] \
+                     to run on the embedded store without one"
+                        .into(),
+                ))
+            }
+        };
+        if let Some(dir) = &self.plugin_dir {
+            config.plugin_dir = dir.clone();
+        }
+        if self.config.is_none() {
+            allow_plugins_in_dir(&mut config)?;
+        }
+        Ok(config)
+    }
+}
+
+/// Sets `config.plugins` to the stem of every `*.wasm` file in `config.plugin_dir`, sorted.
+/// Files whose stem is not a valid plugin name are left out with a warning in
+/// `config.warnings`; a directory without components gets a warning too, and one that
+/// cannot be read is an error naming it.
+pub fn allow_plugins_in_dir(config: &mut Config) -> Result<(), StartError> {
+    let dir = &config.plugin_dir;
+    let entries = std::fs::read_dir(dir).map_err(|e| {
+        StartError::Usage(format!(
+            "cannot read the plugin directory {}: {e}; --plugin-dir DIR names the directory of plugin components",
+            dir.display()
+        ))
+    })?;
+    let mut plugins = Vec::new();
+    for entry in entries {
+        let path = entry
+            .map_err(|e| StartError::Usage(format!("cannot read the plugin directory {}: {e}", dir.display())))?
+            .path();
+        if path.extension().is_none_or(|e| e != "wasm") || !path.is_file() {
+            continue;
+        }
+        let Some(stem) = path.file_stem().and_then(|s| s.to_str()) else {
+            config
+                .warnings
+                .push(format!("{}: the file name is not UTF-8, not a plugin", path.display()));
+            continue;
+        };
+        match check_plugin_name(stem) {
+            Ok(()) => plugins.push(stem.to_owned()),
+            Err(e) => config.warnings.push(format!("{}: {e}, not a plugin", path.display())),
+        }
+    }
+    plugins.sort();
+    if plugins.is_empty() {
+        config
+            .warnings
+            .push(format!("no plugin components (*.wasm) in {}", dir.display()));
+    }
+    config.plugins = plugins;
+    Ok(())
+}
+
+/// An open store and how to name it.
+#[derive(Clone)]
+pub struct OpenStore {
+    /// The store.
+    pub store: Arc<dyn Store>,
+    /// Other collections of the same database, for `POST /tasks` from documents: MongoDB
+    /// has them, the embedded store does not (`None`: that form answers 400).
+    pub documents: Option<Arc<dyn DocumentSource>>,
+    /// What `GET /info` shows as the database: the MongoDB database name or the file.
+    pub database: String,
+    /// For people: `./disbatch.db (embedded)` or `mongodb://***@host/ database disbatch (MongoDB)`.
+    pub description: String,
+}
+
+impl std::fmt::Debug for OpenStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenStore")
+            .field("description", &self.description)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Opens the embedded store in the file `embedded` when given, else connects to the
+/// config's MongoDB as `role` (`disbatchd`, `disbatch_web`; see [`Config::mongo_options`]),
+/// and ensures the schema or indexes.
+pub async fn open_store(config: &Config, embedded: Option<&Path>, role: &str) -> Result<OpenStore, StartError> {
+    if let Some(path) = embedded {
+        check_store_file(path)?;
+        let store = SqliteStore::open(path)
+            .await
+            .map_err(|e| StartError::Failed(format!("cannot open the embedded store {}: {e}", path.display())))?;
+        return Ok(OpenStore {
+            store: Arc::new(store),
+            documents: None,
+            database: path.display().to_string(),
+            description: format!("{} (embedded)", path.display()),
+        });
+    }
+    let uri = redact_uri(&config.mongohost);
+    let store = MongoStore::connect(&config.mongohost, &config.database, config.mongo_options(role))
+        .await
+        .map_err(|e| StartError::Usage(format!("cannot use MongoDB at {uri}: {e}")))?;
+    store
+        .ensure_indexes()
+        .await
+        .map_err(|e| StartError::Failed(format!("cannot prepare the database {} at {uri}: {e}", config.database)))?;
+    Ok(OpenStore {
+        documents: Some(Arc::new(store.database().clone())),
+        store: Arc::new(store),
+        database: config.database.clone(),
+        description: format!("{uri} database {} (MongoDB)", config.database),
+    })
+}
+
+/// Refuses names SQLite would not take as a plain file: empty (a private temporary
+/// database), `:memory:` and `file:` URIs, which DENs and DCIs could not share.
+fn check_store_file(path: &Path) -> Result<(), StartError> {
+    let text = path.to_string_lossy();
+    if text.is_empty() || text == ":memory:" || text.starts_with("file:") {
+        return Err(StartError::Usage(format!(
+            "the embedded store needs a file name, got {text:?}"
+        )));
+    }
+    Ok(())
+}
+
+/// A DEN on `store` with the settings of `config` and a sandbox sized by its
+/// `max_instances` and `cache_dir`.
+pub fn den(config: &Config, store: Arc<dyn Store>) -> Result<Arc<Den>, StartError> {
+    let runner = Runner::new(&EngineOptions {
+        cache_dir: config.cache_dir.clone().or_else(crate::runner::default_cache_dir),
+        max_instances: config.max_instances,
+    })
+    .map_err(|e| StartError::Failed(e.to_string()))?;
+    Ok(Den::new(store, runner, DenSettings::from_config(config)))
+}
+
+/// Runs `den` until `shutdown` is cancelled, then shuts it down gracefully.
+pub async fn run_den(den: Arc<Den>, shutdown: CancellationToken) -> Result<(), StartError> {
+    den.run(shutdown).await.map_err(|e| StartError::Failed(e.to_string()))
+}
+
+/// The DCI's state for `config` on `store`: its plugins, token and monitoring setting.
+pub fn api_state(config: &Config, store: &OpenStore) -> ApiState {
+    let mut state = ApiState::new(store.store.clone(), config.plugins.clone());
+    state.api_token = config.api_token.clone();
+    state.documents = store.documents.clone();
+    state.database = Some(store.database.clone());
+    state.monitoring = config.monitoring;
+    state
+}
+
+/// Binds `bind` (`host:port`; port 0 takes a free port) and returns the listener with the
+/// address it got.
+pub async fn listen(bind: &str) -> Result<(tokio::net::TcpListener, SocketAddr), StartError> {
+    let listener = tokio::net::TcpListener::bind(bind)
+        .await
+        .map_err(|e| StartError::Failed(format!("cannot listen on {bind}: {e}")))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| StartError::Failed(format!("cannot listen on {bind}: {e}")))?;
+    Ok((listener, addr))
+}
+
+/// Serves the DCI ([`router`]) of `state` on `listener` until `shutdown` is cancelled.
+pub async fn serve_dci(
+    listener: tokio::net::TcpListener,
+    state: ApiState,
+    shutdown: CancellationToken,
+) -> Result<(), StartError> {
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await
+        .map_err(|e| StartError::Failed(format!("the web server failed: {e}")))
+}
+
+/// A multi-threaded runtime whose blocking pool holds `max_instances` running plugins plus
+/// room for the embedded store's calls.
+pub fn runtime(max_instances: u32) -> Result<tokio::runtime::Runtime, StartError> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .max_blocking_threads(max_instances.max(1) as usize + 16)
+        .build()
+        .map_err(|e| StartError::Failed(format!("cannot start the async runtime: {e}")))
+}
+
+/// Logs to stderr, as text (colored on a terminal) or as JSON lines; `RUST_LOG` sets the
+/// filter (default `info,mongodb=warn`).
+pub fn init_tracing(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,mongodb=warn".into());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    if json {
+        builder.json().flatten_event(true).with_current_span(true).init();
+    } else {
+        builder.init();
+    }
+}
+
+/// The first SIGINT/SIGTERM cancels `shutdown` (a graceful shutdown); a second one exits at
+/// once with code 130.
+pub async fn signals(shutdown: CancellationToken) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut int), Ok(mut term)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) else {
+        tracing::error!("cannot install signal handlers");
+        return;
+    };
+    tokio::select! { _ = int.recv() => {}, _ = term.recv() => {} }
+    tracing::info!("signal received: shutting down gracefully (send it again to exit at once)");
+    shutdown.cancel();
+    tokio::select! { _ = int.recv() => {}, _ = term.recv() => {} }
+    tracing::warn!("second signal: exiting at once; tasks still running here will be recovered as orphans");
+    std::process::exit(130);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plugins_are_the_components_of_the_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        for f in ["b.wasm", "a.wasm", ".hidden.wasm", "notes.txt", "wasm"] {
+            std::fs::write(dir.path().join(f), b"").unwrap();
+        }
+        std::fs::create_dir(dir.path().join("dir.wasm")).unwrap();
+        let mut config = Config::defaults(&|_| None).unwrap();
+        config.plugin_dir = dir.path().to_owned();
+        allow_plugins_in_dir(&mut config).unwrap();
+        assert_eq!(config.plugins, ["a", "b"]);
+        assert!(
+            config.warnings.iter().any(|w| w.contains(".hidden.wasm")),
+            "{:?}",
+            config.warnings
+        );
+
+        config.plugin_dir = dir.path().join("none");
+        let e = allow_plugins_in_dir(&mut config).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        assert!(
+            e.to_string().contains("none") && e.to_string().contains("--plugin-dir"),
+            "{e}"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_embedded_store_is_a_plain_file() {
+        let config = Config::defaults(&|_| None).unwrap();
+        for bad in ["", ":memory:", "file:x.db?mode=memory"] {
+            let e = open_store(&config, Some(Path::new(bad)), "disbatchd")
+                .await
+                .unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{bad:?}: {e}");
+            assert!(e.to_string().contains("needs a file name"), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_config_file_is_needed_without_embedded() {
+        let e = StoreArgs::default().load_config().unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        assert!(e.to_string().contains("--embedded"), "{e}");
+    }
+}

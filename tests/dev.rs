@@ -1,0 +1,273 @@
+//! `disbatch dev` as a real process: one process with a store, a `demo` queue, a DEN and the
+//! web UI; the command it prints works; SIGTERM stops it cleanly; a missing plugin
+//! directory is a clear error.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::web::{run_disbatch, stderr};
+use common::{plugins_dir, wait_for};
+use serde_json::Value;
+
+const BUILD_PLUGINS: &str = "cargo build --release --target wasm32-wasip2 --manifest-path plugins/Cargo.toml";
+
+/// A `disbatch dev` process and the lines it printed; killed when dropped.
+struct Dev {
+    child: Child,
+    lines: Vec<String>,
+    url: String,
+    log: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Dev {
+    /// Starts `disbatch dev <args>` in `cwd` and waits (at most a minute) for its three lines.
+    fn start(cwd: &Path, args: &[&str]) -> Dev {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("dev.log");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_disbatch"))
+            .arg("dev")
+            .args(args)
+            .current_dir(cwd)
+            .env("DISBATCH_CACHE_DIR", dir.path().join("cache"))
+            .env_remove("DISBATCH_BIND")
+            .env_remove("DISBATCH_PLUGIN_DIR")
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("start disbatch dev");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stdout).lines() {
+                if tx.send(line.unwrap_or_default()).is_err() {
+                    break;
+                }
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut lines = Vec::new();
+        while lines.len() < 3 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(line) => lines.push(line),
+                Err(e) => panic!(
+                    "disbatch dev printed {lines:?} and then {e}:\n{}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                ),
+            }
+        }
+        let url = lines[0]
+            .strip_prefix("disbatch dev: web UI and API at ")
+            .unwrap_or_else(|| panic!("unexpected first line {:?}", lines[0]))
+            .trim_end_matches('/')
+            .to_owned();
+        Dev {
+            child,
+            lines,
+            url,
+            log,
+            _dir: dir,
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The arguments of the `disbatch …` command the third line suggests.
+    fn try_args(&self) -> Vec<String> {
+        let line = &self.lines[2];
+        let cmd = line
+            .strip_prefix("disbatch dev: try   disbatch ")
+            .unwrap_or_else(|| panic!("unexpected third line {line:?}"));
+        cmd.split_whitespace().map(str::to_owned).collect()
+    }
+
+    async fn get(&self, path: &str) -> (u16, String) {
+        let r = reqwest::get(format!("{}{path}", self.url)).await.unwrap();
+        (r.status().as_u16(), r.text().await.unwrap())
+    }
+
+    async fn get_json(&self, path: &str) -> Value {
+        let (status, text) = self.get(path).await;
+        assert_eq!(status, 200, "GET {path}: {text}");
+        serde_json::from_str(&text).unwrap()
+    }
+
+    /// Sends SIGTERM and returns the exit code, waiting at most 30 s.
+    fn terminate(&mut self) -> Option<i32> {
+        // SAFETY: kill(2) on our own child's pid.
+        assert_eq!(unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) }, 0);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code();
+            }
+            assert!(Instant::now() < deadline, "no exit 30 s after SIGTERM:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Dev {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs the suggested command, then waits until its task succeeded with the demo plugin's
+/// output; returns the task.
+async fn try_the_suggested_task(dev: &Dev) -> Value {
+    let args = dev.try_args();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    assert_eq!(args[..2], ["--url", dev.url.as_str()], "{args:?}");
+    assert_eq!(args[2..], ["create-task", "demo", "message", "hello"], "{args:?}");
+    let out = run_disbatch(&args, None, &[]);
+    assert!(out.status.success(), "disbatch {args:?}: {}", stderr(&out));
+    let printed = String::from_utf8_lossy(&out.stdout);
+    let id = printed
+        .lines()
+        .nth(1)
+        .unwrap_or_else(|| panic!("no task id in {printed:?}"))
+        .to_owned();
+    let path = format!("/tasks/{id}");
+    let path = path.as_str();
+    wait_for(Duration::from_secs(60), "the demo task to succeed", || async move {
+        dev.get_json(path).await["status"] == 1
+    })
+    .await;
+    let task = dev.get_json(&format!("/tasks/{id}?output=1")).await;
+    assert_eq!(task["stdout"], "hello\n", "{task}");
+    task
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dev_serves_the_ui_and_runs_the_suggested_task_on_an_embedded_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("x.db");
+    let plugins = plugins_dir();
+    let mut dev = Dev::start(
+        dir.path(),
+        &[
+            "--db",
+            db.to_str().unwrap(),
+            "--bind",
+            "127.0.0.1:0",
+            "--plugin-dir",
+            plugins.to_str().unwrap(),
+        ],
+    );
+    assert!(!dev.url.ends_with(":0"), "the real port is printed: {}", dev.url);
+    assert_eq!(dev.lines[1], format!("disbatch dev: store {} (embedded)", db.display()));
+
+    let queues = dev.get_json("/queues").await;
+    let demo = queues
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|q| q["name"] == "demo")
+        .unwrap_or_else(|| panic!("no demo queue: {queues}"));
+    assert_eq!(
+        (demo["plugin"].as_str(), demo["threads"].as_i64()),
+        (Some("demo"), Some(4))
+    );
+    let task = try_the_suggested_task(&dev).await;
+    assert_eq!(task["stderr"], "", "{task}");
+
+    let (status, html) = dev.get("/").await;
+    assert_eq!(status, 200);
+    assert!(html.to_ascii_lowercase().contains("<html"), "{html}");
+    let info = dev.get_json("/info").await;
+    assert_eq!(info["database"], db.display().to_string());
+
+    assert_eq!(dev.terminate(), Some(0), "{}", dev.log());
+    assert!(dev.log().contains("DEN stopped"), "{}", dev.log());
+
+    // A second start on the same file keeps the queue and its finished task.
+    let mut again = Dev::start(
+        dir.path(),
+        &[
+            "--db",
+            db.to_str().unwrap(),
+            "--bind",
+            "127.0.0.1:0",
+            "--plugin-dir",
+            plugins.to_str().unwrap(),
+        ],
+    );
+    let queues = again.get_json("/queues").await;
+    assert_eq!(queues.as_array().unwrap().len(), 1, "{queues}");
+    assert_eq!(queues[0]["completed"], 1, "{queues}");
+    assert_eq!(again.terminate(), Some(0), "{}", again.log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dev_on_mongodb_with_the_default_plugin_dir() {
+    let t = common::test_db("dev_mongo").await;
+    plugins_dir();
+    let uri = t.uri.clone();
+    let mut dev = Dev::start(
+        Path::new(env!("CARGO_MANIFEST_DIR")),
+        &["--mongodb", &uri, "--database", &t.name, "--bind", "127.0.0.1:0"],
+    );
+    assert_eq!(
+        dev.lines[1],
+        format!(
+            "disbatch dev: store {} database {} (MongoDB)",
+            disbatch::config::redact_uri(&uri),
+            t.name
+        )
+    );
+    try_the_suggested_task(&dev).await;
+    let stored =
+        t.db.collection::<bson::Document>("queues")
+            .find_one(bson::doc! {"name": "demo"})
+            .await
+            .unwrap();
+    assert!(stored.is_some(), "the demo queue is in MongoDB");
+    assert_eq!(dev.terminate(), Some(0), "{}", dev.log());
+}
+
+#[test]
+fn dev_without_plugins_says_how_to_build_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_disbatch"))
+        .args(["dev", "--bind", "127.0.0.1:0"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains(BUILD_PLUGINS), "{err}");
+    assert!(err.contains("--plugin-dir"), "{err}");
+    assert!(err.contains("plugins/target/wasm32-wasip2/release/demo.wasm"), "{err}");
+    assert!(
+        !dir.path().join("disbatch.db").exists(),
+        "no store file is made before the error"
+    );
+
+    let out = Command::new(env!("CARGO_BIN_EXE_disbatch"))
+        .args(["dev", "--plugin-dir", "/no/such/plugins"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("/no/such/plugins"), "{err}");
+
+    let out = Command::new(env!("CARGO_BIN_EXE_disbatch"))
+        .args(["dev", "--mongodb", "http://nope", "--plugin-dir", "."])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--mongodb"), "{err}");
+}

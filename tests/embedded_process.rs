@@ -1,0 +1,291 @@
+//! `den --embedded` and `disbatch web --embedded` as real processes on one SQLite file:
+//! two DENs drain a queue exactly once within its limits, the CLI works through an
+//! embedded DCI, and a DEN runs without a config file.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bson::{doc, Document};
+use common::web::{run_disbatch, stderr};
+use common::{plugins_dir, wait_for, DenProcess};
+use disbatch::model::Sort;
+use disbatch::store::sqlite::SqliteStore;
+use disbatch::store::{NewQueue, Page, Store, TaskFilter};
+use serde_json::{json, Value};
+
+async fn count(store: &SqliteStore, filter: TaskFilter) -> u64 {
+    store.count_tasks(&filter).await.unwrap()
+}
+
+fn statuses(s: &[i32]) -> TaskFilter {
+    TaskFilter {
+        status: Some(s.to_vec()),
+        ..Default::default()
+    }
+}
+
+async fn create_queue(
+    store: &SqliteStore,
+    name: &str,
+    plugin: &str,
+    threads: i64,
+    extra: Document,
+) -> bson::oid::ObjectId {
+    store
+        .create_queue(NewQueue {
+            name: name.into(),
+            plugin: plugin.into(),
+            threads: Some(threads),
+            sort: Sort::Fifo,
+            extra,
+        })
+        .await
+        .unwrap()
+        .id
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_dens_on_one_file_drain_every_task_exactly_once() {
+    const TOTAL: usize = 300;
+    const THREADS: i64 = 6;
+    const PER_NODE: i64 = 3;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("shared.db");
+    let store = SqliteStore::open(&file).await.unwrap();
+    let marks = tempfile::tempdir().unwrap();
+    let grant = format!("{}:/out:rw", marks.path().display());
+    let q = create_queue(&store, "marks", "mark", THREADS, doc! {"sandbox": {"dirs": [&grant]}}).await;
+    let nodes = ["embedded-a", "embedded-b"];
+    for node in nodes {
+        store.heartbeat(node, Duration::from_secs(30)).await.unwrap();
+        assert!(store.set_maxthreads(node, Some(PER_NODE)).await.unwrap());
+    }
+    let params = (0..TOTAL).map(|k| doc! {"path": format!("/out/{k}"), "sleep_ms": 10});
+    store.create_tasks(q, params.collect()).await.unwrap();
+
+    let extra = json!({"plugins": ["mark"], "heartbeat_stale": 30});
+    let dens: Vec<DenProcess> = nodes
+        .iter()
+        .map(|node| DenProcess::start_embedded(&file, node, extra.clone()))
+        .collect();
+
+    let start = Instant::now();
+    let mut peak_queue = 0;
+    let mut peak_node: BTreeMap<&str, u64> = BTreeMap::new();
+    loop {
+        peak_queue = peak_queue.max(count(&store, statuses(&[-1, 0])).await);
+        for node in nodes {
+            let filter = TaskFilter {
+                node: Some(Some(node.into())),
+                ..statuses(&[-1, 0])
+            };
+            let n = count(&store, filter).await;
+            let p = peak_node.entry(node).or_default();
+            *p = (*p).max(n);
+        }
+        if count(&store, statuses(&[-2, -1, 0])).await == 0 {
+            break;
+        }
+        let logs: Vec<String> = dens.iter().map(DenProcess::log).collect();
+        assert!(
+            start.elapsed() < Duration::from_secs(240),
+            "drain took over 4 minutes:\n{logs:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let elapsed = start.elapsed();
+    drop(dens);
+
+    let succeeded = count(&store, statuses(&[1])).await;
+    let files = std::fs::read_dir(marks.path()).unwrap().count();
+    let mut by_node: BTreeMap<String, u64> = BTreeMap::new();
+    let all = Page {
+        skip: 0,
+        limit: TOTAL as u64 + 1,
+    };
+    for t in store.find_tasks(&TaskFilter::default(), all).await.unwrap() {
+        *by_node.entry(t.node.unwrap_or_default()).or_default() += 1;
+    }
+    println!(
+        "embedded drain: {TOTAL} tasks, 2 DENs on one file, {:.1}s; peak running {peak_queue} (threads {THREADS}), \
+         per node {peak_node:?} (maxthreads {PER_NODE}); ran by node {by_node:?}; succeeded {succeeded}, marks {files}",
+        elapsed.as_secs_f64()
+    );
+    assert_eq!(succeeded as usize, TOTAL, "every task succeeded (a second run fails)");
+    assert_eq!(
+        files,
+        TOTAL,
+        "every task ran exactly once: claimed twice {}",
+        files as i64 - TOTAL as i64
+    );
+    assert!(
+        peak_queue <= THREADS as u64,
+        "queue threads {THREADS} exceeded: {peak_queue}"
+    );
+    for (node, peak) in &peak_node {
+        assert!(
+            *peak <= PER_NODE as u64,
+            "{node} exceeded maxthreads {PER_NODE}: {peak}"
+        );
+    }
+    for node in nodes {
+        assert!(
+            by_node.get(node).is_some_and(|n| *n > 0),
+            "{node} ran no task: {by_node:?}"
+        );
+    }
+}
+
+/// A `disbatch web --embedded` process; killed when dropped.
+struct EmbeddedWeb {
+    child: Child,
+    url: String,
+}
+
+impl EmbeddedWeb {
+    fn start(file: &Path, args: &[&str]) -> EmbeddedWeb {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_disbatch"))
+            .args(["web", "--bind", "127.0.0.1:0", "--embedded"])
+            .arg(file)
+            .args(args)
+            .env_remove("DISBATCH_CONFIG")
+            .env_remove("DISBATCH_API_TOKEN")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start disbatch web");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let url = line
+            .trim()
+            .strip_prefix("disbatch web: listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .trim_end_matches('/')
+            .to_owned();
+        EmbeddedWeb { child, url }
+    }
+
+    fn json(&self, args: &[&str]) -> Value {
+        let out = run_disbatch(&[&["--json"], args].concat(), None, &[("DISBATCH_URL", &self.url)]);
+        assert!(out.status.success(), "disbatch {args:?}: {}", stderr(&out));
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+}
+
+impl Drop for EmbeddedWeb {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_and_a_den_without_config_share_an_embedded_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("cli.db");
+    let plugins = plugins_dir();
+    let web = EmbeddedWeb::start(&file, &["--plugin-dir", plugins.to_str().unwrap()]);
+
+    let info = web.json(&["info"]);
+    assert_eq!(info["database"], file.display().to_string());
+    let allowed = web.json(&["plugins"]);
+    assert!(allowed.as_array().unwrap().contains(&json!("demo")), "{allowed}");
+    assert!(allowed.as_array().unwrap().contains(&json!("mark")), "{allowed}");
+    web.json(&["create-queue", "greet", "demo", "--threads", "2"]);
+    web.json(&["update-queue", "greet", "on_orphan", "requeue"]);
+    let id = web.json(&["create-task", "greet", "message", "from-embedded", "repeat", "2"])["ids"][0]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let out = run_disbatch(
+        &["create-tasks", "--collection", "people", "greet", r#"{"filter":{}}"#],
+        None,
+        &[("DISBATCH_URL", &web.url)],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("cannot read other collections"),
+        "{}",
+        stderr(&out)
+    );
+
+    let cache = dir.path().join("cache");
+    let mut den = Command::new(env!("CARGO_BIN_EXE_den"))
+        .arg("--embedded")
+        .arg(&file)
+        .arg("--plugin-dir")
+        .arg(&plugins)
+        .env_remove("DISBATCH_CONFIG")
+        .env("DISBATCH_NODE", "no-config")
+        .env("DISBATCH_CACHE_DIR", &cache)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for(Duration::from_secs(60), "the task to succeed", || {
+        let task = web.json(&["task", &id]);
+        async move { task["status"] == 1 }
+    })
+    .await;
+    let task = web.json(&["task", &id]);
+    assert_eq!(task["stdout"], "from-embedded\nfrom-embedded\n");
+    assert_eq!(task["node"], "no-config");
+    let nodes = web.json(&["nodes"]);
+    assert_eq!(nodes[0]["node"], "no-config", "{nodes}");
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(den.id() as i32, libc::SIGTERM) }, 0);
+    let status = den.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+}
+
+#[test]
+fn embedded_flags_fail_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let den = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_den"))
+            .args(args)
+            .env_remove("DISBATCH_CONFIG")
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (code, err) = den(&[]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--config") && err.contains("--embedded"), "{err}");
+    let (code, err) = den(&["--embedded", "--plugin-dir", "/no/such/plugins"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("/no/such/plugins"), "{err}");
+    let bad = dir.path().join("bad.json");
+    std::fs::write(&bad, r#"{"heartbeat_stale": "soon"}"#).unwrap();
+    let (code, err) = den(&["--embedded", "--config", bad.to_str().unwrap()]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("heartbeat_stale") && err.contains("bad.json"), "{err}");
+    let (code, err) = den(&["--embedded", "/no/such/dir/x.db", "--plugin-dir", "."]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("/no/such/dir/x.db"), "{err}");
+}
+
+#[tokio::test]
+async fn tasks_queued_through_the_store_wake_its_watchers() {
+    use futures::StreamExt;
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path().join("watch.db")).await.unwrap();
+    let mut events = store
+        .watch_queued()
+        .await
+        .unwrap()
+        .expect("the embedded store notifies");
+    let q = create_queue(&store, "w", "demo", 1, doc! {}).await;
+    let other = store.clone();
+    other.create_tasks(q, vec![doc! {}]).await.unwrap();
+    let event = tokio::time::timeout(Duration::from_secs(10), events.next()).await;
+    assert!(matches!(event, Ok(Some(Ok(())))), "{event:?}");
+}
