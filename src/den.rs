@@ -35,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, info_span, warn, Instrument};
 
 use crate::config::{Config, Gfs};
-use crate::model::{status, NodeStats, Queue, Task};
+use crate::model::{status, NodeProcess, NodeStats, Queue, Task};
 use crate::runner::{Runner, Sandbox};
 use crate::store::{Slot, Store, StoreError, StoreResult};
 
@@ -55,6 +55,20 @@ pub enum DenError {
     /// The store failed at start-up (indexes could not be ensured).
     #[error("cannot prepare the database: {0}")]
     Startup(#[source] StoreError),
+    /// Another live DEN holds this node name.
+    #[error(
+        "node name {node:?} is held by a running DEN (pid {} on {}, since {}); give this DEN another \
+         name with DISBATCH_NODE or the config's `node`, or stop the other one",
+        holder.pid,
+        holder.host,
+        holder.started.try_to_rfc3339_string().unwrap_or_default()
+    )]
+    NodeInUse {
+        /// The node name.
+        node: String,
+        /// The process holding it.
+        holder: NodeProcess,
+    },
 }
 
 /// What a DEN needs to know; built from the config file by the `den` binary.
@@ -131,6 +145,10 @@ pub struct Den {
     abandoned: CancellationToken,
     /// Claim and run durations since start, and whether they changed since last reported.
     stats: Mutex<(NodeStats, bool)>,
+    /// This process's claim on its node name.
+    process: NodeProcess,
+    /// Another process last seen holding this node name, reported once.
+    intruder: Mutex<Option<ObjectId>>,
 }
 
 impl Den {
@@ -150,6 +168,8 @@ impl Den {
             stopping: CancellationToken::new(),
             abandoned: CancellationToken::new(),
             stats: Mutex::new((NodeStats::default(), false)),
+            process: NodeProcess::this_process(),
+            intruder: Mutex::new(None),
         })
     }
 
@@ -164,6 +184,7 @@ impl Den {
         let node = self.settings.node.clone();
         async {
             self.store.ensure_indexes().await.map_err(DenError::Startup)?;
+            self.take_node_name().await?;
             info!(
                 plugins = ?self.settings.plugins,
                 plugin_dir = %self.settings.plugin_dir.display(),
@@ -197,6 +218,9 @@ impl Den {
             let stats = self.stats.lock().unwrap_or_else(|e| e.into_inner()).0.clone();
             if let Err(e) = self.store.report_stats(&node, &stats).await {
                 debug!(error = %e, "cannot report the last durations");
+            }
+            if let Err(e) = self.store.release_node(&node, self.process.id).await {
+                debug!(error = %e, "cannot give the node name up");
             }
             Ok(())
         }
@@ -261,11 +285,54 @@ impl Den {
         stats.1 = true;
     }
 
+    /// Takes this DEN's node name, or fails when another live DEN holds it. A holder whose
+    /// heartbeat is stale, or that ran on this machine and whose pid is gone (a DEN
+    /// restarted after a crash), gives the name up.
+    async fn take_node_name(&self) -> Result<(), DenError> {
+        let s = &self.settings;
+        let stale_before =
+            DateTime::from_millis(DateTime::now().timestamp_millis() - s.heartbeat_stale.as_millis() as i64);
+        let taken = self.store.take_node(&s.node, &self.process, stale_before);
+        let Some(holder) = taken.await.map_err(DenError::Startup)? else {
+            return Ok(());
+        };
+        if !holder.is_dead_here() {
+            return Err(DenError::NodeInUse {
+                node: s.node.clone(),
+                holder,
+            });
+        }
+        info!(pid = holder.pid, "taking over the node name of a DEN that is gone");
+        let always = DateTime::from_millis(i64::MAX);
+        match self
+            .store
+            .take_node(&s.node, &self.process, always)
+            .await
+            .map_err(DenError::Startup)?
+        {
+            None => Ok(()),
+            Some(holder) => Err(DenError::NodeInUse {
+                node: s.node.clone(),
+                holder,
+            }),
+        }
+    }
+
     /// Heartbeat (also renewing slot leases and reading `maxthreads`), the duration
     /// histograms when they changed, and orphan recovery.
     async fn housekeeping(&self) -> StoreResult<()> {
         let s = &self.settings;
         let me = self.store.heartbeat(&s.node, s.heartbeat_stale).await?;
+        if let Some(other) = me.process.filter(|p| p.id != self.process.id) {
+            let mut seen = self.intruder.lock().unwrap_or_else(|e| e.into_inner());
+            if seen.replace(other.id) != Some(other.id) {
+                error!(
+                    pid = other.pid,
+                    host = %other.host,
+                    "another DEN took this node name; give one of them another name (DISBATCH_NODE or `node`)"
+                );
+            }
+        }
         *self.maxthreads.lock().unwrap_or_else(|e| e.into_inner()) = me.maxthreads;
         let changed = {
             let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());

@@ -201,6 +201,50 @@ pub struct Node {
     pub maxthreads: Option<i64>,
     /// The DEN's claim and run durations since it started (`stats`), when it reported any.
     pub stats: Option<NodeStats>,
+    /// The DEN process that holds this node name (`process`), when one has taken it.
+    pub process: Option<NodeProcess>,
+}
+
+/// The DEN process holding a node name (the node document's `process` sub-document). A
+/// DEN takes its node name at start-up and refuses to start while another live process
+/// holds it, since two DENs heartbeating one node document would keep each other's
+/// tasks from ever being recovered.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeProcess {
+    /// Random per process start.
+    pub id: ObjectId,
+    /// Hostname of the machine the process runs on.
+    pub host: String,
+    /// Process id on that machine.
+    pub pid: u32,
+    /// When the process took the node name.
+    pub started: DateTime,
+}
+
+impl NodeProcess {
+    /// The identity of this process, new on each call.
+    pub fn this_process() -> NodeProcess {
+        NodeProcess {
+            id: ObjectId::new(),
+            host: gethostname::gethostname().to_string_lossy().into_owned(),
+            pid: std::process::id(),
+            started: DateTime::now(),
+        }
+    }
+
+    /// Whether this process certainly no longer runs: it ran on this machine and its pid
+    /// is gone. A process on another machine is never known to be dead.
+    pub fn is_dead_here(&self) -> bool {
+        if self.host != gethostname::gethostname().to_string_lossy() || self.pid == std::process::id() {
+            return false;
+        }
+        let Ok(pid) = libc::pid_t::try_from(self.pid) else {
+            return false;
+        };
+        // SAFETY: signal 0 only checks that the process exists; nothing is sent.
+        let r = unsafe { libc::kill(pid, 0) };
+        r == -1 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+    }
 }
 
 /// Upper bounds (seconds) of the claim-duration buckets.

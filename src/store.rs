@@ -19,7 +19,7 @@ use async_trait::async_trait;
 use bson::oid::ObjectId;
 use bson::{DateTime, Document};
 
-use crate::model::{Node, NodeStats, Output, Queue, Sort, Task};
+use crate::model::{Node, NodeProcess, NodeStats, Output, Queue, Sort, Task};
 
 /// Errors of a store operation.
 #[derive(Debug, thiserror::Error)]
@@ -151,6 +151,19 @@ pub trait Store: Send + Sync + 'static {
     /// operators set it) and renews the leases on every slot `node` holds until
     /// now + `lease`. Returns the node document.
     async fn heartbeat(&self, node: &str, lease: Duration) -> StoreResult<Node>;
+    /// Takes the name `node` for `process`, atomically: records `process` and a heartbeat
+    /// in the node document (creating it) unless another process holds the name, that is
+    /// the document names a different `process.id` and its heartbeat is not older than
+    /// `stale_before`. Returns `None` when taken, the holder otherwise.
+    async fn take_node(
+        &self,
+        node: &str,
+        process: &NodeProcess,
+        stale_before: DateTime,
+    ) -> StoreResult<Option<NodeProcess>>;
+    /// Gives the name `node` up when the process `process` holds it (graceful shutdown), so
+    /// another process may take it at once.
+    async fn release_node(&self, node: &str, process: ObjectId) -> StoreResult<()>;
     /// All node documents.
     async fn nodes(&self) -> StoreResult<Vec<Node>>;
     /// Sets a node's `maxthreads` (None = no limit). Returns false when no such node.

@@ -289,3 +289,63 @@ async fn tasks_queued_through_the_store_wake_its_watchers() {
     let event = tokio::time::timeout(Duration::from_secs(10), events.next()).await;
     assert!(matches!(event, Ok(Some(Ok(())))), "{event:?}");
 }
+
+/// The pid of the process holding node name `node`, if any.
+async fn holder(store: &SqliteStore, node: &str) -> Option<u32> {
+    let nodes = store.nodes().await.unwrap();
+    nodes.into_iter().find(|n| n.node == node)?.process.map(|p| p.pid)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_name_is_held_by_one_den_and_taken_over_after_a_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("twins.db");
+    let store = SqliteStore::open(&file).await.unwrap();
+    let q = create_queue(&store, "demo", "demo", 2, doc! {}).await;
+    // A heartbeat window far longer than the test: only the pid check can free the name.
+    let extra = json!({"heartbeat_stale": 300});
+    let mut first = DenProcess::start_embedded(&file, "twin", extra.clone());
+    let first_pid = first.pid();
+    wait_for(Duration::from_secs(20), "the first DEN to take its name", || async {
+        holder(&store, "twin").await == Some(first_pid)
+    })
+    .await;
+
+    let mut second = DenProcess::start_embedded(&file, "twin", extra.clone());
+    let status = second.wait_exit(Duration::from_secs(20));
+    assert_eq!(status.code(), Some(1), "{}", second.log());
+    let log = second.log();
+    assert!(
+        log.contains(&format!(
+            "node name \"twin\" is held by a running DEN (pid {first_pid} on "
+        )),
+        "{log}"
+    );
+    assert!(log.contains("DISBATCH_NODE"), "{log}");
+    assert_eq!(
+        holder(&store, "twin").await,
+        Some(first_pid),
+        "the refused DEN took nothing"
+    );
+
+    first.signal(libc::SIGKILL);
+    first.wait_exit(Duration::from_secs(10));
+    let third = DenProcess::start_embedded(&file, "twin", extra);
+    let third_pid = third.pid();
+    wait_for(
+        Duration::from_secs(20),
+        "a restarted DEN to take the name of the dead one",
+        || async { holder(&store, "twin").await == Some(third_pid) },
+    )
+    .await;
+    let id = store.create_tasks(q, vec![doc! {"message": "after"}]).await.unwrap()[0];
+    wait_for(Duration::from_secs(20), "the restarted DEN to run a task", || async {
+        store.task(id).await.unwrap().is_some_and(|t| t.status == 1)
+    })
+    .await;
+    assert!(
+        third.log().contains("taking over the node name of a DEN that is gone"),
+        "{}",
+        third.log()
+    );
+}

@@ -13,8 +13,8 @@ use std::time::Duration;
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
 use disbatch::config::Gfs;
-use disbatch::den::{Den, DenSettings};
-use disbatch::model::{status, NodeStats, OnOrphan, Output, Queue, Sort};
+use disbatch::den::{Den, DenError, DenSettings};
+use disbatch::model::{status, NodeProcess, NodeStats, OnOrphan, Output, Queue, Sort};
 use disbatch::runner::Sandbox;
 use disbatch::store::mongo::MongoStore;
 use disbatch::store::sqlite::SqliteStore;
@@ -90,6 +90,8 @@ on_both_stores!(
     queue_counts_by_status,
     den_runs_a_demo_task_to_success,
     two_dens_never_claim_a_task_twice,
+    a_node_name_is_held_by_one_live_process,
+    a_second_den_with_a_live_name_refuses_to_start,
 );
 
 fn new_queue(name: &str, threads: Option<i64>, sort: Sort) -> NewQueue {
@@ -862,4 +864,101 @@ async fn two_dens_never_claim_a_task_twice(s: Stores) {
         ..Default::default()
     };
     assert_eq!(s.a.count_tasks(&succeeded).await.unwrap(), 200);
+}
+
+/// `stale_before` for a heartbeat window of `LEASE`.
+fn stale_before() -> DateTime {
+    DateTime::from_millis(DateTime::now().timestamp_millis() - LEASE.as_millis() as i64)
+}
+
+async fn a_node_name_is_held_by_one_live_process(s: Stores) {
+    let p1 = NodeProcess::this_process();
+    let p2 = NodeProcess::this_process();
+    assert_eq!(
+        s.a.take_node("n", &p1, stale_before()).await.unwrap(),
+        None,
+        "a new name is free"
+    );
+    let node = s.a.heartbeat("n", LEASE).await.unwrap();
+    assert_eq!(
+        node.process.as_ref(),
+        Some(&p1),
+        "the heartbeat answers who holds the name"
+    );
+    assert_eq!(node.maxthreads, None);
+
+    let refused = s.b.take_node("n", &p2, stale_before()).await.unwrap();
+    assert_eq!(refused.as_ref(), Some(&p1), "a fresh holder keeps the name");
+    assert_eq!(
+        s.b.take_node("n", &p1, stale_before()).await.unwrap(),
+        None,
+        "the holder may take it again"
+    );
+    assert!(s.a.set_maxthreads("n", Some(3)).await.unwrap());
+
+    // A holder whose heartbeat is older than `stale_before` loses the name.
+    let future = DateTime::from_millis(DateTime::now().timestamp_millis() + 1000);
+    assert_eq!(s.b.take_node("n", &p2, future).await.unwrap(), None);
+    let nodes = s.a.nodes().await.unwrap();
+    assert_eq!(nodes.len(), 1, "still one node document");
+    assert_eq!(nodes[0].process.as_ref(), Some(&p2));
+    assert_eq!(
+        nodes[0].maxthreads,
+        Some(3),
+        "taking the name keeps the operators' maxthreads"
+    );
+
+    // Only the holder can give the name up.
+    s.a.release_node("n", p1.id).await.unwrap();
+    assert_eq!(
+        s.a.take_node("n", &p1, stale_before()).await.unwrap().as_ref(),
+        Some(&p2)
+    );
+    s.b.release_node("n", p2.id).await.unwrap();
+    assert_eq!(s.a.nodes().await.unwrap()[0].process, None);
+    assert_eq!(
+        s.a.take_node("n", &p1, stale_before()).await.unwrap(),
+        None,
+        "a released name is free"
+    );
+}
+
+async fn a_second_den_with_a_live_name_refuses_to_start(s: Stores) {
+    let q = queue(&*s.a, "demo", 4, Sort::Fifo).await;
+    let first = RunningDen::start(s.a.clone(), settings("node-twin"));
+    wait_for(Duration::from_secs(30), "the first DEN to take its name", || async {
+        s.a.nodes().await.unwrap().iter().any(|n| n.process.is_some())
+    })
+    .await;
+    let second = Den::new(s.b.clone(), common::shared_runner(), settings("node-twin"));
+    let err = second
+        .run(CancellationToken::new())
+        .await
+        .expect_err("the name is held");
+    let DenError::NodeInUse { node, holder } = &err else {
+        panic!("expected NodeInUse, got {err}");
+    };
+    assert_eq!((node.as_str(), holder.pid), ("node-twin", std::process::id()));
+    let text = err.to_string();
+    assert!(text.contains("node-twin") && text.contains("DISBATCH_NODE"), "{text}");
+
+    // The first DEN still works, and gives its name up when it stops.
+    let id = s.a.create_tasks(q.id, vec![doc! {}]).await.unwrap()[0];
+    wait_for(Duration::from_secs(30), "the task to finish", || async {
+        task(&*s.a, id).await.status > 0
+    })
+    .await;
+    assert_eq!(task(&*s.a, id).await.node.as_deref(), Some("node-twin"));
+    first.stop().await;
+    assert_eq!(
+        s.a.nodes().await.unwrap()[0].process,
+        None,
+        "a stopped DEN releases its name"
+    );
+    let again = RunningDen::start(s.b.clone(), settings("node-twin"));
+    wait_for(Duration::from_secs(30), "a new DEN to take the name", || async {
+        s.a.nodes().await.unwrap()[0].process.is_some()
+    })
+    .await;
+    again.stop().await;
 }

@@ -98,7 +98,7 @@ pub(super) fn node_age(n: &Node, now: DateTime) -> f64 {
     ((now.timestamp_millis() - n.timestamp.timestamp_millis()).max(0)) as f64 / 1000.0
 }
 
-/// A node: `{id, _id, node, timestamp, maxthreads, age_secs, fresh}`.
+/// A node: `{id, _id, node, timestamp, maxthreads, age_secs, fresh, process}`.
 pub(super) fn node(n: &Node, now: DateTime) -> Value {
     let age = node_age(n, now);
     json!({
@@ -109,5 +109,10 @@ pub(super) fn node(n: &Node, now: DateTime) -> Value {
         "maxthreads": n.maxthreads,
         "age_secs": age,
         "fresh": age < super::FRESH_NODE.as_secs_f64(),
+        "process": n.process.as_ref().map(|p| json!({
+            "host": p.host,
+            "pid": p.pid,
+            "started": date(&p.started, false),
+        })),
     })
 }

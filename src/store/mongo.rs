@@ -40,7 +40,7 @@ use super::gridfs::{self, GridFsError};
 use super::{
     NewQueue, OutputValue, Page, QueueUpdate, Recovery, Slot, StatusCounts, Store, StoreError, StoreResult, TaskFilter,
 };
-use crate::model::{status, Node, NodeStats, Output, Queue, Sort, Task};
+use crate::model::{status, Node, NodeProcess, NodeStats, Output, Queue, Sort, Task};
 
 /// Collection of task documents.
 pub const TASKS: &str = "tasks";
@@ -266,6 +266,61 @@ impl Store for MongoStore {
         let found =
             found.ok_or_else(|| StoreError::Database(format!("heartbeat of node {node:?} returned nothing")))?;
         node_from(&found)
+    }
+
+    async fn take_node(
+        &self,
+        node: &str,
+        process: &NodeProcess,
+        stale_before: DateTime,
+    ) -> StoreResult<Option<NodeProcess>> {
+        let process_doc = bson::to_document(process).map_err(|e| StoreError::Invalid(format!("node process: {e}")))?;
+        // Free: no holder, this process, or a holder whose heartbeat is stale.
+        let filter = doc! {
+            "node": node,
+            "$or": [
+                { "process": null },
+                { "process.id": process.id },
+                { "timestamp": { "$lt": stale_before } },
+            ],
+        };
+        let update = doc! {
+            "$set": { "process": process_doc, "timestamp": DateTime::now() },
+            "$setOnInsert": { "maxthreads": null },
+        };
+        for _ in 0..2 {
+            // When the name is held, the filter matches nothing and the upsert's insert
+            // hits the unique index on `node`.
+            match self.nodes.update_one(filter.clone(), update.clone()).upsert(true).await {
+                Ok(_) => return Ok(None),
+                Err(e) if is_duplicate_key(&e) => {}
+                Err(e) => return Err(db_err("take node name")(e)),
+            }
+            let held = self
+                .nodes
+                .find_one(doc! { "node": node })
+                .await
+                .map_err(db_err("take node name"))?;
+            if let Some(holder) = held.as_ref().map(node_from).transpose()?.and_then(|n| n.process) {
+                return Ok(Some(holder));
+            }
+            // The document appeared between the upsert and the read (another DEN's first
+            // heartbeat): try once more.
+        }
+        Err(StoreError::Database(format!(
+            "cannot take node name {node:?}: its document keeps changing"
+        )))
+    }
+
+    async fn release_node(&self, node: &str, process: ObjectId) -> StoreResult<()> {
+        self.nodes
+            .update_one(
+                doc! { "node": node, "process.id": process },
+                doc! { "$set": { "process": null } },
+            )
+            .await
+            .map_err(db_err("release node name"))?;
+        Ok(())
     }
 
     async fn nodes(&self) -> StoreResult<Vec<Node>> {

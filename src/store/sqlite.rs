@@ -47,7 +47,7 @@ use self::rows::{
 use super::{
     NewQueue, OutputValue, Page, QueueUpdate, Recovery, Slot, StatusCounts, Store, StoreError, StoreResult, TaskFilter,
 };
-use crate::model::{status, Node, NodeStats, OnOrphan, Output, Queue, Sort, Task};
+use crate::model::{status, Node, NodeProcess, NodeStats, OnOrphan, Output, Queue, Sort, Task};
 
 /// Table of output files.
 pub const OUTPUT_FILES: &str = "output_files";
@@ -93,6 +93,11 @@ CREATE TABLE IF NOT EXISTS nodes (
 CREATE TABLE IF NOT EXISTS node_stats (
     node TEXT PRIMARY KEY NOT NULL,
     stats TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS node_process (
+    node TEXT PRIMARY KEY NOT NULL,
+    id TEXT NOT NULL,
+    process TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS slots (
     queue TEXT NOT NULL,
@@ -342,7 +347,64 @@ impl Store for SqliteStore {
                 })
                 .optional()
                 .map_err(db_err("heartbeat"))?;
-            node_from((row.0, row.1, row.2, row.3, stats))
+            let process = node_process(tx, &node).map_err(db_err("heartbeat"))?;
+            node_from((row.0, row.1, row.2, row.3, stats, process))
+        })
+        .await
+    }
+
+    async fn take_node(
+        &self,
+        node: &str,
+        process: &NodeProcess,
+        stale_before: DateTime,
+    ) -> StoreResult<Option<NodeProcess>> {
+        let text = serde_json::to_string(process).map_err(|e| StoreError::Invalid(format!("node process: {e}")))?;
+        let node = node.to_string();
+        let id = process.id;
+        self.write("take node name", move |tx| {
+            let err = db_err("take node name");
+            let timestamp: Option<i64> = tx
+                .query_row("SELECT timestamp FROM nodes WHERE node = ?1", params![node], |r| {
+                    r.get(0)
+                })
+                .optional()
+                .map_err(&err)?;
+            let holder = node_process(tx, &node).map_err(&err)?;
+            if let (Some(ts), Some(holder)) = (
+                timestamp,
+                holder.and_then(|p| serde_json::from_str::<NodeProcess>(&p).ok()),
+            ) {
+                if holder.id != id && ts >= stale_before.timestamp_millis() {
+                    return Ok(Some(holder));
+                }
+            }
+            tx.execute(
+                "INSERT INTO nodes (id, node, timestamp, maxthreads) VALUES (?1, ?2, ?3, NULL)
+                 ON CONFLICT (node) DO UPDATE SET timestamp = excluded.timestamp",
+                params![ObjectId::new().to_hex(), node, DateTime::now().timestamp_millis()],
+            )
+            .map_err(&err)?;
+            tx.execute(
+                "INSERT INTO node_process (node, id, process) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (node) DO UPDATE SET id = excluded.id, process = excluded.process",
+                params![node, id.to_hex(), text],
+            )
+            .map_err(&err)?;
+            Ok(None)
+        })
+        .await
+    }
+
+    async fn release_node(&self, node: &str, process: ObjectId) -> StoreResult<()> {
+        let node = node.to_string();
+        self.with(move |conn| {
+            conn.execute(
+                "DELETE FROM node_process WHERE node = ?1 AND id = ?2",
+                params![node, process.to_hex()],
+            )
+            .map_err(db_err("release node name"))?;
+            Ok(())
         })
         .await
     }
@@ -353,12 +415,17 @@ impl Store for SqliteStore {
                 let err = db_err("list nodes");
                 let mut stmt = conn
                     .prepare(
-                        "SELECT nodes.id, nodes.node, nodes.timestamp, nodes.maxthreads, node_stats.stats
-                         FROM nodes LEFT JOIN node_stats ON node_stats.node = nodes.node ORDER BY nodes.node",
+                        "SELECT nodes.id, nodes.node, nodes.timestamp, nodes.maxthreads, node_stats.stats,
+                                node_process.process
+                         FROM nodes LEFT JOIN node_stats ON node_stats.node = nodes.node
+                                    LEFT JOIN node_process ON node_process.node = nodes.node
+                         ORDER BY nodes.node",
                     )
                     .map_err(&err)?;
                 let rows = stmt
-                    .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)))
+                    .query_map([], |r| {
+                        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?))
+                    })
                     .map_err(&err)?
                     .collect::<Result<Vec<NodeRow>, _>>()
                     .map_err(&err)?;
@@ -988,10 +1055,18 @@ impl Store for SqliteStore {
 }
 
 /// A node row as a node.
-/// A row of `nodes` with its `node_stats` JSON.
-type NodeRow = (String, String, i64, Option<i64>, Option<String>);
+/// A row of `nodes` with its `node_stats` and `node_process` JSON.
+type NodeRow = (String, String, i64, Option<i64>, Option<String>, Option<String>);
 
-fn node_from((id, node, timestamp, maxthreads, stats): NodeRow) -> StoreResult<Node> {
+/// The `node_process` JSON of `node`.
+fn node_process(conn: &Connection, node: &str) -> rusqlite::Result<Option<String>> {
+    conn.query_row("SELECT process FROM node_process WHERE node = ?1", params![node], |r| {
+        r.get(0)
+    })
+    .optional()
+}
+
+fn node_from((id, node, timestamp, maxthreads, stats, process): NodeRow) -> StoreResult<Node> {
     let maxthreads = match maxthreads {
         Some(m) if m < 0 => {
             return Err(StoreError::Malformed {
@@ -1008,5 +1083,6 @@ fn node_from((id, node, timestamp, maxthreads, stats): NodeRow) -> StoreResult<N
         timestamp: DateTime::from_millis(timestamp),
         maxthreads,
         stats: stats.and_then(|s| serde_json::from_str(&s).ok()),
+        process: process.and_then(|p| serde_json::from_str(&p).ok()),
     })
 }

@@ -65,6 +65,11 @@ impl DenProcess {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Sends signal `sig` to the process.
     pub fn signal(&self, sig: i32) {
         // SAFETY: kill(2) on our own child's pid.

@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bson::oid::ObjectId;
 use bson::{DateTime, Document};
-use disbatch::model::{Node, NodeStats, Output, Queue};
+use disbatch::model::{Node, NodeProcess, NodeStats, Output, Queue};
 use disbatch::store::*;
 
 /// A store that records which tasks each DEN claimed and started.
@@ -35,6 +35,17 @@ impl Store for Recording {
     }
     async fn heartbeat(&self, node: &str, lease: Duration) -> StoreResult<Node> {
         self.inner.heartbeat(node, lease).await
+    }
+    async fn take_node(
+        &self,
+        node: &str,
+        process: &NodeProcess,
+        stale_before: DateTime,
+    ) -> StoreResult<Option<NodeProcess>> {
+        self.inner.take_node(node, process, stale_before).await
+    }
+    async fn release_node(&self, node: &str, process: ObjectId) -> StoreResult<()> {
+        self.inner.release_node(node, process).await
     }
     async fn nodes(&self) -> StoreResult<Vec<Node>> {
         self.inner.nodes().await

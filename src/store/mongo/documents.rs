@@ -264,6 +264,10 @@ pub(super) fn node_from(doc: &Document) -> StoreResult<Node> {
             .get_document("stats")
             .ok()
             .and_then(|d| bson::from_document(d.clone()).ok()),
+        process: doc
+            .get_document("process")
+            .ok()
+            .and_then(|d| bson::from_document(d.clone()).ok()),
     })
 }
 
