@@ -55,6 +55,19 @@ impl From<StartError> for CliError {
 }
 
 impl CliError {
+    /// This error with `note` appended to its message.
+    fn with_note(self, note: &str) -> CliError {
+        match self {
+            CliError::Usage(m) => CliError::Usage(format!("{m}; {note}")),
+            CliError::Api { status, message } => CliError::Api {
+                status,
+                message: format!("{message}; {note}"),
+            },
+            CliError::Http(m) => CliError::Http(format!("{m}; {note}")),
+            CliError::Server(m) => CliError::Server(format!("{m}; {note}")),
+        }
+    }
+
     /// The process exit code for this error.
     pub fn exit_code(&self) -> u8 {
         match self {
@@ -79,8 +92,8 @@ pub struct Cli {
     /// Bearer token for writes (the server's `api_token`).
     #[arg(long, global = true, env = "DISBATCH_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
-    /// Print the API's JSON instead of tables.
-    #[arg(long, global = true)]
+    /// Print the API's JSON instead of tables (`--pretty`, Disbatch 4's option, is the same).
+    #[arg(long, global = true, visible_alias = "pretty")]
     pub json: bool,
     /// `tasks`: return at most this many.
     #[arg(long, global = true)]
@@ -468,7 +481,21 @@ async fn create_in_batches(client: &Client, queue: &str, list: Vec<Value>) -> Re
     let mut ids = Vec::with_capacity(list.len());
     let mut queue_id = Value::Null;
     for chunk in list.chunks(TASK_BATCH) {
-        let v = client.post("/tasks", &json!({"queue": queue, "params": chunk})).await?;
+        let v = match client.post("/tasks", &json!({"queue": queue, "params": chunk})).await {
+            Ok(v) => v,
+            Err(e) if ids.is_empty() => return Err(e),
+            Err(e) => {
+                // Earlier batches exist: say which, so nothing is submitted twice or lost.
+                println!("{}", json!({"queue": queue_id, "count": ids.len(), "ids": ids}));
+                let note = format!(
+                    "created {} of {} tasks before this error (their ids are on stdout); the other {} were not created",
+                    ids.len(),
+                    list.len(),
+                    list.len() - ids.len()
+                );
+                return Err(e.with_note(&note));
+            }
+        };
         queue_id = v["queue"].clone();
         ids.extend(v["ids"].as_array().cloned().unwrap_or_default());
         if let Some(b) = &bar {
@@ -479,7 +506,9 @@ async fn create_in_batches(client: &Client, queue: &str, list: Vec<Value>) -> Re
         b.finish_and_clear();
     }
     if list.is_empty() {
-        queue_id = json!(queue);
+        // Nothing to create, but a queue that does not exist is still an error.
+        let q = client.get(&format!("/queues/{}", encode(queue))).await?;
+        queue_id = q["id"].clone();
     }
     Ok(json!({"queue": queue_id, "count": ids.len(), "ids": ids}))
 }

@@ -1,6 +1,7 @@
-//! The web UI in Debian's headless Chromium, driven by playwright-core (npm): create a
-//! queue, edit its threads, edit a node's maxthreads and open a finished task's
-//! GridFS-backed output. Screenshots are saved under `target/browser-artifacts/`.
+//! The web UI in Debian's headless Chromium, driven by playwright-core (npm), with a real
+//! `den` process running the tasks: create a queue, edit its threads, submit a task and
+//! watch it finish, edit a node's maxthreads and open a finished task's GridFS-backed
+//! output. Screenshots are saved under `target/browser-artifacts/`.
 //!
 //! Needs `/usr/bin/chromium` (`apt-get install -y chromium`) and npm; playwright-core is
 //! installed by the test into `target/browser-test/` from `tests/browser/package-lock.json`.
@@ -67,7 +68,7 @@ impl Drop for Web {
 }
 
 #[tokio::test]
-async fn ui_creates_a_queue_edits_limits_and_shows_output() {
+async fn ui_creates_a_queue_submits_a_task_edits_limits_and_shows_output() {
     let chromium = chromium();
     let driver = driver_dir();
     let db = common::test_db("browser_ui").await;
@@ -105,6 +106,8 @@ async fn ui_creates_a_queue_edits_limits_and_shows_output() {
         )
         .await
         .unwrap());
+
+    let _den = common::DenProcess::start(&db.uri, &db.name, "ui-node", json!({}));
 
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("web.json");
@@ -159,7 +162,21 @@ async fn ui_creates_a_queue_edits_limits_and_shows_output() {
     assert_eq!(created.threads, Some(7));
     assert_eq!(created.plugin, "demo");
     let nodes = db.store.nodes().await.unwrap();
+    assert_eq!(nodes.len(), 1);
     assert_eq!(nodes[0].maxthreads, Some(3));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("the script's JSON report");
+    let submitted: bson::oid::ObjectId = report["submitted"].as_str().unwrap().parse().unwrap();
+    let ran = db
+        .store
+        .task(submitted)
+        .await
+        .unwrap()
+        .expect("the task submitted in the UI");
+    assert_eq!(
+        (ran.queue, ran.status, ran.node.as_deref()),
+        (created.id, 1, Some("ui-node"))
+    );
+    assert_eq!(ran.params, bson::doc! {"message": "typed in the browser", "repeat": 3});
     let shots = std::fs::read_dir(&artifacts).unwrap().count();
     assert!(shots >= 5, "expected screenshots in {}", artifacts.display());
 }

@@ -11,7 +11,40 @@ use std::time::{Duration, Instant};
 use bson::oid::ObjectId;
 use bson::{doc, DateTime, Document};
 use common::{count_tasks as count, insert_queue, insert_tasks, wait_for, DenProcess, TestServer};
+use futures::TryStreamExt;
 use mongodb::Database;
+
+/// Claimed and running tasks per (queue, node), in one aggregation.
+async fn running_by_queue_and_node(db: &Database) -> Vec<(ObjectId, String, u64)> {
+    let pipeline = [
+        doc! {"$match": {"status": {"$in": [-1, 0]}}},
+        doc! {"$group": {"_id": {"queue": "$queue", "node": "$node"}, "n": {"$sum": 1}}},
+    ];
+    let groups: Vec<Document> = db
+        .collection::<Document>("tasks")
+        .aggregate(pipeline)
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    groups
+        .iter()
+        .map(|g| {
+            let id = g.get_document("_id").unwrap();
+            let n = match g.get("n") {
+                Some(bson::Bson::Int32(n)) => *n as u64,
+                Some(bson::Bson::Int64(n)) => *n as u64,
+                other => panic!("count {other:?}"),
+            };
+            (
+                id.get_object_id("queue").unwrap(),
+                id.get_str("node").unwrap_or_default().to_owned(),
+                n,
+            )
+        })
+        .collect()
+}
 
 async fn unfinished(db: &Database) -> u64 {
     count(db, doc! {"status": {"$in": [-2, -1, 0]}}).await
@@ -68,15 +101,24 @@ async fn four_dens_drain_many_tasks_exactly_once_within_limits() {
     let start = Instant::now();
     let mut samples = 0u64;
     let mut peak_queue: BTreeMap<ObjectId, u64> = BTreeMap::new();
-    let mut peak_node: BTreeMap<&str, u64> = BTreeMap::new();
+    let mut peak_node: BTreeMap<String, u64> = BTreeMap::new();
+    // One snapshot every 50 ms: the claimed and running tasks grouped by queue and node, in
+    // one query so the per-queue and per-node figures come from the same instant.
+    let mut every = tokio::time::interval(Duration::from_millis(50));
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        for (q, _) in &queues {
-            let n = count(&t.db, doc! {"queue": q, "status": {"$in": [-1, 0]}}).await;
-            let p = peak_queue.entry(*q).or_default();
+        every.tick().await;
+        let mut by_queue: BTreeMap<ObjectId, u64> = BTreeMap::new();
+        let mut by_node: BTreeMap<String, u64> = BTreeMap::new();
+        for (queue, node, n) in running_by_queue_and_node(&t.db).await {
+            *by_queue.entry(queue).or_default() += n;
+            *by_node.entry(node).or_default() += n;
+        }
+        for (q, n) in by_queue {
+            let p = peak_queue.entry(q).or_default();
             *p = (*p).max(n);
         }
-        for (node, _) in &maxthreads {
-            let n = count(&t.db, doc! {"node": node, "status": {"$in": [-1, 0]}}).await;
+        for (node, n) in by_node {
             let p = peak_node.entry(node).or_default();
             *p = (*p).max(n);
         }
@@ -88,22 +130,28 @@ async fn four_dens_drain_many_tasks_exactly_once_within_limits() {
             start.elapsed() < Duration::from_secs(1500),
             "drain took over 25 minutes"
         );
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let elapsed = start.elapsed();
     drop(dens);
     let succeeded = count(&t.db, doc! {"status": 1}).await;
     let files = std::fs::read_dir(marks.path()).unwrap().count();
     println!(
-        "chaos drain: {total} tasks, 4 DENs, {:.1}s ({:.0} tasks/s), {samples} samples every 50 ms",
+        "chaos drain: {total} tasks, 4 DENs, {:.1}s ({:.0} tasks/s), {samples} samples, one every {:.0} ms",
         elapsed.as_secs_f64(),
-        total as f64 / elapsed.as_secs_f64()
+        total as f64 / elapsed.as_secs_f64(),
+        elapsed.as_secs_f64() * 1000.0 / samples as f64
     );
     for (q, threads) in &queues {
-        println!("  queue threads {threads}: peak running {}", peak_queue[q]);
+        println!(
+            "  queue threads {threads}: peak running {}",
+            peak_queue.get(q).copied().unwrap_or(0)
+        );
     }
     for (node, max) in &maxthreads {
-        println!("  node {node} maxthreads {max:?}: peak running {}", peak_node[node]);
+        println!(
+            "  node {node} maxthreads {max:?}: peak running {}",
+            peak_node.get(*node).copied().unwrap_or(0)
+        );
     }
     println!(
         "  succeeded {succeeded}, ran (marks) {files}, claimed twice {}, unfinished 0",
@@ -115,19 +163,15 @@ async fn four_dens_drain_many_tasks_exactly_once_within_limits() {
     );
     assert_eq!(files, total, "every task ran exactly once");
     for (q, threads) in &queues {
-        assert!(
-            peak_queue[q] <= *threads as u64,
-            "queue limit {threads} exceeded: {}",
-            peak_queue[q]
-        );
+        let peak = peak_queue.get(q).copied().unwrap_or(0);
+        assert!(peak > 0, "the samples saw queue {q} running");
+        assert!(peak <= *threads as u64, "queue limit {threads} exceeded: {peak}");
     }
     for (node, max) in &maxthreads {
+        let peak = peak_node.get(*node).copied().unwrap_or(0);
+        assert!(peak > 0, "the samples saw {node} running");
         if let Some(m) = max {
-            assert!(
-                peak_node[node] <= *m as u64,
-                "{node} exceeded maxthreads {m}: {}",
-                peak_node[node]
-            );
+            assert!(peak <= *m as u64, "{node} exceeded maxthreads {m}: {peak}");
         }
     }
 }
@@ -214,16 +258,37 @@ async fn killing_a_den_mid_run_loses_nothing() {
 async fn a_database_outage_loses_nothing() {
     let mut server = tokio::task::spawn_blocking(TestServer::start_private).await.unwrap();
     let t = common::test_db_at(&server.uri(), "chaos_outage").await;
-    let q = insert_queue(&t.db, "outage", "demo", doc! {"threads": 8}).await;
-    let ids = insert_tasks(&t.db, q, (0..300).map(|_| doc! {"sleep_ms": 200})).await;
-    let extra = serde_json::json!({"heartbeat_stale": 30});
+    // `mark` creates /out/<k> exclusively: a task run twice fails, and the files count the runs.
+    let marks = tempfile::tempdir().unwrap();
+    let grant = format!("{}:/out:rw", marks.path().display());
+    let q = insert_queue(
+        &t.db,
+        "outage",
+        "mark",
+        doc! {"threads": 8, "sandbox": {"dirs": [&grant]}},
+    )
+    .await;
+    let params = (0..300).map(|k| doc! {"path": format!("/out/{k}"), "sleep_ms": 200});
+    let ids = insert_tasks(&t.db, q, params).await;
+    let extra = serde_json::json!({"plugins": ["mark"], "heartbeat_stale": 30});
     let a = DenProcess::start(&t.uri, &t.name, "outage-a", extra.clone());
     let b = DenProcess::start(&t.uri, &t.name, "outage-b", extra.clone());
     wait_for(Duration::from_secs(60), "100 tasks", || async {
         count(&t.db, doc! {"status": 1}).await >= 100
     })
     .await;
-    let running_before = count(&t.db, doc! {"status": 0}).await;
+    let running: Vec<(ObjectId, String)> =
+        t.db.collection::<Document>("tasks")
+            .find(doc! {"status": 0})
+            .await
+            .unwrap()
+            .try_collect::<Vec<Document>>()
+            .await
+            .unwrap()
+            .iter()
+            .map(|d| (d.get_object_id("_id").unwrap(), d.get_str("node").unwrap().to_owned()))
+            .collect();
+    let running_before = running.len();
     let port = server.port();
     let stopped = Instant::now();
     server = tokio::task::spawn_blocking(move || {
@@ -250,6 +315,19 @@ async fn a_database_outage_loses_nothing() {
         recovered.as_secs_f64()
     );
     assert_eq!(lost, 0);
+    let runs = std::fs::read_dir(marks.path()).unwrap().count();
+    println!(
+        "  runs (marks) {runs}, tasks running at the stop {running_before}, all finished by the node that ran them"
+    );
+    assert_eq!(runs, 300, "every task ran exactly once");
+    for (id, node) in &running {
+        let d = common::task_doc_of(&t.db, *id).await;
+        assert_eq!(
+            d.get_str("node").unwrap(),
+            node,
+            "task {id} kept by its node through the outage"
+        );
+    }
     for den in [&a, &b] {
         let log = den.log();
         assert!(log.contains("database unreachable"), "the outage is logged:\n{log}");

@@ -208,7 +208,7 @@ fails_with!(
     "recurse",
     doc! {},
     doc! {},
-    "[disbatch: trap: "
+    "[disbatch: trap: wasm trap: out of bounds memory access"
 );
 fails_with!(
     memory_bomb_hits_the_limit,

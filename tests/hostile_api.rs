@@ -1467,6 +1467,36 @@ async fn cli_a_401_is_exit_1_with_the_message_and_nothing_is_written() {
 }
 
 #[tokio::test]
+async fn cli_a_batch_refused_midway_reports_what_was_created() {
+    let db = common::test_db("hapi_cli_partial").await;
+    let web = Web::start(&db.uri, &db.name, json!({}));
+    web.ok(&["create-queue", "q", "demo"]);
+    // The second batch holds a task the API refuses (a NUL in a key), the first is fine.
+    let mut list: Vec<serde_json::Value> = (0..disbatch::cli::TASK_BATCH).map(|n| json!({ "n": n })).collect();
+    list.push(json!({ "bad\u{0}key": 1 }));
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tasks.json");
+    std::fs::write(&file, serde_json::to_string(&list).unwrap()).unwrap();
+    let arg = format!("@{}", file.display());
+    let out = web.run(&["create-tasks", "q", &arg]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    let note = format!("created {} of {} tasks before this error", list.len() - 1, list.len());
+    assert!(err.contains(&note), "{err}");
+    assert!(err.contains("the other 1 were not created"), "{err}");
+    let created: serde_json::Value = serde_json::from_slice(&out.stdout).expect("the created ids on stdout");
+    assert_eq!(created["count"], list.len() - 1);
+    assert_eq!(created["ids"].as_array().unwrap().len(), list.len() - 1);
+    assert_eq!(task_count(&db).await, (list.len() - 1) as u64);
+
+    // An empty list still needs an existing queue.
+    let out = web.run(&["create-tasks", "nope", "[]"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("HTTP 404"), "{}", stderr(&out));
+    assert!(web.ok(&["create-tasks", "q", "[]"]).contains('0'));
+}
+
+#[tokio::test]
 async fn cli_bad_json_arguments_are_exit_2_naming_the_argument() {
     let db = common::test_db("hapi_cli_json").await;
     let web = Web::start(&db.uri, &db.name, json!({}));

@@ -1,5 +1,6 @@
 // Drives the Disbatch web UI in headless Chromium: creates a queue, edits its threads,
-// edits a node's maxthreads and opens a finished task's output. Screenshots go to OUT_DIR.
+// submits a task and follows it until the DEN has run it, edits a node's maxthreads and
+// opens a finished task's GridFS-backed output. Screenshots go to OUT_DIR.
 // Usage: node ui.mjs <base-url> <finished-task-id> <expected-stdout-snippet> <out-dir>
 import { chromium } from "playwright-core";
 import { mkdtempSync, rmSync } from "node:fs";
@@ -19,6 +20,7 @@ const page = context.pages()[0] || (await context.newPage());
 const errors = [];
 page.on("pageerror", (e) => errors.push(String(e)));
 let step = 0;
+let submitted = null;
 const shot = (name) => page.screenshot({ path: join(outDir, `${String(++step).padStart(2, "0")}-${name}.png`), fullPage: true });
 const api = async (path) => (await fetch(base + path)).json();
 
@@ -47,6 +49,22 @@ try {
   await page.waitForSelector('tr[data-queue="browser-q"] .edit-threads[value="7"]');
   await shot("threads-edited");
 
+  // Submit a task through the UI; the DEN runs it and the task page follows it to the end.
+  await page.click('tr[data-queue="browser-q"] .new-task');
+  await page.fill("#new-task-params", JSON.stringify({ message: "typed in the browser", repeat: 3 }));
+  await shot("new-task-dialog");
+  await page.click("#new-task-create");
+  await page.waitForFunction(() => location.hash.startsWith("#/task/"));
+  submitted = decodeURIComponent((await page.evaluate(() => location.hash)).slice("#/task/".length));
+  await page.waitForFunction(() => (document.querySelector("#task-status")?.textContent || "").includes("succeeded"), null, { timeout: 30000 });
+  const ran = await page.textContent("#task-stdout");
+  if (ran !== "typed in the browser\n".repeat(3)) throw new Error("submitted task's stdout: " + JSON.stringify(ran));
+  await shot("submitted-task-finished");
+  await page.click("#nav-queues");
+  await page.waitForSelector('tr[data-queue="browser-q"] td.completed');
+  const completed = await page.textContent('tr[data-queue="browser-q"] td.completed');
+  if (completed.trim() !== "1") throw new Error("queue grid shows completed " + completed);
+
   await page.click("#nav-nodes");
   await page.waitForSelector("#nodes");
   const maxthreads = page.locator(".edit-maxthreads").first();
@@ -70,7 +88,7 @@ try {
   if (!status.includes("succeeded")) throw new Error("task status shown as " + status);
   await shot("task-output");
   if (errors.length) throw new Error("page errors: " + errors.join("; "));
-  console.log(JSON.stringify({ ok: true, screenshots: step }));
+  console.log(JSON.stringify({ ok: true, screenshots: step, submitted }));
 } catch (e) {
   await shot("failure").catch(() => {});
   console.error(String(e && e.stack || e));

@@ -51,6 +51,7 @@ async function showQueues() {
       <td>${esc(q.sort)}</td>
       <td class="num queued">${q.queued}</td><td class="num running">${q.running}</td><td class="num completed">${q.completed}</td>
       <td><a href="#/tasks?queue=${encodeURIComponent(q.name)}">tasks</a>
+          <button class="new-task" data-name="${esc(q.name)}">new task</button>
           <button class="delete-queue" data-id="${esc(q.id)}" data-name="${esc(q.name)}">delete</button></td>
     </tr>`).join("");
   $("#view").innerHTML = `
@@ -66,6 +67,7 @@ async function showQueues() {
   document.querySelectorAll(".edit-plugin").forEach((el) => el.addEventListener("change", async () => {
     await write(() => api("POST", "/queues/" + el.dataset.id, { plugin: el.value }), "plugin set to " + el.value);
   }));
+  document.querySelectorAll(".new-task").forEach((el) => el.addEventListener("click", () => openNewTask(el.dataset.name)));
   document.querySelectorAll(".delete-queue").forEach((el) => el.addEventListener("click", async () => {
     if (!confirm("Delete queue " + el.dataset.name + "? Its tasks stay.")) return;
     await write(() => api("DELETE", "/queues/" + el.dataset.id), "deleted " + el.dataset.name);
@@ -85,6 +87,32 @@ async function write(action, done) {
     say(e.message, "error");
   }
   await render();
+}
+
+function openNewTask(queue) {
+  $("#new-task-queue").textContent = queue;
+  $("#new-task-dialog").showModal();
+}
+
+async function submitTask(e) {
+  e.preventDefault();
+  const queue = $("#new-task-queue").textContent;
+  let params;
+  try {
+    params = JSON.parse($("#new-task-params").value);
+  } catch (err) {
+    say("params are not valid JSON: " + err.message, "error");
+    return;
+  }
+  const list = Array.isArray(params) ? params : [params];
+  try {
+    const created = await api("POST", "/tasks", { queue, params: list });
+    $("#new-task-dialog").close();
+    say(`created ${created.count} task${created.count === 1 ? "" : "s"} in ${queue}`);
+    location.hash = created.count === 1 ? "#/task/" + created.ids[0] : "#/tasks?queue=" + encodeURIComponent(queue);
+  } catch (err) {
+    say(err.message, "error");
+  }
 }
 
 function openNewQueue() {
@@ -136,7 +164,7 @@ async function showTasks(params) {
   $("#view").innerHTML = `
     <form class="toolbar" id="task-search">
       <label>Queue <select id="search-queue"><option value="">any</option>${queues.map((x) =>
-        `<option${x.name === queue ? " selected" : ""}>${esc(x.name)}</option>`).join("")}</select></label>
+        `<option${x.name === queue || x.id === queue ? " selected" : ""}>${esc(x.name)}</option>`).join("")}</select></label>
       <label>Status <select id="search-status"><option value="">any</option>${Object.entries(STATUS).map(([c, n]) =>
         `<option value="${c}"${c === status ? " selected" : ""}>${c} ${n}</option>`).join("")}</select></label>
       <label>Node <input id="search-node" value="${esc(node)}" placeholder="any (null = unclaimed)"></label>
@@ -161,8 +189,21 @@ async function showTasks(params) {
   $("#next").onclick = () => go(skip + PAGE);
 }
 
-async function showTask(id) {
+// The finished task on screen: auto-refresh leaves it alone (its output cannot change).
+let shownFinished = null;
+let taskPoll = null;
+
+async function showTask(id, refresh) {
+  clearTimeout(taskPoll);
+  if (refresh && shownFinished === id) return;
   const t = await api("GET", "/tasks/" + encodeURIComponent(id) + "?output=1");
+  shownFinished = t.status > 0 ? id : null;
+  if (t.status <= 0) {
+    // Queued, claimed or running: look again in a second while this page is shown.
+    taskPoll = setTimeout(() => {
+      if (location.hash === "#/task/" + id) showTask(id, true).catch((e) => say(e.message, "error"));
+    }, 1000);
+  }
   const file = (k) => t[k + "_file"] ? ` <small>(GridFS file ${esc(t[k + "_file"].$oid)})</small>` : "";
   $("#view").innerHTML = `
     <h2>Task ${esc(t.id)}</h2>
@@ -180,12 +221,12 @@ async function showTask(id) {
 
 // ---- shell --------------------------------------------------------------------------------
 
-async function render() {
+async function render(refresh = false) {
   const hash = location.hash || "#/queues";
   const [path, query] = hash.slice(1).split("?");
   document.querySelectorAll("nav a").forEach((a) => a.classList.toggle("active", hash.startsWith(a.getAttribute("href"))));
   try {
-    if (path.startsWith("/task/")) await showTask(decodeURIComponent(path.slice(6)));
+    if (path.startsWith("/task/")) await showTask(decodeURIComponent(path.slice(6)), refresh);
     else if (path === "/nodes") await showNodes();
     else if (path === "/tasks") await showTasks(new URLSearchParams(query || ""));
     else await showQueues();
@@ -203,7 +244,7 @@ function schedule() {
   clearInterval(refreshTimer);
   if ($("#autorefresh").checked) {
     refreshTimer = setInterval(() => {
-      if (!editing() && !$("#new-queue-dialog").open) render();
+      if (!editing() && !$("#new-queue-dialog").open && !$("#new-task-dialog").open) render(true);
     }, 5000);
   }
 }
@@ -213,6 +254,8 @@ async function start() {
   $("#token").addEventListener("change", () => localStorage.setItem("disbatch-token", $("#token").value));
   $("#autorefresh").addEventListener("change", schedule);
   $("#new-queue-cancel").onclick = () => $("#new-queue-dialog").close();
+  $("#new-task-cancel").onclick = () => $("#new-task-dialog").close();
+  $("#new-task-form").addEventListener("submit", submitTask);
   $("#new-queue-form").addEventListener("submit", async (e) => {
     e.preventDefault();
     const body = { name: $("#new-queue-name").value, plugin: $("#new-queue-plugin").value, sort: $("#new-queue-sort").value };
@@ -228,7 +271,7 @@ async function start() {
     await render();
   });
   try { plugins = await api("GET", "/plugins"); } catch (e) { say(e.message, "error"); }
-  window.addEventListener("hashchange", render);
+  window.addEventListener("hashchange", () => render());
   await render();
   schedule();
 }
