@@ -120,6 +120,8 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/tasks"),
     ("POST", "/tasks"),
     ("GET", "/tasks/{id}"),
+    ("GET", "/tasks/{id}/stdout"),
+    ("GET", "/tasks/{id}/stderr"),
     ("GET", "/monitoring"),
     ("GET", "/metrics"),
     ("GET", "/openapi.json"),
@@ -143,6 +145,8 @@ pub fn router(state: ApiState) -> Router {
         )
         .route("/tasks", get(tasks::search).post(tasks::create))
         .route("/tasks/{id}", get(tasks::one))
+        .route("/tasks/{id}/stdout", get(tasks::stdout))
+        .route("/tasks/{id}/stderr", get(tasks::stderr))
         .route("/monitoring", get(status::monitoring))
         .route("/metrics", get(status::metrics))
         .route("/openapi.json", get(openapi::document))

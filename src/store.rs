@@ -133,6 +133,9 @@ pub struct Page {
     pub limit: u64,
 }
 
+/// The pieces of a stored output's text, in order ([`Store::output_stream`]).
+pub type OutputStream = futures::stream::BoxStream<'static, StoreResult<String>>;
+
 /// Signals that tasks may have become claimable (inserted or put back as queued).
 pub type QueuedEvents = futures::stream::BoxStream<'static, StoreResult<()>>;
 
@@ -255,4 +258,12 @@ pub trait Store: Send + Sync + 'static {
     async fn task(&self, id: ObjectId) -> StoreResult<Option<Task>>;
     /// The text of a stored output: inline text as is, a file read back whole.
     async fn read_output(&self, output: &Output) -> StoreResult<String>;
+    /// The text of a stored output as a stream of pieces in order, to serve large files
+    /// without holding them whole: MongoDB yields one GridFS chunk at a time. The default
+    /// reads the output whole and yields it at once (the embedded store's file is one row).
+    /// A corrupt file ends the stream with an error after the pieces read so far.
+    async fn output_stream(&self, output: &Output) -> StoreResult<OutputStream> {
+        let text = self.read_output(output).await?;
+        Ok(Box::pin(futures::stream::once(async move { Ok(text) })))
+    }
 }

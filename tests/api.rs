@@ -223,6 +223,35 @@ async fn tasks_from_params_search_and_read_back() {
     assert_eq!(resolved["stdout"].as_str().unwrap(), big);
     assert_eq!(resolved["stderr"], "warn");
     assert_eq!(resolved["status"], 1);
+
+    // The raw outputs as text: a GridFS file streamed chunk by chunk, inline text at once.
+    let path = format!("/tasks/{}/stdout", task.id.to_hex());
+    let request = axum::http::Request::get(&path).body(axum::body::Body::empty()).unwrap();
+    let resp = tower::ServiceExt::oneshot(app.clone(), request).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(resp.headers()["content-type"], "text/plain; charset=utf-8");
+    let mut body = resp.into_body();
+    let (mut frames, mut streamed) = (0, Vec::new());
+    while let Some(frame) = http_body_util::BodyExt::frame(&mut body).await {
+        if let Ok(data) = frame.unwrap().into_data() {
+            frames += 1;
+            streamed.extend_from_slice(&data);
+        }
+    }
+    assert_eq!(String::from_utf8(streamed).unwrap(), big);
+    let chunks = big.len().div_ceil(disbatch::store::gridfs::CHUNK_SIZE);
+    assert_eq!(frames, chunks, "one piece per GridFS chunk");
+    let stderr = get(&app, &format!("/tasks/{}/stderr", task.id.to_hex())).await;
+    assert_eq!((stderr.status, stderr.text.as_str()), (StatusCode::OK, "warn"));
+    let queued = ids.iter().find(|i| **i != task.id.to_hex()).unwrap();
+    let pending = get(&app, &format!("/tasks/{queued}/stdout")).await;
+    assert_eq!(pending.status, StatusCode::NOT_FOUND);
+    assert!(
+        pending.error().contains("has no stdout yet (status -2)"),
+        "{}",
+        pending.text
+    );
+    assert_bad(&get(&app, "/tasks/nope/stderr").await, "invalid task id");
     let q = get(&app, "/queues/work").await.json();
     assert_eq!(
         (q["queued"].as_u64(), q["completed"].as_u64()),

@@ -561,6 +561,18 @@ async fn output_file_round_trip_of_20_mb_multibyte_text(s: Stores) {
         s.b.read_output(&Output::File(ObjectId::new())).await,
         Err(StoreError::Malformed { .. })
     ));
+
+    // Streamed, the pieces concatenate to the same text.
+    let mut pieces = s.b.output_stream(&Output::File(file)).await.unwrap();
+    let mut streamed = String::new();
+    while let Some(piece) = futures::TryStreamExt::try_next(&mut pieces).await.unwrap() {
+        streamed.push_str(&piece);
+    }
+    assert!(streamed == text, "the streamed pieces make the file");
+    let inline = s.b.output_stream(&Output::Inline("short".into())).await.unwrap();
+    let inline: Vec<String> = futures::TryStreamExt::try_collect(inline).await.unwrap();
+    assert_eq!(inline.concat(), "short");
+    assert!(s.b.output_stream(&Output::File(ObjectId::new())).await.is_err());
 }
 
 async fn queue_crud_and_duplicate_names(s: Stores) {

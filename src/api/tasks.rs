@@ -258,6 +258,43 @@ pub(super) async fn one(
     Ok(Json(value))
 }
 
+/// `GET /tasks/{id}/stdout`: the task's stdout as `text/plain`, streamed.
+pub(super) async fn stdout(state: State<Shared>, id: PathKey) -> Result<Response, ApiError> {
+    output_text(state, id, "stdout").await
+}
+
+/// `GET /tasks/{id}/stderr`: the task's stderr as `text/plain`, streamed.
+pub(super) async fn stderr(state: State<Shared>, id: PathKey) -> Result<Response, ApiError> {
+    output_text(state, id, "stderr").await
+}
+
+/// One output of a task as text: inline text as is, a GridFS file chunk by chunk, so a
+/// large output never sits whole in the server's memory. A file found corrupt midway
+/// aborts the response (its status line has gone out already).
+async fn output_text(State(state): State<Shared>, PathKey(id): PathKey, name: &str) -> Result<Response, ApiError> {
+    use futures::TryStreamExt;
+    let oid = ObjectId::parse_str(&id).map_err(|_| ApiError::bad(format!("invalid task id {id:?}")))?;
+    let task = state
+        .store
+        .task(oid)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("no task {id}")))?;
+    let output = if name == "stdout" { &task.stdout } else { &task.stderr };
+    let Some(output) = output else {
+        return Err(ApiError::NotFound(format!(
+            "task {id} has no {name} yet (status {})",
+            task.status
+        )));
+    };
+    let pieces = state.store.output_stream(output).await?;
+    let body = axum::body::Body::from_stream(
+        pieces
+            .map_ok(bytes::Bytes::from)
+            .map_err(|e| std::io::Error::other(e.to_string())),
+    );
+    Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], body).into_response())
+}
+
 /// `POST /tasks`: `{queue, params: [{…}, …]}` creates one task per params object;
 /// `{queue, collection, filter, params: {key: "document.field" | literal}}` one per
 /// matching document of `collection`. Answers `{"ids": [...], "count": n}`.

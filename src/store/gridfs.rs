@@ -9,6 +9,7 @@
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
+use futures::stream::BoxStream;
 use futures::TryStreamExt;
 use mongodb::Database;
 
@@ -121,16 +122,31 @@ fn chunk_number(n: usize) -> Bson {
     }
 }
 
-/// Reads a whole GridFS file back as text. Checks that chunks are numbered `0, 1, 2, …`
-/// without gaps and that their bytes add up to the file's `length`. String chunks are
-/// taken as they are; Binary chunks are decoded as UTF-8, lossily.
+/// Reads a whole GridFS file back as text: [`stream_file`]'s pieces concatenated.
 pub async fn read_file(db: &Database, file_id: ObjectId) -> Result<String, GridFsError> {
-    let err = |source| GridFsError::Database {
+    let mut pieces = stream_file(db, file_id).await?;
+    let mut text = String::new();
+    while let Some(piece) = pieces.try_next().await? {
+        text.push_str(&piece);
+    }
+    Ok(text)
+}
+
+/// The pieces of a GridFS file's text, one chunk at a time, in order. Checks that chunks
+/// are numbered `0, 1, 2, …` without gaps and that their bytes add up to the file's
+/// `length`; a violation ends the stream with [`GridFsError::Corrupt`]. String chunks are
+/// taken as they are; Binary chunks are decoded as UTF-8 (a character cut between two
+/// chunks is joined again; invalid bytes become U+FFFD).
+pub async fn stream_file(
+    db: &Database,
+    file_id: ObjectId,
+) -> Result<BoxStream<'static, Result<String, GridFsError>>, GridFsError> {
+    let err = move |source| GridFsError::Database {
         op: "read",
         file_id,
         source,
     };
-    let corrupt = |reason: String| GridFsError::Corrupt { file_id, reason };
+    let corrupt = move |reason: String| GridFsError::Corrupt { file_id, reason };
 
     let file = db
         .collection::<Document>(FILES)
@@ -145,62 +161,128 @@ pub async fn read_file(db: &Database, file_id: ObjectId) -> Result<String, GridF
         other => return Err(corrupt(format!("field length is {other:?}, expected an integer"))),
     };
     let length = usize::try_from(length).map_err(|_| corrupt(format!("field length is negative ({length})")))?;
-
-    let mut bytes: Vec<u8> = Vec::with_capacity(length);
-    let mut all_strings = true;
-    let mut expected: i64 = 0;
-    let mut cursor = db
+    let cursor = db
         .collection::<Document>(CHUNKS)
         .find(doc! { "files_id": file_id })
         .sort(doc! { "n": 1 })
         .await
         .map_err(err)?;
-    while let Some(chunk) = cursor.try_next().await.map_err(err)? {
-        let n = match chunk.get("n") {
-            Some(Bson::Int32(n)) => i64::from(*n),
-            Some(Bson::Int64(n)) => *n,
-            Some(Bson::Double(f)) if f.fract() == 0.0 => *f as i64,
-            other => {
-                return Err(corrupt(format!(
-                    "chunk {expected} has n = {other:?}, expected an integer"
-                )))
-            }
-        };
-        if n != expected {
-            return Err(corrupt(format!("expected chunk n = {expected}, found n = {n}")));
-        }
-        match chunk.get("data") {
-            Some(Bson::String(s)) => bytes.extend_from_slice(s.as_bytes()),
-            Some(Bson::Binary(b)) => {
-                all_strings = false;
-                bytes.extend_from_slice(&b.bytes);
-            }
-            other => {
-                let kind = other.map_or("missing".to_string(), |b| format!("{:?}", b.element_type()));
-                return Err(corrupt(format!(
-                    "chunk {n} has data of type {kind}, expected String or Binary"
-                )));
-            }
-        }
-        if bytes.len() > length {
-            return Err(corrupt(format!("chunks hold more than length = {length} bytes")));
-        }
-        expected += 1;
+
+    struct State {
+        cursor: mongodb::Cursor<Document>,
+        /// The next chunk's `n`.
+        expected: i64,
+        /// Bytes read so far.
+        read: usize,
+        /// Bytes of Binary chunks not yet decoded (a character cut at a chunk's end).
+        carry: Vec<u8>,
+        done: bool,
     }
-    if bytes.len() != length {
-        return Err(corrupt(format!(
-            "chunks hold {} bytes in {expected} chunks, but length = {length}",
-            bytes.len()
-        )));
+    let state = State {
+        cursor,
+        expected: 0,
+        read: 0,
+        carry: Vec::new(),
+        done: false,
+    };
+    let pieces = futures::stream::try_unfold(state, move |mut st| async move {
+        loop {
+            if st.done {
+                return Ok(None);
+            }
+            let Some(chunk) = st.cursor.try_next().await.map_err(err)? else {
+                st.done = true;
+                if st.read != length {
+                    return Err(corrupt(format!(
+                        "chunks hold {} bytes in {} chunks, but length = {length}",
+                        st.read, st.expected
+                    )));
+                }
+                if st.carry.is_empty() {
+                    return Ok(None);
+                }
+                let rest = String::from_utf8_lossy(&std::mem::take(&mut st.carry)).into_owned();
+                return Ok(Some((rest, st)));
+            };
+            let n = match chunk.get("n") {
+                Some(Bson::Int32(n)) => i64::from(*n),
+                Some(Bson::Int64(n)) => *n,
+                Some(Bson::Double(f)) if f.fract() == 0.0 => *f as i64,
+                other => {
+                    return Err(corrupt(format!(
+                        "chunk {} has n = {other:?}, expected an integer",
+                        st.expected
+                    )))
+                }
+            };
+            if n != st.expected {
+                return Err(corrupt(format!("expected chunk n = {}, found n = {n}", st.expected)));
+            }
+            st.expected += 1;
+            let piece = match chunk.get("data") {
+                Some(Bson::String(s)) if st.carry.is_empty() => {
+                    st.read += s.len();
+                    s.clone()
+                }
+                Some(Bson::String(s)) => {
+                    st.read += s.len();
+                    let mut text = String::from_utf8_lossy(&std::mem::take(&mut st.carry)).into_owned();
+                    text.push_str(s);
+                    text
+                }
+                Some(Bson::Binary(b)) => {
+                    st.read += b.bytes.len();
+                    st.carry.extend_from_slice(&b.bytes);
+                    decode_complete(&mut st.carry)
+                }
+                other => {
+                    let kind = other.map_or("missing".to_string(), |b| format!("{:?}", b.element_type()));
+                    return Err(corrupt(format!(
+                        "chunk {n} has data of type {kind}, expected String or Binary"
+                    )));
+                }
+            };
+            if st.read > length {
+                return Err(corrupt(format!("chunks hold more than length = {length} bytes")));
+            }
+            if !piece.is_empty() {
+                return Ok(Some((piece, st)));
+            }
+        }
+    });
+    Ok(Box::pin(pieces))
+}
+
+/// Decodes the complete characters at the front of `bytes` (invalid bytes as U+FFFD) and
+/// leaves in it only a character cut at its end.
+fn decode_complete(bytes: &mut Vec<u8>) -> String {
+    let mut text = String::new();
+    let mut start = 0;
+    loop {
+        match std::str::from_utf8(&bytes[start..]) {
+            Ok(s) => {
+                text.push_str(s);
+                start = bytes.len();
+                break;
+            }
+            Err(e) => {
+                let valid = start + e.valid_up_to();
+                text.push_str(std::str::from_utf8(&bytes[start..valid]).unwrap_or_default());
+                match e.error_len() {
+                    Some(bad) => {
+                        text.push(char::REPLACEMENT_CHARACTER);
+                        start = valid + bad;
+                    }
+                    None => {
+                        start = valid;
+                        break;
+                    }
+                }
+            }
+        }
     }
-    if all_strings {
-        // Concatenated Strings are valid UTF-8.
-        return String::from_utf8(bytes).map_err(|e| corrupt(format!("invalid UTF-8: {e}")));
-    }
-    Ok(match String::from_utf8(bytes) {
-        Ok(s) => s,
-        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
-    })
+    bytes.drain(..start);
+    text
 }
 
 #[cfg(test)]
@@ -215,6 +297,19 @@ mod tests {
             assert!(p.len() <= max, "piece of {} bytes > {max}", p.len());
         }
         pieces
+    }
+
+    #[test]
+    fn binary_chunks_decode_characters_cut_between_them() {
+        let mut carry = vec![b'a', 0xC3];
+        assert_eq!(decode_complete(&mut carry), "a");
+        assert_eq!(carry, [0xC3]);
+        carry.extend_from_slice(&[0xA9, b'b']);
+        assert_eq!(decode_complete(&mut carry), "éb");
+        assert!(carry.is_empty());
+        let mut bad = vec![0xFF, b'x', 0xE2, 0x82];
+        assert_eq!(decode_complete(&mut bad), "\u{FFFD}x");
+        assert_eq!(bad, [0xE2, 0x82], "a cut character waits for the next chunk");
     }
 
     #[test]

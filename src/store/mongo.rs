@@ -38,7 +38,8 @@ use mongodb::{Collection, Database, IndexModel};
 use self::documents::{as_int, node_from, opt_int_bson, output_bson, queue_from, sort_str, task_filter_doc, task_from};
 use super::gridfs::{self, GridFsError};
 use super::{
-    NewQueue, OutputValue, Page, QueueUpdate, Recovery, Slot, StatusCounts, Store, StoreError, StoreResult, TaskFilter,
+    NewQueue, OutputStream, OutputValue, Page, QueueUpdate, Recovery, Slot, StatusCounts, Store, StoreError,
+    StoreResult, TaskFilter,
 };
 use crate::model::{status, Node, NodeProcess, NodeStats, Output, Queue, Sort, Task};
 
@@ -692,6 +693,19 @@ impl Store for MongoStore {
         match output {
             Output::Inline(s) => Ok(s.clone()),
             Output::File(id) => Ok(gridfs::read_file(&self.db, *id).await?),
+        }
+    }
+
+    async fn output_stream(&self, output: &Output) -> StoreResult<OutputStream> {
+        match output {
+            Output::Inline(s) => {
+                let text = s.clone();
+                Ok(Box::pin(futures::stream::once(async move { Ok(text) })))
+            }
+            Output::File(id) => {
+                let pieces = gridfs::stream_file(&self.db, *id).await?;
+                Ok(Box::pin(pieces.map_err(StoreError::from)))
+            }
         }
     }
 }

@@ -81,8 +81,10 @@ try {
   await page.waitForSelector(`a.task-link[href="#/task/${taskId}"]`);
   await shot("task-search");
   await page.click(`a.task-link[href="#/task/${taskId}"]`);
-  await page.waitForSelector("#task-stdout");
+  // The GridFS-backed output streams in after the page is drawn.
+  await page.waitForSelector('#task-stdout[data-complete="1"]');
   const stdout = await page.textContent("#task-stdout");
+  if (stdout !== expected.concat("\n").repeat(20000)) throw new Error("streamed stdout is not the whole file: " + stdout.length + " characters");
   if (!stdout.includes(expected)) throw new Error("task stdout does not show the output: " + stdout.slice(0, 200));
   const status = await page.textContent("#task-status");
   if (!status.includes("succeeded")) throw new Error("task status shown as " + status);

@@ -196,7 +196,7 @@ let taskPoll = null;
 async function showTask(id, refresh) {
   clearTimeout(taskPoll);
   if (refresh && shownFinished === id) return;
-  const t = await api("GET", "/tasks/" + encodeURIComponent(id) + "?output=1");
+  const t = await api("GET", "/tasks/" + encodeURIComponent(id));
   shownFinished = t.status > 0 ? id : null;
   if (t.status <= 0) {
     // Queued, claimed or running: look again in a second while this page is shown.
@@ -204,7 +204,13 @@ async function showTask(id, refresh) {
       if (location.hash === "#/task/" + id) showTask(id, true).catch((e) => say(e.message, "error"));
     }, 1000);
   }
-  const file = (k) => t[k + "_file"] ? ` <small>(GridFS file ${esc(t[k + "_file"].$oid)})</small>` : "";
+  const raw = (k) => "/tasks/" + encodeURIComponent(t.id) + "/" + k;
+  // Inline text is in the task; a GridFS file (an {$oid}) is streamed in after the page is drawn.
+  const isFile = (k) => t[k] && typeof t[k] === "object";
+  const file = (k) => t[k] === null || t[k] === undefined ? "" : isFile(k)
+    ? ` <small>(GridFS file ${esc(t[k].$oid)}, <a href="${raw(k)}" target="_blank">raw</a>)</small>`
+    : ` <small>(<a href="${raw(k)}" target="_blank">raw</a>)</small>`;
+  const text = (k) => isFile(k) ? "" : esc(t[k] ?? "");
   $("#view").innerHTML = `
     <h2>Task ${esc(t.id)}</h2>
     <dl id="task">
@@ -215,8 +221,41 @@ async function showTask(id, refresh) {
       <dt>Modified</dt><dd>${plain(t.mtime)}</dd>
     </dl>
     <h3>Params</h3><pre id="task-params">${esc(JSON.stringify(t.params, null, 2))}</pre>
-    <h3>stdout${file("stdout")}</h3><pre id="task-stdout">${esc(t.stdout ?? "")}</pre>
-    <h3>stderr${file("stderr")}</h3><pre id="task-stderr">${esc(t.stderr ?? "")}</pre>`;
+    <h3>stdout${file("stdout")}</h3><pre id="task-stdout">${text("stdout")}</pre>
+    <h3>stderr${file("stderr")}</h3><pre id="task-stderr">${text("stderr")}</pre>`;
+  for (const k of ["stdout", "stderr"]) {
+    const pre = $("#task-" + k);
+    if (isFile(k)) streamInto(pre, raw(k)).catch((e) => { pre.append("\n[cannot read the output: " + e.message + "]"); });
+    else pre.dataset.complete = "1";
+  }
+}
+
+// Shows at most this much of a streamed output; the raw link has all of it.
+const SHOW_MAX = 4 * 1024 * 1024;
+
+// Appends the text of `url` to `pre` as it arrives, as text nodes (never parsed as HTML).
+async function streamInto(pre, url) {
+  const resp = await fetch(url);
+  if (!resp.ok) throw new Error(resp.status + " " + resp.statusText);
+  const reader = resp.body.getReader();
+  const decoder = new TextDecoder();
+  let shown = 0;
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) break;
+    const piece = decoder.decode(value, { stream: true });
+    if (shown + piece.length > SHOW_MAX) {
+      pre.append(piece.slice(0, SHOW_MAX - shown));
+      pre.insertAdjacentHTML("afterend", `<p class="more">Only the first ${SHOW_MAX / 1048576} MiB are shown: <a href="${esc(url)}" target="_blank">the whole output</a>.</p>`);
+      reader.cancel();
+      pre.dataset.complete = "1";
+      return;
+    }
+    pre.append(piece);
+    shown += piece.length;
+  }
+  pre.append(decoder.decode());
+  pre.dataset.complete = "1";
 }
 
 // ---- shell --------------------------------------------------------------------------------
