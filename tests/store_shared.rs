@@ -92,6 +92,9 @@ on_both_stores!(
     two_dens_never_claim_a_task_twice,
     a_node_name_is_held_by_one_live_process,
     a_second_den_with_a_live_name_refuses_to_start,
+    den_writes_a_large_output_as_a_file,
+    den_failures_end_as_status_2_with_the_reason,
+    three_dens_hold_threads_and_maxthreads,
 );
 
 fn new_queue(name: &str, threads: Option<i64>, sort: Sort) -> NewQueue {
@@ -973,4 +976,127 @@ async fn a_second_den_with_a_live_name_refuses_to_start(s: Stores) {
     })
     .await;
     again.stop().await;
+}
+
+/// Settings of a DEN allowed the failing fixtures too.
+fn settings_all_plugins(node: &str) -> DenSettings {
+    let mut s = settings(node);
+    s.plugins = ["demo", "fail", "spin", "alloc"].map(String::from).to_vec();
+    s
+}
+
+async fn queue_with(s: &dyn Store, name: &str, plugin: &str, threads: i64, extra: Document) -> Queue {
+    let mut q = new_queue(name, Some(threads), Sort::Fifo);
+    q.plugin = plugin.to_string();
+    q.extra = extra;
+    s.create_queue(q).await.unwrap()
+}
+
+async fn den_writes_a_large_output_as_a_file(s: Stores) {
+    // 20 MB of stdout: 1,000,000 lines of 19 characters + newline; stderr stays small.
+    let line = "0123456789abcdefghi";
+    let q = queue(&*s.a, "big", 1, Sort::Fifo).await;
+    let params = doc! {"message": line, "repeat": 1_000_000, "stderr": "small"};
+    let id = s.a.create_tasks(q.id, vec![params]).await.unwrap()[0];
+    let den = RunningDen::start(s.b.clone(), settings("node-big"));
+    wait_for(Duration::from_secs(120), "the task to finish", || async {
+        task(&*s.a, id).await.status > 0
+    })
+    .await;
+    den.stop().await;
+    let done = task(&*s.a, id).await;
+    assert_eq!(done.status, 1);
+    let stdout = done.stdout.expect("stdout set");
+    assert!(matches!(stdout, Output::File(_)), "20 MB goes to a file: {stdout:?}");
+    let text = s.a.read_output(&stdout).await.unwrap();
+    assert_eq!(text.len(), 20 * 1_000_000);
+    assert!(text.lines().all(|l| l == line));
+    assert_eq!(
+        done.stderr,
+        Some(Output::Inline("small\n".into())),
+        "the small stream stays inline"
+    );
+}
+
+async fn den_failures_end_as_status_2_with_the_reason(s: Stores) {
+    let sandbox = doc! {"sandbox": {"timeout": "300ms", "memory_mib": 64}};
+    let mut cases = Vec::new();
+    for (plugin, params, reason) in [
+        ("demo", doc! {"status": 0}, "status 0"),
+        ("fail", doc! {"message": "broken pipe"}, "plugin error: broken pipe"),
+        ("spin", doc! {}, "timeout: plugin still running after 300ms"),
+        ("alloc", doc! {"mib": 512}, "memory limit"),
+    ] {
+        let q = queue_with(&*s.a, plugin, plugin, 1, sandbox.clone()).await;
+        cases.push((s.a.create_tasks(q.id, vec![params]).await.unwrap()[0], reason));
+    }
+    let den = RunningDen::start(s.b.clone(), settings_all_plugins("node-fail"));
+    for (id, reason) in &cases {
+        wait_for(Duration::from_secs(30), reason, || async {
+            task(&*s.a, *id).await.status > 0
+        })
+        .await;
+        let done = task(&*s.a, *id).await;
+        assert_eq!(done.status, 2, "{reason}");
+        let stderr =
+            s.a.read_output(done.stderr.as_ref().expect("stderr set"))
+                .await
+                .unwrap();
+        assert!(stderr.contains(reason), "{reason}: {stderr}");
+    }
+    den.stop().await;
+}
+
+async fn three_dens_hold_threads_and_maxthreads(s: Stores) {
+    let q1 = queue(&*s.a, "q1", 3, Sort::Fifo).await;
+    let q2 = queue(&*s.a, "q2", 5, Sort::Fifo).await;
+    for q in [&q1, &q2] {
+        s.a.create_tasks(q.id, vec![doc! {"sleep_ms": 5}; 300]).await.unwrap();
+    }
+    // node-b is limited to 2 tasks by its operator before it starts, and starts alone, so
+    // the 8 slots of the queues would let it run more.
+    s.a.heartbeat("node-b", LEASE).await.unwrap();
+    assert!(s.a.set_maxthreads("node-b", Some(2)).await.unwrap());
+    let mut dens = vec![RunningDen::start(s.b.clone(), settings("node-b"))];
+    let busy = |queue: Option<ObjectId>, node: Option<&str>| TaskFilter {
+        queue,
+        node: node.map(|n| Some(n.to_string())),
+        status: Some(vec![status::CLAIMED, status::RUNNING]),
+        ..Default::default()
+    };
+    let done_by_b = TaskFilter {
+        node: Some(Some("node-b".into())),
+        status: Some(vec![1]),
+        ..Default::default()
+    };
+    let (mut max_q1, mut max_q2, mut max_b, mut samples) = (0, 0, 0, 0u64);
+    let start = std::time::Instant::now();
+    loop {
+        if dens.len() == 1 && s.a.count_tasks(&done_by_b).await.unwrap() >= 40 {
+            dens.extend(["node-a", "node-c"].map(|n| RunningDen::start(s.b.clone(), settings(n))));
+        }
+        max_q1 = max_q1.max(s.a.count_tasks(&busy(Some(q1.id), None)).await.unwrap());
+        max_q2 = max_q2.max(s.a.count_tasks(&busy(Some(q2.id), None)).await.unwrap());
+        max_b = max_b.max(s.a.count_tasks(&busy(None, Some("node-b"))).await.unwrap());
+        samples += 1;
+        if unfinished(&*s.a, q1.id).await + unfinished(&*s.a, q2.id).await == 0 {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(300), "draining took too long");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for d in dens {
+        d.stop().await;
+    }
+    println!(
+        "3 DENs drained 600 tasks in {:.1}s; {samples} samples; max running q1={max_q1} (threads 3), q2={max_q2} (threads 5), node-b={max_b} (maxthreads 2)",
+        start.elapsed().as_secs_f64()
+    );
+    assert!(max_q1 <= 3 && max_q2 <= 5 && max_b <= 2);
+    assert!(max_q2 >= 2 && max_b >= 1, "the sampler saw the queues and node-b busy");
+    let succeeded = TaskFilter {
+        status: Some(vec![1]),
+        ..Default::default()
+    };
+    assert_eq!(s.a.count_tasks(&succeeded).await.unwrap(), 600);
 }
