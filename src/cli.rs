@@ -366,10 +366,22 @@ fn queues_table(v: &Value) -> String {
             .map(|k| cell(&q[*k]))
             .collect()
     });
-    render(
+    let mut out = render(
         &["id", "name", "plugin", "threads", "queued", "running", "completed"],
         &rows,
-    )
+    );
+    // Why nodes cannot run a queue, under the table.
+    for q in v.as_array().map(Vec::as_slice).unwrap_or_default() {
+        for p in q["problems"].as_array().map(Vec::as_slice).unwrap_or_default() {
+            out.push_str(&format!(
+                "queue {} cannot run on {}: {}\n",
+                cell(&q["name"]),
+                cell(&p["node"]),
+                cell(&p["reason"])
+            ));
+        }
+    }
+    out
 }
 
 fn nodes_table(v: &Value) -> String {

@@ -149,6 +149,8 @@ pub struct Den {
     process: NodeProcess,
     /// Another process last seen holding this node name, reported once.
     intruder: Mutex<Option<ObjectId>>,
+    /// The queue problems last written to the node document.
+    reported_problems: Mutex<Option<std::collections::BTreeMap<String, String>>>,
 }
 
 impl Den {
@@ -170,6 +172,7 @@ impl Den {
             stats: Mutex::new((NodeStats::default(), false)),
             process: NodeProcess::this_process(),
             intruder: Mutex::new(None),
+            reported_problems: Mutex::new(None),
         })
     }
 
@@ -338,6 +341,12 @@ impl Den {
             let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
             std::mem::take(&mut stats.1).then(|| stats.0.clone())
         };
+        let problems = self.queues.problems();
+        let reported = self.reported_problems.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if reported.as_ref() != Some(&problems) {
+            self.store.report_queue_problems(&s.node, &problems).await?;
+            *self.reported_problems.lock().unwrap_or_else(|e| e.into_inner()) = Some(problems);
+        }
         if let Some(stats) = changed {
             if let Err(e) = self.store.report_stats(&s.node, &stats).await {
                 self.stats.lock().unwrap_or_else(|e| e.into_inner()).1 = true;

@@ -203,6 +203,9 @@ pub struct Node {
     pub stats: Option<NodeStats>,
     /// The DEN process that holds this node name (`process`), when one has taken it.
     pub process: Option<NodeProcess>,
+    /// Why this DEN cannot run some queues (`queue_problems`: queue id in hex → reason),
+    /// such as a plugin file that is not a component or an invalid sandbox.
+    pub queue_problems: std::collections::BTreeMap<String, String>,
 }
 
 /// The DEN process holding a node name (the node document's `process` sub-document). A

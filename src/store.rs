@@ -173,6 +173,9 @@ pub trait Store: Send + Sync + 'static {
     async fn set_maxthreads(&self, node: &str, maxthreads: Option<i64>) -> StoreResult<bool>;
     /// Stores the node's claim and run duration histograms in its document (`stats`).
     async fn report_stats(&self, node: &str, stats: &NodeStats) -> StoreResult<()>;
+    /// Stores why the node cannot run some queues (`queue_problems`: queue id in hex →
+    /// reason), replacing what it reported before.
+    async fn report_queue_problems(&self, node: &str, problems: &BTreeMap<String, String>) -> StoreResult<()>;
 
     // ---- queues ------------------------------------------------------------------------
 

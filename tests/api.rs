@@ -416,6 +416,36 @@ async fn nodes_and_maxthreads() {
         StatusCode::NOT_FOUND
     );
     assert_eq!(get(&app, "/nodes/n9").await.status, StatusCode::NOT_FOUND);
+
+    // What a node reports it cannot run shows on the queue, while the node is fresh.
+    let q = post(
+        &app,
+        "/queues",
+        json!({"name": "broken", "plugin": "demo", "threads": 1}),
+    )
+    .await
+    .json();
+    let id = q["id"].as_str().unwrap().to_owned();
+    assert_eq!(q["problems"], Value::Null, "a new queue has no report yet");
+    let problems = std::collections::BTreeMap::from([(id.clone(), "plugin \"demo\" is not loadable".to_string())]);
+    db.store.report_queue_problems("n1", &problems).await.unwrap();
+    let expected = json!([{"node": "n1", "reason": "plugin \"demo\" is not loadable"}]);
+    assert_eq!(get(&app, "/queues/broken").await.json()["problems"], expected);
+    let listed = get(&app, "/queues").await.json();
+    assert_eq!(listed[0]["problems"], expected);
+    db.db
+        .collection::<bson::Document>("nodes")
+        .update_one(
+            bson::doc! {"node": "n1"},
+            bson::doc! {"$set": {"timestamp": bson::DateTime::from_millis(0)}},
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        get(&app, "/queues/broken").await.json()["problems"],
+        json!([]),
+        "a stale node's report is not shown"
+    );
 }
 
 #[tokio::test]

@@ -13,6 +13,7 @@ use bson::{doc, Bson, DateTime, Document};
 use disbatch::config::Gfs;
 use disbatch::den::{Den, DenSettings};
 use disbatch::runner::Sandbox;
+use futures::TryStreamExt;
 use mongodb::Database;
 use tokio_util::sync::CancellationToken;
 
@@ -118,6 +119,34 @@ impl Fixture {
             .await
             .unwrap()
             .unwrap()
+    }
+
+    /// Waits until the DEN reports a problem with `queue` in its node document; returns it.
+    async fn problem_of(&self, queue: ObjectId) -> String {
+        let start = Instant::now();
+        loop {
+            let nodes: Vec<Document> = self
+                .db
+                .collection::<Document>("nodes")
+                .find(doc! {})
+                .await
+                .unwrap()
+                .try_collect()
+                .await
+                .unwrap();
+            let found = nodes.iter().find_map(|n| {
+                let problems = n.get_document("queue_problems").ok()?;
+                problems.get_str(queue.to_hex()).ok().map(str::to_owned)
+            });
+            if let Some(problem) = found {
+                return problem;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "no problem reported for queue {queue}: {nodes:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// Waits until the task finished and returns its document.
@@ -387,9 +416,14 @@ async fn granted_directories_are_the_only_ones_visible() {
     f.still_serving().await;
 }
 
-/// A queue whose plugin is `plugin` (with these plugin files present) is skipped.
+/// A queue whose plugin is `plugin` (with these plugin files present) is skipped; with a
+/// `reason`, the DEN reports it in its node document's `queue_problems` (which the API
+/// shows as the queue's `problems`).
 macro_rules! queue_skipped {
     ($name:ident, $plugin:expr, $files:expr, $allowed:expr, $extra:expr) => {
+        queue_skipped!($name, $plugin, $files, $allowed, $extra, None);
+    };
+    ($name:ident, $plugin:expr, $files:expr, $allowed:expr, $extra:expr, $reason:expr) => {
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn $name() {
             let files: &[(&str, &[u8])] = $files;
@@ -397,6 +431,14 @@ macro_rules! queue_skipped {
             let q = f.queue("skipped", $plugin, $extra).await;
             let id = f.task(q, doc! {}).await;
             f.stays_queued(id).await;
+            let reason: Option<&str> = $reason;
+            if let Some(reason) = reason {
+                let problem = f.problem_of(q).await;
+                assert!(
+                    problem.contains(reason),
+                    "expected {reason:?} in the reported problem {problem:?}"
+                );
+            }
         }
     };
 }
@@ -406,36 +448,48 @@ queue_skipped!(
     "notes",
     &[("notes.wasm", b"just text")],
     &["notes"],
-    doc! {}
+    doc! {},
+    Some("not a WebAssembly file")
 );
 queue_skipped!(
     a_core_module_is_not_a_plugin,
     "core",
     &[("core.wasm", b"\0asm\x01\0\0\0")],
     &["core"],
-    doc! {}
+    doc! {},
+    Some("core WebAssembly module")
 );
 queue_skipped!(
     a_truncated_component_is_not_a_plugin,
     "cut",
     &[("cut.wasm", b"\0asm\x0d\0\x01\0\x01")],
     &["cut"],
-    doc! {}
+    doc! {},
+    Some("not a valid component")
 );
-queue_skipped!(a_component_of_another_world_is_refused, "wrongworld", &[], &[], doc! {});
+queue_skipped!(
+    a_component_of_another_world_is_refused,
+    "wrongworld",
+    &[],
+    &[],
+    doc! {},
+    Some("does not implement the disbatch:plugin/plugin world")
+);
 queue_skipped!(
     a_component_importing_unknown_interfaces_is_refused,
     "badimport",
     &[],
     &[],
-    doc! {}
+    doc! {},
+    Some("imports something the host does not provide")
 );
 queue_skipped!(
     a_plugin_outside_the_allowlist_is_refused,
     "secret",
     &[("secret.wasm", b"")],
     &[],
-    doc! {}
+    doc! {},
+    Some("is not in the plugins allowlist")
 );
 queue_skipped!(
     path_traversal_in_plugin_names_is_refused,
@@ -450,21 +504,24 @@ queue_skipped!(
     "ghost",
     &[],
     &["ghost"],
-    doc! {}
+    doc! {},
+    Some("plugin \"ghost\" is not loadable: ")
 );
 queue_skipped!(
     an_invalid_queue_sandbox_skips_the_queue,
     "demo",
     &[],
     &[],
-    doc! {"sandbox": {"memory_mib": 999_999}}
+    doc! {"sandbox": {"memory_mib": 999_999}},
+    Some("sandbox: memory")
 );
 queue_skipped!(
     a_granted_directory_that_does_not_exist_skips_the_queue,
     "demo",
     &[],
     &[],
-    doc! {"sandbox": {"dirs": ["/no/such/dir"]}}
+    doc! {"sandbox": {"dirs": ["/no/such/dir"]}},
+    Some("/no/such/dir")
 );
 queue_skipped!(
     unknown_sandbox_keys_skip_the_queue,

@@ -399,6 +399,22 @@ async fn heartbeat_upserts_and_preserves_maxthreads(s: Stores) {
     let listed = s.b.nodes().await.unwrap();
     assert_eq!(listed[1].stats.as_ref(), Some(&stats));
     assert_eq!(listed[0].stats, None);
+
+    assert!(
+        beat.queue_problems.is_empty(),
+        "no queue problems before the DEN reports any"
+    );
+    let q = ObjectId::new().to_hex();
+    let problems = std::collections::BTreeMap::from([(q.clone(), "plugin \"x\" is not loadable".to_string())]);
+    s.a.report_queue_problems("node-1", &problems).await.unwrap();
+    assert_eq!(s.b.heartbeat("node-1", LEASE).await.unwrap().queue_problems, problems);
+    assert_eq!(s.b.nodes().await.unwrap()[1].queue_problems, problems);
+    assert!(s.b.nodes().await.unwrap()[0].queue_problems.is_empty());
+    s.a.report_queue_problems("node-1", &Default::default()).await.unwrap();
+    assert!(
+        s.b.nodes().await.unwrap()[1].queue_problems.is_empty(),
+        "a new report replaces the old"
+    );
 }
 
 async fn stale_nodes_tasks_are_recovered_and_fresh_nodes_left_alone(s: Stores) {

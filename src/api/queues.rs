@@ -28,20 +28,57 @@ pub(super) async fn find(state: &Shared, key: &str) -> Result<Queue, ApiError> {
         .ok_or_else(|| ApiError::NotFound(format!("no queue {key:?}")))
 }
 
-/// `GET /queues`: every queue with its counts.
+/// `GET /queues`: every queue with its counts and problems.
 pub(super) async fn list(State(state): State<Shared>) -> Result<Json<Value>, ApiError> {
     let queues = state.store.queues().await?;
     let counts = state.store.queue_counts().await?;
+    let reports = problem_reports(&state).await?;
     Ok(Json(Value::Array(
-        queues.iter().map(|q| json::queue(q, counts.get(&q.id))).collect(),
+        queues
+            .iter()
+            .map(|q| with_problems(json::queue(q, counts.get(&q.id)), q.id, &reports))
+            .collect(),
     )))
 }
 
-/// `GET /queues/{queue}`: `{id, plugin, name, threads, queued, running, completed, …}`.
+/// `GET /queues/{queue}`: `{id, plugin, name, threads, queued, running, completed, problems, …}`.
 pub(super) async fn one(State(state): State<Shared>, PathKey(key): PathKey) -> Result<Json<Value>, ApiError> {
     let queue = find(&state, &key).await?;
     let counts = state.store.queue_counts().await?;
-    Ok(Json(json::queue(&queue, counts.get(&queue.id))))
+    let reports = problem_reports(&state).await?;
+    Ok(Json(with_problems(
+        json::queue(&queue, counts.get(&queue.id)),
+        queue.id,
+        &reports,
+    )))
+}
+
+/// The queue problems of the fresh nodes: `(node, queue id in hex → reason)`.
+async fn problem_reports(
+    state: &Shared,
+) -> Result<Vec<(String, std::collections::BTreeMap<String, String>)>, ApiError> {
+    let now = bson::DateTime::now();
+    let nodes = state.store.nodes().await?;
+    Ok(nodes
+        .into_iter()
+        .filter(|n| !n.queue_problems.is_empty() && json::node_age(n, now) < super::FRESH_NODE.as_secs_f64())
+        .map(|n| (n.node, n.queue_problems))
+        .collect())
+}
+
+/// `value` with `problems`: `[{node, reason}]`, why fresh nodes cannot run queue `id`.
+fn with_problems(
+    mut value: Value,
+    id: ObjectId,
+    reports: &[(String, std::collections::BTreeMap<String, String>)],
+) -> Value {
+    let hex = id.to_hex();
+    let problems: Vec<Value> = reports
+        .iter()
+        .filter_map(|(node, problems)| problems.get(&hex).map(|reason| json!({"node": node, "reason": reason})))
+        .collect();
+    value["problems"] = Value::Array(problems);
+    value
 }
 
 /// The settable fields of a queue, checked.

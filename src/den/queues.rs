@@ -52,6 +52,17 @@ impl Queues {
         }
     }
 
+    /// Why queues are skipped that an operator must fix (queue id in hex → reason): not
+    /// those paused or not active here by configuration.
+    pub fn problems(&self) -> std::collections::BTreeMap<String, String> {
+        let skipped = self.skipped.lock().unwrap_or_else(|e| e.into_inner());
+        skipped
+            .iter()
+            .filter(|(_, reason)| !is_by_choice(reason))
+            .map(|(id, reason)| (id.to_hex(), reason.clone()))
+            .collect()
+    }
+
     /// The current state of a queue, if it is (still) ready.
     pub fn current(&self, id: ObjectId) -> Option<Arc<QueueState>> {
         self.current.lock().unwrap_or_else(|e| e.into_inner()).get(&id).cloned()
@@ -90,7 +101,7 @@ impl Queues {
         }
         for (id, (name, reason)) in reasons {
             if skipped.get(id) != Some(reason) {
-                if reason.starts_with("paused") || reason.starts_with("not active") {
+                if is_by_choice(reason) {
                     info!(queue = %name, "skipping queue: {reason}");
                 } else {
                     warn!(queue = %name, "skipping queue: {reason}");
@@ -125,4 +136,9 @@ impl Queues {
     fn plugin_path(&self, name: &str) -> Result<PathBuf, String> {
         crate::config::plugin_file(&self.plugin_dir, &self.plugins, name)
     }
+}
+
+/// Whether a queue is skipped by the operators' choice (paused, or not active here).
+fn is_by_choice(reason: &str) -> bool {
+    reason.starts_with("paused") || reason.starts_with("not active")
 }

@@ -313,6 +313,18 @@ impl Store for MongoStore {
         )))
     }
 
+    async fn report_queue_problems(&self, node: &str, problems: &BTreeMap<String, String>) -> StoreResult<()> {
+        let problems: Document = problems
+            .iter()
+            .map(|(k, v)| (k.clone(), Bson::String(v.clone())))
+            .collect();
+        self.nodes
+            .update_one(doc! { "node": node }, doc! { "$set": { "queue_problems": problems } })
+            .await
+            .map_err(db_err("report queue problems"))?;
+        Ok(())
+    }
+
     async fn release_node(&self, node: &str, process: ObjectId) -> StoreResult<()> {
         self.nodes
             .update_one(

@@ -94,6 +94,10 @@ CREATE TABLE IF NOT EXISTS node_stats (
     node TEXT PRIMARY KEY NOT NULL,
     stats TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS node_queue_problems (
+    node TEXT PRIMARY KEY NOT NULL,
+    problems TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS node_process (
     node TEXT PRIMARY KEY NOT NULL,
     id TEXT NOT NULL,
@@ -348,7 +352,15 @@ impl Store for SqliteStore {
                 .optional()
                 .map_err(db_err("heartbeat"))?;
             let process = node_process(tx, &node).map_err(db_err("heartbeat"))?;
-            node_from((row.0, row.1, row.2, row.3, stats, process))
+            let problems: Option<String> = tx
+                .query_row(
+                    "SELECT problems FROM node_queue_problems WHERE node = ?1",
+                    params![node],
+                    |r| r.get(0),
+                )
+                .optional()
+                .map_err(db_err("heartbeat"))?;
+            node_from((row.0, row.1, row.2, row.3, stats, process, problems))
         })
         .await
     }
@@ -396,6 +408,21 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn report_queue_problems(&self, node: &str, problems: &BTreeMap<String, String>) -> StoreResult<()> {
+        let text = serde_json::to_string(problems).map_err(|e| StoreError::Invalid(format!("queue problems: {e}")))?;
+        let node = node.to_string();
+        self.with(move |conn| {
+            conn.execute(
+                "INSERT INTO node_queue_problems (node, problems) VALUES (?1, ?2)
+                 ON CONFLICT (node) DO UPDATE SET problems = excluded.problems",
+                params![node, text],
+            )
+            .map_err(db_err("report queue problems"))?;
+            Ok(())
+        })
+        .await
+    }
+
     async fn release_node(&self, node: &str, process: ObjectId) -> StoreResult<()> {
         let node = node.to_string();
         self.with(move |conn| {
@@ -416,15 +443,24 @@ impl Store for SqliteStore {
                 let mut stmt = conn
                     .prepare(
                         "SELECT nodes.id, nodes.node, nodes.timestamp, nodes.maxthreads, node_stats.stats,
-                                node_process.process
+                                node_process.process, node_queue_problems.problems
                          FROM nodes LEFT JOIN node_stats ON node_stats.node = nodes.node
                                     LEFT JOIN node_process ON node_process.node = nodes.node
+                                    LEFT JOIN node_queue_problems ON node_queue_problems.node = nodes.node
                          ORDER BY nodes.node",
                     )
                     .map_err(&err)?;
                 let rows = stmt
                     .query_map([], |r| {
-                        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?))
+                        Ok((
+                            r.get(0)?,
+                            r.get(1)?,
+                            r.get(2)?,
+                            r.get(3)?,
+                            r.get(4)?,
+                            r.get(5)?,
+                            r.get(6)?,
+                        ))
                     })
                     .map_err(&err)?
                     .collect::<Result<Vec<NodeRow>, _>>()
@@ -1055,8 +1091,16 @@ impl Store for SqliteStore {
 }
 
 /// A node row as a node.
-/// A row of `nodes` with its `node_stats` and `node_process` JSON.
-type NodeRow = (String, String, i64, Option<i64>, Option<String>, Option<String>);
+/// A row of `nodes` with its `node_stats`, `node_process` and `node_queue_problems` JSON.
+type NodeRow = (
+    String,
+    String,
+    i64,
+    Option<i64>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+);
 
 /// The `node_process` JSON of `node`.
 fn node_process(conn: &Connection, node: &str) -> rusqlite::Result<Option<String>> {
@@ -1066,7 +1110,7 @@ fn node_process(conn: &Connection, node: &str) -> rusqlite::Result<Option<String
     .optional()
 }
 
-fn node_from((id, node, timestamp, maxthreads, stats, process): NodeRow) -> StoreResult<Node> {
+fn node_from((id, node, timestamp, maxthreads, stats, process, problems): NodeRow) -> StoreResult<Node> {
     let maxthreads = match maxthreads {
         Some(m) if m < 0 => {
             return Err(StoreError::Malformed {
@@ -1084,5 +1128,6 @@ fn node_from((id, node, timestamp, maxthreads, stats, process): NodeRow) -> Stor
         maxthreads,
         stats: stats.and_then(|s| serde_json::from_str(&s).ok()),
         process: process.and_then(|p| serde_json::from_str(&p).ok()),
+        queue_problems: problems.and_then(|p| serde_json::from_str(&p).ok()).unwrap_or_default(),
     })
 }

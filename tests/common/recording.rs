@@ -56,6 +56,9 @@ impl Store for Recording {
     async fn report_stats(&self, node: &str, stats: &NodeStats) -> StoreResult<()> {
         self.inner.report_stats(node, stats).await
     }
+    async fn report_queue_problems(&self, node: &str, problems: &BTreeMap<String, String>) -> StoreResult<()> {
+        self.inner.report_queue_problems(node, problems).await
+    }
     async fn queues(&self) -> StoreResult<Vec<Queue>> {
         self.inner.queues().await
     }

@@ -268,6 +268,14 @@ pub(super) fn node_from(doc: &Document) -> StoreResult<Node> {
             .get_document("process")
             .ok()
             .and_then(|d| bson::from_document(d.clone()).ok()),
+        queue_problems: doc
+            .get_document("queue_problems")
+            .map(|d| {
+                d.iter()
+                    .filter_map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_owned())))
+                    .collect()
+            })
+            .unwrap_or_default(),
     })
 }
 
