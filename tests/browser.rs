@@ -8,9 +8,8 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use disbatch::model::Sort;
@@ -58,15 +57,6 @@ fn driver_dir() -> PathBuf {
     dir
 }
 
-struct Web(Child);
-
-impl Drop for Web {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[tokio::test]
 async fn ui_creates_a_queue_submits_a_task_edits_limits_and_shows_output() {
     let chromium = chromium();
@@ -109,30 +99,8 @@ async fn ui_creates_a_queue_submits_a_task_edits_limits_and_shows_output() {
 
     let _den = common::DenProcess::start(&db.uri, &db.name, "ui-node", json!({}));
 
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("web.json");
-    let body = json!({"mongohost": db.uri, "database": db.name, "plugins": ["demo", "fail"],
-        "plugin_dir": dir.path()});
-    std::fs::write(&config, body.to_string()).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_disbatch"))
-        .args(["web", "--bind", "127.0.0.1:0", "--config"])
-        .arg(&config)
-        .env_remove("DISBATCH_API_TOKEN")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start disbatch web");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let _web = Web(child);
-    let url = line
-        .trim()
-        .strip_prefix("disbatch web: listening on ")
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .trim_end_matches('/')
-        .to_owned();
+    let web = common::Web::start(&db.uri, &db.name, json!({}));
+    let url = web.url.clone();
 
     let artifacts = target_dir().join("browser-artifacts");
     let _ = std::fs::remove_dir_all(&artifacts);

@@ -153,17 +153,15 @@ async fn dev_serves_the_ui_and_runs_the_suggested_task_on_an_embedded_file() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("x.db");
     let plugins = plugins_dir();
-    let mut dev = Dev::start(
-        dir.path(),
-        &[
-            "--db",
-            db.to_str().unwrap(),
-            "--bind",
-            "127.0.0.1:0",
-            "--plugin-dir",
-            plugins.to_str().unwrap(),
-        ],
-    );
+    let args = [
+        "--db",
+        db.to_str().unwrap(),
+        "--bind",
+        "127.0.0.1:0",
+        "--plugin-dir",
+        plugins.to_str().unwrap(),
+    ];
+    let mut dev = Dev::start(dir.path(), &args);
     assert!(!dev.url.ends_with(":0"), "the real port is printed: {}", dev.url);
     assert_eq!(dev.lines[1], format!("disbatch dev: store {} (embedded)", db.display()));
 
@@ -191,17 +189,7 @@ async fn dev_serves_the_ui_and_runs_the_suggested_task_on_an_embedded_file() {
     assert!(dev.log().contains("DEN stopped"), "{}", dev.log());
 
     // A second start on the same file keeps the queue and its finished task.
-    let mut again = Dev::start(
-        dir.path(),
-        &[
-            "--db",
-            db.to_str().unwrap(),
-            "--bind",
-            "127.0.0.1:0",
-            "--plugin-dir",
-            plugins.to_str().unwrap(),
-        ],
-    );
+    let mut again = Dev::start(dir.path(), &args);
     let queues = again.get_json("/queues").await;
     assert_eq!(queues.as_array().unwrap().len(), 1, "{queues}");
     assert_eq!(queues[0]["completed"], 1, "{queues}");

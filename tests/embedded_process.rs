@@ -5,18 +5,16 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bson::{doc, Document};
-use common::web::{run_disbatch, stderr};
+use common::web::{run_disbatch, stderr, Web};
 use common::{plugins_dir, wait_for, DenProcess};
 use disbatch::model::Sort;
 use disbatch::store::sqlite::SqliteStore;
 use disbatch::store::{NewQueue, Page, Store, TaskFilter};
-use serde_json::{json, Value};
+use serde_json::json;
 
 async fn count(store: &SqliteStore, filter: TaskFilter) -> u64 {
     store.count_tasks(&filter).await.unwrap()
@@ -141,57 +139,12 @@ async fn two_dens_on_one_file_drain_every_task_exactly_once() {
     }
 }
 
-/// A `disbatch web --embedded` process; killed when dropped.
-struct EmbeddedWeb {
-    child: Child,
-    url: String,
-}
-
-impl EmbeddedWeb {
-    fn start(file: &Path, args: &[&str]) -> EmbeddedWeb {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_disbatch"))
-            .args(["web", "--bind", "127.0.0.1:0", "--embedded"])
-            .arg(file)
-            .args(args)
-            .env_remove("DISBATCH_CONFIG")
-            .env_remove("DISBATCH_API_TOKEN")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start disbatch web");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let url = line
-            .trim()
-            .strip_prefix("disbatch web: listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .trim_end_matches('/')
-            .to_owned();
-        EmbeddedWeb { child, url }
-    }
-
-    fn json(&self, args: &[&str]) -> Value {
-        let out = run_disbatch(&[&["--json"], args].concat(), None, &[("DISBATCH_URL", &self.url)]);
-        assert!(out.status.success(), "disbatch {args:?}: {}", stderr(&out));
-        serde_json::from_slice(&out.stdout).unwrap()
-    }
-}
-
-impl Drop for EmbeddedWeb {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cli_and_a_den_without_config_share_an_embedded_file() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("cli.db");
     let plugins = plugins_dir();
-    let web = EmbeddedWeb::start(&file, &["--plugin-dir", plugins.to_str().unwrap()]);
+    let web = Web::start_embedded(&file, &["--plugin-dir", plugins.to_str().unwrap()]);
 
     let info = web.json(&["info"]);
     assert_eq!(info["database"], file.display().to_string());

@@ -235,12 +235,7 @@ pub(super) async fn one(
     PathKey(id): PathKey,
     Query(q): Query<HashMap<String, String>>,
 ) -> Result<Json<Value>, ApiError> {
-    let oid = ObjectId::parse_str(&id).map_err(|_| ApiError::bad(format!("invalid task id {id:?}")))?;
-    let task = state
-        .store
-        .task(oid)
-        .await?
-        .ok_or_else(|| ApiError::NotFound(format!("no task {id}")))?;
+    let task = find(&state, &id).await?;
     let view = TaskView {
         epoch: truthy(q.get("epoch")),
         fields: None,
@@ -258,6 +253,16 @@ pub(super) async fn one(
     Ok(Json(value))
 }
 
+/// The task `id` (24 hex digits): 400 when it is not an id, 404 when there is no such task.
+async fn find(state: &Shared, id: &str) -> Result<crate::model::Task, ApiError> {
+    let oid = ObjectId::parse_str(id).map_err(|_| ApiError::bad(format!("invalid task id {id:?}")))?;
+    state
+        .store
+        .task(oid)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("no task {id}")))
+}
+
 /// `GET /tasks/{id}/stdout`: the task's stdout as `text/plain`, streamed.
 pub(super) async fn stdout(state: State<Shared>, id: PathKey) -> Result<Response, ApiError> {
     output_text(state, id, "stdout").await
@@ -273,12 +278,7 @@ pub(super) async fn stderr(state: State<Shared>, id: PathKey) -> Result<Response
 /// aborts the response (its status line has gone out already).
 async fn output_text(State(state): State<Shared>, PathKey(id): PathKey, name: &str) -> Result<Response, ApiError> {
     use futures::TryStreamExt;
-    let oid = ObjectId::parse_str(&id).map_err(|_| ApiError::bad(format!("invalid task id {id:?}")))?;
-    let task = state
-        .store
-        .task(oid)
-        .await?
-        .ok_or_else(|| ApiError::NotFound(format!("no task {id}")))?;
+    let task = find(&state, &id).await?;
     let output = if name == "stdout" { &task.stdout } else { &task.stderr };
     let Some(output) = output else {
         return Err(ApiError::NotFound(format!(

@@ -1,7 +1,9 @@
 //! `disbatch web` as a real process on a test database, and the `disbatch` client verbs run
 //! as processes against it.
 
+use std::ffi::OsStr;
 use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 
 use serde_json::{json, Value};
@@ -25,9 +27,22 @@ impl Web {
         }
         let path = dir.path().join("web.json");
         std::fs::write(&path, config.to_string()).unwrap();
+        Web::spawn(&["--config".as_ref(), path.as_os_str()], dir)
+    }
+
+    /// Starts `disbatch web --embedded <file> <args>` on a free port, without a config.
+    pub fn start_embedded(file: &Path, args: &[&str]) -> Web {
+        let mut all = vec!["--embedded".as_ref(), file.as_os_str()];
+        all.extend(args.iter().map(OsStr::new));
+        Web::spawn(&all, tempfile::tempdir().unwrap())
+    }
+
+    /// Starts `disbatch web --bind 127.0.0.1:0 <args>`; returns once it listens.
+    fn spawn(args: &[&OsStr], dir: tempfile::TempDir) -> Web {
         let mut child = Command::new(env!("CARGO_BIN_EXE_disbatch"))
-            .args(["web", "--bind", "127.0.0.1:0", "--config"])
-            .arg(&path)
+            .args(["web", "--bind", "127.0.0.1:0"])
+            .args(args)
+            .env_remove("DISBATCH_CONFIG")
             .env_remove("DISBATCH_API_TOKEN")
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
