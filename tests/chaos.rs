@@ -123,7 +123,9 @@ async fn four_dens_drain_many_tasks_exactly_once_within_limits() {
             *p = (*p).max(n);
         }
         samples += 1;
-        if unfinished(&t.db).await == 0 {
+        // The end of the drain is checked once a second: it counts every unfinished task,
+        // which would slow the 50 ms samples down on a large queue.
+        if samples % 20 == 0 && unfinished(&t.db).await == 0 {
             break;
         }
         assert!(
