@@ -125,7 +125,7 @@ async fn four_dens_drain_many_tasks_exactly_once_within_limits() {
         samples += 1;
         // The end of the drain is checked once a second: it counts every unfinished task,
         // which would slow the 50 ms samples down on a large queue.
-        if samples % 20 == 0 && unfinished(&t.db).await == 0 {
+        if samples.is_multiple_of(20) && unfinished(&t.db).await == 0 {
             break;
         }
         assert!(
