@@ -293,26 +293,18 @@ impl Den {
     /// restarted after a crash), gives the name up.
     async fn take_node_name(&self) -> Result<(), DenError> {
         let s = &self.settings;
-        let stale_before =
-            DateTime::from_millis(DateTime::now().timestamp_millis() - s.heartbeat_stale.as_millis() as i64);
-        let taken = self.store.take_node(&s.node, &self.process, stale_before);
-        let Some(holder) = taken.await.map_err(DenError::Startup)? else {
-            return Ok(());
+        let take = |stale_before| self.store.take_node(&s.node, &self.process, stale_before);
+        let stale_before = before(DateTime::now(), s.heartbeat_stale);
+        let holder = match take(stale_before).await.map_err(DenError::Startup)? {
+            Some(gone) if gone.is_dead_here() => {
+                info!(pid = gone.pid, "taking over the node name of a DEN that is gone");
+                // Every holder counts as stale now.
+                let always = DateTime::from_millis(i64::MAX);
+                take(always).await.map_err(DenError::Startup)?
+            }
+            other => other,
         };
-        if !holder.is_dead_here() {
-            return Err(DenError::NodeInUse {
-                node: s.node.clone(),
-                holder,
-            });
-        }
-        info!(pid = holder.pid, "taking over the node name of a DEN that is gone");
-        let always = DateTime::from_millis(i64::MAX);
-        match self
-            .store
-            .take_node(&s.node, &self.process, always)
-            .await
-            .map_err(DenError::Startup)?
-        {
+        match holder {
             None => Ok(()),
             Some(holder) => Err(DenError::NodeInUse {
                 node: s.node.clone(),
@@ -361,13 +353,10 @@ impl Den {
             // Right after an outage every other node's heartbeat looks stale too.
             return Ok(());
         }
-        let now = DateTime::now().timestamp_millis();
+        let now = DateTime::now();
         let recovered = self
             .store
-            .recover_orphans(
-                DateTime::from_millis(now - s.orphan_claimed_after.as_millis() as i64),
-                DateTime::from_millis(now - s.heartbeat_stale.as_millis() as i64),
-            )
+            .recover_orphans(before(now, s.orphan_claimed_after), before(now, s.heartbeat_stale))
             .await?;
         if !recovered.orphaned.is_empty() {
             warn!(count = recovered.orphaned.len(), tasks = ?recovered.orphaned, "marked orphaned tasks (-6)");
@@ -626,4 +615,8 @@ impl Den {
         }
         info!("DEN stopped");
     }
+}
+/// `d` before `now`.
+fn before(now: DateTime, d: Duration) -> DateTime {
+    DateTime::from_millis(now.timestamp_millis() - d.as_millis() as i64)
 }

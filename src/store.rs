@@ -136,6 +136,11 @@ pub struct Page {
 /// The pieces of a stored output's text, in order ([`Store::output_stream`]).
 pub type OutputStream = futures::stream::BoxStream<'static, StoreResult<String>>;
 
+/// An [`OutputStream`] of one piece.
+pub fn one_piece(text: String) -> OutputStream {
+    Box::pin(futures::stream::once(async move { Ok(text) }))
+}
+
 /// Signals that tasks may have become claimable (inserted or put back as queued).
 pub type QueuedEvents = futures::stream::BoxStream<'static, StoreResult<()>>;
 
@@ -266,7 +271,6 @@ pub trait Store: Send + Sync + 'static {
     /// reads the output whole and yields it at once (the embedded store's file is one row).
     /// A corrupt file ends the stream with an error after the pieces read so far.
     async fn output_stream(&self, output: &Output) -> StoreResult<OutputStream> {
-        let text = self.read_output(output).await?;
-        Ok(Box::pin(futures::stream::once(async move { Ok(text) })))
+        Ok(one_piece(self.read_output(output).await?))
     }
 }

@@ -202,16 +202,7 @@ async fn killing_a_den_mid_run_loses_nothing() {
     victim.signal(libc::SIGKILL);
     victim.wait_exit(Duration::from_secs(10));
     let killed = Instant::now();
-    let held: Vec<Document> = {
-        use futures::TryStreamExt;
-        t.db.collection::<Document>("tasks")
-            .find(doc! {"node": "victim", "status": {"$in": [-1, 0]}})
-            .await
-            .unwrap()
-            .try_collect()
-            .await
-            .unwrap()
-    };
+    let held = common::find_docs(&t.db, "tasks", doc! {"node": "victim", "status": {"$in": [-1, 0]}}).await;
     let held_ids: Vec<ObjectId> = held.iter().map(|d| d.get_object_id("_id").unwrap()).collect();
     wait_for(
         Duration::from_secs(30),
@@ -279,17 +270,11 @@ async fn a_database_outage_loses_nothing() {
         count(&t.db, doc! {"status": 1}).await >= 100
     })
     .await;
-    let running: Vec<(ObjectId, String)> =
-        t.db.collection::<Document>("tasks")
-            .find(doc! {"status": 0})
-            .await
-            .unwrap()
-            .try_collect::<Vec<Document>>()
-            .await
-            .unwrap()
-            .iter()
-            .map(|d| (d.get_object_id("_id").unwrap(), d.get_str("node").unwrap().to_owned()))
-            .collect();
+    let running: Vec<(ObjectId, String)> = common::find_docs(&t.db, "tasks", doc! {"status": 0})
+        .await
+        .iter()
+        .map(|d| (d.get_object_id("_id").unwrap(), d.get_str("node").unwrap().to_owned()))
+        .collect();
     let running_before = running.len();
     let port = server.port();
     let stopped = Instant::now();
@@ -391,15 +376,7 @@ async fn an_outage_longer_than_the_stale_window_orphans_no_live_node() {
     let start = Instant::now();
     while count(&t.db, doc! {"_id": {"$in": &ids}, "status": {"$gt": 0}}).await < 4 {
         if start.elapsed() > Duration::from_secs(40) {
-            use futures::TryStreamExt;
-            let docs: Vec<Document> =
-                t.db.collection::<Document>("tasks")
-                    .find(doc! {})
-                    .await
-                    .unwrap()
-                    .try_collect()
-                    .await
-                    .unwrap();
+            let docs = common::find_docs(&t.db, "tasks", doc! {}).await;
             panic!("tasks did not finish: {docs:?}\n{}\n{}", a.log(), b.log());
         }
         tokio::time::sleep(Duration::from_millis(50)).await;

@@ -13,7 +13,6 @@ use bson::{doc, Bson, DateTime, Document};
 use disbatch::config::Gfs;
 use disbatch::den::{Den, DenSettings};
 use disbatch::runner::Sandbox;
-use futures::TryStreamExt;
 use mongodb::Database;
 use tokio_util::sync::CancellationToken;
 
@@ -125,15 +124,7 @@ impl Fixture {
     async fn problem_of(&self, queue: ObjectId) -> String {
         let start = Instant::now();
         loop {
-            let nodes: Vec<Document> = self
-                .db
-                .collection::<Document>("nodes")
-                .find(doc! {})
-                .await
-                .unwrap()
-                .try_collect()
-                .await
-                .unwrap();
+            let nodes = common::find_docs(&self.db, "nodes", doc! {}).await;
             let found = nodes.iter().find_map(|n| {
                 let problems = n.get_document("queue_problems").ok()?;
                 problems.get_str(queue.to_hex()).ok().map(str::to_owned)

@@ -23,8 +23,9 @@ pub const DEFAULT_MEMORY: u64 = 1024 * 1024 * 1024;
 pub const DEFAULT_OUTPUT_CAP: usize = 64 * 1024 * 1024;
 /// The largest memory limit a sandbox may set (the engine's per-instance maximum, 4 GiB).
 pub const MAX_MEMORY: u64 = 4 * 1024 * 1024 * 1024;
-/// The longest wall-time limit a sandbox may set (365 days).
-pub const MAX_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
+/// The longest wall-time limit a sandbox may set: the longest duration the config accepts
+/// (365 days).
+pub const MAX_TIMEOUT: Duration = crate::config::MAX_DURATION;
 
 /// A host directory made visible to the plugin.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -710,10 +710,7 @@ impl Store for MongoStore {
 
     async fn output_stream(&self, output: &Output) -> StoreResult<OutputStream> {
         match output {
-            Output::Inline(s) => {
-                let text = s.clone();
-                Ok(Box::pin(futures::stream::once(async move { Ok(text) })))
-            }
+            Output::Inline(s) => Ok(super::one_piece(s.clone())),
             Output::File(id) => {
                 let pieces = gridfs::stream_file(&self.db, *id).await?;
                 Ok(Box::pin(pieces.map_err(StoreError::from)))

@@ -329,38 +329,15 @@ impl Store for SqliteStore {
         self.write("heartbeat", move |tx| {
             let now = DateTime::now();
             renew_slots(tx, &node, lease_end(now, lease))?;
-            let row = tx
-                .query_row(
-                    "INSERT INTO nodes (id, node, timestamp, maxthreads) VALUES (?1, ?2, ?3, NULL)
-                     ON CONFLICT (node) DO UPDATE SET timestamp = excluded.timestamp
-                     RETURNING id, node, timestamp, maxthreads",
-                    params![ObjectId::new().to_hex(), node, now.timestamp_millis()],
-                    |r| {
-                        Ok((
-                            r.get::<_, String>(0)?,
-                            r.get::<_, String>(1)?,
-                            r.get::<_, i64>(2)?,
-                            r.get::<_, Option<i64>>(3)?,
-                        ))
-                    },
-                )
-                .map_err(db_err("heartbeat"))?;
-            let stats: Option<String> = tx
-                .query_row("SELECT stats FROM node_stats WHERE node = ?1", params![node], |r| {
-                    r.get(0)
-                })
-                .optional()
-                .map_err(db_err("heartbeat"))?;
-            let process = node_process(tx, &node).map_err(db_err("heartbeat"))?;
-            let problems: Option<String> = tx
-                .query_row(
-                    "SELECT problems FROM node_queue_problems WHERE node = ?1",
-                    params![node],
-                    |r| r.get(0),
-                )
-                .optional()
-                .map_err(db_err("heartbeat"))?;
-            node_from((row.0, row.1, row.2, row.3, stats, process, problems))
+            let err = db_err("heartbeat");
+            tx.execute(
+                "INSERT INTO nodes (id, node, timestamp, maxthreads) VALUES (?1, ?2, ?3, NULL)
+                 ON CONFLICT (node) DO UPDATE SET timestamp = excluded.timestamp",
+                params![ObjectId::new().to_hex(), node, now.timestamp_millis()],
+            )
+            .map_err(&err)?;
+            let row = read_node(tx, &node).map_err(&err)?;
+            node_from(row.ok_or_else(|| StoreError::Database(format!("heartbeat of node {node:?} stored nothing")))?)
         })
         .await
     }
@@ -376,19 +353,12 @@ impl Store for SqliteStore {
         let id = process.id;
         self.write("take node name", move |tx| {
             let err = db_err("take node name");
-            let timestamp: Option<i64> = tx
-                .query_row("SELECT timestamp FROM nodes WHERE node = ?1", params![node], |r| {
-                    r.get(0)
-                })
-                .optional()
-                .map_err(&err)?;
-            let holder = node_process(tx, &node).map_err(&err)?;
-            if let (Some(ts), Some(holder)) = (
-                timestamp,
-                holder.and_then(|p| serde_json::from_str::<NodeProcess>(&p).ok()),
-            ) {
-                if holder.id != id && ts >= stale_before.timestamp_millis() {
-                    return Ok(Some(holder));
+            if let Some(current) = read_node(tx, &node).map_err(&err)? {
+                let current = node_from(current)?;
+                if let Some(holder) = current.process {
+                    if holder.id != id && current.timestamp >= stale_before {
+                        return Ok(Some(holder));
+                    }
                 }
             }
             tx.execute(
@@ -441,27 +411,10 @@ impl Store for SqliteStore {
             .with(|conn| {
                 let err = db_err("list nodes");
                 let mut stmt = conn
-                    .prepare(
-                        "SELECT nodes.id, nodes.node, nodes.timestamp, nodes.maxthreads, node_stats.stats,
-                                node_process.process, node_queue_problems.problems
-                         FROM nodes LEFT JOIN node_stats ON node_stats.node = nodes.node
-                                    LEFT JOIN node_process ON node_process.node = nodes.node
-                                    LEFT JOIN node_queue_problems ON node_queue_problems.node = nodes.node
-                         ORDER BY nodes.node",
-                    )
+                    .prepare(&format!("{NODE_SELECT} ORDER BY nodes.node"))
                     .map_err(&err)?;
                 let rows = stmt
-                    .query_map([], |r| {
-                        Ok((
-                            r.get(0)?,
-                            r.get(1)?,
-                            r.get(2)?,
-                            r.get(3)?,
-                            r.get(4)?,
-                            r.get(5)?,
-                            r.get(6)?,
-                        ))
-                    })
+                    .query_map([], node_row)
                     .map_err(&err)?
                     .collect::<Result<Vec<NodeRow>, _>>()
                     .map_err(&err)?;
@@ -1102,12 +1055,31 @@ type NodeRow = (
     Option<String>,
 );
 
-/// The `node_process` JSON of `node`.
-fn node_process(conn: &Connection, node: &str) -> rusqlite::Result<Option<String>> {
-    conn.query_row("SELECT process FROM node_process WHERE node = ?1", params![node], |r| {
-        r.get(0)
-    })
-    .optional()
+/// A node with its `node_stats`, `node_process` and `node_queue_problems` rows, read as a
+/// [`NodeRow`] by [`node_row`]; a `WHERE` or `ORDER BY` may follow.
+const NODE_SELECT: &str = "SELECT nodes.id, nodes.node, nodes.timestamp, nodes.maxthreads, node_stats.stats,
+        node_process.process, node_queue_problems.problems
+    FROM nodes LEFT JOIN node_stats ON node_stats.node = nodes.node
+               LEFT JOIN node_process ON node_process.node = nodes.node
+               LEFT JOIN node_queue_problems ON node_queue_problems.node = nodes.node";
+
+/// A row of [`NODE_SELECT`].
+fn node_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<NodeRow> {
+    Ok((
+        r.get(0)?,
+        r.get(1)?,
+        r.get(2)?,
+        r.get(3)?,
+        r.get(4)?,
+        r.get(5)?,
+        r.get(6)?,
+    ))
+}
+
+/// The node `node`, if it has a document.
+fn read_node(conn: &Connection, node: &str) -> rusqlite::Result<Option<NodeRow>> {
+    conn.query_row(&format!("{NODE_SELECT} WHERE nodes.node = ?1"), params![node], node_row)
+        .optional()
 }
 
 fn node_from((id, node, timestamp, maxthreads, stats, process, problems): NodeRow) -> StoreResult<Node> {

@@ -67,6 +67,18 @@ pub async fn count_tasks(db: &Database, filter: Document) -> u64 {
         .unwrap()
 }
 
+/// Every document of `collection` matching `filter`.
+pub async fn find_docs(db: &Database, collection: &str, filter: Document) -> Vec<Document> {
+    use futures::TryStreamExt;
+    db.collection::<Document>(collection)
+        .find(filter)
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap()
+}
+
 /// One task document.
 pub async fn task_doc_of(db: &Database, id: ObjectId) -> Document {
     db.collection::<Document>("tasks")

@@ -26,7 +26,7 @@ pub mod web;
 
 pub use db::{test_db, test_db_at, unique_db_name, TestDb};
 pub use den::{wait_for, DenProcess};
-pub use docs::{count_tasks, insert_queue, insert_task, insert_tasks, shared_runner, task_doc_of};
+pub use docs::{count_tasks, find_docs, insert_queue, insert_task, insert_tasks, shared_runner, task_doc_of};
 pub use plugins::{plugin_path, plugins_dir};
 pub use recording::Recording;
 pub use server::{server_uri, TestServer};
