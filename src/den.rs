@@ -20,9 +20,10 @@
 
 mod output;
 mod queues;
+mod shutdown;
+mod worker;
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -35,12 +36,12 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, info_span, warn, Instrument};
 
 use crate::config::{Config, Gfs};
-use crate::model::{status, NodeProcess, NodeStats, Queue, Task};
+use crate::model::{NodeProcess, NodeStats, Queue, Task};
 use crate::runner::{Runner, Sandbox};
 use crate::store::{Slot, Store, StoreError, StoreResult};
 
 pub use output::INLINE_BUDGET;
-use queues::{QueueState, Queues};
+use queues::Queues;
 
 /// How long to wait before watching for queued tasks again after the watch failed.
 const WATCH_RETRY: Duration = Duration::from_secs(5);
@@ -405,217 +406,8 @@ impl Den {
         let max = *self.maxthreads.lock().unwrap_or_else(|e| e.into_inner());
         running < i64::from(self.settings.max_instances) && max.is_none_or(|m| running < m)
     }
-
-    fn spawn_worker(self: &Arc<Self>, queue: Arc<QueueState>, slot: Slot, task: Task) {
-        self.running.fetch_add(1, Ordering::SeqCst);
-        let den = self.clone();
-        tokio::spawn(async move {
-            let slot = den.clone().work(queue, slot, task).await;
-            if let Some(slot) = slot {
-                if let Err(e) = den.store.release_slot(&slot, &den.settings.node).await {
-                    debug!(error = %e, "cannot release slot; its lease will expire");
-                }
-            }
-            den.running.fetch_sub(1, Ordering::SeqCst);
-            den.wake.notify_one();
-        });
-    }
-
-    /// Runs `task`, then the queue's next tasks while the queue and node allow it.
-    /// Returns the slot to release (None when the drain already gave it up).
-    async fn work(self: Arc<Self>, mut queue: Arc<QueueState>, slot: Slot, first: Task) -> Option<Slot> {
-        let mut task = first;
-        loop {
-            self.in_flight
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(task.id, slot.clone());
-            let span = info_span!("task", task = %task.id, queue = %queue.queue.name);
-            self.execute(&queue, &task).instrument(span).await;
-            let ours = self
-                .in_flight
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&task.id)
-                .is_some();
-            if !ours || self.stopping.is_cancelled() {
-                return ours.then_some(slot);
-            }
-            // Keep the slot for the queue's next task while everything still allows it.
-            match self.queues.current(queue.queue.id) {
-                Some(q) if q.allows_slot(&slot) && !self.over_node_limit() => queue = q,
-                _ => return Some(slot),
-            }
-            match self.claim(&queue.queue).await {
-                Ok(Some(next)) => task = next,
-                Ok(None) => return Some(slot),
-                Err(e) => {
-                    debug!(error = %e, "claim failed");
-                    return Some(slot);
-                }
-            }
-        }
-    }
-
-    fn over_node_limit(&self) -> bool {
-        let max = *self.maxthreads.lock().unwrap_or_else(|e| e.into_inner());
-        max.is_some_and(|m| self.running() as i64 > m)
-    }
-
-    /// One task: running (0) → sandbox → outputs → finished, each write retried through a
-    /// database outage.
-    async fn execute(&self, queue: &QueueState, task: &Task) {
-        let node = &self.settings.node;
-        let started = self.retry("mark running", || self.store.start(task.id, node)).await;
-        if started != Some(true) {
-            warn!("task was taken from this node before it started; not running it");
-            return;
-        }
-        debug!("running");
-        let runner = self.runner.clone();
-        let plugin = queue.plugin.clone();
-        let sandbox = queue.sandbox.clone();
-        let params = task.params_json();
-        let task_id = task.id;
-        let outcome = tokio::task::spawn_blocking(move || {
-            let sink: crate::runner::ProgressSink = Arc::new(move |p| debug!(task = %task_id, "{p}"));
-            runner.run(&plugin, &params, &sandbox, Some(sink))
-        })
-        .await;
-        let outcome = match outcome {
-            Ok(o) => o,
-            Err(e) => {
-                crate::runner::Outcome::not_run(crate::runner::Failure::Trap(format!("runner thread failed: {e}")))
-            }
-        };
-        self.observe(|stats| stats.run.observe(outcome.duration.as_secs_f64()));
-        let final_status = outcome.status as i32;
-        match &outcome.failure {
-            None => info!(
-                status = final_status,
-                duration_ms = outcome.duration.as_millis() as u64,
-                "finished"
-            ),
-            Some(f) => warn!(
-                status = final_status,
-                reason = f.kind(),
-                duration_ms = outcome.duration.as_millis() as u64,
-                "failed: {f}"
-            ),
-        }
-        let (stdout, stderr) = outcome.output_texts();
-        let params_len = bson::to_vec(&task.params).map(|v| v.len()).unwrap_or(0);
-        let outputs = self
-            .retry("store output", || {
-                output::store_outputs(
-                    self.store.as_ref(),
-                    self.settings.gfs,
-                    task.id,
-                    params_len,
-                    stdout.clone(),
-                    stderr.clone(),
-                )
-            })
-            .await;
-        let Some((out, err)) = outputs else {
-            error!("result lost: the database stayed unreachable past the shutdown");
-            return;
-        };
-        let status = if final_status > 0 { final_status } else { status::FAILED };
-        match self
-            .retry("write result", || {
-                self.store.finish(task.id, node, status, out.clone(), err.clone())
-            })
-            .await
-        {
-            Some(true) => {}
-            Some(false) => warn!("task was recovered by another node meanwhile; result not written"),
-            None => error!("result lost: the database stayed unreachable past the shutdown"),
-        }
-    }
-
-    /// Retries `op` through database outages, with backoff, until it succeeds or the
-    /// drain gives up on running tasks. Other errors are logged and end the retry.
-    async fn retry<T, F, Fut>(&self, what: &str, mut op: F) -> Option<T>
-    where
-        F: FnMut() -> Fut,
-        Fut: Future<Output = StoreResult<T>>,
-    {
-        let mut backoff = Duration::from_millis(100);
-        let mut logged = false;
-        loop {
-            match op().await {
-                Ok(v) => {
-                    if logged {
-                        info!("{what}: database reachable again");
-                    }
-                    return Some(v);
-                }
-                Err(StoreError::Database(e)) => {
-                    if !logged {
-                        warn!(error = %e, "{what}: database unreachable; retrying");
-                        logged = true;
-                    }
-                }
-                Err(e) => {
-                    error!(error = %e, "{what} failed");
-                    return None;
-                }
-            }
-            tokio::select! {
-                _ = self.abandoned.cancelled() => return None,
-                _ = tokio::time::sleep(backoff) => {}
-            }
-            backoff = (backoff * 2).min(Duration::from_secs(5));
-        }
-    }
-
-    /// Graceful shutdown: stop claiming, wait up to the grace period, then put what is still
-    /// unfinished back in its queue and give up the slots.
-    async fn drain(&self) {
-        self.stopping.cancel();
-        let grace = self.settings.shutdown_grace;
-        let n = self.running();
-        if n > 0 {
-            info!(
-                running = n,
-                grace_s = grace.as_secs_f64(),
-                "shutting down: waiting for running tasks"
-            );
-        }
-        let deadline = tokio::time::Instant::now() + grace;
-        while self.running() > 0 {
-            let notified = self.wake.notified();
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                break;
-            }
-        }
-        let left: Vec<(ObjectId, Slot)> = self
-            .in_flight
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .drain()
-            .collect();
-        self.abandoned.cancel();
-        if !left.is_empty() {
-            let ids: Vec<ObjectId> = left.iter().map(|(id, _)| *id).collect();
-            match self.store.requeue_own(&self.settings.node, &ids).await {
-                Ok(requeued) => warn!(
-                    count = requeued.len(),
-                    tasks = ?requeued,
-                    "shutdown grace period over: put unfinished tasks back in their queue (-2)"
-                ),
-                Err(e) => {
-                    error!(error = %e, tasks = ?ids, "cannot requeue unfinished tasks; they will be recovered as orphans")
-                }
-            }
-            for (_, slot) in &left {
-                let _ = self.store.release_slot(slot, &self.settings.node).await;
-            }
-        }
-        info!("DEN stopped");
-    }
 }
+
 /// `d` before `now`.
 fn before(now: DateTime, d: Duration) -> DateTime {
     DateTime::from_millis(now.timestamp_millis() - d.as_millis() as i64)

@@ -1,0 +1,181 @@
+//! Workers: each runs one claimed task in the sandbox, writes its result back, and goes on
+//! with the queue's next task while its slot and the node's limits allow.
+
+use std::future::Future;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tracing::{debug, error, info, info_span, warn, Instrument};
+
+use super::output;
+use super::queues::QueueState;
+use super::Den;
+use crate::model::{status, Task};
+use crate::store::{Slot, StoreError, StoreResult};
+
+impl Den {
+    pub(super) fn spawn_worker(self: &Arc<Self>, queue: Arc<QueueState>, slot: Slot, task: Task) {
+        self.running.fetch_add(1, Ordering::SeqCst);
+        let den = self.clone();
+        tokio::spawn(async move {
+            let slot = den.clone().work(queue, slot, task).await;
+            if let Some(slot) = slot {
+                if let Err(e) = den.store.release_slot(&slot, &den.settings.node).await {
+                    debug!(error = %e, "cannot release slot; its lease will expire");
+                }
+            }
+            den.running.fetch_sub(1, Ordering::SeqCst);
+            den.wake.notify_one();
+        });
+    }
+
+    /// Runs `task`, then the queue's next tasks while the queue and node allow it.
+    /// Returns the slot to release (None when the drain already gave it up).
+    async fn work(self: Arc<Self>, mut queue: Arc<QueueState>, slot: Slot, first: Task) -> Option<Slot> {
+        let mut task = first;
+        loop {
+            self.in_flight
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(task.id, slot.clone());
+            let span = info_span!("task", task = %task.id, queue = %queue.queue.name);
+            self.execute(&queue, &task).instrument(span).await;
+            let ours = self
+                .in_flight
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&task.id)
+                .is_some();
+            if !ours || self.stopping.is_cancelled() {
+                return ours.then_some(slot);
+            }
+            // Keep the slot for the queue's next task while everything still allows it.
+            match self.queues.current(queue.queue.id) {
+                Some(q) if q.allows_slot(&slot) && !self.over_node_limit() => queue = q,
+                _ => return Some(slot),
+            }
+            match self.claim(&queue.queue).await {
+                Ok(Some(next)) => task = next,
+                Ok(None) => return Some(slot),
+                Err(e) => {
+                    debug!(error = %e, "claim failed");
+                    return Some(slot);
+                }
+            }
+        }
+    }
+
+    fn over_node_limit(&self) -> bool {
+        let max = *self.maxthreads.lock().unwrap_or_else(|e| e.into_inner());
+        max.is_some_and(|m| self.running() as i64 > m)
+    }
+
+    /// One task: running (0) → sandbox → outputs → finished, each write retried through a
+    /// database outage.
+    async fn execute(&self, queue: &QueueState, task: &Task) {
+        let node = &self.settings.node;
+        let started = self.retry("mark running", || self.store.start(task.id, node)).await;
+        if started != Some(true) {
+            warn!("task was taken from this node before it started; not running it");
+            return;
+        }
+        debug!("running");
+        let runner = self.runner.clone();
+        let plugin = queue.plugin.clone();
+        let sandbox = queue.sandbox.clone();
+        let params = task.params_json();
+        let task_id = task.id;
+        let outcome = tokio::task::spawn_blocking(move || {
+            let sink: crate::runner::ProgressSink = Arc::new(move |p| debug!(task = %task_id, "{p}"));
+            runner.run(&plugin, &params, &sandbox, Some(sink))
+        })
+        .await;
+        let outcome = match outcome {
+            Ok(o) => o,
+            Err(e) => {
+                crate::runner::Outcome::not_run(crate::runner::Failure::Trap(format!("runner thread failed: {e}")))
+            }
+        };
+        self.observe(|stats| stats.run.observe(outcome.duration.as_secs_f64()));
+        let final_status = outcome.status as i32;
+        match &outcome.failure {
+            None => info!(
+                status = final_status,
+                duration_ms = outcome.duration.as_millis() as u64,
+                "finished"
+            ),
+            Some(f) => warn!(
+                status = final_status,
+                reason = f.kind(),
+                duration_ms = outcome.duration.as_millis() as u64,
+                "failed: {f}"
+            ),
+        }
+        let (stdout, stderr) = outcome.output_texts();
+        let params_len = bson::to_vec(&task.params).map(|v| v.len()).unwrap_or(0);
+        let outputs = self
+            .retry("store output", || {
+                output::store_outputs(
+                    self.store.as_ref(),
+                    self.settings.gfs,
+                    task.id,
+                    params_len,
+                    stdout.clone(),
+                    stderr.clone(),
+                )
+            })
+            .await;
+        let Some((out, err)) = outputs else {
+            error!("result lost: the database stayed unreachable past the shutdown");
+            return;
+        };
+        let status = if final_status > 0 { final_status } else { status::FAILED };
+        match self
+            .retry("write result", || {
+                self.store.finish(task.id, node, status, out.clone(), err.clone())
+            })
+            .await
+        {
+            Some(true) => {}
+            Some(false) => warn!("task was recovered by another node meanwhile; result not written"),
+            None => error!("result lost: the database stayed unreachable past the shutdown"),
+        }
+    }
+
+    /// Retries `op` through database outages, with backoff, until it succeeds or the
+    /// drain gives up on running tasks. Other errors are logged and end the retry.
+    async fn retry<T, F, Fut>(&self, what: &str, mut op: F) -> Option<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = StoreResult<T>>,
+    {
+        let mut backoff = Duration::from_millis(100);
+        let mut logged = false;
+        loop {
+            match op().await {
+                Ok(v) => {
+                    if logged {
+                        info!("{what}: database reachable again");
+                    }
+                    return Some(v);
+                }
+                Err(StoreError::Database(e)) => {
+                    if !logged {
+                        warn!(error = %e, "{what}: database unreachable; retrying");
+                        logged = true;
+                    }
+                }
+                Err(e) => {
+                    error!(error = %e, "{what} failed");
+                    return None;
+                }
+            }
+            tokio::select! {
+                _ = self.abandoned.cancelled() => return None,
+                _ = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        }
+    }
+}
