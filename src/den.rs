@@ -197,12 +197,15 @@ impl Den {
             let mut interval = tokio::time::interval(self.settings.tick);
             interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let watcher = tokio::spawn(self.clone().watch_queued(shutdown.clone()));
+            // The first pass always heartbeats and recovers orphans before claiming.
+            let mut first = true;
             loop {
-                let full = tokio::select! {
+                let ticked = tokio::select! {
                     _ = shutdown.cancelled() => break,
                     _ = interval.tick() => true,
                     _ = self.wake.notified() => false,
                 };
+                let full = std::mem::take(&mut first) || ticked;
                 match self.tick(full).await {
                     Ok(()) => {
                         if self.in_outage.swap(false, Ordering::SeqCst) {
@@ -342,8 +345,9 @@ impl Den {
         }
         if let Some(stats) = changed {
             if let Err(e) = self.store.report_stats(&s.node, &stats).await {
+                // Reported again next tick; recovery must not wait for it.
                 self.stats.lock().unwrap_or_else(|e| e.into_inner()).1 = true;
-                return Err(e);
+                warn!(error = %e, "cannot report the duration histograms; retrying next tick");
             }
         }
         if self.in_outage.load(Ordering::SeqCst) {

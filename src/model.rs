@@ -362,6 +362,9 @@ pub struct Task {
     pub stdout: Option<Output>,
     /// stderr once finished.
     pub stderr: Option<Output>,
+    /// Set when the stored document could not be read as a task (written by another
+    /// tool): what is wrong with it. The other fields are then best effort.
+    pub problem: Option<String>,
 }
 
 impl Task {

@@ -55,6 +55,9 @@ pub(super) fn task(t: &Task, view: &TaskView) -> Value {
     m.insert("params".into(), Bson::Document(t.params.clone()).into_relaxed_extjson());
     m.insert("stdout".into(), output(&t.stdout));
     m.insert("stderr".into(), output(&t.stderr));
+    if let Some(problem) = &t.problem {
+        m.insert("problem".into(), json!(problem));
+    }
     if let Some(fields) = &view.fields {
         m.retain(|k, _| k == "id" || k == "_id" || fields.iter().any(|f| f == k));
     }

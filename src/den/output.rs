@@ -35,24 +35,46 @@ pub(crate) fn placement(gfs: Gfs, stdout: usize, stderr: usize, budget: usize) -
     }
 }
 
+/// A plugin's u32 status as the task's 32-bit status: a value above `i32::MAX` is
+/// clamped to `i32::MAX` (never wrapped to a negative, which the spec reserves for
+/// queued, claimed, running and orphaned) and logged.
+pub(crate) fn stored_status(status: u32) -> i32 {
+    i32::try_from(status).unwrap_or_else(|_| {
+        tracing::warn!(status, "plugin status above 2147483647; stored as 2147483647");
+        i32::MAX
+    })
+}
+
 /// Cuts `text` to at most `max` bytes on a character boundary, appending a marker saying
-/// how much was dropped. Returns the text unchanged when it fits.
+/// how much was dropped. Returns the text unchanged when it fits. The result never exceeds
+/// `max` bytes: when even the marker does not fit, the marker itself is cut.
 pub(crate) fn truncate_inline(text: String, max: usize, stream: &str) -> String {
     if text.len() <= max {
         return text;
     }
-    let marker = format!(
-        "\n[disbatch: {stream} truncated to fit the task document (gfs is false); {} of {} bytes dropped]\n",
-        text.len() - max.min(text.len()),
-        text.len()
-    );
-    let mut end = max.saturating_sub(marker.len());
+    let marker = |dropped: usize| {
+        format!(
+            "\n[disbatch: {stream} truncated to fit the task document (gfs is false); {dropped} of {} bytes dropped]\n",
+            text.len()
+        )
+    };
+    // The dropped count has at most as many digits as the whole length, so this marker
+    // is at least as long as the final one.
+    let mut end = max.saturating_sub(marker(text.len()).len());
     while !text.is_char_boundary(end) {
         end -= 1;
     }
+    let mut tail = marker(text.len() - end);
+    if tail.len() > max {
+        let mut keep = max;
+        while !tail.is_char_boundary(keep) {
+            keep -= 1;
+        }
+        tail.truncate(keep);
+    }
     let mut cut = text;
     cut.truncate(end);
-    cut.push_str(&marker);
+    cut.push_str(&tail);
     cut
 }
 
@@ -118,6 +140,14 @@ mod tests {
     }
 
     #[test]
+    fn large_plugin_statuses_are_clamped_not_wrapped() {
+        assert_eq!(stored_status(1), 1);
+        assert_eq!(stored_status(i32::MAX as u32), i32::MAX);
+        assert_eq!(stored_status(u32::MAX), i32::MAX);
+        assert_eq!(stored_status(1 << 31), i32::MAX);
+    }
+
+    #[test]
     fn truncation_respects_char_boundaries_and_says_so() {
         let text = "é".repeat(1000); // 2000 bytes
         let cut = truncate_inline(text, 500, "stdout");
@@ -125,5 +155,19 @@ mod tests {
         assert!(cut.contains("stdout truncated to fit the task document"));
         assert!(cut.contains("of 2000 bytes dropped"));
         assert_eq!(truncate_inline("short".into(), 500, "stdout"), "short");
+        assert!(truncate_inline("x".repeat(100), 10, "stdout").len() <= 10);
+        assert_eq!(truncate_inline("x".repeat(100), 0, "stdout"), "");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn truncation_never_exceeds_its_bound(text in "\\PC{0,400}", max in 0usize..600, stream in "\\PC{0,20}") {
+            let fits = text.len() <= max;
+            let cut = truncate_inline(text.clone(), max, &stream);
+            proptest::prop_assert!(cut.len() <= max, "{} > {max}", cut.len());
+            if fits {
+                proptest::prop_assert_eq!(cut, text);
+            }
+        }
     }
 }

@@ -98,7 +98,7 @@ impl Den {
             }
         };
         self.observe(|stats| stats.run.observe(outcome.duration.as_secs_f64()));
-        let final_status = outcome.status as i32;
+        let final_status = super::output::stored_status(outcome.status);
         match &outcome.failure {
             None => info!(
                 status = final_status,

@@ -35,7 +35,9 @@ use mongodb::error::{ErrorKind, WriteFailure};
 use mongodb::options::{FindOneAndUpdateOptions, IndexOptions, ReturnDocument};
 use mongodb::{Collection, Database, IndexModel};
 
-use self::documents::{as_int, node_from, opt_int_bson, output_bson, queue_from, sort_str, task_filter_doc, task_from};
+use self::documents::{
+    as_int, node_from, opt_int_bson, output_bson, queue_from, sort_str, task_filter_doc, task_from, task_or_problem,
+};
 use super::gridfs::{self, GridFsError};
 use super::{
     NewQueue, OutputStream, OutputValue, Page, QueueUpdate, Recovery, Slot, StatusCounts, Store, StoreError,
@@ -682,7 +684,7 @@ impl Store for MongoStore {
             .try_collect()
             .await
             .map_err(db_err("find tasks"))?;
-        docs.iter().map(task_from).collect()
+        Ok(docs.iter().filter_map(task_or_problem).collect())
     }
 
     async fn count_tasks(&self, filter: &TaskFilter) -> StoreResult<u64> {
@@ -698,7 +700,7 @@ impl Store for MongoStore {
             .find_one(doc! { "_id": id })
             .await
             .map_err(db_err("find task"))?;
-        found.as_ref().map(task_from).transpose()
+        Ok(found.as_ref().and_then(task_or_problem))
     }
 
     async fn read_output(&self, output: &Output) -> StoreResult<String> {

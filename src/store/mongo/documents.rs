@@ -1,8 +1,11 @@
 //! BSON documents of the MongoDB store ↔ model types.
 //!
 //! Parsing is lenient about what other Disbatch 4 clients may write: integers may be
-//! Int32, Int64 or an integral Double, optional fields may be null or missing. Anything
-//! else is [`StoreError::Malformed`], naming the collection, the `_id` and the field.
+//! Int32, Int64, an integral Double or a decimal string (Perl Disbatch 4's DCI writes
+//! form values such as `maxthreads: "3"` as strings); dates may be BSON dates or epoch
+//! numbers (seconds or milliseconds); a task's `node` may be `-1` (unclaimed); optional
+//! fields may be null or missing. Anything else is [`StoreError::Malformed`], naming the
+//! collection, the `_id` and the field.
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
@@ -13,14 +16,50 @@ use crate::store::{OutputValue, StoreError, StoreResult, TaskFilter};
 /// Largest integer a Double represents exactly (2^53).
 const MAX_EXACT_DOUBLE: f64 = 9_007_199_254_740_992.0;
 
-/// An integer as other clients write it: Int32, Int64 or an integral Double.
+/// An integer as other clients write it: Int32, Int64, an integral Double or a string
+/// holding a decimal integer (Perl writes form values as strings).
 pub(super) fn as_int(value: &Bson) -> Option<i64> {
     match value {
         Bson::Int32(n) => Some(i64::from(*n)),
         Bson::Int64(n) => Some(*n),
         Bson::Double(f) if f.fract() == 0.0 && f.abs() <= MAX_EXACT_DOUBLE => Some(*f as i64),
+        Bson::String(s) => {
+            let s = s.trim();
+            s.parse::<i64>().ok().or_else(|| {
+                s.parse::<f64>()
+                    .ok()
+                    .filter(|f| f.is_finite())
+                    .and_then(|f| as_int(&Bson::Double(f)))
+            })
+        }
         _ => None,
     }
+}
+
+/// Epoch numbers below this are seconds, at or above it milliseconds (10^11 s is the
+/// year 5138; 10^11 ms is 1973).
+const EPOCH_MILLIS_FROM: f64 = 1e11;
+
+/// A date as other clients write it: a BSON date, or an epoch number (Int32, Int64,
+/// Double or a numeric string) in seconds or milliseconds.
+pub(super) fn as_date(value: &Bson) -> Option<DateTime> {
+    let secs_or_millis = match value {
+        Bson::DateTime(d) => return Some(*d),
+        Bson::Int32(n) => f64::from(*n),
+        Bson::Int64(n) => *n as f64,
+        Bson::Double(f) => *f,
+        Bson::String(s) => s.trim().parse::<f64>().ok()?,
+        _ => return None,
+    };
+    if !secs_or_millis.is_finite() {
+        return None;
+    }
+    let millis = if secs_or_millis.abs() < EPOCH_MILLIS_FROM {
+        secs_or_millis * 1000.0
+    } else {
+        secs_or_millis
+    };
+    (millis.abs() <= MAX_EXACT_DOUBLE).then(|| DateTime::from_millis(millis.round() as i64))
 }
 
 /// An integer the way the spec's examples store it: Int32 when it fits, else Int64.
@@ -121,14 +160,6 @@ impl<'a> Fields<'a> {
         }
     }
 
-    fn opt_string(&self, field: &str) -> StoreResult<Option<String>> {
-        match self.get(field) {
-            None => Ok(None),
-            Some(Bson::String(s)) => Ok(Some(s.clone())),
-            Some(_) => Err(self.malformed(field, "a string or null")),
-        }
-    }
-
     /// A non-negative integer, null or missing.
     fn opt_count(&self, field: &str) -> StoreResult<Option<i64>> {
         match self.get(field) {
@@ -143,8 +174,19 @@ impl<'a> Fields<'a> {
     fn opt_date(&self, field: &str) -> StoreResult<Option<DateTime>> {
         match self.get(field) {
             None => Ok(None),
-            Some(Bson::DateTime(d)) => Ok(Some(*d)),
-            Some(_) => Err(self.malformed(field, "a date")),
+            Some(v) => as_date(v)
+                .map(Some)
+                .ok_or_else(|| self.malformed(field, "a date or epoch seconds/milliseconds")),
+        }
+    }
+
+    /// A task's `node`: a string, or null / a number (Disbatch 4 writes `-1`) for unclaimed.
+    fn task_node(&self) -> StoreResult<Option<String>> {
+        match self.get("node") {
+            None => Ok(None),
+            Some(Bson::String(s)) => Ok(Some(s.clone())),
+            Some(v) if as_int(v).is_some() => Ok(None),
+            Some(_) => Err(self.malformed("node", "a string, null or -1")),
         }
     }
 
@@ -184,11 +226,42 @@ pub(super) fn task_from(doc: &Document) -> StoreResult<Task> {
         queue: f.object_id("queue")?,
         ctime,
         mtime,
-        node: f.opt_string("node")?,
+        node: f.task_node()?,
         status,
         params,
         stdout: f.output("stdout")?,
         stderr: f.output("stderr")?,
+        problem: None,
+    })
+}
+
+/// A task document as well as it can be read: what [`task_from`] gives, or, for a
+/// document it refuses, a task carrying the error as its `problem` and every field that
+/// could be read (unreadable ones empty, an unreadable `status` as `i32::MIN`). `None`
+/// only when the `_id` is not an ObjectId.
+pub(super) fn task_or_problem(doc: &Document) -> Option<Task> {
+    let err = match task_from(doc) {
+        Ok(t) => return Some(t),
+        Err(e) => e,
+    };
+    let f = Fields::new("tasks", doc);
+    let id = f.object_id("_id").ok()?;
+    let ctime = f.opt_date("ctime").ok().flatten().unwrap_or_else(|| id.timestamp());
+    Some(Task {
+        id,
+        queue: f.object_id("queue").unwrap_or_else(|_| ObjectId::from_bytes([0; 12])),
+        ctime,
+        mtime: f.opt_date("mtime").ok().flatten().unwrap_or(ctime),
+        node: f.task_node().ok().flatten(),
+        status: f
+            .get("status")
+            .and_then(as_int)
+            .and_then(|s| i32::try_from(s).ok())
+            .unwrap_or(i32::MIN),
+        params: f.get("params").and_then(Bson::as_document).cloned().unwrap_or_default(),
+        stdout: f.output("stdout").ok().flatten(),
+        stderr: f.output("stderr").ok().flatten(),
+        problem: Some(err.to_string()),
     })
 }
 
@@ -310,7 +383,11 @@ mod tests {
         assert_eq!(as_int(&Bson::Int64(-7)), Some(-7));
         assert_eq!(as_int(&Bson::Double(3.0)), Some(3));
         assert_eq!(as_int(&Bson::Double(3.5)), None);
-        assert_eq!(as_int(&Bson::String("3".into())), None);
+        assert_eq!(as_int(&Bson::String("3".into())), Some(3));
+        assert_eq!(as_int(&Bson::String(" -2 ".into())), Some(-2));
+        assert_eq!(as_int(&Bson::String("2.0".into())), Some(2));
+        assert_eq!(as_int(&Bson::String("x".into())), None);
+        assert_eq!(as_int(&Bson::String("2.5".into())), None);
         assert_eq!(int_bson(5), Bson::Int32(5));
         assert_eq!(int_bson(1 << 40), Bson::Int64(1 << 40));
     }
@@ -345,6 +422,33 @@ mod tests {
         let mut d = task_doc();
         d.insert("stdout", 5);
         assert!(reason(task_from(&d).unwrap_err()).contains("`stdout`"));
+    }
+
+    #[test]
+    fn perl_written_task() {
+        let mut d = task_doc();
+        d.insert("status", "-2");
+        d.insert("node", -1);
+        d.insert("ctime", 1_461_693_573_i64);
+        d.insert("mtime", 1_461_693_573_500.0);
+        let t = task_from(&d).unwrap();
+        assert_eq!(t.status, -2);
+        assert_eq!(t.node, None);
+        assert_eq!(t.ctime.timestamp_millis(), 1_461_693_573_000);
+        assert_eq!(t.mtime.timestamp_millis(), 1_461_693_573_500);
+        d.insert("ctime", "soon");
+        assert!(reason(task_from(&d).unwrap_err()).contains("`ctime`"));
+    }
+
+    #[test]
+    fn unreadable_task_is_shown_with_its_problem() {
+        let mut d = task_doc();
+        d.insert("status", "queued");
+        d.insert("params", "p");
+        let t = task_or_problem(&d).unwrap();
+        assert_eq!(t.status, i32::MIN);
+        assert!(t.problem.unwrap().contains("`status`"));
+        assert!(task_or_problem(&task_doc()).unwrap().problem.is_none());
     }
 
     #[test]
@@ -401,6 +505,12 @@ mod tests {
         assert_eq!(node_from(&d).unwrap().maxthreads, Some(4));
         let d = doc! { "_id": ObjectId::new(), "node": "n", "timestamp": DateTime::now() };
         assert_eq!(node_from(&d).unwrap().maxthreads, None);
+        let d = doc! { "_id": ObjectId::new(), "node": "n", "timestamp": 1_700_000_000, "maxthreads": "3" };
+        let n = node_from(&d).unwrap();
+        assert_eq!(
+            (n.maxthreads, n.timestamp.timestamp_millis()),
+            (Some(3), 1_700_000_000_000)
+        );
         let d = doc! { "_id": ObjectId::new(), "node": "n", "timestamp": DateTime::now(), "maxthreads": "x" };
         assert!(reason(node_from(&d).unwrap_err()).contains("`maxthreads`"));
     }

@@ -111,6 +111,7 @@ pub(super) fn task_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(String, 
             params: read_bson("tasks", &id, &params)?,
             stdout: output("stdout", stdout)?,
             stderr: output("stderr", stderr)?,
+            problem: None,
         })
     })();
     Ok((id.clone(), task))
