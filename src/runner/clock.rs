@@ -2,17 +2,18 @@
 //!
 //! Epoch interruption stops guest code, but not a host call the guest is blocked in, such
 //! as a `sleep` of an hour. The monotonic clock's `subscribe-duration` and
-//! `subscribe-instant` are therefore redefined so no wait outlasts the task's deadline: the
-//! guest wakes at the deadline and the epoch check interrupts it right after.
+//! `subscribe-instant` are therefore redefined so no wait outlasts the task's deadline (or
+//! its lease): a wait cut there stops the task (a timeout), and a stopped task's waits end
+//! at once.
 
 use std::time::{Duration, Instant};
 
-use wasmtime::component::{Linker, Resource, ResourceTable};
+use wasmtime::component::{Linker, Resource};
 use wasmtime::StoreContextMut;
 use wasmtime_wasi::p2::{subscribe, DynPollable, Pollable};
 use wasmtime_wasi::HostMonotonicClock;
 
-use super::{TaskState, EPOCH_TICK};
+use super::{RunControl, StopReason, TaskState};
 
 /// The interface whose subscriptions are redefined (wasmtime-wasi's version; guests built
 /// against any earlier 0.2.x resolve to it).
@@ -33,26 +34,52 @@ impl HostMonotonicClock for TaskClock {
     }
 }
 
-/// A wait until a host instant.
-struct Sleep(tokio::time::Instant);
+/// A guest wait: ends at its natural end, at the cut (the task's deadline or lease end,
+/// whichever is first), or when the task is stopped. A wait cut short stops the task, so
+/// the guest cannot return a result as if its wait had completed.
+struct Sleep {
+    until: tokio::time::Instant,
+    cut: Option<(tokio::time::Instant, StopReason)>,
+    control: RunControl,
+}
 
 #[wasmtime_wasi::async_trait]
 impl Pollable for Sleep {
     async fn ready(&mut self) {
-        tokio::time::sleep_until(self.0).await;
+        let end = match self.cut {
+            Some((cut, _)) => cut.min(self.until),
+            None => self.until,
+        };
+        tokio::select! {
+            _ = tokio::time::sleep_until(end) => {}
+            _ = self.control.cancelled() => return,
+        }
+        if let Some((cut, reason)) = self.cut {
+            if cut < self.until {
+                self.control.cancel(reason);
+            }
+        }
     }
 }
 
-fn subscribe_for(table: &mut ResourceTable, wait: Duration) -> wasmtime::Result<Resource<DynPollable>> {
-    let sleep = table.push(Sleep(tokio::time::Instant::now() + wait))?;
-    subscribe(table, sleep)
-}
-
 impl TaskState {
-    /// `wait`, cut to end one epoch tick after the deadline.
-    fn clamp_wait(&self, wait: Duration) -> Duration {
-        let left = self.deadline.saturating_duration_since(Instant::now()) + EPOCH_TICK;
-        wait.min(left)
+    /// A wait of `wait` from now, cut at the deadline or the lease end.
+    fn subscribe_for(&mut self, wait: Duration) -> wasmtime::Result<Resource<DynPollable>> {
+        let now = Instant::now();
+        let until = now.checked_add(wait).unwrap_or(now + Duration::from_secs(365 * 86400));
+        let mut cut = (self.deadline, StopReason::Timeout);
+        if let Some(lease) = self.control.lease_until() {
+            if lease < cut.0 {
+                cut = (lease, StopReason::LeaseLost);
+            }
+        }
+        let sleep = Sleep {
+            until: until.into(),
+            cut: (cut.0 < until).then(|| (cut.0.into(), cut.1)),
+            control: self.control.clone(),
+        };
+        let sleep = self.table.push(sleep)?;
+        subscribe(&mut self.table, sleep)
     }
 }
 
@@ -63,9 +90,7 @@ pub(crate) fn add_to_linker(linker: &mut Linker<TaskState>) -> wasmtime::Result<
     clock.func_wrap(
         "subscribe-duration",
         |mut store: StoreContextMut<'_, TaskState>, (nanos,): (u64,)| {
-            let state = store.data_mut();
-            let wait = state.clamp_wait(Duration::from_nanos(nanos));
-            Ok((subscribe_for(&mut state.table, wait)?,))
+            Ok((store.data_mut().subscribe_for(Duration::from_nanos(nanos))?,))
         },
     )?;
     clock.func_wrap(
@@ -73,8 +98,7 @@ pub(crate) fn add_to_linker(linker: &mut Linker<TaskState>) -> wasmtime::Result<
         |mut store: StoreContextMut<'_, TaskState>, (when,): (u64,)| {
             let state = store.data_mut();
             let now = state.clock_base.elapsed().as_nanos() as u64;
-            let wait = state.clamp_wait(Duration::from_nanos(when.saturating_sub(now)));
-            Ok((subscribe_for(&mut state.table, wait)?,))
+            Ok((state.subscribe_for(Duration::from_nanos(when.saturating_sub(now)))?,))
         },
     )?;
     linker.allow_shadowing(false);
