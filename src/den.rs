@@ -18,9 +18,9 @@
 //! `threads` holds across DENs through the slot leases; `maxthreads` holds per node because
 //! only this process claims for its node name.
 
+mod lease;
 mod output;
 mod queues;
-mod lease;
 mod shutdown;
 mod worker;
 

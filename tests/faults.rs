@@ -16,7 +16,12 @@ use disbatch::runner::{Failure, RunControl, Sandbox, StopReason};
 fn mkfifo(path: &Path) {
     let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
     // SAFETY: mkfifo(3) on a NUL-terminated path.
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo {}", path.display());
+    assert_eq!(
+        unsafe { libc::mkfifo(c.as_ptr(), 0o600) },
+        0,
+        "mkfifo {}",
+        path.display()
+    );
 }
 
 fn sandbox(timeout: Duration) -> Sandbox {
@@ -30,7 +35,12 @@ fn sandbox(timeout: Duration) -> Sandbox {
 fn a_wait_cut_by_the_deadline_is_a_timeout() {
     let runner = common::shared_runner();
     let plugin = runner.load(&common::plugin_path("demo")).unwrap();
-    let o = runner.run(&plugin, r#"{"sleep_ms": 600000}"#, &sandbox(Duration::from_millis(300)), None);
+    let o = runner.run(
+        &plugin,
+        r#"{"sleep_ms": 600000}"#,
+        &sandbox(Duration::from_millis(300)),
+        None,
+    );
     assert!(
         matches!(o.failure, Some(Failure::Timeout(_))),
         "a sleep of 10 min under a 300 ms timeout: {:?}",
@@ -45,7 +55,11 @@ fn a_busy_loop_times_out_by_wall_time() {
     let plugin = runner.load(&common::plugin_path("spin")).unwrap();
     let o = runner.run(&plugin, "{}", &sandbox(Duration::from_millis(300)), None);
     assert!(matches!(o.failure, Some(Failure::Timeout(_))), "{:?}", o.failure);
-    assert!(o.duration >= Duration::from_millis(300), "stopped early: {:?}", o.duration);
+    assert!(
+        o.duration >= Duration::from_millis(300),
+        "stopped early: {:?}",
+        o.duration
+    );
     println!("busy loop under a 300 ms timeout stopped after {:?}", o.duration);
 }
 
@@ -78,14 +92,24 @@ fn a_fifo_in_a_granted_dir_does_not_hang_runner_exec() {
     let started = Instant::now();
     let o = Command::new(env!("CARGO_BIN_EXE_runner"))
         .args(["exec", common::plugin_path("h3_fifo").to_str().unwrap()])
-        .args(["--dir", &grant, "--timeout", "500ms", "--params", r#"{"path":"/in/fifo"}"#])
+        .args([
+            "--dir",
+            &grant,
+            "--timeout",
+            "500ms",
+            "--params",
+            r#"{"path":"/in/fifo"}"#,
+        ])
         .env("DISBATCH_CACHE_DIR", dir.path().join("cache"))
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&o.stderr);
     println!("runner exec on a FIFO ended after {:?}: {stderr}", started.elapsed());
     assert_ne!(o.status.code(), Some(0), "{stderr}");
-    assert!(stderr.contains("cannot read /in/fifo") || stderr.contains("timeout"), "{stderr}");
+    assert!(
+        stderr.contains("cannot read /in/fifo") || stderr.contains("timeout"),
+        "{stderr}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -109,7 +133,10 @@ async fn a_fifo_in_a_granted_dir_does_not_hold_a_den() {
     .await;
     let d = task_doc_of(&t.db, id).await;
     let stderr = d.get_str("stderr").unwrap_or_default().to_owned();
-    assert!(stderr.contains("cannot read /in/fifo") || stderr.contains("timeout"), "{d}");
+    assert!(
+        stderr.contains("cannot read /in/fifo") || stderr.contains("timeout"),
+        "{d}"
+    );
     den.signal(libc::SIGINT);
     den.wait_exit(Duration::from_secs(30));
 }
@@ -135,14 +162,20 @@ async fn a_paused_den_does_not_run_its_task_again() {
     .await;
     paused.pause();
     let _other = DenProcess::start(&t.uri, &t.name, "other", extra);
-    wait_for(Duration::from_secs(90), "the other DEN to requeue and finish the task", || async {
-        count(&t.db, doc! {"_id": id, "status": 1, "node": "other"}).await == 1
-    })
-    .await;
+    let finished = Instant::now();
+    while count(&t.db, doc! {"_id": id, "status": 1, "node": "other"}).await != 1 {
+        if finished.elapsed() > Duration::from_secs(60) {
+            let d = task_doc_of(&t.db, id).await;
+            panic!("the other DEN did not finish the task: {d}\n{}", _other.log());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     paused.resume();
-    wait_for(Duration::from_secs(30), "the resumed DEN to stop its plugin", || async {
-        paused.log().contains("lease lapsed")
-    })
+    wait_for(
+        Duration::from_secs(30),
+        "the resumed DEN to stop its plugin",
+        || async { paused.log().contains("lease lapsed") },
+    )
     .await;
     let d = task_doc_of(&t.db, id).await;
     assert_eq!(d.get_i32("status").unwrap(), 1, "{d}");
@@ -150,7 +183,10 @@ async fn a_paused_den_does_not_run_its_task_again() {
     assert!(d.get_str("stdout").unwrap_or_default().contains("marked"), "{d}");
     assert_eq!(std::fs::read_to_string(marks.path().join("once")).unwrap(), "ran");
     let log = paused.log();
-    assert!(!log.contains("already ran"), "the paused DEN's plugin acted after resuming:\n{log}");
+    assert!(
+        !log.contains("already ran"),
+        "the paused DEN's plugin acted after resuming:\n{log}"
+    );
     assert!(!log.contains("finished"), "the paused DEN reported a result:\n{log}");
 }
 

@@ -197,7 +197,9 @@ impl Den {
         let node = &self.settings.node;
         let ids = [task.id];
         match self.retry("requeue", || self.store.requeue_own(node, &ids)).await {
-            Some(ids) if !ids.is_empty() => info!("no other node had recovered the task; put it back in its queue (-2)"),
+            Some(ids) if !ids.is_empty() => {
+                info!("no other node had recovered the task; put it back in its queue (-2)")
+            }
             Some(_) => info!("another node had already recovered the task"),
             None => warn!("cannot requeue the task; another node recovers it once this one's heartbeat is stale"),
         }

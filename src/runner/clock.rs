@@ -13,7 +13,7 @@ use wasmtime::StoreContextMut;
 use wasmtime_wasi::p2::{subscribe, DynPollable, Pollable};
 use wasmtime_wasi::HostMonotonicClock;
 
-use super::{RunControl, StopReason, TaskState};
+use super::{RunControl, StopReason, TaskState, EPOCH_TICK};
 
 /// The interface whose subscriptions are redefined (wasmtime-wasi's version; guests built
 /// against any earlier 0.2.x resolve to it).
@@ -34,29 +34,35 @@ impl HostMonotonicClock for TaskClock {
     }
 }
 
-/// A guest wait: ends at its natural end, at the cut (the task's deadline or lease end,
-/// whichever is first), or when the task is stopped. A wait cut short stops the task, so
-/// the guest cannot return a result as if its wait had completed.
+/// A guest wait: ends at its natural end, at the task's deadline or lease end (renewals
+/// move the latter), or when the task is stopped. A wait cut short stops the task, so the
+/// guest cannot return a result as if its wait had completed.
 struct Sleep {
-    until: tokio::time::Instant,
-    cut: Option<(tokio::time::Instant, StopReason)>,
+    until: Instant,
+    deadline: Instant,
     control: RunControl,
 }
 
 #[wasmtime_wasi::async_trait]
 impl Pollable for Sleep {
     async fn ready(&mut self) {
-        let end = match self.cut {
-            Some((cut, _)) => cut.min(self.until),
-            None => self.until,
-        };
-        tokio::select! {
-            _ = tokio::time::sleep_until(end) => {}
-            _ = self.control.cancelled() => return,
-        }
-        if let Some((cut, reason)) = self.cut {
-            if cut < self.until {
-                self.control.cancel(reason);
+        loop {
+            let lease = self.control.lease_until();
+            let end = lease.map_or(self.deadline, |l| l.min(self.deadline)).min(self.until);
+            tokio::select! {
+                _ = tokio::time::sleep_until(end.into()) => {}
+                _ = self.control.cancelled() => return,
+            }
+            let now = Instant::now();
+            if now >= self.until {
+                return;
+            }
+            if now >= self.deadline {
+                self.control.cancel(StopReason::Timeout);
+                return;
+            }
+            if self.control.check().is_some() {
+                return;
             }
         }
     }
@@ -66,16 +72,9 @@ impl TaskState {
     /// A wait of `wait` from now, cut at the deadline or the lease end.
     fn subscribe_for(&mut self, wait: Duration) -> wasmtime::Result<Resource<DynPollable>> {
         let now = Instant::now();
-        let until = now.checked_add(wait).unwrap_or(now + Duration::from_secs(365 * 86400));
-        let mut cut = (self.deadline, StopReason::Timeout);
-        if let Some(lease) = self.control.lease_until() {
-            if lease < cut.0 {
-                cut = (lease, StopReason::LeaseLost);
-            }
-        }
         let sleep = Sleep {
-            until: until.into(),
-            cut: (cut.0 < until).then(|| (cut.0.into(), cut.1)),
+            until: now.checked_add(wait).unwrap_or(self.deadline + EPOCH_TICK),
+            deadline: self.deadline,
             control: self.control.clone(),
         };
         let sleep = self.table.push(sleep)?;

@@ -29,7 +29,10 @@ fn open_at(
     if let Ok(stat) = fs.stat_at(dir, path_flags, path.clone()) {
         let special = matches!(
             stat.type_,
-            DescriptorType::Fifo | DescriptorType::Socket | DescriptorType::CharacterDevice | DescriptorType::BlockDevice
+            DescriptorType::Fifo
+                | DescriptorType::Socket
+                | DescriptorType::CharacterDevice
+                | DescriptorType::BlockDevice
         );
         if special {
             return Ok((Err(ErrorCode::Access),));
@@ -44,7 +47,9 @@ fn open_at(
 /// Replaces `descriptor.open-at` in `linker` (after WASI was added).
 pub(crate) fn add_to_linker(linker: &mut Linker<TaskState>) -> wasmtime::Result<()> {
     linker.allow_shadowing(true);
-    linker.instance(FILESYSTEM_TYPES)?.func_wrap("[method]descriptor.open-at", open_at)?;
+    linker
+        .instance(FILESYSTEM_TYPES)?
+        .func_wrap("[method]descriptor.open-at", open_at)?;
     linker.allow_shadowing(false);
     Ok(())
 }
