@@ -18,6 +18,7 @@
 //! `threads` holds across DENs through the slot leases; `maxthreads` holds per node because
 //! only this process claims for its node name.
 
+mod lease;
 mod output;
 mod queues;
 mod shutdown;
@@ -27,7 +28,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant, SystemTime};
 
 use bson::oid::ObjectId;
 use bson::DateTime;
@@ -37,7 +38,7 @@ use tracing::{debug, error, info, info_span, warn, Instrument};
 
 use crate::config::{Config, Gfs};
 use crate::model::{NodeProcess, NodeStats, Queue, Task};
-use crate::runner::{Runner, Sandbox};
+use crate::runner::{RunControl, Runner, Sandbox};
 use crate::store::{Slot, Store, StoreError, StoreResult};
 
 pub use output::INLINE_BUDGET;
@@ -140,6 +141,10 @@ pub struct Den {
     in_outage: std::sync::atomic::AtomicBool,
     /// Tasks in flight: task id → the slot it holds.
     in_flight: Mutex<HashMap<ObjectId, Slot>>,
+    /// Run controls of the running plugins, by task id.
+    controls: Mutex<HashMap<ObjectId, RunControl>>,
+    /// When the last successful heartbeat was sent (monotonic, wall clock).
+    last_heartbeat: Mutex<Option<(Instant, SystemTime)>>,
     /// Cancelled when claiming must stop.
     stopping: CancellationToken,
     /// Cancelled when the drain is over: workers stop retrying writes.
@@ -168,6 +173,8 @@ impl Den {
             outage_ended: Mutex::new(None),
             in_outage: std::sync::atomic::AtomicBool::new(false),
             in_flight: Mutex::new(HashMap::new()),
+            controls: Mutex::new(HashMap::new()),
+            last_heartbeat: Mutex::new(None),
             stopping: CancellationToken::new(),
             abandoned: CancellationToken::new(),
             stats: Mutex::new((NodeStats::default(), false)),
@@ -321,7 +328,10 @@ impl Den {
     /// histograms when they changed, and orphan recovery.
     async fn housekeeping(&self) -> StoreResult<()> {
         let s = &self.settings;
-        let me = self.store.heartbeat(&s.node, s.heartbeat_stale).await?;
+        let sent = (Instant::now(), SystemTime::now());
+        let heartbeat = self.store.heartbeat(&s.node, s.heartbeat_stale).await;
+        self.renew_leases(sent, heartbeat.is_ok());
+        let me = heartbeat?;
         if let Some(other) = me.process.filter(|p| p.id != self.process.id) {
             let mut seen = self.intruder.lock().unwrap_or_else(|e| e.into_inner());
             if seen.replace(other.id) != Some(other.id) {

@@ -10,10 +10,12 @@
 
 mod bindings;
 mod clock;
+mod control;
 mod engine;
 mod outcome;
 mod output;
 mod sandbox;
+mod special;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -21,9 +23,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime};
 
 use wasmtime::component::{HasSelf, Linker, ResourceTable};
-use wasmtime::{Engine, ResourceLimiter, Store, Trap};
+use wasmtime::{CallHook, Engine, ResourceLimiter, Store, StoreContextMut, Trap, UpdateDeadline};
 use wasmtime_wasi::{I32Exit, WasiCtx, WasiCtxView, WasiView};
 
+pub use control::{RunControl, StopReason};
 pub use engine::{default_cache_dir, EngineOptions, EPOCH_TICK};
 pub use outcome::{Failure, Outcome, Progress, FAILED, SUCCEEDED};
 pub use output::{human_bytes, truncation_marker, Captured};
@@ -119,8 +122,51 @@ struct TaskState {
     clock_base: Instant,
     /// When the task's time is up.
     deadline: Instant,
+    /// Cancel flag and lease, shared with whoever runs the task.
+    control: RunControl,
     progress: Vec<Progress>,
     sink: Option<ProgressSink>,
+}
+
+impl TaskState {
+    /// Why the task must stop now, if it must: its deadline passed (measured in wall time,
+    /// not in epoch ticks), it was cancelled, or its lease lapsed.
+    fn must_stop(&self) -> Option<StopReason> {
+        if Instant::now() >= self.deadline {
+            self.control.cancel(StopReason::Timeout);
+        }
+        self.control.check()
+    }
+}
+
+/// The error a store's epoch callback or call hook stops a task with.
+#[derive(Debug)]
+struct Stopped(StopReason);
+
+impl std::fmt::Display for Stopped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "plugin stopped: {}", self.0)
+    }
+}
+
+impl std::error::Error for Stopped {}
+
+/// Checked at every epoch tick: stop, or run one more tick.
+fn epoch_check(ctx: StoreContextMut<'_, TaskState>) -> wasmtime::Result<UpdateDeadline> {
+    match ctx.data().must_stop() {
+        Some(r) => Err(Stopped(r).into()),
+        None => Ok(UpdateDeadline::Continue(1)),
+    }
+}
+
+/// Checked before every host call: a stopped task makes no further host call.
+fn host_call_check(ctx: StoreContextMut<'_, TaskState>, kind: CallHook) -> wasmtime::Result<()> {
+    if matches!(kind, CallHook::CallingHost) {
+        if let Some(r) = ctx.data().must_stop() {
+            return Err(Stopped(r).into());
+        }
+    }
+    Ok(())
 }
 
 impl WasiView for TaskState {
@@ -191,6 +237,7 @@ impl Runner {
         bindings::Plugin::add_to_linker::<TaskState, HasSelf<TaskState>>(&mut linker, |s| s)
             .map_err(|e| RunnerError::Engine(e.to_string()))?;
         clock::add_to_linker(&mut linker).map_err(|e| RunnerError::Engine(e.to_string()))?;
+        special::add_to_linker(&mut linker).map_err(|e| RunnerError::Engine(e.to_string()))?;
         Ok(Runner {
             inner: Arc::new(Inner {
                 engine,
@@ -253,6 +300,19 @@ impl Runner {
     ///
     /// Blocks the calling thread until the plugin returns, fails or hits a limit.
     pub fn run(&self, plugin: &Plugin, params: &str, sandbox: &Sandbox, sink: Option<ProgressSink>) -> Outcome {
+        self.run_controlled(plugin, params, sandbox, sink, &RunControl::new())
+    }
+
+    /// [`Runner::run`] under `control`: cancelling it (or its lease lapsing) stops the
+    /// plugin at its next epoch tick or host call, whichever comes first.
+    pub fn run_controlled(
+        &self,
+        plugin: &Plugin,
+        params: &str,
+        sandbox: &Sandbox,
+        sink: Option<ProgressSink>,
+        control: &RunControl,
+    ) -> Outcome {
         let started = Instant::now();
         let stdout = CappedOutput::new(sandbox.output_cap);
         let stderr = CappedOutput::new(sandbox.output_cap);
@@ -273,13 +333,15 @@ impl Runner {
                 started,
                 clock_base: started,
                 deadline: started + sandbox.timeout,
+                control: control.clone(),
                 progress: Vec::new(),
                 sink,
             },
         );
         store.limiter(|s| &mut s.limiter);
-        store.set_epoch_deadline(engine::deadline_ticks(sandbox.timeout));
-        store.epoch_deadline_trap();
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_callback(epoch_check);
+        store.call_hook(host_call_check);
 
         let result = plugin
             .pre
@@ -287,7 +349,7 @@ impl Runner {
             .and_then(|instance| instance.call_run(&mut store, params));
         let duration = started.elapsed();
         let state = store.into_data();
-        let (status, failure) = classify(result, sandbox, state.limiter.refused);
+        let (status, failure) = classify(result, sandbox, state.limiter.refused, control.reason());
         drop(state.wasi);
         Outcome {
             status,
@@ -329,8 +391,16 @@ fn classify(
     result: wasmtime::Result<Result<u32, String>>,
     sandbox: &Sandbox,
     refused_memory: bool,
+    stopped: Option<StopReason>,
 ) -> (u32, Option<Failure>) {
     let memory = || Failure::Memory { limit: sandbox.memory };
+    // A task stopped from outside (or whose wait was cut by its deadline) is reported as
+    // such, even if the guest then returned quickly.
+    match stopped {
+        Some(StopReason::Timeout) => return (FAILED, Some(Failure::Timeout(sandbox.timeout))),
+        Some(r) => return (FAILED, Some(Failure::Trap(format!("plugin stopped: {r}")))),
+        None => {}
+    }
     match result {
         Ok(Ok(0)) => (FAILED, Some(Failure::NonPositiveStatus(0))),
         Ok(Ok(status)) => (status, None),

@@ -1,7 +1,5 @@
 //! `den`: the Disbatch Execution Node daemon.
 
-use std::process::ExitCode;
-
 use clap::{Parser, ValueEnum};
 use disbatch::config::Config;
 use disbatch::launch::{self, StartError, StoreArgs};
@@ -28,25 +26,43 @@ struct Cli {
     log_format: LogFormat,
 }
 
-fn main() -> ExitCode {
+fn main() {
+    let code = den_main();
+    // Exit at once after the drain: a plugin thread stuck in a host call must not keep the
+    // process alive (the runtime's drop would wait for it).
+    use std::io::Write as _;
+    let _ = std::io::stderr().flush();
+    std::process::exit(code);
+}
+
+fn den_main() -> i32 {
     let cli = Cli::parse();
     launch::init_tracing(matches!(cli.log_format, LogFormat::Json));
     let config = match cli.store.load_config() {
         Ok(c) => c,
         Err(e) => {
             eprintln!("den: {e}");
-            return ExitCode::from(e.exit_code());
+            return e.exit_code().into();
         }
     };
     for w in &config.warnings {
         tracing::warn!("config: {w}");
     }
-    let result = launch::runtime(config.max_instances).and_then(|rt| rt.block_on(run(&cli.store, config)));
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
+    let rt = match launch::runtime(config.max_instances) {
+        Ok(rt) => rt,
         Err(e) => {
             tracing::error!("{e}");
-            ExitCode::from(e.exit_code())
+            return e.exit_code().into();
+        }
+    };
+    let result = rt.block_on(run(&cli.store, config));
+    // The runtime is deliberately not dropped: its drop waits for every blocking thread.
+    std::mem::forget(rt);
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            tracing::error!("{e}");
+            e.exit_code().into()
         }
     }
 }

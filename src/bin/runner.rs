@@ -2,7 +2,6 @@
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
-use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -79,7 +78,7 @@ struct ExecArgs {
     no_cache: bool,
 }
 
-fn main() -> ExitCode {
+fn main() {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
@@ -90,13 +89,17 @@ fn main() -> ExitCode {
         Command::Exec(args) => exec(args),
         Command::Check { plugin } => check(&plugin),
     };
-    match result {
-        Ok(code) => ExitCode::from(code),
+    let code = match result {
+        Ok(code) => code,
         Err(e) => {
             eprintln!("runner: {e:#}");
-            ExitCode::from(exit::USAGE)
+            exit::USAGE
         }
-    }
+    };
+    // Exit at once: a plugin thread blocked in a host call must not keep the process alive.
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    std::process::exit(code.into())
 }
 
 fn read_params(arg: &str) -> anyhow::Result<String> {
@@ -167,13 +170,43 @@ fn exec(args: ExecArgs) -> anyhow::Result<u8> {
     } else {
         Some(Arc::new(|p: &Progress| eprintln!("{p}")))
     };
-    let outcome = runner.run(&plugin, &params, &sandbox, sink);
+    let outcome = run_bounded(runner, plugin, params, sandbox, sink);
     if args.json {
         print_json(&outcome)?;
     } else {
         print_streams(&outcome)?;
     }
     Ok(exit_code(&outcome))
+}
+
+/// How long `exec` waits, past the plugin's timeout, for a host call that does not return.
+const HOST_CALL_GRACE: Duration = Duration::from_secs(1);
+
+/// Runs the plugin on its own thread and waits at most its timeout plus
+/// [`HOST_CALL_GRACE`]: a plugin stuck in a blocking host call is reported as timed out
+/// (and the process exits without waiting for its thread).
+fn run_bounded(
+    runner: Runner,
+    plugin: Arc<disbatch::runner::Plugin>,
+    params: String,
+    sandbox: Sandbox,
+    sink: Option<ProgressSink>,
+) -> Outcome {
+    let timeout = sandbox.timeout;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let started = std::time::Instant::now();
+    std::thread::spawn(move || {
+        let _ = tx.send(runner.run(&plugin, &params, &sandbox, sink));
+    });
+    match rx.recv_timeout(timeout + HOST_CALL_GRACE) {
+        Ok(outcome) => outcome,
+        Err(_) => {
+            eprintln!("runner: the plugin is blocked in a host call past its timeout; abandoning it");
+            let mut o = Outcome::not_run(Failure::Timeout(timeout));
+            o.duration = started.elapsed();
+            o
+        }
+    }
 }
 
 fn print_streams(outcome: &Outcome) -> anyhow::Result<()> {

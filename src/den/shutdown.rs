@@ -1,14 +1,19 @@
 //! Graceful shutdown of a DEN.
 
+use std::time::Duration;
+
 use bson::oid::ObjectId;
 use tracing::{error, info, warn};
 
+use super::worker::HOST_CALL_GRACE;
 use super::Den;
+use crate::runner::{StopReason, EPOCH_TICK};
 use crate::store::Slot;
 
 impl Den {
-    /// Graceful shutdown: stop claiming, wait up to the grace period, then put what is still
-    /// unfinished back in its queue and give up the slots.
+    /// Graceful shutdown: stop claiming, wait up to the grace period, then stop the plugins
+    /// still running (bounded wait), put their tasks back in their queue and give up the
+    /// slots. A plugin stuck in a host call is abandoned: the process exits anyway.
     pub(super) async fn drain(&self) {
         self.stopping.cancel();
         let grace = self.settings.shutdown_grace;
@@ -20,19 +25,27 @@ impl Den {
                 "shutting down: waiting for running tasks"
             );
         }
-        let deadline = tokio::time::Instant::now() + grace;
-        while self.running() > 0 {
-            let notified = self.wake.notified();
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                break;
-            }
-        }
+        self.wait_idle(tokio::time::Instant::now() + grace).await;
+        // Take the unfinished tasks before stopping their plugins, so their workers see the
+        // tasks are no longer theirs and write nothing.
         let left: Vec<(ObjectId, Slot)> = self
             .in_flight
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .drain()
             .collect();
+        if !left.is_empty() {
+            self.stop_all(StopReason::Shutdown);
+            let bound = HOST_CALL_GRACE + EPOCH_TICK * 10 + Duration::from_millis(100);
+            self.wait_idle(tokio::time::Instant::now() + bound).await;
+            let still = self.running();
+            if still > 0 {
+                warn!(
+                    running = still,
+                    "plugins still running after being stopped; abandoning them"
+                );
+            }
+        }
         self.abandoned.cancel();
         if !left.is_empty() {
             let ids: Vec<ObjectId> = left.iter().map(|(id, _)| *id).collect();
@@ -40,7 +53,7 @@ impl Den {
                 Ok(requeued) => warn!(
                     count = requeued.len(),
                     tasks = ?requeued,
-                    "shutdown grace period over: put unfinished tasks back in their queue (-2)"
+                    "shutdown grace period over: stopped the plugins and put their tasks back in their queue (-2)"
                 ),
                 Err(e) => {
                     error!(error = %e, tasks = ?ids, "cannot requeue unfinished tasks; they will be recovered as orphans")
@@ -51,5 +64,18 @@ impl Den {
             }
         }
         info!("DEN stopped");
+    }
+
+    /// Waits until no worker runs or until `deadline`.
+    async fn wait_idle(&self, deadline: tokio::time::Instant) {
+        while self.running() > 0 {
+            let notified = self.wake.notified();
+            if self.running() == 0 {
+                break;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                break;
+            }
+        }
     }
 }

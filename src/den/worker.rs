@@ -12,7 +12,12 @@ use super::output;
 use super::queues::QueueState;
 use super::Den;
 use crate::model::{status, Task};
+use crate::runner::{Failure, Outcome, RunControl, StopReason};
 use crate::store::{Slot, StoreError, StoreResult};
+
+/// How long a worker waits, past its plugin's timeout or stop, for a host call that does not
+/// return before it abandons the plugin's thread.
+pub(super) const HOST_CALL_GRACE: Duration = Duration::from_secs(1);
 
 impl Den {
     pub(super) fn spawn_worker(self: &Arc<Self>, queue: Arc<QueueState>, slot: Slot, task: Task) {
@@ -81,22 +86,21 @@ impl Den {
             return;
         }
         debug!("running");
-        let runner = self.runner.clone();
-        let plugin = queue.plugin.clone();
-        let sandbox = queue.sandbox.clone();
-        let params = task.params_json();
-        let task_id = task.id;
-        let outcome = tokio::task::spawn_blocking(move || {
-            let sink: crate::runner::ProgressSink = Arc::new(move |p| debug!(task = %task_id, "{p}"));
-            runner.run(&plugin, &params, &sandbox, Some(sink))
-        })
-        .await;
-        let outcome = match outcome {
-            Ok(o) => o,
-            Err(e) => {
-                crate::runner::Outcome::not_run(crate::runner::Failure::Trap(format!("runner thread failed: {e}")))
+        let control = self.new_control(task.id);
+        let outcome = self.run_bounded(queue, task, &control).await;
+        self.drop_control(task.id);
+        match control.reason() {
+            Some(StopReason::LeaseLost) => {
+                warn!("plugin stopped: this node's lease lapsed; result not written, the task is left to recovery");
+                self.recover_fenced(task).await;
+                return;
             }
-        };
+            Some(StopReason::Shutdown) => {
+                info!("plugin stopped by the shutdown; the task goes back to its queue");
+                return;
+            }
+            _ => {}
+        }
         self.observe(|stats| stats.run.observe(outcome.duration.as_secs_f64()));
         let final_status = super::output::stored_status(outcome.status);
         match &outcome.failure {
@@ -140,6 +144,64 @@ impl Den {
             Some(true) => {}
             Some(false) => warn!("task was recovered by another node meanwhile; result not written"),
             None => error!("result lost: the database stayed unreachable past the shutdown"),
+        }
+    }
+
+    /// Runs the task's plugin on a blocking thread under `control`, but never waits for it
+    /// past its timeout (or its stop) plus [`HOST_CALL_GRACE`]: a plugin stuck in a host
+    /// call that does not return is then reported as timed out (or stopped) and its thread
+    /// abandoned, so the slot is freed.
+    async fn run_bounded(&self, queue: &QueueState, task: &Task, control: &RunControl) -> Outcome {
+        let runner = self.runner.clone();
+        let plugin = queue.plugin.clone();
+        let sandbox = queue.sandbox.clone();
+        let timeout = sandbox.timeout;
+        let params = task.params_json();
+        let task_id = task.id;
+        let thread_control = control.clone();
+        let started = std::time::Instant::now();
+        let mut handle = tokio::task::spawn_blocking(move || {
+            let sink: crate::runner::ProgressSink = Arc::new(move |p| debug!(task = %task_id, "{p}"));
+            runner.run_controlled(&plugin, &params, &sandbox, Some(sink), &thread_control)
+        });
+        let stopped = async {
+            control.cancelled().await;
+            tokio::time::sleep(HOST_CALL_GRACE).await;
+        };
+        let stuck = tokio::select! {
+            r = &mut handle => {
+                return r.unwrap_or_else(|e| Outcome::not_run(Failure::Trap(format!("runner thread failed: {e}"))));
+            }
+            _ = tokio::time::sleep(timeout + HOST_CALL_GRACE) => {
+                control.cancel(StopReason::Timeout);
+                "its timeout"
+            }
+            _ = stopped => "its stop",
+        };
+        error!(
+            grace_ms = HOST_CALL_GRACE.as_millis() as u64,
+            "plugin blocked in a host call past {stuck}; its thread is abandoned and its slot freed"
+        );
+        let mut outcome = Outcome::not_run(match control.reason() {
+            Some(StopReason::Timeout) | None => Failure::Timeout(timeout),
+            Some(r) => Failure::Trap(format!("plugin stopped: {r}")),
+        });
+        outcome.duration = started.elapsed();
+        outcome
+    }
+
+    /// A task whose plugin was stopped because this node's lease lapsed: if no other node
+    /// recovered it meanwhile (the write is fenced on this node and status -1/0), put it
+    /// back in its queue, as a shutdown does with the plugins it stops.
+    async fn recover_fenced(&self, task: &Task) {
+        let node = &self.settings.node;
+        let ids = [task.id];
+        match self.retry("requeue", || self.store.requeue_own(node, &ids)).await {
+            Some(ids) if !ids.is_empty() => {
+                info!("no other node had recovered the task; put it back in its queue (-2)")
+            }
+            Some(_) => info!("another node had already recovered the task"),
+            None => warn!("cannot requeue the task; another node recovers it once this one's heartbeat is stale"),
         }
     }
 

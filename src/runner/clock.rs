@@ -2,17 +2,18 @@
 //!
 //! Epoch interruption stops guest code, but not a host call the guest is blocked in, such
 //! as a `sleep` of an hour. The monotonic clock's `subscribe-duration` and
-//! `subscribe-instant` are therefore redefined so no wait outlasts the task's deadline: the
-//! guest wakes at the deadline and the epoch check interrupts it right after.
+//! `subscribe-instant` are therefore redefined so no wait outlasts the task's deadline (or
+//! its lease): a wait cut there stops the task (a timeout), and a stopped task's waits end
+//! at once.
 
 use std::time::{Duration, Instant};
 
-use wasmtime::component::{Linker, Resource, ResourceTable};
+use wasmtime::component::{Linker, Resource};
 use wasmtime::StoreContextMut;
 use wasmtime_wasi::p2::{subscribe, DynPollable, Pollable};
 use wasmtime_wasi::HostMonotonicClock;
 
-use super::{TaskState, EPOCH_TICK};
+use super::{RunControl, StopReason, TaskState, EPOCH_TICK};
 
 /// The interface whose subscriptions are redefined (wasmtime-wasi's version; guests built
 /// against any earlier 0.2.x resolve to it).
@@ -33,26 +34,51 @@ impl HostMonotonicClock for TaskClock {
     }
 }
 
-/// A wait until a host instant.
-struct Sleep(tokio::time::Instant);
+/// A guest wait: ends at its natural end, at the task's deadline or lease end (renewals
+/// move the latter), or when the task is stopped. A wait cut short stops the task, so the
+/// guest cannot return a result as if its wait had completed.
+struct Sleep {
+    until: Instant,
+    deadline: Instant,
+    control: RunControl,
+}
 
 #[wasmtime_wasi::async_trait]
 impl Pollable for Sleep {
     async fn ready(&mut self) {
-        tokio::time::sleep_until(self.0).await;
+        loop {
+            let lease = self.control.lease_until();
+            let end = lease.map_or(self.deadline, |l| l.min(self.deadline)).min(self.until);
+            tokio::select! {
+                _ = tokio::time::sleep_until(end.into()) => {}
+                _ = self.control.cancelled() => return,
+            }
+            let now = Instant::now();
+            if now >= self.until {
+                return;
+            }
+            if now >= self.deadline {
+                self.control.cancel(StopReason::Timeout);
+                return;
+            }
+            if self.control.check().is_some() {
+                return;
+            }
+        }
     }
 }
 
-fn subscribe_for(table: &mut ResourceTable, wait: Duration) -> wasmtime::Result<Resource<DynPollable>> {
-    let sleep = table.push(Sleep(tokio::time::Instant::now() + wait))?;
-    subscribe(table, sleep)
-}
-
 impl TaskState {
-    /// `wait`, cut to end one epoch tick after the deadline.
-    fn clamp_wait(&self, wait: Duration) -> Duration {
-        let left = self.deadline.saturating_duration_since(Instant::now()) + EPOCH_TICK;
-        wait.min(left)
+    /// A wait of `wait` from now, cut at the deadline or the lease end.
+    fn subscribe_for(&mut self, wait: Duration) -> wasmtime::Result<Resource<DynPollable>> {
+        let now = Instant::now();
+        let sleep = Sleep {
+            until: now.checked_add(wait).unwrap_or(self.deadline + EPOCH_TICK),
+            deadline: self.deadline,
+            control: self.control.clone(),
+        };
+        let sleep = self.table.push(sleep)?;
+        subscribe(&mut self.table, sleep)
     }
 }
 
@@ -63,9 +89,7 @@ pub(crate) fn add_to_linker(linker: &mut Linker<TaskState>) -> wasmtime::Result<
     clock.func_wrap(
         "subscribe-duration",
         |mut store: StoreContextMut<'_, TaskState>, (nanos,): (u64,)| {
-            let state = store.data_mut();
-            let wait = state.clamp_wait(Duration::from_nanos(nanos));
-            Ok((subscribe_for(&mut state.table, wait)?,))
+            Ok((store.data_mut().subscribe_for(Duration::from_nanos(nanos))?,))
         },
     )?;
     clock.func_wrap(
@@ -73,8 +97,7 @@ pub(crate) fn add_to_linker(linker: &mut Linker<TaskState>) -> wasmtime::Result<
         |mut store: StoreContextMut<'_, TaskState>, (when,): (u64,)| {
             let state = store.data_mut();
             let now = state.clock_base.elapsed().as_nanos() as u64;
-            let wait = state.clamp_wait(Duration::from_nanos(when.saturating_sub(now)));
-            Ok((subscribe_for(&mut state.table, wait)?,))
+            Ok((state.subscribe_for(Duration::from_nanos(when.saturating_sub(now)))?,))
         },
     )?;
     linker.allow_shadowing(false);

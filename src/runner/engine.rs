@@ -96,6 +96,7 @@ pub(crate) fn start_epoch_ticker(engine: &Engine) {
 }
 
 /// Number of epoch ticks covering `timeout` (at least one).
+#[cfg(test)]
 pub(crate) fn deadline_ticks(timeout: Duration) -> u64 {
     let tick = EPOCH_TICK.as_nanos();
     (timeout.as_nanos().div_ceil(tick) as u64).max(1)

@@ -112,3 +112,15 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+impl DenProcess {
+    /// Stops the process (SIGSTOP), as a stall or a frozen VM would.
+    pub fn pause(&self) {
+        self.signal(libc::SIGSTOP);
+    }
+
+    /// Lets a paused process go on (SIGCONT).
+    pub fn resume(&self) {
+        self.signal(libc::SIGCONT);
+    }
+}

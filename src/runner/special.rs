@@ -1,0 +1,55 @@
+//! Special files in granted directories are refused.
+//!
+//! Opening or reading a FIFO, a socket or a device can block a host thread forever (a FIFO
+//! with no writer), where no deadline reaches it. `descriptor.open-at` is therefore
+//! redefined: it first stats the path through the same directory descriptor, with the same
+//! symlink flag as the open, and refuses (`access`) anything that is not a regular file, a
+//! directory or a symlink, before handing the call to wasmtime-wasi.
+
+use wasmtime::component::{Linker, Resource};
+use wasmtime::StoreContextMut;
+use wasmtime_wasi::filesystem::WasiFilesystemView;
+use wasmtime_wasi::p2::bindings::sync::filesystem::types::{
+    Descriptor, DescriptorFlags, DescriptorType, ErrorCode, Host, HostDescriptor, OpenFlags, PathFlags,
+};
+
+use super::TaskState;
+
+/// The interface whose `open-at` is redefined (wasmtime-wasi's version).
+const FILESYSTEM_TYPES: &str = "wasi:filesystem/types@0.2.12";
+
+type OpenAtArgs = (Resource<Descriptor>, PathFlags, String, OpenFlags, DescriptorFlags);
+
+fn open_at(
+    mut store: StoreContextMut<'_, TaskState>,
+    (fd, path_flags, path, oflags, flags): OpenAtArgs,
+) -> wasmtime::Result<(Result<Resource<Descriptor>, ErrorCode>,)> {
+    let mut fs = store.data_mut().filesystem();
+    let dir = Resource::<Descriptor>::new_borrow(fd.rep());
+    if let Ok(stat) = fs.stat_at(dir, path_flags, path.clone()) {
+        let special = matches!(
+            stat.type_,
+            DescriptorType::Fifo
+                | DescriptorType::Socket
+                | DescriptorType::CharacterDevice
+                | DescriptorType::BlockDevice
+        );
+        if special {
+            return Ok((Err(ErrorCode::Access),));
+        }
+    }
+    match fs.open_at(fd, path_flags, path, oflags, flags) {
+        Ok(d) => Ok((Ok(d),)),
+        Err(e) => Ok((Err(fs.convert_error_code(e)?),)),
+    }
+}
+
+/// Replaces `descriptor.open-at` in `linker` (after WASI was added).
+pub(crate) fn add_to_linker(linker: &mut Linker<TaskState>) -> wasmtime::Result<()> {
+    linker.allow_shadowing(true);
+    linker
+        .instance(FILESYSTEM_TYPES)?
+        .func_wrap("[method]descriptor.open-at", open_at)?;
+    linker.allow_shadowing(false);
+    Ok(())
+}
