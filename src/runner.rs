@@ -9,6 +9,7 @@
 //! `run` is synchronous and CPU-bound: async callers run it on a blocking thread.
 
 mod bindings;
+mod cache;
 mod clock;
 mod control;
 mod engine;
@@ -26,6 +27,7 @@ use wasmtime::component::{HasSelf, Linker, ResourceTable};
 use wasmtime::{CallHook, Engine, ResourceLimiter, Store, StoreContextMut, Trap, UpdateDeadline};
 use wasmtime_wasi::{I32Exit, WasiCtx, WasiCtxView, WasiView};
 
+pub use cache::{default_key_path, grant_conflict, protected_paths};
 pub use control::{RunControl, StopReason};
 pub use engine::{default_cache_dir, EngineOptions, EPOCH_TICK};
 pub use outcome::{Failure, Outcome, Progress, FAILED, SUCCEEDED};
@@ -282,9 +284,9 @@ impl Runner {
             reason,
         };
         check_header(bytes).map_err(invalid)?;
-        let hash = engine::content_hash(bytes);
+        let hash = cache::content_hash(bytes);
         let (component, from_cache) =
-            engine::compile_cached(&self.inner.engine, bytes, &hash, self.inner.cache_dir.as_deref())
+            cache::compile_cached(&self.inner.engine, bytes, &hash, self.inner.cache_dir.as_deref())
                 .map_err(|e| invalid(format!("not a valid component: {e}")))?;
         let instance_pre = self
             .inner

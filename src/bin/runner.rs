@@ -142,6 +142,9 @@ fn sandbox(args: &ExecArgs) -> anyhow::Result<Sandbox> {
         network: args.network,
     };
     s.validate().map_err(anyhow::Error::msg)?;
+    let cache = engine_options(args.no_cache).cache_dir;
+    let protected = disbatch::runner::protected_paths(cache.as_deref());
+    s.check_grants(&protected).map_err(anyhow::Error::msg)?;
     Ok(s)
 }
 

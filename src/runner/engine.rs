@@ -1,15 +1,9 @@
 //! The process-wide wasmtime [`Engine`]: configuration, the epoch ticker that enforces
-//! deadlines, and the on-disk cache of compiled components.
+//! deadlines, and where the on-disk cache of compiled components lives (see [`super::cache`]).
 
-use std::fs;
-use std::hash::{Hash, Hasher};
-use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
-use sha2::{Digest, Sha256};
-use wasmtime::component::Component;
 use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 use super::sandbox::MAX_MEMORY;
@@ -102,99 +96,6 @@ pub(crate) fn deadline_ticks(timeout: Duration) -> u64 {
     (timeout.as_nanos().div_ceil(tick) as u64).max(1)
 }
 
-struct ShaHasher(Sha256);
-
-impl Hasher for ShaHasher {
-    fn finish(&self) -> u64 {
-        0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        self.0.update(bytes);
-    }
-}
-
-/// Hex SHA-256 of a component's bytes.
-pub(crate) fn content_hash(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
-}
-
-/// The cache file of a component: keyed by its content hash and the engine's
-/// compatibility hash, so a wasmtime upgrade or a config change never loads a stale artifact.
-fn cache_path(engine: &Engine, dir: &Path, hash: &str) -> PathBuf {
-    let mut h = ShaHasher(Sha256::new());
-    engine.precompile_compatibility_hash().hash(&mut h);
-    let engine_key = hex::encode(&h.0.finalize()[..8]);
-    dir.join(format!("{hash}-{engine_key}.cwasm"))
-}
-
-/// Whether `dir` is a directory we may trust with executable artifacts: owned by us and
-/// writable by nobody else. Creates it (mode 0700) when missing.
-fn trusted_cache_dir(dir: &Path) -> Result<(), String> {
-    if !dir.exists() {
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    }
-    let meta = fs::metadata(dir).map_err(|e| format!("cannot stat {}: {e}", dir.display()))?;
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let me = unsafe { libc::geteuid() };
-    if !meta.is_dir() || meta.uid() != me || meta.permissions().mode() & 0o022 != 0 {
-        return Err(format!(
-            "{} is not a directory owned by this user and closed to others",
-            dir.display()
-        ));
-    }
-    Ok(())
-}
-
-/// Compiles `bytes`, or loads the compiled artifact from the cache directory; the flag
-/// tells whether it came from the cache.
-pub(crate) fn compile_cached(
-    engine: &Engine,
-    bytes: &[u8],
-    hash: &str,
-    cache_dir: Option<&Path>,
-) -> Result<(Component, bool), wasmtime::Error> {
-    let dir = match cache_dir.map(|d| (d, trusted_cache_dir(d))) {
-        Some((d, Ok(()))) => Some(d),
-        Some((_, Err(why))) => {
-            tracing::warn!("component cache disabled: {why}");
-            None
-        }
-        None => None,
-    };
-    let Some(dir) = dir else {
-        return Ok((Component::new(engine, bytes)?, false));
-    };
-    let path = cache_path(engine, dir, hash);
-    if path.is_file() {
-        // SAFETY: the artifact was written by `Component::serialize` of an engine with the same
-        // compatibility hash, into a directory only this user can write.
-        match unsafe { Component::deserialize_file(engine, &path) } {
-            Ok(c) => return Ok((c, true)),
-            Err(e) => {
-                tracing::warn!(path = %path.display(), error = %e, "discarding unusable cached component");
-                let _ = fs::remove_file(&path);
-            }
-        }
-    }
-    let component = Component::new(engine, bytes)?;
-    if let Err(e) = write_atomically(&path, &component.serialize()?) {
-        tracing::warn!(path = %path.display(), error = %e, "cannot cache compiled component");
-    }
-    Ok((component, false))
-}
-
-fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    let mut f = fs::File::create(&tmp)?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    fs::rename(&tmp, path)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -205,15 +106,5 @@ mod tests {
         assert_eq!(deadline_ticks(Duration::from_millis(10)), 1);
         assert_eq!(deadline_ticks(Duration::from_millis(11)), 2);
         assert_eq!(deadline_ticks(Duration::from_secs(1)), 100);
-    }
-
-    #[test]
-    fn cache_dir_must_be_private() {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().join("c");
-        trusted_cache_dir(&dir).unwrap();
-        assert_eq!(fs::metadata(&dir).unwrap().permissions().mode() & 0o777, 0o700);
-        fs::set_permissions(&dir, fs::Permissions::from_mode(0o777)).unwrap();
-        assert!(trusted_cache_dir(&dir).unwrap_err().contains("closed to others"));
     }
 }

@@ -113,6 +113,22 @@ impl Default for Sandbox {
 
 impl Sandbox {
     /// Checks the limits and that every granted directory exists.
+    /// Refuses any directory grant that equals, contains or lies inside one of the
+    /// `protected` host paths (the component cache, its key, the plugin directory, the
+    /// DEN's configuration and database): a plugin must never reach what the host trusts.
+    pub fn check_grants(&self, protected: &[PathBuf]) -> Result<(), String> {
+        for d in &self.dirs {
+            if let Some(p) = super::cache::grant_conflict(&d.host, protected) {
+                return Err(format!(
+                    "grant of {} is refused: it overlaps the protected host path {} (retrying cannot help; grant a directory that neither contains nor lies inside it)",
+                    d.host.display(),
+                    p.display()
+                ));
+            }
+        }
+        Ok(())
+    }
+
     pub fn validate(&self) -> Result<(), String> {
         if self.timeout.is_zero() {
             return Err("timeout must be greater than zero".into());
