@@ -13,6 +13,7 @@ mod cache;
 mod clock;
 mod control;
 mod engine;
+mod limits;
 mod outcome;
 mod output;
 mod sandbox;
@@ -24,12 +25,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime};
 
 use wasmtime::component::{HasSelf, Linker, ResourceTable};
-use wasmtime::{CallHook, Engine, ResourceLimiter, Store, StoreContextMut, Trap, UpdateDeadline};
+use wasmtime::{CallHook, Engine, Store, StoreContextMut, Trap, UpdateDeadline};
 use wasmtime_wasi::{I32Exit, WasiCtx, WasiCtxView, WasiView};
 
 pub use cache::{default_key_path, grant_conflict, protected_paths};
 pub use control::{RunControl, StopReason};
 pub use engine::{default_cache_dir, EngineOptions, EPOCH_TICK};
+use limits::{Slots, TaskLimiter};
+pub use limits::{MAX_CORE_INSTANCES_PER_TASK, MAX_MEMORIES_PER_TASK, MAX_TABLES_PER_TASK, TABLE_ELEMENT_BYTES};
 pub use outcome::{Failure, Outcome, Progress, FAILED, SUCCEEDED};
 pub use output::{human_bytes, truncation_marker, Captured};
 pub use sandbox::{DirGrant, Sandbox, DEFAULT_MEMORY, DEFAULT_OUTPUT_CAP, DEFAULT_TIMEOUT, MAX_MEMORY};
@@ -106,6 +109,8 @@ struct Inner {
     linker: Linker<TaskState>,
     cache_dir: Option<PathBuf>,
     loaded: Mutex<HashMap<PathBuf, (FileStamp, Arc<Plugin>)>>,
+    /// One per task the instance pool is sized for.
+    slots: Slots,
 }
 
 /// The plugin runner. Cheap to clone; one per process is enough.
@@ -118,7 +123,7 @@ pub struct Runner {
 struct TaskState {
     wasi: WasiCtx,
     table: ResourceTable,
-    limiter: MemoryLimiter,
+    limiter: TaskLimiter,
     started: Instant,
     /// Base of the guest's monotonic clock.
     clock_base: Instant,
@@ -183,15 +188,17 @@ impl WasiView for TaskState {
 impl host::Host for TaskState {
     fn progress(&mut self, percent: Option<f32>, info: Option<String>) {
         let percent = percent.filter(|p| !p.is_nan()).map(|p| p.clamp(0.0, 100.0));
-        let info = info.map(|mut s| {
+        // Copy the kept prefix: truncating in place would keep the whole allocation.
+        let info = info.map(|s| {
             if s.len() > MAX_PROGRESS_INFO {
                 let mut end = MAX_PROGRESS_INFO;
                 while !s.is_char_boundary(end) {
                     end -= 1;
                 }
-                s.truncate(end);
+                s[..end].to_owned()
+            } else {
+                s
             }
-            s
         });
         let p = Progress {
             at: self.started.elapsed(),
@@ -205,27 +212,6 @@ impl host::Host for TaskState {
             self.progress.remove(0);
         }
         self.progress.push(p);
-    }
-}
-
-/// Caps linear memory and tables, and remembers whether it refused growth.
-struct MemoryLimiter {
-    limit: u64,
-    refused: bool,
-}
-
-/// Most table elements a plugin may have.
-const MAX_TABLE_ELEMENTS: usize = 1_000_000;
-
-impl ResourceLimiter for MemoryLimiter {
-    fn memory_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
-        let ok = desired as u64 <= self.limit;
-        self.refused |= !ok;
-        Ok(ok)
-    }
-
-    fn table_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
-        Ok(desired <= MAX_TABLE_ELEMENTS)
     }
 }
 
@@ -246,6 +232,7 @@ impl Runner {
                 linker,
                 cache_dir: opts.cache_dir.clone(),
                 loaded: Mutex::new(HashMap::new()),
+                slots: Slots::new(opts.max_instances),
             }),
         })
     }
@@ -315,6 +302,7 @@ impl Runner {
         sink: Option<ProgressSink>,
         control: &RunControl,
     ) -> Outcome {
+        let _slot = self.inner.slots.take();
         let started = Instant::now();
         let stdout = CappedOutput::new(sandbox.output_cap);
         let stderr = CappedOutput::new(sandbox.output_cap);
@@ -328,10 +316,7 @@ impl Runner {
             TaskState {
                 wasi,
                 table: ResourceTable::new(),
-                limiter: MemoryLimiter {
-                    limit: sandbox.memory,
-                    refused: false,
-                },
+                limiter: TaskLimiter::new(sandbox.memory),
                 started,
                 clock_base: started,
                 deadline: started + sandbox.timeout,
@@ -417,6 +402,8 @@ fn classify(
         Err(e) => {
             let failure = if e.downcast_ref::<Trap>() == Some(&Trap::Interrupt) {
                 Failure::Timeout(sandbox.timeout)
+            } else if let Some(msg) = limits::cap_message(&e) {
+                Failure::Trap(msg)
             } else if refused_memory {
                 memory()
             } else if let Some(exit) = e.downcast_ref::<I32Exit>() {

@@ -155,8 +155,8 @@ fn engine_options(no_cache: bool) -> EngineOptions {
         } else {
             disbatch::runner::default_cache_dir()
         },
-        // One task at a time: keep the pool's address-space reservation small.
-        max_instances: 4,
+        // Exactly the DEN's engine: same pool sizing default, same limits.
+        max_instances: disbatch::config::DEFAULT_MAX_INSTANCES,
     }
 }
 

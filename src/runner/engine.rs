@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
+use super::limits::{MAX_CORE_INSTANCES_PER_TASK, MAX_MEMORIES_PER_TASK, MAX_TABLES_PER_TASK};
 use super::sandbox::MAX_MEMORY;
 use super::RunnerError;
 
@@ -49,28 +50,34 @@ fn base_config() -> Config {
     cfg
 }
 
-/// Builds the engine: pooling allocator sized by `opts`, falling back to on-demand
-/// allocation when the pool cannot be reserved (for example under a tight `ulimit -v`).
+/// Builds the engine with a pooling allocator sized for `opts.max_instances` tasks, each at
+/// its per-task caps (so tasks holding a slot never find the pool full). A pool that cannot
+/// be reserved is an error naming the setting to lower; there is no fallback.
 pub(crate) fn build_engine(opts: &EngineOptions) -> Result<Engine, RunnerError> {
     let n = opts.max_instances.max(1);
+    let per_task = |cap: usize| n.saturating_mul(cap as u32);
     let mut pool = PoolingAllocationConfig::new();
     pool.total_component_instances(n)
-        .total_core_instances(n.saturating_mul(8))
-        .total_memories(n.saturating_mul(2))
-        .total_tables(n.saturating_mul(4))
+        .total_core_instances(per_task(MAX_CORE_INSTANCES_PER_TASK))
+        .total_memories(per_task(MAX_MEMORIES_PER_TASK))
+        .total_tables(per_task(MAX_TABLES_PER_TASK))
+        .max_core_instances_per_component(MAX_CORE_INSTANCES_PER_TASK as u32)
+        .max_memories_per_component(MAX_MEMORIES_PER_TASK as u32)
+        .max_tables_per_component(MAX_TABLES_PER_TASK as u32)
         .max_memory_size(MAX_MEMORY as usize)
         .linear_memory_keep_resident(2 << 20)
         .table_keep_resident(64 << 10)
         .pagemap_scan(Enabled::Auto);
     let mut cfg = base_config();
     cfg.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
-    match Engine::new(&cfg) {
-        Ok(engine) => Ok(engine),
-        Err(e) => {
-            tracing::warn!(error = %e, "pooling allocator unavailable; using on-demand allocation");
-            Engine::new(&base_config()).map_err(|e| RunnerError::Engine(e.to_string()))
-        }
-    }
+    Engine::new(&cfg).map_err(|e| {
+        RunnerError::Engine(format!(
+            "cannot reserve the instance pool for max_instances = {n} ({} memories of up to {} each): {e:#}; \
+             lower max_instances or raise the address-space limit (ulimit -v)",
+            per_task(MAX_MEMORIES_PER_TASK),
+            super::human_bytes(MAX_MEMORY),
+        ))
+    })
 }
 
 /// Starts the thread that advances the engine's epoch every [`EPOCH_TICK`]; it ends when
