@@ -162,7 +162,10 @@ pub trait Store: Send + Sync + 'static {
     /// Takes the name `node` for `process`, atomically: records `process` and a heartbeat
     /// in the node document (creating it) unless another process holds the name, that is
     /// the document names a different `process.id` and its heartbeat is not older than
-    /// `stale_before`. Returns `None` when taken, the holder otherwise.
+    /// `stale_before`. Returns `None` when taken, the holder otherwise. On taking it, the
+    /// node's claimed (-1) and running (0) tasks — a dead earlier process's, as the taking
+    /// process has none yet — are recovered at once as by [`Store::recover_orphans`], and
+    /// the node's slots are freed.
     async fn take_node(
         &self,
         node: &str,
@@ -198,13 +201,17 @@ pub trait Store: Send + Sync + 'static {
     // ---- claiming and running (the DEN) ------------------------------------------------
 
     /// Takes a lease on a free slot of `queue` (slot numbers `0..threads`, free when
-    /// unheld or its lease expired) for `node` until now + `lease`. Returns None when all
+    /// unheld, or when its lease expired and its holder has no claimed or running task
+    /// left in the queue: a slot is freed only with or after the recovery of its tasks) for `node` until now + `lease`. Returns None when all
     /// `threads` slots are taken, or while slots numbered `threads` or above are still held
     /// (the queue's limit was lowered and it is still over it). This is what makes
     /// `threads` hold across DENs.
     async fn acquire_slot(&self, queue: &Queue, node: &str, lease: Duration) -> StoreResult<Option<Slot>>;
     /// Gives a slot back (only if `node` still holds it).
     async fn release_slot(&self, slot: &Slot, node: &str) -> StoreResult<()>;
+    /// Re-validates a slot lease before a claim: renews it until now + `lease` and returns
+    /// true when `node` still holds the slot, false when it lost it.
+    async fn renew_slot(&self, slot: &Slot, node: &str, lease: Duration) -> StoreResult<bool>;
     /// Whether `queue` has a claimable task (`{node: null, status: -2, queue}`): a cheap
     /// probe so an idle DEN does not take slot leases for empty queues.
     async fn has_queued(&self, queue: ObjectId) -> StoreResult<bool>;
@@ -221,7 +228,8 @@ pub trait Store: Send + Sync + 'static {
     /// the embedded store does it in one write transaction.
     async fn claim(&self, queue: &Queue, node: &str) -> StoreResult<Option<Task>>;
     /// Marks a claimed task running (0), fenced on `{_id, node, status: -1}`.
-    /// Returns false when the task is no longer ours.
+    /// Idempotent: a task already `{node, status: 0}` (a retry whose first reply was lost)
+    /// also returns true. Returns false when the task is no longer ours.
     async fn start(&self, task: ObjectId, node: &str) -> StoreResult<bool>;
     /// Stores an output stream too large for the task document as a file tied to `task`
     /// (`filename` is `stdout` or `stderr`); returns the file id. MongoDB keeps it in

@@ -97,6 +97,9 @@ on_both_stores!(
     three_dens_hold_threads_and_maxthreads,
 );
 
+#[path = "store_shared/restarts.rs"]
+mod restarts;
+
 fn new_queue(name: &str, threads: Option<i64>, sort: Sort) -> NewQueue {
     NewQueue {
         name: name.to_string(),

@@ -60,6 +60,23 @@ impl Den {
                 Some(q) if q.allows_slot(&slot) && !self.over_node_limit() => queue = q,
                 _ => return Some(slot),
             }
+            // Re-validate the slot lease before claiming: a slot lost (freed by recovery
+            // while this DEN was paused) must not be used for another task.
+            match self
+                .store
+                .renew_slot(&slot, &self.settings.node, self.settings.heartbeat_stale)
+                .await
+            {
+                Ok(true) => {}
+                Ok(false) => {
+                    warn!(queue = %queue.queue.name, "slot lease lost; not claiming more with it");
+                    return None;
+                }
+                Err(e) => {
+                    debug!(error = %e, "cannot renew slot lease");
+                    return Some(slot);
+                }
+            }
             match self.claim(&queue.queue).await {
                 Ok(Some(next)) => task = next,
                 Ok(None) => return Some(slot),

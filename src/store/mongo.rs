@@ -295,7 +295,11 @@ impl Store for MongoStore {
             // When the name is held, the filter matches nothing and the upsert's insert
             // hits the unique index on `node`.
             match self.nodes.update_one(filter.clone(), update.clone()).upsert(true).await {
-                Ok(_) => return Ok(None),
+                Ok(_) => {
+                    // Whatever the node's name still holds belongs to a process that is gone.
+                    self.recover_node(node).await?;
+                    return Ok(None);
+                }
                 Err(e) if is_duplicate_key(&e) => {}
                 Err(e) => return Err(db_err("take node name")(e)),
             }
@@ -522,6 +526,10 @@ impl Store for MongoStore {
         self.give_back_slot(slot, node).await
     }
 
+    async fn renew_slot(&self, slot: &Slot, node: &str, lease: Duration) -> StoreResult<bool> {
+        self.renew_one_slot(slot, node, lease).await
+    }
+
     /// A change stream on `tasks`: inserts of queued tasks and updates that set a task's
     /// status back to queued.
     async fn watch_queued(&self) -> StoreResult<Option<super::QueuedEvents>> {
@@ -590,7 +598,17 @@ impl Store for MongoStore {
             )
             .await
             .map_err(db_err("start task"))?;
-        Ok(result.matched_count == 1)
+        if result.matched_count == 1 {
+            return Ok(true);
+        }
+        // A retry after a lost reply: the first attempt applied.
+        let already = self
+            .tasks
+            .count_documents(doc! { "_id": task, "node": node, "status": status::RUNNING })
+            .limit(1)
+            .await
+            .map_err(db_err("start task"))?;
+        Ok(already == 1)
     }
 
     async fn write_output_file(&self, task: ObjectId, filename: &str, text: &str) -> StoreResult<ObjectId> {

@@ -28,9 +28,10 @@
 //! SQLite calls block, so each operation runs on [`tokio::task::spawn_blocking`] with a
 //! connection from a small pool.
 
+mod recovery;
 mod rows;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -41,13 +42,12 @@ use bson::{Bson, DateTime, Document};
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use self::rows::{
-    bson_bytes, db_err, lease_end, on_orphan_lenient, output_columns, queue_from, read_bson, sort_str, task_from_row,
-    TASK_COLUMNS,
+    bson_bytes, db_err, lease_end, output_columns, queue_from, read_bson, sort_str, task_from_row, TASK_COLUMNS,
 };
 use super::{
     NewQueue, OutputValue, Page, QueueUpdate, Recovery, Slot, StatusCounts, Store, StoreError, StoreResult, TaskFilter,
 };
-use crate::model::{status, Node, NodeProcess, NodeStats, OnOrphan, Output, Queue, Sort, Task};
+use crate::model::{status, Node, NodeProcess, NodeStats, Output, Queue, Sort, Task};
 
 /// Table of output files.
 pub const OUTPUT_FILES: &str = "output_files";
@@ -351,31 +351,44 @@ impl Store for SqliteStore {
         let text = serde_json::to_string(process).map_err(|e| StoreError::Invalid(format!("node process: {e}")))?;
         let node = node.to_string();
         let id = process.id;
-        self.write("take node name", move |tx| {
-            let err = db_err("take node name");
-            if let Some(current) = read_node(tx, &node).map_err(&err)? {
-                let current = node_from(current)?;
-                if let Some(holder) = current.process {
-                    if holder.id != id && current.timestamp >= stale_before {
-                        return Ok(Some(holder));
+        // Ok(holder) when the name is held, Err(whether tasks were requeued) when taken.
+        let taken: Result<NodeProcess, bool> = self
+            .write("take node name", move |tx| {
+                let err = db_err("take node name");
+                if let Some(current) = read_node(tx, &node).map_err(&err)? {
+                    let current = node_from(current)?;
+                    if let Some(holder) = current.process {
+                        if holder.id != id && current.timestamp >= stale_before {
+                            return Ok(Ok(holder));
+                        }
                     }
                 }
-            }
-            tx.execute(
-                "INSERT INTO nodes (id, node, timestamp, maxthreads) VALUES (?1, ?2, ?3, NULL)
+                tx.execute(
+                    "INSERT INTO nodes (id, node, timestamp, maxthreads) VALUES (?1, ?2, ?3, NULL)
                  ON CONFLICT (node) DO UPDATE SET timestamp = excluded.timestamp",
-                params![ObjectId::new().to_hex(), node, DateTime::now().timestamp_millis()],
-            )
-            .map_err(&err)?;
-            tx.execute(
-                "INSERT INTO node_process (node, id, process) VALUES (?1, ?2, ?3)
+                    params![ObjectId::new().to_hex(), node, DateTime::now().timestamp_millis()],
+                )
+                .map_err(&err)?;
+                tx.execute(
+                    "INSERT INTO node_process (node, id, process) VALUES (?1, ?2, ?3)
                  ON CONFLICT (node) DO UPDATE SET id = excluded.id, process = excluded.process",
-                params![node, id.to_hex(), text],
-            )
-            .map_err(&err)?;
-            Ok(None)
-        })
-        .await
+                    params![node, id.to_hex(), text],
+                )
+                .map_err(&err)?;
+                // Whatever the node's name still holds belongs to a process that is gone.
+                let recovered = recovery::recover_node(tx, &node)?;
+                Ok(Err(!recovered.requeued.is_empty()))
+            })
+            .await?;
+        match taken {
+            Ok(holder) => Ok(Some(holder)),
+            Err(requeued) => {
+                if requeued {
+                    self.signal_queued();
+                }
+                Ok(None)
+            }
+        }
     }
 
     async fn report_queue_problems(&self, node: &str, problems: &BTreeMap<String, String>) -> StoreResult<()> {
@@ -656,10 +669,22 @@ impl Store for SqliteStore {
                 .query_row(
                     "UPDATE slots SET holder = ?1, expires = ?2
                      WHERE queue = ?3 AND n = (SELECT n FROM slots
-                         WHERE queue = ?3 AND n < ?4 AND (holder IS NULL OR expires < ?5)
-                         ORDER BY n LIMIT 1)
+                         WHERE queue = ?3 AND n < ?4
+                           AND (holder IS NULL
+                                OR (expires < ?5 AND NOT EXISTS (SELECT 1 FROM tasks
+                                    WHERE tasks.queue = ?3 AND tasks.node = slots.holder
+                                      AND tasks.status IN (?6, ?7))))
+                         ORDER BY holder IS NOT NULL, n LIMIT 1)
                      RETURNING n",
-                    params![node, lease_end(now, lease), q, threads, millis],
+                    params![
+                        node,
+                        lease_end(now, lease),
+                        q,
+                        threads,
+                        millis,
+                        status::CLAIMED,
+                        status::RUNNING
+                    ],
                     |r| r.get(0),
                 )
                 .optional()
@@ -678,6 +703,21 @@ impl Store for SqliteStore {
             )
             .map_err(db_err("release slot"))?;
             Ok(())
+        })
+        .await
+    }
+
+    async fn renew_slot(&self, slot: &Slot, node: &str, lease: Duration) -> StoreResult<bool> {
+        let (q, n, node) = (slot.queue.to_hex(), slot.n, node.to_string());
+        self.with(move |conn| {
+            let until = lease_end(DateTime::now(), lease);
+            let n = conn
+                .execute(
+                    "UPDATE slots SET expires = ?1 WHERE queue = ?2 AND n = ?3 AND holder = ?4",
+                    params![until, q, n, node],
+                )
+                .map_err(db_err("renew slot lease"))?;
+            Ok(n == 1)
         })
         .await
     }
@@ -761,7 +801,16 @@ impl Store for SqliteStore {
                     ],
                 )
                 .map_err(db_err("start task"))?;
-            Ok(n == 1)
+            if n == 1 {
+                return Ok(true);
+            }
+            // A retry after a lost reply: the first attempt applied.
+            conn.query_row(
+                "SELECT EXISTS (SELECT 1 FROM tasks WHERE id = ?1 AND node = ?2 AND status = ?3)",
+                params![task.to_hex(), node, status::RUNNING],
+                |r| r.get(0),
+            )
+            .map_err(db_err("start task"))
         })
         .await
     }
@@ -857,69 +906,7 @@ impl Store for SqliteStore {
         let (claimed_before, stale_before) = (claimed_before.timestamp_millis(), stale_before.timestamp_millis());
         let recovery = self
             .write("recover orphans", move |tx| {
-                let err = db_err("recover orphans");
-                let mut policies: HashMap<String, OnOrphan> = HashMap::new();
-                {
-                    let mut stmt = tx.prepare("SELECT id, doc FROM queues").map_err(&err)?;
-                    let rows = stmt
-                        .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, Vec<u8>>(1)?)))
-                        .map_err(&err)?;
-                    for row in rows {
-                        let (id, bytes) = row.map_err(&err)?;
-                        let policy = read_bson("queues", &id, &bytes)
-                            .map(|d| on_orphan_lenient(&d))
-                            .unwrap_or_default();
-                        policies.insert(id, policy);
-                    }
-                }
-                let candidates: Vec<(String, String)> = {
-                    let mut stmt = tx
-                        .prepare(
-                            "SELECT id, queue FROM tasks
-                         WHERE (status = ?1 AND mtime < ?3)
-                            OR (status IN (?1, ?2) AND mtime < ?4
-                                AND (node IS NULL OR node NOT IN (SELECT node FROM nodes WHERE timestamp >= ?4)))",
-                        )
-                        .map_err(&err)?;
-                    let rows = stmt
-                        .query_map(
-                            params![status::CLAIMED, status::RUNNING, claimed_before, stale_before],
-                            |r| Ok((r.get(0)?, r.get(1)?)),
-                        )
-                        .map_err(&err)?
-                        .collect::<Result<Vec<_>, _>>()
-                        .map_err(&err)?;
-                    rows
-                };
-                let now = DateTime::now().timestamp_millis();
-                let mut recovery = Recovery::default();
-                for (id, queue) in candidates {
-                    let Ok(oid) = ObjectId::parse_str(&id) else { continue };
-                    // Tasks of a queue that no longer exists are orphaned.
-                    if policies.get(&queue) == Some(&OnOrphan::Requeue) {
-                        tx.execute(
-                            "UPDATE tasks SET status = ?1, node = NULL, mtime = ?2 WHERE id = ?3",
-                            params![status::QUEUED, now, id],
-                        )
-                        .map_err(&err)?;
-                        recovery.requeued.push(oid);
-                    } else {
-                        tx.execute(
-                            "UPDATE tasks SET status = ?1, mtime = ?2 WHERE id = ?3",
-                            params![status::ORPHANED, now, id],
-                        )
-                        .map_err(&err)?;
-                        recovery.orphaned.push(oid);
-                    }
-                }
-                tx.execute(
-                    "UPDATE slots SET holder = NULL
-                 WHERE holder IS NOT NULL AND holder NOT IN (SELECT node FROM nodes WHERE timestamp >= ?1)
-                   AND holder IN (SELECT node FROM nodes)",
-                    [stale_before],
-                )
-                .map_err(&err)?;
-                Ok(recovery)
+                recovery::recover_orphans(tx, claimed_before, stale_before)
             })
             .await?;
         if !recovery.requeued.is_empty() {

@@ -80,6 +80,9 @@ impl Store for Recording {
     async fn release_slot(&self, slot: &Slot, node: &str) -> StoreResult<()> {
         self.inner.release_slot(slot, node).await
     }
+    async fn renew_slot(&self, slot: &Slot, node: &str, lease: Duration) -> StoreResult<bool> {
+        self.inner.renew_slot(slot, node, lease).await
+    }
     async fn has_queued(&self, queue: ObjectId) -> StoreResult<bool> {
         self.inner.has_queued(queue).await
     }

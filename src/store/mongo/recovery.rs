@@ -24,18 +24,7 @@ impl MongoStore {
         let err = db_err("recover orphans");
         let (fresh, stale) = self.nodes_by_freshness(stale_before).await?;
 
-        let mut policies: HashMap<ObjectId, OnOrphan> = HashMap::new();
-        let mut cursor = self
-            .queues
-            .find(doc! {})
-            .projection(doc! { "on_orphan": 1 })
-            .await
-            .map_err(&err)?;
-        while let Some(q) = cursor.try_next().await.map_err(&err)? {
-            if let Ok(id) = q.get_object_id("_id") {
-                policies.insert(id, on_orphan_lenient(&q));
-            }
-        }
+        let policies = self.orphan_policies().await?;
 
         let filter = doc! { "$or": [
             { "status": status::CLAIMED, "mtime": { "$lt": claimed_before } },
@@ -55,6 +44,56 @@ impl MongoStore {
             .await
             .map_err(&err)?;
 
+        let recovery = self.recover_candidates(candidates, &policies).await?;
+        self.free_slots_of(&stale).await?;
+        Ok(recovery)
+    }
+
+    /// Recovers, at once, every claimed or running task of `node` and frees its slots:
+    /// the tasks of a dead process whose name a new process just took (the new process
+    /// has none yet).
+    pub(super) async fn recover_node(&self, node: &str) -> StoreResult<Recovery> {
+        let err = db_err("recover the tasks of a restarted node");
+        let policies = self.orphan_policies().await?;
+        let candidates: Vec<Document> = self
+            .tasks
+            .find(doc! { "node": node, "status": { "$in": [status::CLAIMED, status::RUNNING] } })
+            .projection(doc! { "queue": 1, "status": 1, "node": 1, "mtime": 1 })
+            .await
+            .map_err(&err)?
+            .try_collect()
+            .await
+            .map_err(&err)?;
+        let recovery = self.recover_candidates(candidates, &policies).await?;
+        self.free_slots_of(&[node.to_string()]).await?;
+        Ok(recovery)
+    }
+
+    /// Each queue's `on_orphan` policy.
+    async fn orphan_policies(&self) -> StoreResult<HashMap<ObjectId, OnOrphan>> {
+        let err = db_err("recover orphans");
+        let mut policies: HashMap<ObjectId, OnOrphan> = HashMap::new();
+        let mut cursor = self
+            .queues
+            .find(doc! {})
+            .projection(doc! { "on_orphan": 1 })
+            .await
+            .map_err(&err)?;
+        while let Some(q) = cursor.try_next().await.map_err(&err)? {
+            if let Ok(id) = q.get_object_id("_id") {
+                policies.insert(id, on_orphan_lenient(&q));
+            }
+        }
+        Ok(policies)
+    }
+
+    /// Orphans or requeues each candidate task, fenced on its status, node and mtime.
+    async fn recover_candidates(
+        &self,
+        candidates: Vec<Document>,
+        policies: &HashMap<ObjectId, OnOrphan>,
+    ) -> StoreResult<Recovery> {
+        let err = db_err("recover orphans");
         let mut recovery = Recovery::default();
         let now = DateTime::now();
         for t in candidates {
@@ -85,7 +124,6 @@ impl MongoStore {
                 }
             }
         }
-        self.free_slots_of(&stale).await?;
         Ok(recovery)
     }
 

@@ -8,11 +8,12 @@
 use std::time::Duration;
 
 use bson::{doc, DateTime, Document};
+use futures::TryStreamExt;
 use mongodb::options::ReturnDocument;
 
 use super::documents::as_int;
 use super::{db_err, is_duplicate_key, MongoStore, SLOTS};
-use crate::model::Queue;
+use crate::model::{status, Queue};
 use crate::store::{Slot, StoreError, StoreResult};
 
 /// A lease's end as a BSON date.
@@ -69,20 +70,20 @@ impl MongoStore {
         if over > 0 {
             return Ok(None);
         }
-        let taken = self
+        let lease_until = lease_end(now, lease);
+        let mut taken = self
             .slots
             .find_one_and_update(
-                doc! {
-                    "queue": queue.id,
-                    "n": { "$lt": threads },
-                    "$or": [ { "holder": null }, { "expires": { "$lt": now } } ],
-                },
-                doc! { "$set": { "holder": node, "expires": lease_end(now, lease) } },
+                doc! { "queue": queue.id, "n": { "$lt": threads }, "holder": null },
+                doc! { "$set": { "holder": node, "expires": lease_until } },
             )
             .sort(doc! { "n": 1 })
             .return_document(ReturnDocument::After)
             .await
             .map_err(db_err("acquire slot"))?;
+        if taken.is_none() {
+            taken = self.take_expired_slot(queue, threads, node, now, lease_until).await?;
+        }
         let Some(taken) = taken else {
             return Ok(None);
         };
@@ -92,6 +93,79 @@ impl MongoStore {
             reason: "field `n` must be an integer".to_string(),
         })?;
         Ok(Some(Slot { queue: queue.id, n }))
+    }
+
+    /// Takes a slot whose lease expired, but only from a holder that has no claimed or
+    /// running task left in the queue: a slot is freed only with (or after) the recovery
+    /// of its holder's tasks, so the tasks at -1/0 never outnumber `threads`.
+    async fn take_expired_slot(
+        &self,
+        queue: &Queue,
+        threads: i64,
+        node: &str,
+        now: DateTime,
+        lease_until: DateTime,
+    ) -> StoreResult<Option<Document>> {
+        let err = db_err("acquire an expired slot");
+        let expired: Vec<Document> = self
+            .slots
+            .find(doc! {
+                "queue": queue.id,
+                "n": { "$lt": threads },
+                "holder": { "$ne": null },
+                "expires": { "$lt": now },
+            })
+            .sort(doc! { "n": 1 })
+            .await
+            .map_err(&err)?
+            .try_collect()
+            .await
+            .map_err(&err)?;
+        for slot in expired {
+            let (Ok(id), Some(holder)) = (slot.get_object_id("_id"), slot.get("holder").cloned()) else {
+                continue;
+            };
+            let busy = self
+                .tasks
+                .count_documents(doc! {
+                    "queue": queue.id,
+                    "node": holder.clone(),
+                    "status": { "$in": [status::CLAIMED, status::RUNNING] },
+                })
+                .limit(1)
+                .await
+                .map_err(&err)?;
+            if busy > 0 {
+                continue;
+            }
+            let taken = self
+                .slots
+                .find_one_and_update(
+                    doc! { "_id": id, "holder": holder, "expires": { "$lt": now } },
+                    doc! { "$set": { "holder": node, "expires": lease_until } },
+                )
+                .return_document(ReturnDocument::After)
+                .await
+                .map_err(&err)?;
+            if taken.is_some() {
+                return Ok(taken);
+            }
+        }
+        Ok(None)
+    }
+
+    /// [`Store::renew_slot`](crate::store::Store::renew_slot): renews the lease when
+    /// `node` still holds the slot.
+    pub(super) async fn renew_one_slot(&self, slot: &Slot, node: &str, lease: Duration) -> StoreResult<bool> {
+        let result = self
+            .slots
+            .update_one(
+                doc! { "queue": slot.queue, "n": slot.n, "holder": node },
+                doc! { "$set": { "expires": lease_end(DateTime::now(), lease) } },
+            )
+            .await
+            .map_err(db_err("renew slot lease"))?;
+        Ok(result.matched_count == 1)
     }
 
     /// [`Store::release_slot`](crate::store::Store::release_slot), fenced on the holder.

@@ -1,0 +1,110 @@
+//! Orphan recovery in the embedded store: the tasks of dead nodes, the spec's sweep of
+//! stale claims, and the tasks a restarted node's earlier process left behind.
+
+use std::collections::HashMap;
+
+use bson::oid::ObjectId;
+use bson::DateTime;
+use rusqlite::{params, Transaction};
+
+use super::rows::{db_err, on_orphan_lenient, read_bson};
+use crate::model::{status, OnOrphan};
+use crate::store::{Recovery, StoreResult};
+
+/// Each queue's `on_orphan` policy, by queue id in hex.
+fn orphan_policies(tx: &Transaction<'_>) -> StoreResult<HashMap<String, OnOrphan>> {
+    let err = db_err("recover orphans");
+    let mut policies = HashMap::new();
+    let mut stmt = tx.prepare("SELECT id, doc FROM queues").map_err(&err)?;
+    let rows = stmt
+        .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, Vec<u8>>(1)?)))
+        .map_err(&err)?;
+    for row in rows {
+        let (id, bytes) = row.map_err(&err)?;
+        let policy = read_bson("queues", &id, &bytes)
+            .map(|d| on_orphan_lenient(&d))
+            .unwrap_or_default();
+        policies.insert(id, policy);
+    }
+    Ok(policies)
+}
+
+/// Orphans or requeues the tasks `(id, queue)` (the caller's transaction has read them).
+fn recover_tasks(tx: &Transaction<'_>, candidates: Vec<(String, String)>) -> StoreResult<Recovery> {
+    let err = db_err("recover orphans");
+    let policies = orphan_policies(tx)?;
+    let now = DateTime::now().timestamp_millis();
+    let mut recovery = Recovery::default();
+    for (id, queue) in candidates {
+        let Ok(oid) = ObjectId::parse_str(&id) else { continue };
+        // Tasks of a queue that no longer exists are orphaned.
+        if policies.get(&queue) == Some(&OnOrphan::Requeue) {
+            tx.execute(
+                "UPDATE tasks SET status = ?1, node = NULL, mtime = ?2 WHERE id = ?3",
+                params![status::QUEUED, now, id],
+            )
+            .map_err(&err)?;
+            recovery.requeued.push(oid);
+        } else {
+            tx.execute(
+                "UPDATE tasks SET status = ?1, mtime = ?2 WHERE id = ?3",
+                params![status::ORPHANED, now, id],
+            )
+            .map_err(&err)?;
+            recovery.orphaned.push(oid);
+        }
+    }
+    Ok(recovery)
+}
+
+/// Claimed or running tasks matching `condition` (SQL over `tasks`, with parameters).
+fn candidates(
+    tx: &Transaction<'_>,
+    condition: &str,
+    params: impl rusqlite::Params,
+) -> StoreResult<Vec<(String, String)>> {
+    let err = db_err("recover orphans");
+    let mut stmt = tx
+        .prepare(&format!("SELECT id, queue FROM tasks WHERE {condition}"))
+        .map_err(&err)?;
+    let rows = stmt
+        .query_map(params, |r| Ok((r.get(0)?, r.get(1)?)))
+        .map_err(&err)?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(&err)?;
+    Ok(rows)
+}
+
+/// [`Store::recover_orphans`](crate::store::Store::recover_orphans) in one transaction.
+pub(super) fn recover_orphans(tx: &Transaction<'_>, claimed_before: i64, stale_before: i64) -> StoreResult<Recovery> {
+    let found = candidates(
+        tx,
+        "(status = ?1 AND mtime < ?3)
+         OR (status IN (?1, ?2) AND mtime < ?4
+             AND (node IS NULL OR node NOT IN (SELECT node FROM nodes WHERE timestamp >= ?4)))",
+        params![status::CLAIMED, status::RUNNING, claimed_before, stale_before],
+    )?;
+    let recovery = recover_tasks(tx, found)?;
+    tx.execute(
+        "UPDATE slots SET holder = NULL
+         WHERE holder IS NOT NULL AND holder NOT IN (SELECT node FROM nodes WHERE timestamp >= ?1)
+           AND holder IN (SELECT node FROM nodes)",
+        [stale_before],
+    )
+    .map_err(db_err("recover orphans"))?;
+    Ok(recovery)
+}
+
+/// Recovers every claimed or running task of `node` and frees its slots, when a new
+/// process takes the name (it has no tasks yet; these are a dead process's).
+pub(super) fn recover_node(tx: &Transaction<'_>, node: &str) -> StoreResult<Recovery> {
+    let found = candidates(
+        tx,
+        "node = ?1 AND status IN (?2, ?3)",
+        params![node, status::CLAIMED, status::RUNNING],
+    )?;
+    let recovery = recover_tasks(tx, found)?;
+    tx.execute("UPDATE slots SET holder = NULL WHERE holder = ?1", [node])
+        .map_err(db_err("free the slots of a restarted node"))?;
+    Ok(recovery)
+}

@@ -1,0 +1,97 @@
+//! Same-name restarts, slots freed only with their tasks, and idempotent start.
+
+use super::*;
+
+on_both_stores!(
+    taking_a_dead_process_name_recovers_its_tasks_and_slots,
+    an_expired_slot_stays_held_while_its_holder_has_tasks,
+    a_slot_lease_is_revalidated_by_its_holder_only,
+    start_succeeds_again_after_a_lost_reply,
+);
+
+async fn taking_a_dead_process_name_recovers_its_tasks_and_slots(s: Stores) {
+    let q = queue(&*s.a, "restart", 1, Sort::Fifo).await;
+    let rq =
+        s.a.create_queue(NewQueue {
+            extra: doc! { "on_orphan": "requeue" },
+            ..new_queue("restart-requeue", Some(1), Sort::Fifo)
+        })
+        .await
+        .unwrap();
+    s.a.create_tasks(q.id, vec![doc! {}; 3]).await.unwrap();
+    s.a.create_tasks(rq.id, vec![doc! {}; 1]).await.unwrap();
+    let (dead, next) = (NodeProcess::this_process(), NodeProcess::this_process());
+    assert_eq!(s.a.take_node("same", &dead, stale_before()).await.unwrap(), None);
+    s.a.acquire_slot(&q, "same", LEASE).await.unwrap().expect("slot");
+    s.a.acquire_slot(&rq, "same", LEASE).await.unwrap().expect("slot");
+    let running = claim_run(&*s.a, &q, "same").await;
+    let claimed = s.a.claim(&rq, "same").await.unwrap().expect("a task").id;
+    let other = claim_run(&*s.a, &q, "other-node").await;
+
+    // The dead process's heartbeat is stale: a new process takes the name.
+    let future = DateTime::from_millis(DateTime::now().timestamp_millis() + 1000);
+    assert_eq!(s.b.take_node("same", &next, future).await.unwrap(), None);
+    let t = task(&*s.a, running).await;
+    assert_eq!(t.status, status::ORPHANED, "a running task is orphaned at once");
+    let t = task(&*s.a, claimed).await;
+    assert_eq!((t.status, t.node), (status::QUEUED, None), "on_orphan: requeue");
+    assert_eq!(
+        task(&*s.a, other).await.status,
+        status::RUNNING,
+        "other nodes' tasks stay"
+    );
+    // The slots are free at once, long before their leases would expire.
+    assert!(s.b.acquire_slot(&q, "same", LEASE).await.unwrap().is_some());
+    assert!(s.b.acquire_slot(&rq, "same", LEASE).await.unwrap().is_some());
+}
+
+async fn an_expired_slot_stays_held_while_its_holder_has_tasks(s: Stores) {
+    let short = Duration::from_millis(200);
+    let q = queue(&*s.a, "held", 1, Sort::Fifo).await;
+    s.a.create_tasks(q.id, vec![doc! {}; 2]).await.unwrap();
+    s.a.heartbeat("paused", LEASE).await.unwrap();
+    s.a.acquire_slot(&q, "paused", short).await.unwrap().expect("slot");
+    let running = claim_run(&*s.a, &q, "paused").await;
+    // Past the lease (a lease ends by time alone).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        s.b.acquire_slot(&q, "other", LEASE).await.unwrap().is_none(),
+        "the expired slot's holder still has a running task"
+    );
+    // Recovery (the holder is stale) orphans the task and frees the slot together.
+    let future = DateTime::from_millis(DateTime::now().timestamp_millis() + 1000);
+    let r = s.b.recover_orphans(ago(3_600_000), future).await.unwrap();
+    assert_eq!(r.orphaned, vec![running]);
+    assert!(s.b.acquire_slot(&q, "other", LEASE).await.unwrap().is_some());
+}
+
+async fn a_slot_lease_is_revalidated_by_its_holder_only(s: Stores) {
+    let q = queue(&*s.a, "renew", 1, Sort::Fifo).await;
+    let slot = s.a.acquire_slot(&q, "holder", LEASE).await.unwrap().expect("slot");
+    assert!(s.a.renew_slot(&slot, "holder", LEASE).await.unwrap());
+    assert!(!s.b.renew_slot(&slot, "someone-else", LEASE).await.unwrap());
+    s.a.heartbeat("holder", LEASE).await.unwrap();
+    let future = DateTime::from_millis(DateTime::now().timestamp_millis() + 1000);
+    s.b.recover_orphans(ago(3_600_000), future).await.unwrap();
+    assert!(
+        !s.a.renew_slot(&slot, "holder", LEASE).await.unwrap(),
+        "a slot freed by recovery is lost to its old holder"
+    );
+}
+
+async fn start_succeeds_again_after_a_lost_reply(s: Stores) {
+    let q = queue(&*s.a, "start-retry", 2, Sort::Fifo).await;
+    s.a.create_tasks(q.id, vec![doc! {}; 1]).await.unwrap();
+    let t = s.a.claim(&q, "me").await.unwrap().expect("a task");
+    assert!(s.a.start(t.id, "me").await.unwrap());
+    // The first reply was lost: the retry finds the task already running on this node.
+    assert!(s.a.start(t.id, "me").await.unwrap(), "start is idempotent");
+    assert_eq!(task(&*s.a, t.id).await.status, status::RUNNING);
+    assert!(!s.b.start(t.id, "another").await.unwrap(), "not another node's task");
+    let empty = OutputValue::Inline(String::new());
+    assert!(s.a.finish(t.id, "me", 1, empty.clone(), empty).await.unwrap());
+    assert!(
+        !s.a.start(t.id, "me").await.unwrap(),
+        "a finished task does not start again"
+    );
+}
