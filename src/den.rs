@@ -324,6 +324,18 @@ impl Den {
         }
     }
 
+    /// A heartbeat alone, renewing the running tasks' leases when it succeeds (used while
+    /// a shutdown waits for them).
+    async fn beat(&self) {
+        let s = &self.settings;
+        let sent = (Instant::now(), SystemTime::now());
+        let heartbeat = self.store.heartbeat(&s.node, s.heartbeat_stale).await;
+        if let Err(e) = &heartbeat {
+            debug!(error = %e, "heartbeat during shutdown failed");
+        }
+        self.renew_leases(sent, heartbeat.is_ok());
+    }
+
     /// Heartbeat (also renewing slot leases and reading `maxthreads`), the duration
     /// histograms when they changed, and orphan recovery.
     async fn housekeeping(&self) -> StoreResult<()> {

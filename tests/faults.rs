@@ -87,6 +87,7 @@ fn a_cancelled_plugin_stops_and_its_waits_end() {
 #[test]
 fn a_fifo_in_a_granted_dir_does_not_hang_runner_exec() {
     let dir = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
     mkfifo(&dir.path().join("fifo"));
     let grant = format!("{}:/in", dir.path().display());
     let started = Instant::now();
@@ -100,7 +101,7 @@ fn a_fifo_in_a_granted_dir_does_not_hang_runner_exec() {
             "--params",
             r#"{"path":"/in/fifo"}"#,
         ])
-        .env("DISBATCH_CACHE_DIR", dir.path().join("cache"))
+        .env("DISBATCH_CACHE_DIR", cache.path().join("cache"))
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&o.stderr);
@@ -222,7 +223,7 @@ async fn shutdown_stops_plugins_before_requeueing() {
     assert_eq!(d.get_i32("status").unwrap(), -2, "{d}");
     let log = den.log();
     let stopped = log.find("plugin stopped by the shutdown").expect(&log);
-    let requeued = log.find("put their tasks back").expect(&log);
+    let requeued = log.find("put unfinished tasks back").expect(&log);
     assert!(stopped < requeued, "plugins stopped before the requeue:\n{log}");
     let last = std::fs::read_to_string(&counter).unwrap();
     std::thread::sleep(Duration::from_millis(200));

@@ -11,6 +11,7 @@ use std::time::Duration;
 use bson::{doc, Bson, Document};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "open in issue 13 item 7: the DEN does not yet run a queue written as Disbatch 4 writes it"]
 async fn a_den_runs_with_perl_written_node_queue_and_tasks() {
     let t = common::test_db("perl_docs").await;
     let now_secs = bson::DateTime::now().timestamp_millis() / 1000;

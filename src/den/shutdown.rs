@@ -53,7 +53,7 @@ impl Den {
                 Ok(requeued) => warn!(
                     count = requeued.len(),
                     tasks = ?requeued,
-                    "shutdown grace period over: stopped the plugins and put their tasks back in their queue (-2)"
+                    "shutdown grace period over: stopped the plugins and put unfinished tasks back in their queue (-2)"
                 ),
                 Err(e) => {
                     error!(error = %e, tasks = ?ids, "cannot requeue unfinished tasks; they will be recovered as orphans")
@@ -67,15 +67,25 @@ impl Den {
     }
 
     /// Waits until no worker runs or until `deadline`.
+    /// Waits until no task runs or `deadline` passes, heartbeating every tick meanwhile so
+    /// the running tasks keep their leases through the grace period.
     async fn wait_idle(&self, deadline: tokio::time::Instant) {
+        let mut next_beat = tokio::time::Instant::now() + self.settings.tick;
         while self.running() > 0 {
             let notified = self.wake.notified();
             if self.running() == 0 {
                 break;
             }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
                 break;
             }
+            if now >= next_beat {
+                self.beat().await;
+                next_beat = tokio::time::Instant::now() + self.settings.tick;
+                continue;
+            }
+            let _ = tokio::time::timeout_at(deadline.min(next_beat), notified).await;
         }
     }
 }
