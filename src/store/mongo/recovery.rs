@@ -21,11 +21,7 @@ use crate::store::{Recovery, StoreResult};
 impl MongoStore {
     /// [`Store::recover_orphans`](crate::store::Store::recover_orphans).
     pub(super) async fn recover(&self, claimed_before: DateTime, stale_before: DateTime) -> StoreResult<Recovery> {
-        let err = db_err("recover orphans");
         let (fresh, stale) = self.nodes_by_freshness(stale_before).await?;
-
-        let policies = self.orphan_policies().await?;
-
         let filter = doc! { "$or": [
             { "status": status::CLAIMED, "mtime": { "$lt": claimed_before } },
             {
@@ -34,6 +30,28 @@ impl MongoStore {
                 "mtime": { "$lt": stale_before },
             },
         ]};
+        self.recover_matching("recover orphans", filter, &stale).await
+    }
+
+    /// Recovers, at once, every claimed or running task of `node` and frees its slots:
+    /// the tasks of a dead process whose name a new process just took (the new process
+    /// has none yet).
+    pub(super) async fn recover_node(&self, node: &str) -> StoreResult<Recovery> {
+        let filter = doc! { "node": node, "status": { "$in": [status::CLAIMED, status::RUNNING] } };
+        self.recover_matching("recover the tasks of a restarted node", filter, &[node.to_string()])
+            .await
+    }
+
+    /// Recovers the tasks matching `filter` (by their queue's `on_orphan` policy), then
+    /// frees the slots held by `holders`: slots are freed only after their tasks.
+    async fn recover_matching(
+        &self,
+        what: &'static str,
+        filter: Document,
+        holders: &[String],
+    ) -> StoreResult<Recovery> {
+        let err = db_err(what);
+        let policies = self.orphan_policies().await?;
         let candidates: Vec<Document> = self
             .tasks
             .find(filter)
@@ -43,29 +61,8 @@ impl MongoStore {
             .try_collect()
             .await
             .map_err(&err)?;
-
         let recovery = self.recover_candidates(candidates, &policies).await?;
-        self.free_slots_of(&stale).await?;
-        Ok(recovery)
-    }
-
-    /// Recovers, at once, every claimed or running task of `node` and frees its slots:
-    /// the tasks of a dead process whose name a new process just took (the new process
-    /// has none yet).
-    pub(super) async fn recover_node(&self, node: &str) -> StoreResult<Recovery> {
-        let err = db_err("recover the tasks of a restarted node");
-        let policies = self.orphan_policies().await?;
-        let candidates: Vec<Document> = self
-            .tasks
-            .find(doc! { "node": node, "status": { "$in": [status::CLAIMED, status::RUNNING] } })
-            .projection(doc! { "queue": 1, "status": 1, "node": 1, "mtime": 1 })
-            .await
-            .map_err(&err)?
-            .try_collect()
-            .await
-            .map_err(&err)?;
-        let recovery = self.recover_candidates(candidates, &policies).await?;
-        self.free_slots_of(&[node.to_string()]).await?;
+        self.free_slots_of(holders).await?;
         Ok(recovery)
     }
 
