@@ -295,6 +295,7 @@ impl Bench {
             sandbox: Sandbox::default(),
             tick: Duration::from_secs(1),
             max_instances: 256,
+            protected: Vec::new(),
         };
         let den = Den::new(
             Arc::new(MongoStore::from_database(db.clone())),

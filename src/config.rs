@@ -91,7 +91,17 @@ const KNOWN_KEYS: [&str; 21] = [
 ];
 
 /// Keys of the `sandbox` object.
-const SANDBOX_KEYS: [&str; 6] = ["timeout", "memory_mib", "output_cap_mib", "dirs", "env", "network"];
+const SANDBOX_KEYS: [&str; 9] = [
+    "timeout",
+    "memory_mib",
+    "output_cap_mib",
+    "dirs",
+    "env",
+    "network",
+    "network_allow",
+    "write_quota_mib",
+    "file_quota",
+];
 /// Keys of the `balance` object.
 const BALANCE_KEYS: [&str; 4] = ["enabled", "log", "verbose", "pretend"];
 /// TLS keys of the `attributes` object.
@@ -914,6 +924,8 @@ impl<'a> Parser<'a> {
             match k.as_str() {
                 "timeout" => s.timeout = self.timeout(&key, v)?,
                 "memory_mib" => s.memory = self.integer(&key, v, 1, MAX_MEMORY >> 20)? << 20,
+                "write_quota_mib" => s.write_quota = self.integer(&key, v, 0, u64::MAX >> 20)? << 20,
+                "file_quota" => s.file_quota = self.integer(&key, v, 0, u64::MAX)?,
                 "output_cap_mib" => {
                     let mib = self.integer(&key, v, 0, MAX_OUTPUT_CAP_MIB)?;
                     s.output_cap = usize::try_from(mib << 20).map_err(|_| self.invalid(&key, "is too large"))?;
@@ -959,6 +971,22 @@ impl<'a> Parser<'a> {
                     }
                 }
                 "network" => s.network = self.opt_bool(&key, Some(v))?.unwrap_or(false),
+                "network_allow" => {
+                    let Value::Array(items) = v else {
+                        return Err(self.invalid(
+                            &key,
+                            format!("must be a list of CIDRs or addresses, got {}", describe(v)),
+                        ));
+                    };
+                    for item in items {
+                        let net = item
+                            .as_str()
+                            .ok_or_else(|| format!("must be a string like \"10.0.0.0/8\", got {}", describe(item)))
+                            .and_then(crate::runner::parse_network_allow)
+                            .map_err(|e| self.invalid(&key, e))?;
+                        s.network_allow.push(net);
+                    }
+                }
                 _ => {
                     return Err(self.invalid(
                         &key,

@@ -100,6 +100,9 @@ pub struct DenSettings {
     pub tick: Duration,
     /// Most tasks this process runs at once, whatever `maxthreads` says (the sandbox pool).
     pub max_instances: u32,
+    /// Host files no queue's grant may reach, besides the component cache and the plugin
+    /// directory: the config file and the embedded database, when there are ones.
+    pub protected: Vec<PathBuf>,
 }
 
 impl DenSettings {
@@ -118,6 +121,7 @@ impl DenSettings {
             sandbox: config.sandbox.clone(),
             tick: DEFAULT_TICK,
             max_instances: config.max_instances,
+            protected: Vec::new(),
         }
     }
 }

@@ -74,6 +74,12 @@ pub struct StoreArgs {
 }
 
 impl StoreArgs {
+    /// The host files these flags name, which no plugin may be granted: the config file
+    /// and the embedded database.
+    pub fn host_files(&self) -> Vec<PathBuf> {
+        self.config.iter().chain(self.embedded.iter()).cloned().collect()
+    }
+
     /// The config these flags give: the `--config` file (the environment overrides
     /// applied), or with `--embedded` and no file the defaults; then `--plugin-dir` over
     /// `plugin_dir`; without a config file the allowed plugins are the `*.wasm` files of
@@ -214,14 +220,17 @@ fn check_store_file(path: &Path) -> Result<(), StartError> {
 }
 
 /// A DEN on `store` with the settings of `config` and a sandbox sized by its
-/// `max_instances` and `cache_dir`.
-pub fn den(config: &Config, store: Arc<dyn Store>) -> Result<Arc<Den>, StartError> {
+/// `max_instances` and `cache_dir`; no queue's grant may reach the `protected` host files
+/// (see [`StoreArgs::host_files`]).
+pub fn den(config: &Config, store: Arc<dyn Store>, protected: &[PathBuf]) -> Result<Arc<Den>, StartError> {
     let runner = Runner::new(&EngineOptions {
         cache_dir: config.cache_dir.clone().or_else(crate::runner::default_cache_dir),
         max_instances: config.max_instances,
     })
     .map_err(|e| StartError::Failed(e.to_string()))?;
-    Ok(Den::new(store, runner, DenSettings::from_config(config)))
+    let mut settings = DenSettings::from_config(config);
+    settings.protected = protected.to_vec();
+    Ok(Den::new(store, runner, settings))
 }
 
 /// Runs `den` until `shutdown` is cancelled, then shuts it down gracefully.

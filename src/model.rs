@@ -126,9 +126,18 @@ pub struct QueueSandbox {
     /// Environment variables given to the plugin.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub env: std::collections::BTreeMap<String, String>,
-    /// Whether the plugin may use the network.
+    /// Whether the plugin may use the network (internal addresses stay refused).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub network: bool,
+    /// Bytes (in MiB) a task may write into its writable grants.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write_quota_mib: Option<u64>,
+    /// Files and directories a task may create in its writable grants.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file_quota: Option<u64>,
+    /// Internal ranges (CIDRs or addresses) the plugin may reach anyway, e.g. "10.0.0.0/8".
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub network_allow: Vec<String>,
 }
 
 impl QueueSandbox {
@@ -151,7 +160,17 @@ impl QueueSandbox {
             s.dirs.push(d.parse().map_err(|e| format!("sandbox.dirs: {e}"))?);
         }
         s.env.extend(self.env.clone());
+        if let Some(q) = self.write_quota_mib {
+            s.write_quota = q.checked_mul(1 << 20).ok_or("sandbox.write_quota_mib is too large")?;
+        }
+        if let Some(f) = self.file_quota {
+            s.file_quota = f;
+        }
         s.network |= self.network;
+        for a in &self.network_allow {
+            let net = crate::runner::parse_network_allow(a).map_err(|e| format!("sandbox.network_allow: {e}"))?;
+            s.network_allow.push(net);
+        }
         s.validate().map_err(|e| format!("sandbox: {e}"))?;
         Ok(s)
     }

@@ -12,11 +12,14 @@ mod bindings;
 mod cache;
 mod clock;
 mod control;
+mod egress;
 mod engine;
 mod limits;
 mod outcome;
 mod output;
+mod quota;
 mod sandbox;
+mod shape;
 mod special;
 
 use std::collections::HashMap;
@@ -30,12 +33,15 @@ use wasmtime_wasi::{I32Exit, WasiCtx, WasiCtxView, WasiView};
 
 pub use cache::{default_key_path, grant_conflict, protected_paths};
 pub use control::{RunControl, StopReason};
+pub use egress::{is_internal, parse_allow as parse_network_allow};
 pub use engine::{default_cache_dir, EngineOptions, EPOCH_TICK};
 use limits::{Slots, TaskLimiter};
 pub use limits::{MAX_CORE_INSTANCES_PER_TASK, MAX_MEMORIES_PER_TASK, MAX_TABLES_PER_TASK, TABLE_ELEMENT_BYTES};
 pub use outcome::{Failure, Outcome, Progress, FAILED, SUCCEEDED};
-pub use output::{human_bytes, truncation_marker, Captured};
+pub use output::{escape_controls, human_bytes, truncation_marker, Captured, PLUGIN_LINE_PREFIX};
+pub use quota::{DEFAULT_FILE_QUOTA, DEFAULT_WRITE_QUOTA};
 pub use sandbox::{DirGrant, Sandbox, DEFAULT_MEMORY, DEFAULT_OUTPUT_CAP, DEFAULT_TIMEOUT, MAX_MEMORY};
+pub use shape::{Shape, MAX_COMPONENT_BYTES, MAX_TOTAL_LOCALS};
 
 use bindings::{disbatch::plugin::host, PluginPre};
 use output::CappedOutput;
@@ -44,6 +50,9 @@ use output::CappedOutput;
 pub const MAX_PROGRESS: usize = 100;
 /// Longest progress message kept, in bytes.
 pub const MAX_PROGRESS_INFO: usize = 1024;
+/// Longest failure message kept (a plugin's `err(message)`, a trap's description), in
+/// bytes; the rest is dropped and the drop stated.
+pub const MAX_MESSAGE: usize = 4096;
 
 /// Failures of the host side of the runner (never caused by a task's params).
 #[derive(Debug, thiserror::Error)]
@@ -124,6 +133,8 @@ struct TaskState {
     wasi: WasiCtx,
     table: ResourceTable,
     limiter: TaskLimiter,
+    /// What the task may still write into its grants.
+    quota: Arc<quota::WriteQuota>,
     started: Instant,
     /// Base of the guest's monotonic clock.
     clock_base: Instant,
@@ -237,6 +248,12 @@ impl Runner {
         })
     }
 
+    /// The host paths this runner trusts, which no sandbox grant may reach: the component
+    /// cache and its key's directory (see [`Sandbox::check_grants`]).
+    pub fn protected_paths(&self) -> Vec<PathBuf> {
+        protected_paths(self.inner.cache_dir.as_deref())
+    }
+
     /// Loads the plugin at `path`, reusing the loaded copy while the file is unchanged.
     pub fn load(&self, path: &Path) -> Result<Arc<Plugin>, RunnerError> {
         let io = |source| RunnerError::Io {
@@ -252,6 +269,15 @@ impl Runner {
             if *s == stamp {
                 return Ok(p.clone());
             }
+        }
+        if meta.len() > MAX_COMPONENT_BYTES as u64 {
+            return Err(RunnerError::InvalidComponent {
+                path: path.to_owned(),
+                reason: format!(
+                    "the component is {} bytes, over the limit of {MAX_COMPONENT_BYTES} bytes (256 MiB) the host compiles (retrying cannot help)",
+                    meta.len()
+                ),
+            });
         }
         let bytes = std::fs::read(path).map_err(io)?;
         let plugin = Arc::new(self.load_bytes(&bytes, path)?);
@@ -271,10 +297,11 @@ impl Runner {
             reason,
         };
         check_header(bytes).map_err(invalid)?;
+        shape::check(bytes).map_err(invalid)?;
         let hash = cache::content_hash(bytes);
         let (component, from_cache) =
             cache::compile_cached(&self.inner.engine, bytes, &hash, self.inner.cache_dir.as_deref())
-                .map_err(|e| invalid(format!("not a valid component: {e}")))?;
+                .map_err(|e| invalid(format!("not a valid component: {}", trap_message(&e))))?;
         let instance_pre = self
             .inner
             .linker
@@ -317,6 +344,7 @@ impl Runner {
                 wasi,
                 table: ResourceTable::new(),
                 limiter: TaskLimiter::new(sandbox.memory),
+                quota: quota::WriteQuota::new(sandbox.write_quota, sandbox.file_quota),
                 started,
                 clock_base: started,
                 deadline: started + sandbox.timeout,
@@ -394,20 +422,31 @@ fn classify(
         Ok(Err(msg)) if refused_memory => (
             FAILED,
             Some(Failure::Plugin(format!(
-                "{msg} (its memory limit of {} was reached)",
+                "{} (its memory limit of {} was reached)",
+                bounded_message(&msg),
                 human_bytes(sandbox.memory)
             ))),
         ),
-        Ok(Err(msg)) => (FAILED, Some(Failure::Plugin(msg))),
+        Ok(Err(msg)) => (FAILED, Some(Failure::Plugin(bounded_message(&msg)))),
         Err(e) => {
-            let failure = if e.downcast_ref::<Trap>() == Some(&Trap::Interrupt) {
+            let trap = e.downcast_ref::<Trap>();
+            let failure = if trap == Some(&Trap::Interrupt) {
                 Failure::Timeout(sandbox.timeout)
             } else if let Some(msg) = limits::cap_message(&e) {
                 Failure::Trap(msg)
-            } else if refused_memory {
-                memory()
             } else if let Some(exit) = e.downcast_ref::<I32Exit>() {
                 Failure::Trap(format!("plugin called exit({}) instead of returning a status", exit.0))
+            } else if refused_memory && matches!(trap, None | Some(Trap::UnreachableCodeReached)) {
+                // An instantiation refused its memory, or an allocator that could not grow
+                // aborted with `unreachable`: that is the memory limit. Any other trap is
+                // reported as itself.
+                memory()
+            } else if refused_memory {
+                Failure::Trap(format!(
+                    "{} (earlier, a memory growth past the limit of {} was refused)",
+                    trap_message(&e),
+                    human_bytes(sandbox.memory)
+                ))
             } else {
                 Failure::Trap(trap_message(&e))
             };
@@ -416,12 +455,47 @@ fn classify(
     }
 }
 
-/// The trap's one-line description, without wasm backtraces.
+/// What went wrong, cause included, on one line: every message of the error's chain but
+/// wasm backtraces, joined by ": ", bounded to [`MAX_MESSAGE`].
 fn trap_message(e: &wasmtime::Error) -> String {
-    match e.downcast_ref::<Trap>() {
-        Some(trap) => trap.to_string(),
-        None => e.to_string().lines().next().unwrap_or("unknown error").to_owned(),
+    let parts: Vec<String> = e
+        .chain()
+        .map(|c| c.to_string())
+        .filter(|m| !m.starts_with("error while executing at wasm backtrace"))
+        .map(|m| m.lines().next().unwrap_or_default().trim().to_owned())
+        .filter(|m| !m.is_empty())
+        .collect();
+    let mut joined = String::new();
+    for p in parts {
+        // A context often repeats its cause: keep each message once.
+        if !joined.contains(&p) {
+            if !joined.is_empty() {
+                joined.push_str(": ");
+            }
+            joined.push_str(&p);
+        }
     }
+    if joined.is_empty() {
+        joined = "unknown error".into();
+    }
+    bounded_message(&joined)
+}
+
+/// `msg` cut to [`MAX_MESSAGE`] bytes on a character boundary, saying how much was dropped.
+fn bounded_message(msg: &str) -> String {
+    if msg.len() <= MAX_MESSAGE {
+        return msg.to_owned();
+    }
+    let mut end = MAX_MESSAGE;
+    while !msg.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!(
+        "{}… [message cut at {} bytes; {} more bytes were dropped]",
+        &msg[..end],
+        MAX_MESSAGE,
+        msg.len() - end
+    )
 }
 
 #[cfg(test)]

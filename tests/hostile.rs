@@ -68,6 +68,7 @@ impl Fixture {
             },
             tick: Duration::from_millis(100),
             max_instances: 32,
+            protected: Vec::new(),
         };
         let den = Den::new(Arc::new(t.store.clone()), common::shared_runner(), settings);
         let shutdown = CancellationToken::new();
@@ -588,4 +589,29 @@ async fn tasks_with_held_or_odd_statuses_are_left_alone() {
         "-2",
         "a string status is not the spec's -2"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_queue_granting_the_plugin_directory_is_refused_and_says_why() {
+    let f = Fixture::start("grant_plugins", &[], &[]).await;
+    let grant = format!("{}:/plugins:rw", f.plugin_dir().display());
+    let q = f
+        .queue("overreach", "demo", doc! {"threads": 1, "sandbox": {"dirs": [grant]}})
+        .await;
+    let id = f.task(q, doc! {}).await;
+    f.stays_queued(id).await;
+    let problem = f.problem_of(q).await;
+    assert!(problem.contains("protected host path"), "{problem}");
+    assert!(problem.contains(&f.plugin_dir().display().to_string()), "{problem}");
+    // A grant beside it is fine.
+    let other = tempfile::tempdir().unwrap();
+    let q = f
+        .queue(
+            "beside",
+            "demo",
+            doc! {"threads": 1, "sandbox": {"dirs": [other.path().display().to_string()]}},
+        )
+        .await;
+    let id = f.task(q, doc! {}).await;
+    assert_eq!(f.finished(id).await.get_i32("status").unwrap(), 1);
 }

@@ -190,6 +190,12 @@ fn check_sandbox(s: &QueueSandbox) -> Result<(), ApiError> {
         d.parse::<DirGrant>()
             .map_err(|e| bad(&format!("dirs[{i}]"), format!("is not a grant: {e}")))?;
     }
+    for (i, a) in s.network_allow.iter().enumerate() {
+        crate::runner::parse_network_allow(a).map_err(|e| bad(&format!("network_allow[{i}]"), e))?;
+    }
+    if s.write_quota_mib.is_some_and(|q| q.checked_mul(1 << 20).is_none()) {
+        return Err(bad("write_quota_mib", "is too large".into()));
+    }
     Ok(())
 }
 

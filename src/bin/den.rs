@@ -70,7 +70,7 @@ fn den_main() -> i32 {
 async fn run(args: &StoreArgs, config: Config) -> Result<(), StartError> {
     let store = launch::open_store(&config, args.embedded.as_deref(), "disbatchd").await?;
     tracing::info!(store = %store.description, node = %config.node, "store ready");
-    let den = launch::den(&config, store.store)?;
+    let den = launch::den(&config, store.store, &args.host_files())?;
     let shutdown = CancellationToken::new();
     tokio::spawn(launch::signals(shutdown.clone()));
     launch::run_den(den, shutdown).await

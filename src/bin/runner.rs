@@ -64,18 +64,32 @@ struct ExecArgs {
     /// Grant a host directory: HOST, HOST:GUEST or HOST:GUEST:rw (read-only unless :rw). Repeatable.
     #[arg(long = "dir", value_name = "HOST[:GUEST][:rw]")]
     dirs: Vec<DirGrant>,
+    /// Bytes the plugin may write into its writable grants, in MiB.
+    #[arg(long, value_name = "MIB", default_value_t = disbatch::runner::DEFAULT_WRITE_QUOTA >> 20)]
+    write_quota: u64,
+    /// Files and directories the plugin may create in its writable grants.
+    #[arg(long, value_name = "N", default_value_t = disbatch::runner::DEFAULT_FILE_QUOTA)]
+    file_quota: u64,
     /// Set an environment variable (K=V), or pass one through from this process (K). Repeatable.
     #[arg(long = "env", value_name = "K=V|K")]
     env: Vec<String>,
-    /// Allow TCP/UDP sockets and name lookups.
+    /// Allow TCP/UDP sockets and name lookups (loopback, private and link-local addresses stay refused).
     #[arg(long)]
     network: bool,
+    /// With --network, also allow this internal range (CIDR or address). Repeatable.
+    #[arg(long = "network-allow", value_name = "CIDR", value_parser = disbatch::runner::parse_network_allow, requires = "network")]
+    network_allow: Vec<ipnet::IpNet>,
     /// Print one JSON object {status, stdout, stderr, duration_ms, error} instead of the streams.
     #[arg(long)]
     json: bool,
     /// Do not use the on-disk cache of compiled components.
     #[arg(long)]
     no_cache: bool,
+    /// Size of the instance pool, as the DEN's `max_instances` (lower it under a tight
+    /// address-space limit such as `ulimit -v`).
+    #[arg(long, value_name = "N", default_value_t = disbatch::config::DEFAULT_MAX_INSTANCES,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(disbatch::config::MAX_INSTANCES)))]
+    max_instances: u32,
 }
 
 fn main() {
@@ -140,23 +154,29 @@ fn sandbox(args: &ExecArgs) -> anyhow::Result<Sandbox> {
         dirs: args.dirs.clone(),
         env,
         network: args.network,
+        network_allow: args.network_allow.clone(),
+        write_quota: args
+            .write_quota
+            .checked_mul(1 << 20)
+            .context("--write-quota is too large")?,
+        file_quota: args.file_quota,
     };
     s.validate().map_err(anyhow::Error::msg)?;
-    let cache = engine_options(args.no_cache).cache_dir;
+    let cache = engine_options(args.no_cache, args.max_instances).cache_dir;
     let protected = disbatch::runner::protected_paths(cache.as_deref());
     s.check_grants(&protected).map_err(anyhow::Error::msg)?;
     Ok(s)
 }
 
-fn engine_options(no_cache: bool) -> EngineOptions {
+fn engine_options(no_cache: bool, max_instances: u32) -> EngineOptions {
     EngineOptions {
         cache_dir: if no_cache {
             None
         } else {
             disbatch::runner::default_cache_dir()
         },
-        // Exactly the DEN's engine: same pool sizing default, same limits.
-        max_instances: disbatch::config::DEFAULT_MAX_INSTANCES,
+        // Exactly the DEN's engine: same pool sizing, same limits.
+        max_instances,
     }
 }
 
@@ -166,14 +186,17 @@ fn exec(args: ExecArgs) -> anyhow::Result<u8> {
     if !args.plugin.is_file() {
         bail!("plugin file {} does not exist", args.plugin.display());
     }
-    let runner = Runner::new(&engine_options(args.no_cache))?;
+    let runner = Runner::new(&engine_options(args.no_cache, args.max_instances))?;
     let plugin = runner.load(&args.plugin)?;
+    let printer = Arc::new(ProgressPrinter::default());
     let sink: Option<ProgressSink> = if args.json {
         None
     } else {
-        Some(Arc::new(|p: &Progress| eprintln!("{p}")))
+        let printer = printer.clone();
+        Some(Arc::new(move |p: &Progress| printer.print(p)))
     };
     let outcome = run_bounded(runner, plugin, params, sandbox, sink);
+    printer.finish();
     if args.json {
         print_json(&outcome)?;
     } else {
@@ -212,12 +235,83 @@ fn run_bounded(
     }
 }
 
+/// Least time between two printed progress reports.
+const PROGRESS_EVERY: Duration = Duration::from_millis(100);
+
+/// Prints progress reports to stderr, one line each with control characters escaped, at
+/// most one per [`PROGRESS_EVERY`]: a plugin reporting in a tight loop cannot flood the
+/// terminal. A printed line says how many reports were not shown since the last one, and
+/// the last report is always printed (by [`ProgressPrinter::finish`] if it was held back).
+#[derive(Default)]
+struct ProgressPrinter {
+    state: std::sync::Mutex<PrinterState>,
+}
+
+#[derive(Default)]
+struct PrinterState {
+    last: Option<std::time::Instant>,
+    /// Reports not shown since the last printed one.
+    skipped: u64,
+    /// The latest report not shown.
+    held: Option<Progress>,
+}
+
+impl PrinterState {
+    /// Prints `p`, saying that `not_shown` reports before it were not printed.
+    fn emit(&mut self, p: &Progress, not_shown: u64) {
+        let line = disbatch::runner::escape_controls(&p.to_string()).replace('\n', "\\n");
+        if not_shown > 0 {
+            eprintln!("{line} ({not_shown} reports not shown)");
+        } else {
+            eprintln!("{line}");
+        }
+        self.last = Some(std::time::Instant::now());
+        self.skipped = 0;
+        self.held = None;
+    }
+}
+
+impl ProgressPrinter {
+    fn print(&self, p: &Progress) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if state.last.is_some_and(|t| t.elapsed() < PROGRESS_EVERY) {
+            state.skipped += 1;
+            state.held = Some(p.clone());
+            return;
+        }
+        let not_shown = state.skipped;
+        state.emit(p, not_shown);
+    }
+
+    /// Prints the last report if it was held back.
+    fn finish(&self) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = state.held.take() {
+            let not_shown = state.skipped - 1;
+            state.emit(&p, not_shown);
+        }
+    }
+}
+
+/// Writes a plugin's bytes: as they are to a file or pipe, with control characters
+/// escaped to a terminal (a plugin must not drive the user's terminal).
+fn write_plugin_bytes(w: &mut impl Write, bytes: &[u8], terminal: bool) -> std::io::Result<()> {
+    if terminal {
+        w.write_all(disbatch::runner::escape_controls(&String::from_utf8_lossy(bytes)).as_bytes())
+    } else {
+        w.write_all(bytes)
+    }
+}
+
 fn print_streams(outcome: &Outcome) -> anyhow::Result<()> {
+    use std::io::IsTerminal;
     let mut out = std::io::stdout().lock();
-    out.write_all(&outcome.stdout.bytes)?;
+    let out_tty = out.is_terminal();
+    write_plugin_bytes(&mut out, &outcome.stdout.bytes, out_tty)?;
     out.flush()?;
     let mut err = std::io::stderr().lock();
-    err.write_all(&outcome.stderr.bytes)?;
+    let err_tty = err.is_terminal();
+    write_plugin_bytes(&mut err, &outcome.stderr.bytes, err_tty)?;
     for (name, c) in [("stdout", &outcome.stdout), ("stderr", &outcome.stderr)] {
         if c.truncated() {
             write!(
@@ -228,6 +322,12 @@ fn print_streams(outcome: &Outcome) -> anyhow::Result<()> {
         }
     }
     if let Some(f) = &outcome.failure {
+        let f = f.to_string();
+        let f = if err_tty {
+            disbatch::runner::escape_controls(&f)
+        } else {
+            f
+        };
         writeln!(err, "runner: {f}")?;
     } else if outcome.status != disbatch::runner::SUCCEEDED {
         writeln!(err, "runner: plugin finished with status {}", outcome.status)?;
@@ -248,6 +348,7 @@ fn print_json(outcome: &Outcome) -> anyhow::Result<()> {
         "stderr": stderr,
         "duration_ms": outcome.duration.as_secs_f64() * 1000.0,
         "error": outcome.failure.as_ref().map(|f| f.to_string()),
+        "notes": outcome.notes(),
         "failure": outcome.failure.as_ref().map(|f| f.kind()),
         "stdout_truncated": outcome.stdout.truncated(),
         "stderr_truncated": outcome.stderr.truncated(),
@@ -272,7 +373,7 @@ fn exit_code(outcome: &Outcome) -> u8 {
 }
 
 fn check(path: &std::path::Path) -> anyhow::Result<u8> {
-    let runner = Runner::new(&engine_options(false))?;
+    let runner = Runner::new(&engine_options(false, disbatch::config::DEFAULT_MAX_INSTANCES))?;
     let plugin = runner.load(path)?;
     println!("{}: ok (sha256 {})", path.display(), plugin.hash());
     Ok(exit::SUCCEEDED)

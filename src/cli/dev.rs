@@ -67,7 +67,8 @@ pub async fn run(args: &DevArgs, shutdown: CancellationToken) -> Result<(), CliE
     let embedded = args.mongodb.is_none().then_some(args.db.as_path());
     let store = launch::open_store(&config, embedded, "disbatchd").await?;
     let demo = ensure_demo_queue(&*store.store, &config.plugins).await?;
-    let den = launch::den(&config, store.store.clone())?;
+    let protected: Vec<_> = embedded.map(Path::to_owned).into_iter().collect();
+    let den = launch::den(&config, store.store.clone(), &protected)?;
     let (listener, addr) = launch::listen(args.bind.as_deref().unwrap_or(&config.bind)).await?;
     let url = format!("http://{addr}");
     let try_line = if demo {

@@ -35,6 +35,8 @@ pub(crate) struct Queues {
     active: Vec<ObjectId>,
     ignore: Vec<ObjectId>,
     defaults: Sandbox,
+    /// Host paths beyond the runner's own that no grant may reach.
+    protected: Vec<PathBuf>,
     current: Mutex<HashMap<ObjectId, Arc<QueueState>>>,
     skipped: Mutex<HashMap<ObjectId, String>>,
 }
@@ -47,6 +49,9 @@ impl Queues {
             active: s.active_queues.clone(),
             ignore: s.ignore_queues.clone(),
             defaults: s.sandbox.clone(),
+            protected: std::iter::once(s.plugin_dir.clone())
+                .chain(s.protected.iter().cloned())
+                .collect(),
             current: Mutex::new(HashMap::new()),
             skipped: Mutex::new(HashMap::new()),
         }
@@ -125,6 +130,9 @@ impl Queues {
         }
         let path = self.plugin_path(&queue.plugin)?;
         let sandbox = queue.sandbox.resolve(&self.defaults)?;
+        let mut protected = runner.protected_paths();
+        protected.extend(self.protected.iter().cloned());
+        sandbox.check_grants(&protected)?;
         let runner = runner.clone();
         let plugin = tokio::task::spawn_blocking(move || runner.load(&path))
             .await

@@ -138,29 +138,38 @@ impl Outcome {
         self.failure.is_none() && self.status == SUCCEEDED
     }
 
+    /// The host's notes on this run, each one line without brackets: what was replaced or
+    /// dropped of the output and, last, why the task failed. They are the host's alone:
+    /// [`Outcome::output_texts`] appends them to stderr as `[disbatch: …]` lines, and marks
+    /// any plugin line starting that way as the plugin's.
+    pub fn notes(&self) -> Vec<String> {
+        let mut notes = Vec::new();
+        for (name, c) in [("stdout", &self.stdout), ("stderr", &self.stderr)] {
+            if std::str::from_utf8(&c.bytes).is_err() {
+                notes.push(format!("invalid UTF-8 in {name} was replaced with U+FFFD"));
+            }
+        }
+        if let Some(f) = &self.failure {
+            notes.push(f.to_string());
+        }
+        notes
+    }
+
     /// The task's stdout and stderr as text, the way they are stored with the task.
     ///
     /// Each stream ends with a truncation marker when output was dropped. stderr then gets
-    /// a note for every stream whose invalid UTF-8 was replaced, and finally the failure
-    /// reason, so every failure explains itself.
+    /// the host's [notes](Outcome::notes), one `[disbatch: …]` line each, so every failure
+    /// explains itself.
     pub fn output_texts(&self) -> (String, String) {
-        let (stdout, stdout_replaced) = self.stdout.to_text();
-        let (mut stderr, stderr_replaced) = self.stderr.to_text();
-        let mut note = |line: &str| {
+        let (stdout, _) = self.stdout.to_text();
+        let (mut stderr, _) = self.stderr.to_text();
+        for note in self.notes() {
             if !stderr.is_empty() && !stderr.ends_with('\n') {
                 stderr.push('\n');
             }
-            stderr.push_str(line);
-            stderr.push('\n');
-        };
-        if stdout_replaced {
-            note("[disbatch: invalid UTF-8 in stdout was replaced with U+FFFD]");
-        }
-        if stderr_replaced {
-            note("[disbatch: invalid UTF-8 in stderr was replaced with U+FFFD]");
-        }
-        if let Some(f) = &self.failure {
-            note(&format!("[disbatch: {f}]"));
+            stderr.push_str("[disbatch: ");
+            stderr.push_str(&note);
+            stderr.push_str("]\n");
         }
         (stdout, stderr)
     }

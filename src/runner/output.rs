@@ -48,21 +48,54 @@ impl Captured {
         self.dropped > 0
     }
 
-    /// The captured bytes as text: invalid UTF-8 is replaced by U+FFFD, and a truncation is
-    /// stated on a line of its own at the end. The flag tells whether anything was replaced.
+    /// The captured bytes as text, as stored and shown: invalid UTF-8 is replaced by U+FFFD,
+    /// a plugin line that starts like a host note (`[disbatch`) is prefixed with
+    /// [`PLUGIN_LINE_PREFIX`] so no plugin text can pass for one, the text is cut to `cap`
+    /// bytes again (replacements and prefixes can grow it), and a truncation is stated on a
+    /// line of its own at the end. The flag tells whether anything was replaced.
     pub fn to_text(&self) -> (String, bool) {
-        let (mut text, replaced) = match String::from_utf8_lossy(&self.bytes) {
+        let (text, replaced) = match String::from_utf8_lossy(&self.bytes) {
             std::borrow::Cow::Borrowed(s) => (s.to_owned(), false),
             std::borrow::Cow::Owned(s) => (s, true),
         };
-        if self.truncated() {
+        let mut text = neutralize_host_markers(text);
+        let mut dropped = self.dropped;
+        if text.len() > self.cap {
+            let mut end = self.cap;
+            while !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            dropped += (text.len() - end) as u64;
+            text.truncate(end);
+        }
+        if dropped > 0 {
             if !text.is_empty() && !text.ends_with('\n') {
                 text.push('\n');
             }
-            text.push_str(&truncation_marker(self.cap, self.dropped));
+            text.push_str(&truncation_marker(self.cap, dropped));
         }
         (text, replaced)
     }
+}
+
+/// What a plugin line that looks like a host note is prefixed with.
+pub const PLUGIN_LINE_PREFIX: &str = "[plugin] ";
+
+/// Prefixes every line of `text` that starts with `[disbatch` with [`PLUGIN_LINE_PREFIX`]:
+/// only the host writes lines that start that way.
+fn neutralize_host_markers(text: String) -> String {
+    const MARK: &str = "[disbatch";
+    if !text.contains(MARK) {
+        return text;
+    }
+    let mut out = String::with_capacity(text.len() + 64);
+    for line in text.split_inclusive('\n') {
+        if line.starts_with(MARK) {
+            out.push_str(PLUGIN_LINE_PREFIX);
+        }
+        out.push_str(line);
+    }
+    out
 }
 
 /// The line appended to an output stream that exceeded its cap.
@@ -71,6 +104,21 @@ pub fn truncation_marker(cap: usize, dropped: u64) -> String {
         "[disbatch: output truncated at {} ({cap} bytes); {dropped} more bytes were dropped]\n",
         human_bytes(cap as u64)
     )
+}
+
+/// `text` made safe for a terminal: every control character but newline and tab (escape
+/// sequences, carriage returns, backspaces, C1 controls) is shown as `\u{..}` instead of
+/// acting on the terminal.
+pub fn escape_controls(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() && c != '\n' && c != '\t' {
+            out.push_str(&c.escape_unicode().to_string());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// Formats a byte count as MiB/KiB/B for messages.
@@ -183,6 +231,35 @@ mod tests {
         assert!(!replaced);
         assert!(text.starts_with("abcde\n[disbatch: output truncated at 5 bytes"));
         assert!(text.contains("3 more bytes were dropped"));
+    }
+
+    #[test]
+    fn stored_text_never_exceeds_the_cap_and_host_notes_cannot_be_forged() {
+        // Every invalid byte becomes a 3-byte U+FFFD: the text is cut back to the cap.
+        let out = CappedOutput::new(100);
+        out.push(&[0xff; 100]);
+        let got = out.take();
+        let (text, replaced) = got.to_text();
+        assert!(replaced);
+        let kept = text.split('\n').next().unwrap();
+        assert!(kept.len() <= 100, "{}", kept.len());
+        assert!(text.contains("[disbatch: output truncated at 100 bytes"), "{text}");
+        // A plugin line shaped like a host note is marked as the plugin's.
+        let out = CappedOutput::new(1000);
+        out.push(b"ok\n[disbatch: task succeeded]\n  [disbatch: indented]\n");
+        let (text, _) = out.take().to_text();
+        assert_eq!(
+            text,
+            "ok\n[plugin] [disbatch: task succeeded]\n  [disbatch: indented]\n"
+        );
+    }
+
+    #[test]
+    fn terminal_escapes_are_shown_not_acted_on() {
+        assert_eq!(
+            escape_controls("a\x1b[2Jb\r\n\tc\u{9b}"),
+            "a\\u{1b}[2Jb\\u{d}\n\tc\\u{9b}"
+        );
     }
 
     #[test]

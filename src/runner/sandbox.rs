@@ -94,8 +94,15 @@ pub struct Sandbox {
     pub dirs: Vec<DirGrant>,
     /// Environment variables the plugin sees (nothing is inherited implicitly).
     pub env: BTreeMap<String, String>,
-    /// Whether the plugin may open TCP/UDP sockets and resolve names.
+    /// Whether the plugin may open TCP/UDP sockets and resolve names. Internal addresses
+    /// (loopback, private, link-local…) stay refused unless listed in `network_allow`.
     pub network: bool,
+    /// Internal ranges a plugin with `network` may reach anyway (see [`super::egress`]).
+    pub network_allow: Vec<ipnet::IpNet>,
+    /// Bytes the task may write into its writable grants (see [`super::quota`]).
+    pub write_quota: u64,
+    /// Files and directories the task may create in its writable grants.
+    pub file_quota: u64,
 }
 
 impl Default for Sandbox {
@@ -107,6 +114,9 @@ impl Default for Sandbox {
             dirs: Vec::new(),
             env: BTreeMap::new(),
             network: false,
+            network_allow: Vec::new(),
+            write_quota: super::quota::DEFAULT_WRITE_QUOTA,
+            file_quota: super::quota::DEFAULT_FILE_QUOTA,
         }
     }
 }
@@ -179,7 +189,7 @@ impl Sandbox {
                 .map_err(|e| format!("cannot open granted directory {}: {e}", d.host.display()))?;
         }
         if self.network {
-            b.inherit_network()
+            b.socket_addr_check(super::egress::checker(&self.network_allow))
                 .allow_ip_name_lookup(true)
                 .allow_tcp(true)
                 .allow_udp(true);

@@ -1,4 +1,9 @@
-//! Special files in granted directories are refused.
+//! Special files in granted directories are refused, and no symlink can be planted.
+//!
+//! A plugin may not create symlinks: one planted in a writable grant, pointing outside it,
+//! is harmless to the plugin (its lookups stay inside the grant) but not to the host
+//! tools that later read the directory. `descriptor.symlink-at` therefore always fails
+//! with `not-permitted`.
 //!
 //! Opening or reading a FIFO, a socket or a device can block a host thread forever (a FIFO
 //! with no writer), where no deadline reaches it. `descriptor.open-at` is therefore
@@ -24,17 +29,27 @@ fn open_at(
     mut store: StoreContextMut<'_, TaskState>,
     (fd, path_flags, path, oflags, flags): OpenAtArgs,
 ) -> wasmtime::Result<(Result<Resource<Descriptor>, ErrorCode>,)> {
+    let quota = store.data().quota.clone();
     let mut fs = store.data_mut().filesystem();
     let dir = Resource::<Descriptor>::new_borrow(fd.rep());
-    if let Ok(stat) = fs.stat_at(dir, path_flags, path.clone()) {
-        // wasmtime-wasi reports a FIFO as `unknown`: only the ordinary types pass.
-        let ordinary = matches!(
-            stat.type_,
-            DescriptorType::RegularFile | DescriptorType::Directory | DescriptorType::SymbolicLink
-        );
-        if !ordinary {
-            return Ok((Err(ErrorCode::Access),));
+    match fs.stat_at(dir, path_flags, path.clone()) {
+        Ok(stat) => {
+            // wasmtime-wasi reports a FIFO as `unknown`: only the ordinary types pass.
+            let ordinary = matches!(
+                stat.type_,
+                DescriptorType::RegularFile | DescriptorType::Directory | DescriptorType::SymbolicLink
+            );
+            if !ordinary {
+                return Ok((Err(ErrorCode::Access),));
+            }
         }
+        // A file about to be created draws on the task's file quota.
+        Err(_) if oflags.contains(OpenFlags::CREATE) => {
+            if !quota.take_file() {
+                return Ok((Err(ErrorCode::Quota),));
+            }
+        }
+        Err(_) => {}
     }
     match fs.open_at(fd, path_flags, path, oflags, flags) {
         Ok(d) => Ok((Ok(d),)),
@@ -42,12 +57,23 @@ fn open_at(
     }
 }
 
-/// Replaces `descriptor.open-at` in `linker` (after WASI was added).
+fn symlink_at(
+    _store: StoreContextMut<'_, TaskState>,
+    _args: (Resource<Descriptor>, String, String),
+) -> wasmtime::Result<(Result<(), ErrorCode>,)> {
+    Ok((Err(ErrorCode::NotPermitted),))
+}
+
+/// Replaces `descriptor.open-at` and `descriptor.symlink-at` in `linker` (after WASI was
+/// added).
 pub(crate) fn add_to_linker(linker: &mut Linker<TaskState>) -> wasmtime::Result<()> {
     linker.allow_shadowing(true);
-    linker
-        .instance(FILESYSTEM_TYPES)?
-        .func_wrap("[method]descriptor.open-at", open_at)?;
+    {
+        let mut types = linker.instance(FILESYSTEM_TYPES)?;
+        types.func_wrap("[method]descriptor.open-at", open_at)?;
+        types.func_wrap("[method]descriptor.symlink-at", symlink_at)?;
+    }
+    super::quota::add_to_linker(linker, FILESYSTEM_TYPES)?;
     linker.allow_shadowing(false);
     Ok(())
 }

@@ -1,0 +1,130 @@
+//! `attack`: runs one attack on the sandbox, chosen by `params.attack`, and reports on
+//! stdout what it managed. The tests in `tests/hostile_*.rs` assert the host held.
+//!
+//! Attacks and their params:
+//! - `err`: returns `err(message)` of `bytes` bytes (default 100 MiB).
+//! - `symlink`: plants a symlink at `link` pointing to `target`.
+//! - `write`: writes `bytes` bytes to `path`, 1 MiB at a time; prints how many were written.
+//! - `files`: creates `count` empty files in `dir`; prints how many were created.
+//! - `connect`: opens a TCP connection to `addr` (`host:port`).
+//! - `print`: writes `stdout` and `stderr` (strings) as they are.
+//! - `garbage`: writes `bytes` bytes of 0xff (never UTF-8) to stdout.
+//! - `progress`: reports progress `count` times with `info`, or with `info_bytes` bytes of
+//!   text when given.
+//! - `probe-then-trap`: asks for `probe_mib` MiB once (refused under a smaller limit), then
+//!   reads past the end of its memory.
+
+use std::io::Write;
+
+use serde_json::Value;
+
+fn str_param<'a>(p: &'a Value, key: &str) -> Result<&'a str, String> {
+    p.get(key)
+        .and_then(Value::as_str)
+        .ok_or_else(|| format!("params.{key} must be a string"))
+}
+
+fn u64_param(p: &Value, key: &str, default: u64) -> u64 {
+    p.get(key).and_then(Value::as_u64).unwrap_or(default)
+}
+
+fn write_file(path: &str, bytes: u64) -> Result<u32, String> {
+    let mut f = std::fs::File::create(path).map_err(|e| format!("create {path}: {e}"))?;
+    let chunk = vec![b'w'; 1 << 20];
+    let mut written = 0u64;
+    while written < bytes {
+        let n = chunk.len().min((bytes - written) as usize);
+        if let Err(e) = f.write_all(&chunk[..n]) {
+            println!("written {written}");
+            return Err(format!("write to {path} failed after {written} bytes: {e}"));
+        }
+        written += n as u64;
+    }
+    println!("written {written}");
+    Ok(disbatch_plugin::SUCCEEDED)
+}
+
+fn create_files(dir: &str, count: u64) -> Result<u32, String> {
+    for i in 0..count {
+        if let Err(e) = std::fs::File::create(format!("{dir}/f{i}")) {
+            println!("created {i}");
+            return Err(format!("creating file {i} in {dir} failed: {e}"));
+        }
+    }
+    println!("created {count}");
+    Ok(disbatch_plugin::SUCCEEDED)
+}
+
+/// Plants `link` (a path under a preopened directory) pointing to `target`, through the
+/// directory's descriptor (std has no stable call for it on WASI).
+fn symlink(target: &str, link: &str) -> Result<(), String> {
+    for (dir, guest) in wasip2::filesystem::preopens::get_directories() {
+        let prefix = format!("{}/", guest.trim_end_matches('/'));
+        if let Some(rest) = link.strip_prefix(&prefix) {
+            return dir
+                .symlink_at(target, rest)
+                .map_err(|e| format!("symlink refused: {e:?}"));
+        }
+    }
+    Err(format!("{link} is not under a granted directory"))
+}
+
+/// Reads the byte at `address`: past the end of memory, a wasm trap.
+#[inline(never)]
+fn peek(address: usize) -> u32 {
+    // SAFETY: none; the read is meant to trap.
+    u32::from(unsafe { std::ptr::read_volatile(address as *const u8) })
+}
+
+fn run(p: Value) -> Result<u32, String> {
+    match str_param(&p, "attack")? {
+        "err" => Err("e".repeat(u64_param(&p, "bytes", 100 << 20) as usize)),
+        "symlink" => {
+            let (target, link) = (str_param(&p, "target")?, str_param(&p, "link")?);
+            symlink(target, link)?;
+            println!("symlink planted");
+            Ok(disbatch_plugin::SUCCEEDED)
+        }
+        "write" => write_file(str_param(&p, "path")?, u64_param(&p, "bytes", 0)),
+        "files" => create_files(str_param(&p, "dir")?, u64_param(&p, "count", 0)),
+        "connect" => {
+            let addr = str_param(&p, "addr")?;
+            std::net::TcpStream::connect(addr).map_err(|e| format!("connect to {addr} refused: {e}"))?;
+            println!("connected to {addr}");
+            Ok(disbatch_plugin::SUCCEEDED)
+        }
+        "print" => {
+            print!("{}", p.get("stdout").and_then(Value::as_str).unwrap_or(""));
+            eprint!("{}", p.get("stderr").and_then(Value::as_str).unwrap_or(""));
+            Ok(disbatch_plugin::SUCCEEDED)
+        }
+        "garbage" => {
+            let chunk = vec![0xffu8; 1 << 16];
+            let mut out = std::io::stdout().lock();
+            let mut left = u64_param(&p, "bytes", 0) as usize;
+            while left > 0 {
+                let n = left.min(chunk.len());
+                out.write_all(&chunk[..n]).map_err(|e| e.to_string())?;
+                left -= n;
+            }
+            Ok(disbatch_plugin::SUCCEEDED)
+        }
+        "progress" => {
+            let generated = "i".repeat(u64_param(&p, "info_bytes", 0) as usize);
+            let info = p.get("info").and_then(Value::as_str).unwrap_or(&generated);
+            for i in 0..u64_param(&p, "count", 1) {
+                disbatch_plugin::progress((i % 100) as f32, info);
+            }
+            Ok(disbatch_plugin::SUCCEEDED)
+        }
+        "probe-then-trap" => {
+            let mut v: Vec<u8> = Vec::new();
+            let probe = u64_param(&p, "probe_mib", 1024) as usize;
+            println!("probe refused: {}", v.try_reserve(probe << 20).is_err());
+            Ok(peek(u64_param(&p, "address", 0xffff_fff0) as usize))
+        }
+        other => Err(format!("unknown attack {other:?}")),
+    }
+}
+
+disbatch_plugin::plugin!(run);
