@@ -167,14 +167,16 @@ async fn four_dens_drain_many_tasks_exactly_once_within_limits() {
         let held_by_paused = by_node.get(PAUSED).copied().unwrap_or(0);
         match pause {
             // Checked once a second: it counts the succeeded tasks.
-            Pause::Before if samples.is_multiple_of(20) && held_by_paused > 0 => {
-                if count(&t.db, doc! {"status": 1}).await as usize >= total / 5 {
-                    paused.pause();
-                    pause = Pause::Paused {
-                        since: Instant::now(),
-                        wall: DateTime::now(),
-                    };
-                }
+            Pause::Before
+                if samples.is_multiple_of(20)
+                    && held_by_paused > 0
+                    && count(&t.db, doc! {"status": 1}).await as usize >= total / 5 =>
+            {
+                paused.pause();
+                pause = Pause::Paused {
+                    since: Instant::now(),
+                    wall: DateTime::now(),
+                };
             }
             // The others recovered what it held (after `heartbeat_stale`): let it go on.
             Pause::Paused { since, wall } if held_by_paused == 0 && since.elapsed() >= stale => {
