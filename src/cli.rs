@@ -372,6 +372,9 @@ fn queues_table(v: &Value) -> String {
     );
     // Why nodes cannot run a queue, under the table.
     for q in v.as_array().map(Vec::as_slice).unwrap_or_default() {
+        if let Some(problem) = q["problem"].as_str() {
+            out.push_str(&format!("queue {} cannot be read: {problem}\n", cell(&q["id"])));
+        }
         for p in q["problems"].as_array().map(Vec::as_slice).unwrap_or_default() {
             out.push_str(&format!(
                 "queue {} cannot run on {}: {}\n",

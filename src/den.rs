@@ -161,6 +161,8 @@ pub struct Den {
     intruder: Mutex<Option<ObjectId>>,
     /// The queue problems last written to the node document.
     reported_problems: Mutex<Option<std::collections::BTreeMap<String, String>>>,
+    /// The problem last seen with this node's own document, logged once.
+    node_problem: Mutex<Option<String>>,
 }
 
 impl Den {
@@ -185,6 +187,7 @@ impl Den {
             process: NodeProcess::this_process(),
             intruder: Mutex::new(None),
             reported_problems: Mutex::new(None),
+            node_problem: Mutex::new(None),
         })
     }
 
@@ -359,6 +362,16 @@ impl Den {
             }
         }
         *self.maxthreads.lock().unwrap_or_else(|e| e.into_inner()) = me.maxthreads;
+        {
+            let mut seen = self.node_problem.lock().unwrap_or_else(|e| e.into_inner());
+            if *seen != me.problem {
+                match &me.problem {
+                    Some(problem) => error!("this node's document: {problem}"),
+                    None => info!("this node's document reads well again"),
+                }
+                seen.clone_from(&me.problem);
+            }
+        }
         let changed = {
             let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
             std::mem::take(&mut stats.1).then(|| stats.0.clone())

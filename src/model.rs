@@ -207,6 +207,22 @@ mod opt_duration {
     }
 }
 
+/// A queue document that cannot be read as a queue (say `sandbox: {"bogus": 1}`): never
+/// run, but listed with its problem so an operator can fix or delete it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UnreadableQueue {
+    /// `_id`.
+    pub id: ObjectId,
+    /// `name`, when it is a string.
+    pub name: Option<String>,
+    /// `plugin`, when it is a string.
+    pub plugin: Option<String>,
+    /// `threads`, when it is an integer.
+    pub threads: Option<i64>,
+    /// Why it cannot be read, naming the field.
+    pub problem: String,
+}
+
 /// A node (DEN) document.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Node {
@@ -225,6 +241,9 @@ pub struct Node {
     /// Why this DEN cannot run some queues (`queue_problems`: queue id in hex → reason),
     /// such as a plugin file that is not a component or an invalid sandbox.
     pub queue_problems: std::collections::BTreeMap<String, String>,
+    /// Why a field of the document could not be read as written, and what it was taken
+    /// as instead (say a `maxthreads` that is not a number).
+    pub problem: Option<String>,
 }
 
 /// The DEN process holding a node name (the node document's `process` sub-document). A

@@ -19,7 +19,7 @@ use async_trait::async_trait;
 use bson::oid::ObjectId;
 use bson::{DateTime, Document};
 
-use crate::model::{Node, NodeProcess, NodeStats, Output, Queue, Sort, Task};
+use crate::model::{Node, NodeProcess, NodeStats, Output, Queue, Sort, Task, UnreadableQueue};
 
 /// Errors of a store operation.
 #[derive(Debug, thiserror::Error)]
@@ -187,8 +187,14 @@ pub trait Store: Send + Sync + 'static {
 
     // ---- queues ------------------------------------------------------------------------
 
-    /// All queues.
+    /// All queues that can be read (those that cannot are left out: see
+    /// [`Store::unreadable_queues`]).
     async fn queues(&self) -> StoreResult<Vec<Queue>>;
+    /// The queue documents that cannot be read as queues, each with its problem, so they
+    /// are shown rather than hidden. A store that holds only what it validated has none.
+    async fn unreadable_queues(&self) -> StoreResult<Vec<UnreadableQueue>> {
+        Ok(Vec::new())
+    }
     /// Creates a queue; fails with [`StoreError::Duplicate`] when the name is taken.
     async fn create_queue(&self, queue: NewQueue) -> StoreResult<Queue>;
     /// Changes a queue. Returns the new queue, or None when there is no such queue.

@@ -50,6 +50,26 @@ async fn unfinished(db: &Database) -> u64 {
     count(db, doc! {"status": {"$in": [-2, -1, 0]}}).await
 }
 
+/// The DEN of the drain that is paused (SIGSTOP) past `heartbeat_stale`, then resumed.
+const PAUSED: &str = "chaos-2";
+
+/// Where the drain's pause of [`PAUSED`] stands.
+#[derive(Debug)]
+enum Pause {
+    /// Waiting for a fifth of the tasks to succeed with [`PAUSED`] busy.
+    Before,
+    /// Stopped `since` (`wall` on the wall clock); resumed once `heartbeat_stale` has passed
+    /// and the others recovered what it held.
+    Paused { since: Instant, wall: DateTime },
+    /// Stopped at `paused`, resumed at `at` after `after`, with `unfinished` tasks to run.
+    Resumed {
+        paused: DateTime,
+        at: DateTime,
+        after: Duration,
+        unfinished: u64,
+    },
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn four_dens_drain_many_tasks_exactly_once_within_limits() {
     let total: usize = std::env::var("DISBATCH_CHAOS_TASKS")
@@ -92,18 +112,22 @@ async fn four_dens_drain_many_tasks_exactly_once_within_limits() {
                 .unwrap();
         }
     }
-    let extra = serde_json::json!({"plugins": ["mark"], "heartbeat_stale": 30});
+    let stale = Duration::from_secs(30);
+    let extra = serde_json::json!({"plugins": ["mark"], "heartbeat_stale": stale.as_secs()});
     let dens: Vec<DenProcess> = maxthreads
         .iter()
         .map(|(node, _)| DenProcess::start(&t.uri, &t.name, node, extra.clone()))
         .collect();
+    let paused = &dens[maxthreads.iter().position(|(n, _)| *n == PAUSED).unwrap()];
 
     let start = Instant::now();
     let mut samples = 0u64;
     let mut peak_queue: BTreeMap<ObjectId, u64> = BTreeMap::new();
     let mut peak_node: BTreeMap<String, u64> = BTreeMap::new();
+    let mut pause = Pause::Before;
     // One snapshot every 50 ms: the claimed and running tasks grouped by queue and node, in
-    // one query so the per-queue and per-node figures come from the same instant.
+    // one query so the per-queue and per-node figures come from the same instant. Each is
+    // checked against its limit as it is taken.
     let mut every = tokio::time::interval(Duration::from_millis(50));
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -114,15 +138,63 @@ async fn four_dens_drain_many_tasks_exactly_once_within_limits() {
             *by_queue.entry(queue).or_default() += n;
             *by_node.entry(node).or_default() += n;
         }
+        let at = start.elapsed().as_secs_f64();
+        for (q, threads) in &queues {
+            let n = by_queue.get(q).copied().unwrap_or(0);
+            assert!(
+                n <= *threads as u64,
+                "{at:.1}s ({pause:?}): queue {q} with threads {threads} shows {n} tasks at -1/0"
+            );
+        }
+        for (node, max) in &maxthreads {
+            let n = by_node.get(*node).copied().unwrap_or(0);
+            if let Some(m) = max {
+                assert!(
+                    n <= *m as u64,
+                    "{at:.1}s ({pause:?}): node {node} with maxthreads {m} shows {n} tasks at -1/0"
+                );
+            }
+        }
         for (q, n) in by_queue {
             let p = peak_queue.entry(q).or_default();
             *p = (*p).max(n);
         }
-        for (node, n) in by_node {
-            let p = peak_node.entry(node).or_default();
-            *p = (*p).max(n);
+        for (node, n) in &by_node {
+            let p = peak_node.entry(node.clone()).or_default();
+            *p = (*p).max(*n);
         }
         samples += 1;
+        let held_by_paused = by_node.get(PAUSED).copied().unwrap_or(0);
+        match pause {
+            // Checked once a second: it counts the succeeded tasks.
+            Pause::Before
+                if samples.is_multiple_of(20)
+                    && held_by_paused > 0
+                    && count(&t.db, doc! {"status": 1}).await as usize >= total / 5 =>
+            {
+                paused.pause();
+                pause = Pause::Paused {
+                    since: Instant::now(),
+                    wall: DateTime::now(),
+                };
+            }
+            // The others recovered what it held (after `heartbeat_stale`): let it go on.
+            Pause::Paused { since, wall } if held_by_paused == 0 && since.elapsed() >= stale => {
+                paused.resume();
+                if count(&t.db, doc! {"status": -6}).await == 0 {
+                    // Its last tasks ended as it stopped: nothing was recovered; again later.
+                    pause = Pause::Before;
+                } else {
+                    pause = Pause::Resumed {
+                        paused: wall,
+                        at: DateTime::now(),
+                        after: since.elapsed(),
+                        unfinished: unfinished(&t.db).await,
+                    };
+                }
+            }
+            _ => {}
+        }
         // The end of the drain is checked once a second: it counts every unfinished task,
         // which would slow the 50 ms samples down on a large queue.
         if samples.is_multiple_of(20) && unfinished(&t.db).await == 0 {
@@ -134,36 +206,85 @@ async fn four_dens_drain_many_tasks_exactly_once_within_limits() {
         );
     }
     let elapsed = start.elapsed();
+    let Pause::Resumed {
+        paused: paused_at,
+        at: resumed_at,
+        after: paused_for,
+        unfinished: left_at_resume,
+    } = pause
+    else {
+        panic!("the drain ended before {PAUSED} was paused and resumed: {pause:?}");
+    };
+    let paused_log = paused.log();
     drop(dens);
     let succeeded = count(&t.db, doc! {"status": 1}).await;
-    let files = std::fs::read_dir(marks.path()).unwrap().count();
+    let orphaned = count(&t.db, doc! {"status": -6}).await;
+    let failed = count(&t.db, doc! {"status": 2}).await;
+    let files = std::fs::read_dir(marks.path()).unwrap().count() as u64;
     println!(
         "chaos drain: {total} tasks, 4 DENs, {:.1}s ({:.0} tasks/s), {samples} samples, one every {:.0} ms",
         elapsed.as_secs_f64(),
         total as f64 / elapsed.as_secs_f64(),
         elapsed.as_secs_f64() * 1000.0 / samples as f64
     );
+    println!(
+        "  {PAUSED} paused {:.1}s (stale window {}s): {orphaned} of its tasks orphaned, {left_at_resume} unfinished at its resume",
+        paused_for.as_secs_f64(),
+        stale.as_secs()
+    );
     for (q, threads) in &queues {
         println!(
-            "  queue threads {threads}: peak running {}",
+            "  queue threads {threads}: peak at -1/0 {}",
             peak_queue.get(q).copied().unwrap_or(0)
         );
     }
     for (node, max) in &maxthreads {
         println!(
-            "  node {node} maxthreads {max:?}: peak running {}",
+            "  node {node} maxthreads {max:?}: peak at -1/0 {}",
             peak_node.get(*node).copied().unwrap_or(0)
         );
     }
-    println!(
-        "  succeeded {succeeded}, ran (marks) {files}, claimed twice {}, unfinished 0",
-        files as i64 - succeeded as i64
-    );
+    println!("  succeeded {succeeded}, orphaned {orphaned}, failed {failed}, ran (marks) {files}, unfinished 0");
+    assert_eq!(failed, 0, "no task failed (a second run of a task fails)");
     assert_eq!(
-        succeeded as usize, total,
-        "every task succeeded (a second run would fail)"
+        succeeded + orphaned,
+        total as u64,
+        "every task succeeded or was orphaned"
     );
-    assert_eq!(files, total, "every task ran exactly once");
+    assert!(orphaned > 0, "the paused DEN held tasks that were recovered");
+    let orphans = common::find_docs(&t.db, "tasks", doc! {"status": -6}).await;
+    // Its last heartbeat was at most a tick (1 s) before it stopped.
+    let not_before = paused_at.timestamp_millis() + stale.as_millis() as i64 - 2000;
+    for d in &orphans {
+        assert_eq!(
+            d.get_str("node").unwrap(),
+            PAUSED,
+            "only the paused DEN's tasks are orphaned: {d}"
+        );
+        let recovered = d.get_datetime("mtime").unwrap().timestamp_millis();
+        assert!(
+            recovered >= not_before,
+            "recovered {} ms after the pause, within the stale window: {d}",
+            recovered - paused_at.timestamp_millis()
+        );
+        assert!(
+            d.get("stdout").is_some_and(|v| *v == bson::Bson::Null),
+            "the paused DEN wrote no result: {d}"
+        );
+    }
+    // Each succeeded task ran once; an orphaned one at most once (before the pause).
+    assert!(
+        (succeeded..=succeeded + orphaned).contains(&files),
+        "runs (marks) {files} for {succeeded} succeeded and {orphaned} orphaned tasks"
+    );
+    assert!(
+        !paused_log.contains("already ran"),
+        "the paused DEN's plugins acted after resuming:\n{paused_log}"
+    );
+    if left_at_resume > 1000 {
+        let after = count(&t.db, doc! {"node": PAUSED, "status": 1, "mtime": {"$gt": resumed_at}}).await;
+        assert!(after > 0, "the resumed DEN ran tasks again:\n{paused_log}");
+    }
     for (q, threads) in &queues {
         let peak = peak_queue.get(q).copied().unwrap_or(0);
         assert!(peak > 0, "the samples saw queue {q} running");

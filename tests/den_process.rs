@@ -1,5 +1,6 @@
-//! The `den` binary as a real process: recovery after `kill -9`, graceful shutdown on
-//! SIGTERM, and clear errors for bad config files.
+//! The `den` binary as a real process: recovery after `kill -9` (by the stale window, and
+//! at once when it restarts under its name), graceful shutdown on SIGTERM, and clear
+//! errors for bad config files.
 
 mod common;
 
@@ -7,9 +8,13 @@ use common::{count_tasks as count, insert_queue, insert_tasks, wait_for, DenProc
 
 use std::path::Path;
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bson::oid::ObjectId;
 use bson::{doc, Bson, Document};
+use mongodb::Database;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn tasks_of_a_killed_den_are_recovered_after_the_stale_window() {
@@ -63,6 +68,95 @@ async fn tasks_of_a_killed_den_are_recovered_after_the_stale_window() {
         recovered_after < Duration::from_secs(2 + 1 + 3),
         "recovered after {recovered_after:?}"
     );
+}
+
+/// Samples, until `stop`, the tasks at -1/0 of each queue as the database shows them;
+/// returns the highest count seen per queue and the number of samples.
+async fn sample_held(db: Database, queues: Vec<ObjectId>, stop: Arc<AtomicBool>) -> (Vec<u64>, u64) {
+    let mut peaks = vec![0; queues.len()];
+    let mut samples = 0;
+    while !stop.load(Ordering::SeqCst) {
+        for (q, peak) in queues.iter().zip(&mut peaks) {
+            let n = count(&db, doc! {"queue": q, "status": {"$in": [-1, 0]}}).await;
+            *peak = (*peak).max(n);
+        }
+        samples += 1;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    (peaks, samples)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_den_killed_mid_plugin_and_restarted_under_its_name_recovers_at_once() {
+    let t = common::test_db("den_phoenix").await;
+    let requeue = insert_queue(&t.db, "requeue", "demo", doc! {"threads": 2, "on_orphan": "requeue"}).await;
+    let orphan = insert_queue(&t.db, "orphan", "demo", doc! {"threads": 1}).await;
+    let again = insert_tasks(&t.db, requeue, (0..6).map(|_| doc! {"sleep_ms": 1500})).await;
+    let lost = insert_tasks(&t.db, orphan, (0..1).map(|_| doc! {"sleep_ms": 600_000})).await;
+    // A stale window far longer than the test: only the name take-over can recover in time.
+    let config = serde_json::json!({"heartbeat_stale": 120});
+    let mut first = DenProcess::start(&t.uri, &t.name, "phoenix", config.clone());
+    wait_for(Duration::from_secs(60), "both queues' plugins to run", || async {
+        count(&t.db, doc! {"queue": requeue, "status": 0}).await == 2
+            && count(&t.db, doc! {"queue": orphan, "status": 0}).await == 1
+    })
+    .await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = tokio::spawn(sample_held(t.db.clone(), vec![requeue, orphan], stop.clone()));
+    let held: Vec<ObjectId> = common::find_docs(&t.db, "tasks", doc! {"node": "phoenix", "status": {"$in": [-1, 0]}})
+        .await
+        .iter()
+        .map(|d| d.get_object_id("_id").unwrap())
+        .collect();
+    first.signal(libc::SIGKILL);
+    first.wait_exit(Duration::from_secs(10));
+    let killed = Instant::now();
+    let second = DenProcess::start(&t.uri, &t.name, "phoenix", config);
+    wait_for(
+        Duration::from_secs(30),
+        "the killed process's orphan-queue task to be orphaned",
+        || async { count(&t.db, doc! {"_id": {"$in": &lost}, "status": -6}).await == 1 },
+    )
+    .await;
+    let recovered_after = killed.elapsed();
+    wait_for(
+        Duration::from_secs(60),
+        "the requeue queue to be run to the end by the restarted process",
+        || async { count(&t.db, doc! {"_id": {"$in": &again}, "status": 1, "node": "phoenix"}).await == 6 },
+    )
+    .await;
+    stop.store(true, Ordering::SeqCst);
+    let (peaks, samples) = sampler.await.unwrap();
+    let held_slots = common::find_docs(&t.db, "slots", doc! {"holder": {"$ne": Bson::Null}}).await;
+    println!(
+        "kill -9 and restart under the same name: {} tasks held, recovered {:.2}s after the kill \
+         (stale window 120 s); peaks at -1/0 {peaks:?} over {samples} samples",
+        held.len(),
+        recovered_after.as_secs_f64()
+    );
+    assert!(
+        recovered_after < Duration::from_secs(20),
+        "recovered after {recovered_after:?}:\n{}",
+        second.log()
+    );
+    assert!(
+        peaks[0] <= 2,
+        "the requeue queue (threads 2) showed {} at -1/0",
+        peaks[0]
+    );
+    assert!(
+        peaks[1] <= 1,
+        "the orphan queue (threads 1) showed {} at -1/0",
+        peaks[1]
+    );
+    let orphaned = common::task_doc_of(&t.db, lost[0]).await;
+    assert_eq!(orphaned.get_str("node").unwrap(), "phoenix", "{orphaned}");
+    // The orphan queue's slot was freed with its task: nothing holds it any more.
+    assert!(
+        held_slots.iter().all(|s| s.get_object_id("queue").unwrap() != orphan),
+        "the dead process's slot is still held: {held_slots:?}"
+    );
+    assert_eq!(count(&t.db, doc! {"status": 2}).await, 0, "no task failed");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

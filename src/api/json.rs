@@ -6,7 +6,7 @@ use bson::oid::ObjectId;
 use bson::{Bson, DateTime};
 use serde_json::{json, Map, Value};
 
-use crate::model::{status, Node, Output, Queue, Task};
+use crate::model::{status, Node, Output, Queue, Task, UnreadableQueue};
 use crate::store::StatusCounts;
 
 /// `{"$oid": "<hex>"}`.
@@ -96,6 +96,30 @@ pub(super) fn queue(q: &Queue, counts: Option<&StatusCounts>) -> Value {
     })
 }
 
+/// A queue document that cannot be read as a queue: what could be read of it, its counts
+/// and its `problem`.
+pub(super) fn unreadable_queue(q: &UnreadableQueue, counts: Option<&StatusCounts>) -> Value {
+    let mut value = queue(
+        &Queue {
+            id: q.id,
+            name: q.name.clone().unwrap_or_default(),
+            plugin: q.plugin.clone().unwrap_or_default(),
+            threads: q.threads,
+            sort: Default::default(),
+            sandbox: Default::default(),
+            on_orphan: Default::default(),
+        },
+        counts,
+    );
+    value["name"] = json!(q.name);
+    value["plugin"] = json!(q.plugin);
+    for field in ["sort", "sandbox", "on_orphan"] {
+        value[field] = Value::Null;
+    }
+    value["problem"] = json!(q.problem);
+    value
+}
+
 /// Age of a node's heartbeat in seconds (never negative).
 pub(super) fn node_age(n: &Node, now: DateTime) -> f64 {
     ((now.timestamp_millis() - n.timestamp.timestamp_millis()).max(0)) as f64 / 1000.0
@@ -117,5 +141,6 @@ pub(super) fn node(n: &Node, now: DateTime) -> Value {
             "pid": p.pid,
             "started": date(&p.started, false),
         })),
+        "problem": n.problem,
     })
 }

@@ -10,11 +10,51 @@ use super::body::{kind, JsonBody, PathKey};
 use super::nodes::non_negative;
 use super::{json, ApiError, Shared};
 use crate::config::{check_plugin_name, MAX_DURATION, MAX_OUTPUT_CAP_MIB};
-use crate::model::{OnOrphan, Queue, QueueSandbox, Sort};
+use crate::model::{OnOrphan, Queue, QueueSandbox, Sort, UnreadableQueue};
 use crate::runner::{DirGrant, MAX_MEMORY};
-use crate::store::{NewQueue, QueueUpdate};
+use crate::store::{NewQueue, QueueUpdate, StoreError};
 
-/// The queue with this `_id` (hex) or name.
+/// A queue found by `_id` or name: readable, or a document that cannot be read as a queue.
+pub(super) enum Found {
+    Queue(Queue),
+    Unreadable(UnreadableQueue),
+}
+
+impl Found {
+    fn id(&self) -> ObjectId {
+        match self {
+            Found::Queue(q) => q.id,
+            Found::Unreadable(u) => u.id,
+        }
+    }
+
+    fn name(&self) -> Option<&str> {
+        match self {
+            Found::Queue(q) => Some(&q.name),
+            Found::Unreadable(u) => u.name.as_deref(),
+        }
+    }
+}
+
+/// The queue with this `_id` (hex) or name, readable or not.
+async fn find_any(state: &Shared, key: &str) -> Result<Found, ApiError> {
+    if let Ok(q) = find(state, key).await {
+        return Ok(Found::Queue(q));
+    }
+    let id = ObjectId::parse_str(key).ok();
+    let unreadable = state.store.unreadable_queues().await?;
+    let found = match id {
+        Some(id) => unreadable.iter().find(|q| q.id == id),
+        None => None,
+    }
+    .or_else(|| unreadable.iter().find(|q| q.name.as_deref() == Some(key)));
+    found
+        .cloned()
+        .map(Found::Unreadable)
+        .ok_or_else(|| ApiError::NotFound(format!("no queue {key:?}")))
+}
+
+/// The readable queue with this `_id` (hex) or name.
 pub(super) async fn find(state: &Shared, key: &str) -> Result<Queue, ApiError> {
     let id = ObjectId::parse_str(key).ok();
     let queues = state.store.queues().await?;
@@ -28,29 +68,33 @@ pub(super) async fn find(state: &Shared, key: &str) -> Result<Queue, ApiError> {
         .ok_or_else(|| ApiError::NotFound(format!("no queue {key:?}")))
 }
 
-/// `GET /queues`: every queue with its counts and problems.
+/// `GET /queues`: every queue with its counts and problems; a queue document that cannot
+/// be read is listed too, with its `problem`.
 pub(super) async fn list(State(state): State<Shared>) -> Result<Json<Value>, ApiError> {
     let queues = state.store.queues().await?;
+    let unreadable = state.store.unreadable_queues().await?;
     let counts = state.store.queue_counts().await?;
     let reports = problem_reports(&state).await?;
-    Ok(Json(Value::Array(
-        queues
-            .iter()
-            .map(|q| with_problems(json::queue(q, counts.get(&q.id)), q.id, &reports))
-            .collect(),
-    )))
+    let readable = queues
+        .iter()
+        .map(|q| with_problems(json::queue(q, counts.get(&q.id)), q.id, &reports));
+    let unreadable = unreadable
+        .iter()
+        .map(|u| with_problems(json::unreadable_queue(u, counts.get(&u.id)), u.id, &reports));
+    Ok(Json(Value::Array(readable.chain(unreadable).collect())))
 }
 
-/// `GET /queues/{queue}`: `{id, plugin, name, threads, queued, running, completed, problems, …}`.
+/// `GET /queues/{queue}`: `{id, plugin, name, threads, queued, running, completed, problems, …}`,
+/// and `problem` for a document that cannot be read as a queue.
 pub(super) async fn one(State(state): State<Shared>, PathKey(key): PathKey) -> Result<Json<Value>, ApiError> {
-    let queue = find(&state, &key).await?;
+    let found = find_any(&state, &key).await?;
     let counts = state.store.queue_counts().await?;
     let reports = problem_reports(&state).await?;
-    Ok(Json(with_problems(
-        json::queue(&queue, counts.get(&queue.id)),
-        queue.id,
-        &reports,
-    )))
+    let value = match &found {
+        Found::Queue(q) => json::queue(q, counts.get(&q.id)),
+        Found::Unreadable(u) => json::unreadable_queue(u, counts.get(&u.id)),
+    };
+    Ok(Json(with_problems(value, found.id(), &reports)))
 }
 
 /// The queue problems of the fresh nodes: `(node, queue id in hex → reason)`.
@@ -256,7 +300,7 @@ pub(super) async fn update(
             return Err(ApiError::bad("field \"name\" must not look like an ObjectId"));
         }
     }
-    let queue = find(&state, &key).await?;
+    let id = find_any(&state, &key).await?.id();
     let update = QueueUpdate {
         name: f.name,
         plugin: f.plugin,
@@ -264,22 +308,29 @@ pub(super) async fn update(
         sort: f.sort,
         extra: f.extra,
     };
-    let queue = state
-        .store
-        .update_queue(queue.id, update)
-        .await?
-        .ok_or_else(|| ApiError::NotFound(format!("no queue {key:?}")))?;
+    let changed = match state.store.update_queue(id, update).await {
+        Ok(changed) => changed.map(Found::Queue),
+        // Changed, but still not readable (the change left the bad field as it was).
+        Err(StoreError::Malformed { .. }) => {
+            let unreadable = state.store.unreadable_queues().await?;
+            unreadable.into_iter().find(|u| u.id == id).map(Found::Unreadable)
+        }
+        Err(e) => return Err(e.into()),
+    };
     let counts = state.store.queue_counts().await?;
-    Ok(Json(json::queue(&queue, counts.get(&queue.id))))
+    match changed.ok_or_else(|| ApiError::NotFound(format!("no queue {key:?}")))? {
+        Found::Queue(q) => Ok(Json(json::queue(&q, counts.get(&q.id)))),
+        Found::Unreadable(u) => Ok(Json(json::unreadable_queue(&u, counts.get(&u.id)))),
+    }
 }
 
-/// `DELETE /queues/{queue}`: deletes a queue (its tasks stay).
+/// `DELETE /queues/{queue}`: deletes a queue (its tasks stay), readable or not.
 pub(super) async fn delete(State(state): State<Shared>, PathKey(key): PathKey) -> Result<Json<Value>, ApiError> {
-    let queue = find(&state, &key).await?;
-    if !state.store.delete_queue(queue.id).await? {
+    let found = find_any(&state, &key).await?;
+    if !state.store.delete_queue(found.id()).await? {
         return Err(ApiError::NotFound(format!("no queue {key:?}")));
     }
     Ok(Json(
-        json!({ "id": queue.id.to_hex(), "name": queue.name, "deleted": true }),
+        json!({ "id": found.id().to_hex(), "name": found.name(), "deleted": true }),
     ))
 }

@@ -9,15 +9,18 @@
 //! Malformed queue documents never make [`Store::queues`] fail for every queue: an unknown
 //! `sort` is taken as `default` (the spec's order when `sort` is unset) with a warning; a
 //! queue whose `name`, `plugin`, `threads`, `sandbox` or `on_orphan` is of the wrong shape
-//! is left out of the list with a warning naming the queue and the field, since it cannot
-//! be run as its operators meant. Node documents are treated the same way. Each distinct
-//! problem is logged once per process.
+//! is not run, since it cannot be run as its operators meant: it is listed by
+//! [`Store::unreadable_queues`] with its problem, and can be changed and deleted. Node
+//! documents that cannot be read are left out of the node list. Each distinct problem is
+//! logged once per process.
 //!
 //! Parts: `connect` ([`MongoOptions`], TLS and credentials), `documents` (BSON ↔ model,
-//! lenient parsing), `slots` (queue slot leases), `recovery` (orphan recovery).
+//! lenient parsing), `queues` (queue documents), `slots` (queue slot leases), `recovery`
+//! (orphan recovery).
 
 mod connect;
 mod documents;
+mod queues;
 mod recovery;
 mod slots;
 
@@ -35,15 +38,13 @@ use mongodb::error::{ErrorKind, WriteFailure};
 use mongodb::options::{FindOneAndUpdateOptions, IndexOptions, ReturnDocument};
 use mongodb::{Collection, Database, IndexModel};
 
-use self::documents::{
-    as_int, node_from, opt_int_bson, output_bson, queue_from, sort_str, task_filter_doc, task_from, task_or_problem,
-};
+use self::documents::{as_int, node_from, opt_int_bson, output_bson, task_filter_doc, task_from, task_or_problem};
 use super::gridfs::{self, GridFsError};
 use super::{
     NewQueue, OutputStream, OutputValue, Page, QueueUpdate, Recovery, Slot, StatusCounts, Store, StoreError,
     StoreResult, TaskFilter,
 };
-use crate::model::{status, Node, NodeProcess, NodeStats, Output, Queue, Sort, Task};
+use crate::model::{status, Node, NodeProcess, NodeStats, Output, Queue, Sort, Task, UnreadableQueue};
 
 /// Collection of task documents.
 pub const TASKS: &str = "tasks";
@@ -149,15 +150,6 @@ impl MongoStore {
         }
     }
 
-    async fn find_queue(&self, id: ObjectId) -> StoreResult<Option<Queue>> {
-        let found = self
-            .queues
-            .find_one(doc! { "_id": id })
-            .await
-            .map_err(db_err("find queue"))?;
-        found.map(|d| queue_from(&d).map(|(q, _)| q)).transpose()
-    }
-
     /// Marks a claimed task that cannot be parsed as failed, so it neither blocks its
     /// queue nor stays claimed, and says why in its stderr.
     async fn fail_malformed_claim(&self, raw: &Document, node: &str, reason: &StoreError) {
@@ -179,26 +171,10 @@ impl MongoStore {
     }
 }
 
-/// Keys of a queue document that `extra` fields may not set.
-const QUEUE_CORE_FIELDS: [&str; 5] = ["_id", "name", "plugin", "threads", "sort"];
-
-fn check_extra(extra: &Document) -> StoreResult<()> {
-    match extra
-        .keys()
-        .find(|k| QUEUE_CORE_FIELDS.contains(&k.as_str()) || k.starts_with('$'))
-    {
-        Some(k) => Err(StoreError::Invalid(format!(
-            "field {k:?} cannot be set as an extra queue field"
-        ))),
-        None => Ok(()),
-    }
-}
-
-fn check_threads(threads: Option<i64>) -> StoreResult<()> {
-    match threads {
-        Some(t) if t < 0 => Err(StoreError::Invalid(format!("threads must be non-negative, got {t}"))),
-        _ => Ok(()),
-    }
+/// The `node` of an unclaimed task: null (or missing), or Disbatch 4's `-1` (its DEN
+/// claims `{$or: [{node: null}, {node: -1}]}`).
+pub(super) fn unclaimed() -> Bson {
+    Bson::Document(doc! { "$in": [Bson::Null, -1] })
 }
 
 #[async_trait]
@@ -389,102 +365,23 @@ impl Store for MongoStore {
     // ---- queues ------------------------------------------------------------------------
 
     async fn queues(&self) -> StoreResult<Vec<Queue>> {
-        let docs: Vec<Document> = self
-            .queues
-            .find(doc! {})
-            .sort(doc! { "_id": 1 })
-            .await
-            .map_err(db_err("list queues"))?
-            .try_collect()
-            .await
-            .map_err(db_err("list queues"))?;
-        let mut queues = Vec::with_capacity(docs.len());
-        for d in &docs {
-            let name = d.get_str("name").unwrap_or("?");
-            match queue_from(d) {
-                Ok((q, problems)) => {
-                    for p in problems {
-                        self.warn_once(format!("queue {:?} ({}): {p}", q.name, q.id));
-                    }
-                    queues.push(q);
-                }
-                Err(e) => self.warn_once(format!("ignoring queue {name:?}: {e}")),
-            }
-        }
-        Ok(queues)
+        Ok(self.read_queues().await?.0)
+    }
+
+    async fn unreadable_queues(&self) -> StoreResult<Vec<UnreadableQueue>> {
+        Ok(self.read_queues().await?.1)
     }
 
     async fn create_queue(&self, queue: NewQueue) -> StoreResult<Queue> {
-        check_extra(&queue.extra)?;
-        check_threads(queue.threads)?;
-        let mut d = doc! {
-            "_id": ObjectId::new(),
-            "name": queue.name.clone(),
-            "plugin": queue.plugin.clone(),
-            "threads": opt_int_bson(queue.threads),
-            "sort": sort_str(queue.sort),
-        };
-        d.extend(queue.extra);
-        let (parsed, _) = queue_from(&d).map_err(|e| StoreError::Invalid(e.to_string()))?;
-        match self.queues.insert_one(&d).await {
-            Ok(_) => Ok(parsed),
-            Err(e) if is_duplicate_key(&e) => Err(StoreError::Duplicate {
-                what: "queue",
-                name: queue.name,
-            }),
-            Err(e) => Err(db_err("create queue")(e)),
-        }
+        self.insert_queue(queue).await
     }
 
     async fn update_queue(&self, id: ObjectId, update: QueueUpdate) -> StoreResult<Option<Queue>> {
-        check_extra(&update.extra)?;
-        let mut set = Document::new();
-        if let Some(name) = &update.name {
-            set.insert("name", name.clone());
-        }
-        if let Some(plugin) = update.plugin {
-            set.insert("plugin", plugin);
-        }
-        if let Some(threads) = update.threads {
-            check_threads(threads)?;
-            set.insert("threads", opt_int_bson(threads));
-        }
-        if let Some(sort) = update.sort {
-            set.insert("sort", sort_str(sort));
-        }
-        set.extend(update.extra);
-        if set.is_empty() {
-            return self.find_queue(id).await;
-        }
-        let result = self
-            .queues
-            .find_one_and_update(doc! { "_id": id }, doc! { "$set": set })
-            .return_document(ReturnDocument::After)
-            .await;
-        match result {
-            Ok(found) => found.map(|d| queue_from(&d).map(|(q, _)| q)).transpose(),
-            Err(e) if is_duplicate_key(&e) => Err(StoreError::Duplicate {
-                what: "queue",
-                name: update.name.unwrap_or_default(),
-            }),
-            Err(e) => Err(db_err("update queue")(e)),
-        }
+        self.change_queue(id, update).await
     }
 
     async fn delete_queue(&self, id: ObjectId) -> StoreResult<bool> {
-        let result = self
-            .queues
-            .delete_one(doc! { "_id": id })
-            .await
-            .map_err(db_err("delete queue"))?;
-        self.slots
-            .delete_many(doc! { "queue": id })
-            .await
-            .map_err(db_err("delete queue slots"))?;
-        if let Ok(mut s) = self.ensured_slots.lock() {
-            s.retain(|(q, _)| *q != id);
-        }
-        Ok(result.deleted_count > 0)
+        self.remove_queue(id).await
     }
 
     async fn queue_counts(&self) -> StoreResult<BTreeMap<ObjectId, StatusCounts>> {
@@ -550,7 +447,7 @@ impl Store for MongoStore {
     async fn has_queued(&self, queue: ObjectId) -> StoreResult<bool> {
         let found = self
             .tasks
-            .find_one(doc! { "node": null, "status": status::QUEUED, "queue": queue })
+            .find_one(doc! { "node": unclaimed(), "status": status::QUEUED, "queue": queue })
             .projection(doc! { "_id": 1 })
             .await
             .map_err(db_err("look for queued tasks"))?;
@@ -571,7 +468,7 @@ impl Store for MongoStore {
         let claimed = self
             .tasks
             .find_one_and_update(
-                doc! { "node": null, "status": status::QUEUED, "queue": queue.id },
+                doc! { "node": unclaimed(), "status": status::QUEUED, "queue": queue.id },
                 doc! { "$set": { "node": node, "status": status::CLAIMED, "mtime": DateTime::now() } },
             )
             .with_options(options)

@@ -1088,5 +1088,6 @@ fn node_from((id, node, timestamp, maxthreads, stats, process, problems): NodeRo
         stats: stats.and_then(|s| serde_json::from_str(&s).ok()),
         process: process.and_then(|p| serde_json::from_str(&p).ok()),
         queue_problems: problems.and_then(|p| serde_json::from_str(&p).ok()).unwrap_or_default(),
+        problem: None,
     })
 }

@@ -45,7 +45,8 @@ async function showQueues() {
   const queues = await api("GET", "/queues");
   const rows = queues.map((q) => `
     <tr data-queue="${esc(q.name)}">
-      <td>${esc(q.name)}<br><small>${esc(q.id)}</small>${(q.problems || []).map((p) =>
+      <td>${esc(q.name)}<br><small>${esc(q.id)}</small>${q.problem ?
+        `<div class="problem">cannot be read: ${esc(q.problem)}</div>` : ""}${(q.problems || []).map((p) =>
         `<div class="problem">cannot run on ${esc(p.node)}: ${esc(p.reason)}</div>`).join("")}</td>
       <td><select class="edit-plugin" data-id="${esc(q.id)}">${pluginOptions(q.plugin)}</select></td>
       <td><input class="edit-threads" type="number" min="0" data-id="${esc(q.id)}" value="${q.threads ?? ""}" placeholder="paused"></td>

@@ -3,14 +3,15 @@
 //! Parsing is lenient about what other Disbatch 4 clients may write: integers may be
 //! Int32, Int64, an integral Double or a decimal string (Perl Disbatch 4's DCI writes
 //! form values such as `maxthreads: "3"` as strings); dates may be BSON dates or epoch
-//! numbers (seconds or milliseconds); a task's `node` may be `-1` (unclaimed); optional
-//! fields may be null or missing. Anything else is [`StoreError::Malformed`], naming the
-//! collection, the `_id` and the field.
+//! numbers (seconds or milliseconds); a task's `node` may be `-1` (unclaimed); a task's
+//! parameters may be under `parameters` (Disbatch 3's name, which Disbatch 4's task runner
+//! still reads) when `params` is absent; optional fields may be null or missing. Anything
+//! else is [`StoreError::Malformed`], naming the collection, the `_id` and the field.
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
 
-use crate::model::{Node, OnOrphan, Output, Queue, QueueSandbox, Sort, Task};
+use crate::model::{Node, OnOrphan, Output, Queue, QueueSandbox, Sort, Task, UnreadableQueue};
 use crate::store::{OutputValue, StoreError, StoreResult, TaskFilter};
 
 /// Largest integer a Double represents exactly (2^53).
@@ -105,7 +106,10 @@ pub(super) fn task_filter_doc(filter: &TaskFilter) -> Document {
         );
     }
     if let Some(node) = &filter.node {
-        q.insert("node", node.as_ref().map_or(Bson::Null, |n| Bson::String(n.clone())));
+        q.insert(
+            "node",
+            node.as_ref().map_or_else(super::unclaimed, |n| Bson::String(n.clone())),
+        );
     }
     q
 }
@@ -204,8 +208,22 @@ impl<'a> Fields<'a> {
     }
 }
 
+/// A task's parameters: `params`, else Disbatch 3's `parameters`, else none.
+fn task_params(f: &Fields<'_>) -> StoreResult<Document> {
+    let field = if f.get("params").is_none() && f.get("parameters").is_some() {
+        "parameters"
+    } else {
+        "params"
+    };
+    match f.get(field) {
+        None => Ok(Document::new()),
+        Some(Bson::Document(d)) => Ok(d.clone()),
+        Some(_) => Err(f.malformed(field, "an object")),
+    }
+}
+
 /// A task document. `ctime` falls back to the `_id`'s timestamp and `mtime` to `ctime`
-/// when missing; `params` may be missing or null (no params).
+/// when missing; `params` may be missing or null (no params), or under `parameters`.
 pub(super) fn task_from(doc: &Document) -> StoreResult<Task> {
     let f = Fields::new("tasks", doc);
     let id = f.object_id("_id")?;
@@ -216,11 +234,7 @@ pub(super) fn task_from(doc: &Document) -> StoreResult<Task> {
         .and_then(as_int)
         .and_then(|s| i32::try_from(s).ok())
         .ok_or_else(|| f.malformed("status", "a 32-bit integer"))?;
-    let params = match f.get("params") {
-        None => Document::new(),
-        Some(Bson::Document(d)) => d.clone(),
-        Some(_) => return Err(f.malformed("params", "an object")),
-    };
+    let params = task_params(&f)?;
     Ok(Task {
         id,
         queue: f.object_id("queue")?,
@@ -258,7 +272,7 @@ pub(super) fn task_or_problem(doc: &Document) -> Option<Task> {
             .and_then(as_int)
             .and_then(|s| i32::try_from(s).ok())
             .unwrap_or(i32::MIN),
-        params: f.get("params").and_then(Bson::as_document).cloned().unwrap_or_default(),
+        params: task_params(&f).unwrap_or_default(),
         stdout: f.output("stdout").ok().flatten(),
         stderr: f.output("stderr").ok().flatten(),
         problem: Some(err.to_string()),
@@ -316,6 +330,19 @@ pub(super) fn queue_from(doc: &Document) -> StoreResult<(Queue, Vec<String>)> {
     Ok((queue, problems))
 }
 
+/// A queue document [`queue_from`] refused with `err`, shown with what could be read of
+/// it. `None` only when the `_id` is not an ObjectId.
+pub(super) fn unreadable_queue(doc: &Document, err: &StoreError) -> Option<UnreadableQueue> {
+    let f = Fields::new("queues", doc);
+    Some(UnreadableQueue {
+        id: f.object_id("_id").ok()?,
+        name: f.string("name").ok(),
+        plugin: f.string("plugin").ok(),
+        threads: f.opt_count("threads").ok().flatten(),
+        problem: err.to_string(),
+    })
+}
+
 /// A queue's `on_orphan` policy for recovery: anything but `"requeue"` is the spec's
 /// orphaning, so a malformed queue still gets its tasks recovered.
 pub(super) fn on_orphan_lenient(doc: &Document) -> OnOrphan {
@@ -325,14 +352,26 @@ pub(super) fn on_orphan_lenient(doc: &Document) -> OnOrphan {
     }
 }
 
-/// A node document.
+/// A node document. A `maxthreads` that cannot be read is taken as 0 (the node claims
+/// nothing until it is fixed, but heartbeats and recovers orphans) and a `timestamp` that
+/// cannot be read as the epoch (stale), each reported in the node's `problem`; only a
+/// document without an ObjectId `_id` or a string `node` is refused.
 pub(super) fn node_from(doc: &Document) -> StoreResult<Node> {
     let f = Fields::new("nodes", doc);
+    let mut problems = Vec::new();
+    let maxthreads = f.opt_count("maxthreads").unwrap_or_else(|e| {
+        problems.push(format!("{e}; claiming nothing until it is fixed"));
+        Some(0)
+    });
+    let timestamp = f.date("timestamp").unwrap_or_else(|e| {
+        problems.push(format!("{e}; taken as stale"));
+        DateTime::from_millis(0)
+    });
     Ok(Node {
         id: f.object_id("_id")?,
         node: f.string("node")?,
-        timestamp: f.date("timestamp")?,
-        maxthreads: f.opt_count("maxthreads")?,
+        timestamp,
+        maxthreads,
         stats: doc
             .get_document("stats")
             .ok()
@@ -349,184 +388,9 @@ pub(super) fn node_from(doc: &Document) -> StoreResult<Node> {
                     .collect()
             })
             .unwrap_or_default(),
+        problem: (!problems.is_empty()).then(|| problems.join("; ")),
     })
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn task_doc() -> Document {
-        doc! {
-            "_id": ObjectId::new(),
-            "queue": ObjectId::new(),
-            "ctime": DateTime::now(),
-            "mtime": DateTime::now(),
-            "node": null,
-            "status": -2,
-            "params": { "a": 1 },
-            "stdout": null,
-            "stderr": null,
-        }
-    }
-
-    fn reason(e: StoreError) -> String {
-        match e {
-            StoreError::Malformed { collection, reason, .. } => format!("{collection}: {reason}"),
-            other => panic!("not malformed: {other}"),
-        }
-    }
-
-    #[test]
-    fn integers_of_any_width() {
-        assert_eq!(as_int(&Bson::Int32(5)), Some(5));
-        assert_eq!(as_int(&Bson::Int64(-7)), Some(-7));
-        assert_eq!(as_int(&Bson::Double(3.0)), Some(3));
-        assert_eq!(as_int(&Bson::Double(3.5)), None);
-        assert_eq!(as_int(&Bson::String("3".into())), Some(3));
-        assert_eq!(as_int(&Bson::String(" -2 ".into())), Some(-2));
-        assert_eq!(as_int(&Bson::String("2.0".into())), Some(2));
-        assert_eq!(as_int(&Bson::String("x".into())), None);
-        assert_eq!(as_int(&Bson::String("2.5".into())), None);
-        assert_eq!(int_bson(5), Bson::Int32(5));
-        assert_eq!(int_bson(1 << 40), Bson::Int64(1 << 40));
-    }
-
-    #[test]
-    fn task_parses_spec_document() {
-        let mut d = task_doc();
-        let t = task_from(&d).unwrap();
-        assert_eq!(t.status, -2);
-        assert_eq!(t.node, None);
-        assert_eq!(t.stdout, None);
-        d.insert("status", Bson::Int64(1));
-        d.insert("node", "n1");
-        let file = ObjectId::new();
-        d.insert("stdout", "out");
-        d.insert("stderr", file);
-        let t = task_from(&d).unwrap();
-        assert_eq!(t.status, 1);
-        assert_eq!(t.node.as_deref(), Some("n1"));
-        assert_eq!(t.stdout, Some(Output::Inline("out".into())));
-        assert_eq!(t.stderr, Some(Output::File(file)));
-    }
-
-    #[test]
-    fn task_errors_name_the_field() {
-        let mut d = task_doc();
-        d.insert("status", "queued");
-        assert!(reason(task_from(&d).unwrap_err()).contains("`status`"));
-        let mut d = task_doc();
-        d.insert("queue", "q");
-        assert!(reason(task_from(&d).unwrap_err()).contains("`queue`"));
-        let mut d = task_doc();
-        d.insert("stdout", 5);
-        assert!(reason(task_from(&d).unwrap_err()).contains("`stdout`"));
-    }
-
-    #[test]
-    fn perl_written_task() {
-        let mut d = task_doc();
-        d.insert("status", "-2");
-        d.insert("node", -1);
-        d.insert("ctime", 1_461_693_573_i64);
-        d.insert("mtime", 1_461_693_573_500.0);
-        let t = task_from(&d).unwrap();
-        assert_eq!(t.status, -2);
-        assert_eq!(t.node, None);
-        assert_eq!(t.ctime.timestamp_millis(), 1_461_693_573_000);
-        assert_eq!(t.mtime.timestamp_millis(), 1_461_693_573_500);
-        d.insert("ctime", "soon");
-        assert!(reason(task_from(&d).unwrap_err()).contains("`ctime`"));
-    }
-
-    #[test]
-    fn unreadable_task_is_shown_with_its_problem() {
-        let mut d = task_doc();
-        d.insert("status", "queued");
-        d.insert("params", "p");
-        let t = task_or_problem(&d).unwrap();
-        assert_eq!(t.status, i32::MIN);
-        assert!(t.problem.unwrap().contains("`status`"));
-        assert!(task_or_problem(&task_doc()).unwrap().problem.is_none());
-    }
-
-    #[test]
-    fn task_missing_times_fall_back() {
-        let mut d = task_doc();
-        d.remove("ctime");
-        d.remove("mtime");
-        d.remove("params");
-        let t = task_from(&d).unwrap();
-        assert_eq!(t.ctime, t.mtime);
-        assert!(t.params.is_empty());
-    }
-
-    #[test]
-    fn queue_threads_widths_and_bad_sort() {
-        let id = ObjectId::new();
-        for threads in [Bson::Int32(3), Bson::Int64(3), Bson::Double(3.0)] {
-            let (q, problems) =
-                queue_from(&doc! { "_id": id, "name": "q", "plugin": "p", "threads": threads }).unwrap();
-            assert_eq!(q.threads, Some(3));
-            assert!(problems.is_empty());
-        }
-        let (q, _) = queue_from(&doc! { "_id": id, "name": "q", "plugin": "p", "threads": null }).unwrap();
-        assert_eq!(q.threads, None);
-        let (q, problems) = queue_from(&doc! { "_id": id, "name": "q", "plugin": "p", "sort": "random" }).unwrap();
-        assert_eq!(q.sort, Sort::Default);
-        assert_eq!(problems.len(), 1);
-        let e = queue_from(&doc! { "_id": id, "name": "q", "plugin": "p", "threads": -1 }).unwrap_err();
-        assert!(reason(e).contains("`threads`"));
-        let e = queue_from(&doc! { "_id": id, "name": "q", "plugin": "p", "sandbox": { "bogus": 1 } }).unwrap_err();
-        assert!(reason(e).contains("`sandbox`"));
-        let e = queue_from(&doc! { "_id": id, "name": "q", "plugin": "p", "on_orphan": "retry" }).unwrap_err();
-        assert!(reason(e).contains("`on_orphan`"));
-    }
-
-    #[test]
-    fn queue_sandbox_and_policy() {
-        let d = doc! {
-            "_id": ObjectId::new(), "name": "q", "plugin": "p", "threads": 2, "sort": "lifo",
-            "sandbox": { "timeout": "30s", "memory_mib": 64 }, "on_orphan": "requeue",
-        };
-        let (q, _) = queue_from(&d).unwrap();
-        assert_eq!(q.sort, Sort::Lifo);
-        assert_eq!(q.sandbox.timeout, Some(std::time::Duration::from_secs(30)));
-        assert_eq!(q.sandbox.memory_mib, Some(64));
-        assert_eq!(q.on_orphan, OnOrphan::Requeue);
-        assert_eq!(on_orphan_lenient(&d), OnOrphan::Requeue);
-        assert_eq!(on_orphan_lenient(&doc! { "on_orphan": 5 }), OnOrphan::Orphan);
-    }
-
-    #[test]
-    fn node_maxthreads() {
-        let d = doc! { "_id": ObjectId::new(), "node": "n", "timestamp": DateTime::now(), "maxthreads": 4.0 };
-        assert_eq!(node_from(&d).unwrap().maxthreads, Some(4));
-        let d = doc! { "_id": ObjectId::new(), "node": "n", "timestamp": DateTime::now() };
-        assert_eq!(node_from(&d).unwrap().maxthreads, None);
-        let d = doc! { "_id": ObjectId::new(), "node": "n", "timestamp": 1_700_000_000, "maxthreads": "3" };
-        let n = node_from(&d).unwrap();
-        assert_eq!(
-            (n.maxthreads, n.timestamp.timestamp_millis()),
-            (Some(3), 1_700_000_000_000)
-        );
-        let d = doc! { "_id": ObjectId::new(), "node": "n", "timestamp": DateTime::now(), "maxthreads": "x" };
-        assert!(reason(node_from(&d).unwrap_err()).contains("`maxthreads`"));
-    }
-
-    #[test]
-    fn filter_documents() {
-        let q = ObjectId::new();
-        let f = TaskFilter {
-            queue: Some(q),
-            status: Some(vec![-2, 1]),
-            node: Some(None),
-            ..Default::default()
-        };
-        assert_eq!(
-            task_filter_doc(&f),
-            doc! { "queue": q, "status": { "$in": [-2, 1] }, "node": null }
-        );
-    }
-}
+mod tests;

@@ -13,7 +13,7 @@ use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
 use futures::TryStreamExt;
 
-use super::documents::on_orphan_lenient;
+use super::documents::{as_date, on_orphan_lenient};
 use super::{db_err, MongoStore};
 use crate::model::{status, OnOrphan};
 use crate::store::{Recovery, StoreResult};
@@ -30,7 +30,8 @@ impl MongoStore {
                 "mtime": { "$lt": stale_before },
             },
         ]};
-        self.recover_matching("recover orphans", filter, &stale).await
+        self.recover_matching("recover orphans", filter, &stale, Some(DateTime::now()))
+            .await
     }
 
     /// Recovers, at once, every claimed or running task of `node` and frees its slots:
@@ -38,17 +39,22 @@ impl MongoStore {
     /// has none yet).
     pub(super) async fn recover_node(&self, node: &str) -> StoreResult<Recovery> {
         let filter = doc! { "node": node, "status": { "$in": [status::CLAIMED, status::RUNNING] } };
-        self.recover_matching("recover the tasks of a restarted node", filter, &[node.to_string()])
+        let holders = [node.to_string()];
+        self.recover_matching("recover the tasks of a restarted node", filter, &holders, None)
             .await
     }
 
     /// Recovers the tasks matching `filter` (by their queue's `on_orphan` policy), then
-    /// frees the slots held by `holders`: slots are freed only after their tasks.
+    /// frees the slots held by those of `holders` that have no claimed or running task
+    /// left (only leases expired before `expired_before`, when given): slots are freed only
+    /// after their tasks. A stale node's task written after its last heartbeat is not yet
+    /// recovered (its own `mtime` is fresh), so that node keeps its slots until it is.
     async fn recover_matching(
         &self,
         what: &'static str,
         filter: Document,
         holders: &[String],
+        expired_before: Option<DateTime>,
     ) -> StoreResult<Recovery> {
         let err = db_err(what);
         let policies = self.orphan_policies().await?;
@@ -62,7 +68,19 @@ impl MongoStore {
             .await
             .map_err(&err)?;
         let recovery = self.recover_candidates(candidates, &policies).await?;
-        self.free_slots_of(holders).await?;
+        let mut idle = Vec::with_capacity(holders.len());
+        for holder in holders {
+            let busy = self
+                .tasks
+                .count_documents(doc! { "node": holder, "status": { "$in": [status::CLAIMED, status::RUNNING] } })
+                .limit(1)
+                .await
+                .map_err(&err)?;
+            if busy == 0 {
+                idle.push(holder.clone());
+            }
+        }
+        self.free_slots_of(&idle, expired_before).await?;
         Ok(recovery)
     }
 
@@ -125,7 +143,7 @@ impl MongoStore {
     }
 
     /// The names of fresh nodes and of stale ones (including those without a readable
-    /// `timestamp`).
+    /// `timestamp`; an epoch number is read as other clients write it).
     async fn nodes_by_freshness(&self, stale_before: DateTime) -> StoreResult<(Vec<String>, Vec<String>)> {
         let err = db_err("list nodes");
         let (mut fresh, mut stale) = (Vec::new(), Vec::new());
@@ -137,8 +155,8 @@ impl MongoStore {
             .map_err(&err)?;
         while let Some(n) = cursor.try_next().await.map_err(&err)? {
             let Ok(name) = n.get_str("node") else { continue };
-            match n.get_datetime("timestamp") {
-                Ok(t) if *t >= stale_before => fresh.push(name.to_string()),
+            match n.get("timestamp").and_then(as_date) {
+                Some(t) if t >= stale_before => fresh.push(name.to_string()),
                 _ => stale.push(name.to_string()),
             }
         }

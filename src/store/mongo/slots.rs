@@ -189,13 +189,18 @@ impl MongoStore {
         Ok(())
     }
 
-    /// Frees every slot held by one of `nodes`.
-    pub(super) async fn free_slots_of(&self, nodes: &[String]) -> StoreResult<()> {
+    /// Frees every slot held by one of `nodes` (only those whose lease expired before
+    /// `expired_before`, when given: a node that came back has renewed its leases).
+    pub(super) async fn free_slots_of(&self, nodes: &[String], expired_before: Option<DateTime>) -> StoreResult<()> {
         if nodes.is_empty() {
             return Ok(());
         }
+        let mut filter = doc! { "holder": { "$in": nodes } };
+        if let Some(t) = expired_before {
+            filter.insert("expires", doc! { "$lt": t });
+        }
         self.slots
-            .update_many(doc! { "holder": { "$in": nodes } }, doc! { "$set": { "holder": null } })
+            .update_many(filter, doc! { "$set": { "holder": null } })
             .await
             .map_err(db_err("free slots of stale nodes"))?;
         Ok(())
