@@ -16,6 +16,7 @@ use bson::{Bson, Document};
 use serde_json::{Map, Value};
 
 use super::body::{kind, JsonBody};
+use super::error::PartlyCreated;
 use super::tasks::object_id;
 use super::{queues, ApiError, Shared};
 
@@ -76,13 +77,13 @@ pub(super) async fn create(State(state): State<Shared>, JsonBody(body): JsonBody
         let batch = std::mem::replace(&mut rest, tail);
         let ids: Vec<ObjectId> = batch.iter().map(|(id, _)| *id).collect();
         if let Err(error) = state.store.insert_tasks(queue.id, batch).await {
-            return Err(ApiError::PartlyCreated {
+            return Err(ApiError::PartlyCreated(Box::new(PartlyCreated {
                 error,
                 queue: queue.id,
                 total,
                 created,
                 unconfirmed: ids,
-            });
+            })));
         }
         created.extend(ids);
     }

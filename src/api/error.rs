@@ -38,22 +38,27 @@ pub enum ApiError {
     /// is the store error's, and the body carries `{queue, count, ids}` of the tasks
     /// created and `unconfirmed`, the ids of the batch that failed, which may or may not
     /// exist (look them up with `GET /tasks/{id}`).
-    #[error(
-        "created {} of {total} tasks, then: {error}; the ids created are in \"ids\", those that may or may not exist in \"unconfirmed\"",
-        .created.len()
-    )]
-    PartlyCreated {
-        /// What failed.
-        error: StoreError,
-        /// The queue.
-        queue: ObjectId,
-        /// How many tasks were to be created.
-        total: usize,
-        /// The ids created, in order.
-        created: Vec<ObjectId>,
-        /// The ids of the batch that failed.
-        unconfirmed: Vec<ObjectId>,
-    },
+    #[error(transparent)]
+    PartlyCreated(Box<PartlyCreated>),
+}
+
+/// What [`ApiError::PartlyCreated`] carries.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "created {} of {total} tasks, then: {error}; the ids created are in \"ids\", those that may or may not exist in \"unconfirmed\"",
+    .created.len()
+)]
+pub struct PartlyCreated {
+    /// What failed.
+    pub error: StoreError,
+    /// The queue.
+    pub queue: ObjectId,
+    /// How many tasks were to be created.
+    pub total: usize,
+    /// The ids created, in order.
+    pub created: Vec<ObjectId>,
+    /// The ids of the batch that failed.
+    pub unconfirmed: Vec<ObjectId>,
 }
 
 /// The HTTP status of a store error.
@@ -80,7 +85,8 @@ impl ApiError {
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::NotJson(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            ApiError::Store(e) | ApiError::PartlyCreated { error: e, .. } => store_status(e),
+            ApiError::Store(e) => store_status(e),
+            ApiError::PartlyCreated(p) => store_status(&p.error),
         }
     }
 }
@@ -92,16 +98,10 @@ impl IntoResponse for ApiError {
             tracing::warn!(error = %self, "API request failed");
         }
         let mut body = json!({ "error": self.to_string() });
-        if let ApiError::PartlyCreated {
-            queue,
-            created,
-            unconfirmed,
-            ..
-        } = &self
-        {
-            body = super::json::created(*queue, created);
+        if let ApiError::PartlyCreated(p) = &self {
+            body = super::json::created(p.queue, &p.created);
             body["error"] = json!(self.to_string());
-            body["unconfirmed"] = json!(unconfirmed.iter().map(|id| id.to_hex()).collect::<Vec<_>>());
+            body["unconfirmed"] = json!(p.unconfirmed.iter().map(|id| id.to_hex()).collect::<Vec<_>>());
         }
         let mut response = (status, Json(body)).into_response();
         if matches!(self, ApiError::Unauthorized) {
