@@ -13,12 +13,13 @@
 //! `application/json`, 503 when the database is unreachable.
 //!
 //! Parts: `error` ([`ApiError`] → HTTP), `auth` (bearer token on writes), `body` (the JSON
-//! body and path extractors), `json` (documents → JSON), `nodes`, `queues`, `tasks`,
+//! body and path extractors), `json` (documents → JSON), `nodes`, `queues`, `tasks`, `create` (`POST /tasks`),
 //! `status` (info, monitoring, metrics), `source` ([`DocumentSource`] for `POST /tasks` from
 //! a collection), `ui` (embedded HTML/JS/CSS) and `openapi`.
 
 mod auth;
 mod body;
+mod create;
 mod error;
 mod json;
 mod nodes;
@@ -143,7 +144,7 @@ pub fn router(state: ApiState) -> Router {
             "/queues/{queue}",
             get(queues::one).post(queues::update).delete(queues::delete),
         )
-        .route("/tasks", get(tasks::search).post(tasks::create))
+        .route("/tasks", get(tasks::search).post(create::create))
         .route("/tasks/{id}", get(tasks::one))
         .route("/tasks/{id}/stdout", get(tasks::stdout))
         .route("/tasks/{id}/stderr", get(tasks::stderr))

@@ -21,6 +21,7 @@
 mod lease;
 mod output;
 mod queues;
+mod result;
 mod shutdown;
 mod worker;
 

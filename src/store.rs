@@ -25,9 +25,16 @@ use crate::model::{Node, NodeProcess, NodeStats, Output, Queue, Sort, Task, Unre
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
-    /// The database could not be reached or failed the operation.
+    /// The database could not be reached or failed the operation in a way that may pass:
+    /// a network error, a timeout, a primary stepping down, a busy embedded database.
+    /// Retrying can help ([`StoreError::is_transient`]).
     #[error("database error: {0}")]
     Database(String),
+    /// The database refused the operation, or failed it in a way that would repeat: not
+    /// authorized, a document too large, a document failing the collection's validation, a
+    /// bad value, a full or read-only embedded database. Retrying cannot help.
+    #[error("database refused the operation (retrying cannot help): {0}")]
+    Rejected(String),
     /// A document in the database is not of the expected shape.
     #[error("malformed {collection} document {id}: {reason}")]
     Malformed {
@@ -49,6 +56,16 @@ pub enum StoreError {
     /// The request is invalid (names the field).
     #[error("{0}")]
     Invalid(String),
+}
+
+impl StoreError {
+    /// Whether retrying the same operation may succeed: true for [`StoreError::Database`]
+    /// (the database is unreachable or briefly unable), false for everything else — a
+    /// refusal, a malformed document, a duplicate, an invalid request are the same on
+    /// every attempt.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, StoreError::Database(_))
+    }
 }
 
 /// Result of a store operation.
@@ -237,11 +254,24 @@ pub trait Store: Send + Sync + 'static {
     /// Idempotent: a task already `{node, status: 0}` (a retry whose first reply was lost)
     /// also returns true. Returns false when the task is no longer ours.
     async fn start(&self, task: ObjectId, node: &str) -> StoreResult<bool>;
-    /// Stores an output stream too large for the task document as a file tied to `task`
-    /// (`filename` is `stdout` or `stderr`); returns the file id. MongoDB keeps it in
-    /// GridFS (`tasks.files` / `tasks.chunks`, String chunks), the embedded store as a
-    /// blob. Called before [`Store::finish`], so a task never points at a missing file.
-    async fn write_output_file(&self, task: ObjectId, filename: &str, text: &str) -> StoreResult<ObjectId>;
+    /// Stores an output stream too large for the task document as the file `file` tied to
+    /// `task` (`filename` is `stdout` or `stderr`). MongoDB keeps it in GridFS
+    /// (`tasks.files` / `tasks.chunks`, String chunks), the embedded store as a blob.
+    /// Called before [`Store::finish`], so a task never points at a missing file.
+    /// Idempotent: writing the same `file` again replaces whatever an earlier attempt (cut
+    /// short, or whose reply was lost) left, so a retried write leaves one whole file.
+    async fn put_output_file(&self, file: ObjectId, task: ObjectId, filename: &str, text: &str) -> StoreResult<()>;
+    /// [`Store::put_output_file`] under a new file id; returns the id.
+    async fn write_output_file(&self, task: ObjectId, filename: &str, text: &str) -> StoreResult<ObjectId> {
+        let file = ObjectId::new();
+        self.put_output_file(file, task, filename, text).await?;
+        Ok(file)
+    }
+    /// Deletes output files written for `task` that its result does not use (the result
+    /// write failed, was refused, or the task was recovered meanwhile), each with all its
+    /// pieces. A file the task document points at is kept (a finish whose reply was lost
+    /// did apply), and so is a file of another task; ids never written are ignored.
+    async fn discard_output_files(&self, task: ObjectId, files: &[ObjectId]) -> StoreResult<()>;
     /// Finishes a task: status, stdout, stderr and mtime in one update, fenced on
     /// `{_id, node, status: 0}`. Returns false when the task was recovered meanwhile (then
     /// nothing is written).
@@ -270,8 +300,17 @@ pub trait Store: Send + Sync + 'static {
     // ---- tasks (the DCI) ---------------------------------------------------------------
 
     /// Inserts queued tasks (status -2, node null, stdout/stderr null, ctime = mtime = now)
-    /// with the given params. Returns their ids in order.
-    async fn create_tasks(&self, queue: ObjectId, params: Vec<Document>) -> StoreResult<Vec<ObjectId>>;
+    /// with the given ids and params, in order. On an error the embedded store created
+    /// none of them (one transaction); MongoDB may have created a first part of them (an
+    /// ordered insert cut short, or one whose reply was lost).
+    async fn insert_tasks(&self, queue: ObjectId, tasks: Vec<(ObjectId, Document)>) -> StoreResult<()>;
+    /// [`Store::insert_tasks`] with new ids. Returns their ids in order.
+    async fn create_tasks(&self, queue: ObjectId, params: Vec<Document>) -> StoreResult<Vec<ObjectId>> {
+        let tasks: Vec<(ObjectId, Document)> = params.into_iter().map(|p| (ObjectId::new(), p)).collect();
+        let ids = tasks.iter().map(|(id, _)| *id).collect();
+        self.insert_tasks(queue, tasks).await?;
+        Ok(ids)
+    }
     /// Tasks matching `filter`, newest first.
     async fn find_tasks(&self, filter: &TaskFilter, page: Page) -> StoreResult<Vec<Task>>;
     /// Number of tasks matching `filter`.

@@ -99,6 +99,8 @@ on_both_stores!(
 
 #[path = "store_shared/restarts.rs"]
 mod restarts;
+#[path = "store_shared/results.rs"]
+mod results;
 
 fn new_queue(name: &str, threads: Option<i64>, sort: Sort) -> NewQueue {
     NewQueue {

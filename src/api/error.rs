@@ -3,6 +3,7 @@
 use axum::http::{header, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use bson::oid::ObjectId;
 use serde_json::json;
 
 use crate::store::StoreError;
@@ -29,9 +30,44 @@ pub enum ApiError {
     /// A request body not declared as JSON (415); the message names the Content-Type given.
     #[error("{0}")]
     NotJson(String),
-    /// The store failed (503 when the database is unreachable, 500 for bad stored data).
+    /// The store failed (503 when the database is unreachable or briefly unable, 500 when
+    /// it refused the operation or for bad stored data).
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// Creating tasks (`POST /tasks`) failed after some may have been created: the status
+    /// is the store error's, and the body carries `{queue, count, ids}` of the tasks
+    /// created and `unconfirmed`, the ids of the batch that failed, which may or may not
+    /// exist (look them up with `GET /tasks/{id}`).
+    #[error(transparent)]
+    PartlyCreated(Box<PartlyCreated>),
+}
+
+/// What [`ApiError::PartlyCreated`] carries.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "created {} of {total} tasks, then: {error}; the ids created are in \"ids\", those that may or may not exist in \"unconfirmed\"",
+    .created.len()
+)]
+pub struct PartlyCreated {
+    /// What failed.
+    pub error: StoreError,
+    /// The queue.
+    pub queue: ObjectId,
+    /// How many tasks were to be created.
+    pub total: usize,
+    /// The ids created, in order.
+    pub created: Vec<ObjectId>,
+    /// The ids of the batch that failed.
+    pub unconfirmed: Vec<ObjectId>,
+}
+
+/// The HTTP status of a store error.
+fn store_status(e: &StoreError) -> StatusCode {
+    match e {
+        StoreError::Invalid(_) | StoreError::Duplicate { .. } => StatusCode::BAD_REQUEST,
+        StoreError::Database(_) => StatusCode::SERVICE_UNAVAILABLE,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    }
 }
 
 impl ApiError {
@@ -49,9 +85,8 @@ impl ApiError {
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::NotJson(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            ApiError::Store(StoreError::Invalid(_) | StoreError::Duplicate { .. }) => StatusCode::BAD_REQUEST,
-            ApiError::Store(StoreError::Database(_)) => StatusCode::SERVICE_UNAVAILABLE,
-            ApiError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::Store(e) => store_status(e),
+            ApiError::PartlyCreated(p) => store_status(&p.error),
         }
     }
 }
@@ -62,7 +97,13 @@ impl IntoResponse for ApiError {
         if status.is_server_error() {
             tracing::warn!(error = %self, "API request failed");
         }
-        let mut response = (status, Json(json!({ "error": self.to_string() }))).into_response();
+        let mut body = json!({ "error": self.to_string() });
+        if let ApiError::PartlyCreated(p) = &self {
+            body = super::json::created(p.queue, &p.created);
+            body["error"] = json!(self.to_string());
+            body["unconfirmed"] = json!(p.unconfirmed.iter().map(|id| id.to_hex()).collect::<Vec<_>>());
+        }
+        let mut response = (status, Json(body)).into_response();
         if matches!(self, ApiError::Unauthorized) {
             response
                 .headers_mut()

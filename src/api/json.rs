@@ -144,3 +144,12 @@ pub(super) fn node(n: &Node, now: DateTime) -> Value {
         "problem": n.problem,
     })
 }
+
+/// The answer of `POST /tasks`: `{queue, count, ids}`.
+pub(super) fn created(queue: ObjectId, ids: &[ObjectId]) -> Value {
+    json!({
+        "queue": queue.to_hex(),
+        "count": ids.len(),
+        "ids": ids.iter().map(|id| id.to_hex()).collect::<Vec<_>>(),
+    })
+}

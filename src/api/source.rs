@@ -11,17 +11,32 @@ use futures::TryStreamExt;
 /// Reads documents of a collection of the same database.
 #[async_trait]
 pub trait DocumentSource: Send + Sync + 'static {
-    /// Up to `limit` documents of `collection` matching `filter`, in natural order.
-    async fn find(&self, collection: &str, filter: Document, limit: i64) -> Result<Vec<Document>, String>;
+    /// Up to `limit` documents of `collection` matching `filter`, in natural order, with
+    /// only the fields `projection` selects (whole documents when `None`).
+    async fn find(
+        &self,
+        collection: &str,
+        filter: Document,
+        projection: Option<Document>,
+        limit: i64,
+    ) -> Result<Vec<Document>, String>;
 }
 
 #[async_trait]
 impl DocumentSource for mongodb::Database {
-    async fn find(&self, collection: &str, filter: Document, limit: i64) -> Result<Vec<Document>, String> {
-        self.collection::<Document>(collection)
-            .find(filter)
-            .limit(limit)
-            .await
+    async fn find(
+        &self,
+        collection: &str,
+        filter: Document,
+        projection: Option<Document>,
+        limit: i64,
+    ) -> Result<Vec<Document>, String> {
+        let coll = self.collection::<Document>(collection);
+        let mut find = coll.find(filter).limit(limit);
+        if let Some(projection) = projection {
+            find = find.projection(projection);
+        }
+        find.await
             .map_err(|e| e.to_string())?
             .try_collect()
             .await

@@ -1,5 +1,5 @@
-//! `GET /tasks` (search on indexed fields), `POST /tasks` (both Disbatch 4 forms) and
-//! `GET /tasks/{id}`.
+//! `GET /tasks` (search on indexed fields), `GET /tasks/{id}` and its outputs; `POST
+//! /tasks` is in [`super::create`].
 
 use std::collections::HashMap;
 
@@ -8,19 +8,13 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bson::oid::ObjectId;
-use bson::{Bson, Document};
 use serde_json::{json, Map, Value};
 
-use super::body::{kind, JsonBody, PathKey};
+use super::body::{kind, PathKey};
 use super::json::TaskView;
 use super::{json, queues, ApiError, Shared, MAX_TASK_LIMIT};
 use crate::model::Output;
 use crate::store::{Page, TaskFilter};
-
-/// Most tasks one `POST /tasks` with a `collection` may create.
-pub const MAX_COLLECTION_TASKS: i64 = 1_000_000;
-/// Tasks inserted per store call.
-const INSERT_BATCH: usize = 1000;
 
 /// Query options of `GET /tasks` that are not filters.
 const OPTIONS: [&str; 8] = ["limit", "skip", "count", "fields", "epoch", "terse", "full", "pretty"];
@@ -65,7 +59,7 @@ fn statuses(v: &Value) -> Result<Vec<i32>, ApiError> {
 }
 
 /// An ObjectId given as hex or `{"$oid": hex}`.
-fn object_id(v: &Value) -> Option<ObjectId> {
+pub(super) fn object_id(v: &Value) -> Option<ObjectId> {
     match v {
         Value::String(s) => ObjectId::parse_str(s).ok(),
         Value::Object(o) => o
@@ -295,193 +289,9 @@ async fn output_text(State(state): State<Shared>, PathKey(id): PathKey, name: &s
     Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], body).into_response())
 }
 
-/// `POST /tasks`: `{queue, params: [{…}, …]}` creates one task per params object;
-/// `{queue, collection, filter, params: {key: "document.field" | literal}}` one per
-/// matching document of `collection`. Answers `{"ids": [...], "count": n}`.
-pub(super) async fn create(State(state): State<Shared>, JsonBody(body): JsonBody) -> Result<Json<Value>, ApiError> {
-    for k in body.keys() {
-        if !["queue", "params", "collection", "filter"].contains(&k.as_str()) {
-            return Err(ApiError::bad(format!(
-                "unknown field {k:?}: expected queue and params, and for tasks from documents collection and filter"
-            )));
-        }
-    }
-    let key = match body.get("queue") {
-        Some(Value::String(s)) if !s.is_empty() => s.clone(),
-        Some(v @ Value::Object(_)) => object_id(v)
-            .map(|id| id.to_hex())
-            .ok_or_else(|| ApiError::bad("field \"queue\" must be a queue id or name"))?,
-        _ => return Err(ApiError::bad("field \"queue\" is required (a queue id or name)")),
-    };
-    let params = if body.contains_key("collection") {
-        from_collection(&state, &body).await?
-    } else {
-        if body.contains_key("filter") {
-            return Err(ApiError::bad("field \"filter\" needs field \"collection\""));
-        }
-        let list = match body.get("params") {
-            Some(Value::Array(a)) => a,
-            Some(other) => {
-                return Err(ApiError::bad(format!(
-                    "field \"params\" must be an array of objects, got {}",
-                    kind(other)
-                )))
-            }
-            None => return Err(ApiError::bad("field \"params\" is required (an array of objects)")),
-        };
-        list.iter()
-            .enumerate()
-            .map(|(i, p)| to_document(p).map_err(|e| ApiError::bad(format!("field \"params[{i}]\" {e}"))))
-            .collect::<Result<Vec<_>, _>>()?
-    };
-    for (i, p) in params.iter().enumerate() {
-        check_storable(p).map_err(|e| ApiError::bad(format!("field \"params[{i}]\" {e}")))?;
-    }
-    let queue = queues::find(&state, &key).await?;
-    let mut ids = Vec::with_capacity(params.len());
-    let mut params = params;
-    while !params.is_empty() {
-        let rest = params.split_off(params.len().min(INSERT_BATCH));
-        ids.extend(state.store.create_tasks(queue.id, params).await?);
-        params = rest;
-    }
-    Ok(Json(json!({
-        "queue": queue.id.to_hex(),
-        "count": ids.len(),
-        "ids": ids.iter().map(|id| id.to_hex()).collect::<Vec<_>>(),
-    })))
-}
-
-/// Largest BSON size of one task's params: the database's 16 MiB document limit less room
-/// for the task's other fields.
-pub const MAX_PARAMS_BYTES: usize = (16 << 20) - (16 << 10);
-
-/// Whether `params` can be stored in a task document: BSON keys without NUL bytes, and at
-/// most [`MAX_PARAMS_BYTES`].
-fn check_storable(params: &Document) -> Result<(), String> {
-    let bytes = bson::to_vec(params).map_err(|e| format!("cannot be stored: {e}"))?;
-    if bytes.len() > MAX_PARAMS_BYTES {
-        return Err(format!(
-            "is {} bytes as BSON, over the {MAX_PARAMS_BYTES} bytes a task's params may take",
-            bytes.len()
-        ));
-    }
-    Ok(())
-}
-
-fn to_document(v: &Value) -> Result<Document, String> {
-    match v {
-        Value::Object(_) => match Bson::try_from(v.clone()) {
-            Ok(Bson::Document(d)) => Ok(d),
-            Ok(_) => Err("must be an object".into()),
-            Err(e) => Err(format!("is not valid Extended JSON: {e}")),
-        },
-        other => Err(format!("must be an object, got {}", kind(other))),
-    }
-}
-
-/// Operators that run code on the server; refused in a filter.
-const CODE_OPERATORS: [&str; 3] = ["$where", "$function", "$accumulator"];
-
-fn check_no_code(v: &Value) -> Result<(), ApiError> {
-    match v {
-        Value::Object(m) => {
-            if let Some(k) = m.keys().find(|k| CODE_OPERATORS.contains(&k.as_str())) {
-                return Err(ApiError::bad(format!("field \"filter\": operator {k} is not allowed")));
-            }
-            m.values().try_for_each(check_no_code)
-        }
-        Value::Array(a) => a.iter().try_for_each(check_no_code),
-        _ => Ok(()),
-    }
-}
-
-async fn from_collection(state: &Shared, body: &Map<String, Value>) -> Result<Vec<Document>, ApiError> {
-    let collection = match body.get("collection") {
-        Some(Value::String(s)) if !s.is_empty() && !s.contains('$') && !s.starts_with("system.") => s.clone(),
-        _ => return Err(ApiError::bad("field \"collection\" must be a collection name")),
-    };
-    let filter_value = body.get("filter").cloned().unwrap_or_else(|| json!({}));
-    check_no_code(&filter_value)?;
-    let filter = to_document(&filter_value).map_err(|e| ApiError::bad(format!("field \"filter\" {e}")))?;
-    let mapping = match body.get("params") {
-        Some(Value::Object(m)) => m.clone(),
-        None => Map::new(),
-        Some(other) => {
-            return Err(ApiError::bad(format!(
-                "field \"params\" must be an object mapping keys to \"document.<field>\" or values, got {}",
-                kind(other)
-            )))
-        }
-    };
-    let source = state
-        .documents
-        .as_ref()
-        .ok_or_else(|| ApiError::bad("field \"collection\": this server cannot read other collections"))?;
-    let docs = source
-        .find(&collection, filter, MAX_COLLECTION_TASKS + 1)
-        .await
-        .map_err(|e| ApiError::bad(format!("field \"filter\": the query on {collection:?} failed: {e}")))?;
-    if docs.len() as i64 > MAX_COLLECTION_TASKS {
-        return Err(ApiError::bad(format!(
-            "field \"filter\" matches more than {MAX_COLLECTION_TASKS} documents"
-        )));
-    }
-    Ok(docs.iter().map(|d| map_params(&mapping, d)).collect())
-}
-
-/// The params of one task: each value `"document"` is the whole document, `"document.a.b"`
-/// the document's field `a.b` (null when missing); anything else is taken as is.
-pub(super) fn map_params(mapping: &Map<String, Value>, doc: &Document) -> Document {
-    let mut out = Document::new();
-    for (k, v) in mapping {
-        let value = match v.as_str() {
-            Some("document") => Bson::Document(doc.clone()),
-            Some(path) if path.starts_with("document.") => lookup(doc, &path["document.".len()..]),
-            _ => Bson::try_from(v.clone()).unwrap_or(Bson::Null),
-        };
-        out.insert(k.clone(), value);
-    }
-    out
-}
-
-fn lookup(doc: &Document, path: &str) -> Bson {
-    let mut current = Bson::Document(doc.clone());
-    for part in path.split('.') {
-        current = match current {
-            Bson::Document(d) => d.get(part).cloned().unwrap_or(Bson::Null),
-            Bson::Array(a) => part
-                .parse::<usize>()
-                .ok()
-                .and_then(|i| a.get(i).cloned())
-                .unwrap_or(Bson::Null),
-            _ => Bson::Null,
-        };
-    }
-    current
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bson::doc;
-
-    #[test]
-    fn params_from_document_paths() {
-        let d = doc! { "_id": 1, "a": { "b": "x" }, "list": [10, 20] };
-        let m: Map<String, Value> = serde_json::from_value(
-            json!({"id": "document._id", "b": "document.a.b", "second": "document.list.1",
-                "missing": "document.nope", "lit": 5, "all": "document"}),
-        )
-        .unwrap();
-        let p = map_params(&m, &d);
-        assert_eq!(p.get("id"), Some(&Bson::Int32(1)));
-        assert_eq!(p.get_str("b").unwrap(), "x");
-        assert_eq!(p.get("second"), Some(&Bson::Int32(20)));
-        assert_eq!(p.get("missing"), Some(&Bson::Null));
-        assert_eq!(p.get("lit"), Some(&Bson::Int32(5)));
-        assert_eq!(p.get_document("all").unwrap(), &d);
-    }
 
     #[test]
     fn status_lists() {

@@ -78,13 +78,41 @@ pub(crate) fn truncate_inline(text: String, max: usize, stream: &str) -> String 
     cut
 }
 
-/// Stores the streams as decided by `gfs`: files are written first, so the task never
-/// points at a missing file. `params_len` is the size of the task's params, which shares
-/// the document with inline output.
+/// The ids of the files a task's stdout and stderr go to when they go to files. Chosen
+/// once per result, before the first attempt, so that every retry of
+/// [`store_outputs`] rewrites the same files instead of leaving the earlier attempt's
+/// behind, and so that the files can be discarded when the result cannot be written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct OutputFiles {
+    /// The stdout file's id.
+    pub stdout: ObjectId,
+    /// The stderr file's id.
+    pub stderr: ObjectId,
+}
+
+impl OutputFiles {
+    /// Two new ids.
+    pub(crate) fn new() -> OutputFiles {
+        OutputFiles {
+            stdout: ObjectId::new(),
+            stderr: ObjectId::new(),
+        }
+    }
+
+    /// Both ids.
+    pub(crate) fn ids(&self) -> [ObjectId; 2] {
+        [self.stdout, self.stderr]
+    }
+}
+
+/// Stores the streams as decided by `gfs`: files (as `files`) are written first, so the
+/// task never points at a missing file. `params_len` is the size of the task's params,
+/// which shares the document with inline output. Idempotent for the same `files`.
 pub(crate) async fn store_outputs(
     store: &dyn Store,
     gfs: Gfs,
     task: ObjectId,
+    files: OutputFiles,
     params_len: usize,
     stdout: String,
     stderr: String,
@@ -113,12 +141,14 @@ pub(crate) async fn store_outputs(
         ));
     }
     let stdout = if out_file {
-        OutputValue::File(store.write_output_file(task, "stdout", &stdout).await?)
+        store.put_output_file(files.stdout, task, "stdout", &stdout).await?;
+        OutputValue::File(files.stdout)
     } else {
         OutputValue::Inline(stdout)
     };
     let stderr = if err_file {
-        OutputValue::File(store.write_output_file(task, "stderr", &stderr).await?)
+        store.put_output_file(files.stderr, task, "stderr", &stderr).await?;
+        OutputValue::File(files.stderr)
     } else {
         OutputValue::Inline(stderr)
     };

@@ -1,19 +1,18 @@
 //! Workers: each runs one claimed task in the sandbox, writes its result back, and goes on
 //! with the queue's next task while its slot and the node's limits allow.
 
-use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tracing::{debug, error, info, info_span, warn, Instrument};
 
-use super::output;
 use super::queues::QueueState;
+use super::result::{Stop, TaskResult};
 use super::Den;
 use crate::model::{status, Task};
 use crate::runner::{Failure, Outcome, RunControl, StopReason};
-use crate::store::{Slot, StoreError, StoreResult};
+use crate::store::Slot;
 
 /// How long a worker waits, past its plugin's timeout or stop, for a host call that does not
 /// return before it abandons the plugin's thread.
@@ -93,14 +92,21 @@ impl Den {
         max.is_some_and(|m| self.running() as i64 > m)
     }
 
-    /// One task: running (0) → sandbox → outputs → finished, each write retried through a
-    /// database outage.
+    /// One task: running (0) → sandbox → outputs → finished, each write retried through
+    /// transient database errors (see [`super::result`]).
     async fn execute(&self, queue: &QueueState, task: &Task) {
         let node = &self.settings.node;
-        let started = self.retry("mark running", || self.store.start(task.id, node)).await;
-        if started != Some(true) {
-            warn!("task was taken from this node before it started; not running it");
-            return;
+        match self.retry("mark running", || self.store.start(task.id, node)).await {
+            Ok(true) => {}
+            Ok(false) => {
+                warn!("task was taken from this node before it started; not running it");
+                return;
+            }
+            Err(Stop::Refused(e)) => {
+                error!(error = %e, "cannot mark the task running; not running it (it is recovered as a stale claim)");
+                return;
+            }
+            Err(Stop::GaveUp) => return,
         }
         debug!("running");
         let control = self.new_control(task.id);
@@ -134,34 +140,8 @@ impl Den {
             ),
         }
         let (stdout, stderr) = outcome.output_texts();
-        let params_len = bson::to_vec(&task.params).map(|v| v.len()).unwrap_or(0);
-        let outputs = self
-            .retry("store output", || {
-                output::store_outputs(
-                    self.store.as_ref(),
-                    self.settings.gfs,
-                    task.id,
-                    params_len,
-                    stdout.clone(),
-                    stderr.clone(),
-                )
-            })
-            .await;
-        let Some((out, err)) = outputs else {
-            error!("result lost: the database stayed unreachable past the shutdown");
-            return;
-        };
         let status = if final_status > 0 { final_status } else { status::FAILED };
-        match self
-            .retry("write result", || {
-                self.store.finish(task.id, node, status, out.clone(), err.clone())
-            })
-            .await
-        {
-            Some(true) => {}
-            Some(false) => warn!("task was recovered by another node meanwhile; result not written"),
-            None => error!("result lost: the database stayed unreachable past the shutdown"),
-        }
+        self.write_result(task, TaskResult { status, stdout, stderr }).await;
     }
 
     /// Runs the task's plugin on a blocking thread under `control`, but never waits for it
@@ -214,47 +194,11 @@ impl Den {
         let node = &self.settings.node;
         let ids = [task.id];
         match self.retry("requeue", || self.store.requeue_own(node, &ids)).await {
-            Some(ids) if !ids.is_empty() => {
+            Ok(ids) if !ids.is_empty() => {
                 info!("no other node had recovered the task; put it back in its queue (-2)")
             }
-            Some(_) => info!("another node had already recovered the task"),
-            None => warn!("cannot requeue the task; another node recovers it once this one's heartbeat is stale"),
-        }
-    }
-
-    /// Retries `op` through database outages, with backoff, until it succeeds or the
-    /// drain gives up on running tasks. Other errors are logged and end the retry.
-    async fn retry<T, F, Fut>(&self, what: &str, mut op: F) -> Option<T>
-    where
-        F: FnMut() -> Fut,
-        Fut: Future<Output = StoreResult<T>>,
-    {
-        let mut backoff = Duration::from_millis(100);
-        let mut logged = false;
-        loop {
-            match op().await {
-                Ok(v) => {
-                    if logged {
-                        info!("{what}: database reachable again");
-                    }
-                    return Some(v);
-                }
-                Err(StoreError::Database(e)) => {
-                    if !logged {
-                        warn!(error = %e, "{what}: database unreachable; retrying");
-                        logged = true;
-                    }
-                }
-                Err(e) => {
-                    error!(error = %e, "{what} failed");
-                    return None;
-                }
-            }
-            tokio::select! {
-                _ = self.abandoned.cancelled() => return None,
-                _ = tokio::time::sleep(backoff) => {}
-            }
-            backoff = (backoff * 2).min(Duration::from_secs(5));
+            Ok(_) => info!("another node had already recovered the task"),
+            Err(_) => warn!("cannot requeue the task; another node recovers it once this one's heartbeat is stale"),
         }
     }
 }

@@ -74,11 +74,18 @@ pub fn split_utf8(text: &str, max_bytes: usize) -> Vec<&str> {
     pieces
 }
 
-/// Writes `text` as a GridFS file named `filename` (`stdout` or `stderr`) belonging to
-/// `task_id`: the file document first, then its String chunks in batches. Returns the
-/// file's id.
-pub async fn write_file(db: &Database, task_id: ObjectId, filename: &str, text: &str) -> Result<ObjectId, GridFsError> {
-    let file_id = ObjectId::new();
+/// Writes `text` as the GridFS file `file_id` named `filename` (`stdout` or `stderr`)
+/// belonging to `task_id`: the file document, then its String chunks in batches.
+/// Idempotent: the chunks of an earlier attempt at the same `file_id` (one cut short by a
+/// lost connection, or whose reply was lost) are removed first and its file document
+/// replaced, so a retried write leaves exactly one whole file.
+pub async fn put_file(
+    db: &Database,
+    file_id: ObjectId,
+    task_id: ObjectId,
+    filename: &str,
+    text: &str,
+) -> Result<(), GridFsError> {
     let err = |source| GridFsError::Database {
         op: "write",
         file_id,
@@ -96,9 +103,14 @@ pub async fn write_file(db: &Database, task_id: ObjectId, filename: &str, text: 
         "length": length,
         "uploadDate": DateTime::now(),
     };
-    db.collection::<Document>(FILES).insert_one(file).await.map_err(err)?;
-
     let chunks = db.collection::<Document>(CHUNKS);
+    chunks.delete_many(doc! { "files_id": file_id }).await.map_err(err)?;
+    db.collection::<Document>(FILES)
+        .replace_one(doc! { "_id": file_id }, file)
+        .upsert(true)
+        .await
+        .map_err(err)?;
+
     let pieces = split_utf8(text, CHUNK_SIZE);
     for (batch_no, batch) in pieces.chunks(CHUNKS_PER_BATCH).enumerate() {
         let first = batch_no * CHUNKS_PER_BATCH;
@@ -111,7 +123,35 @@ pub async fn write_file(db: &Database, task_id: ObjectId, filename: &str, text: 
         });
         chunks.insert_many(docs).await.map_err(err)?;
     }
-    Ok(file_id)
+    Ok(())
+}
+
+/// Deletes the GridFS files `file_ids` of task `task_id`, chunks first, so that no chunk
+/// is left without its file document; ids with no file are ignored. A file whose
+/// `metadata.task_id` is another task's is left alone.
+pub async fn delete_files(db: &Database, task_id: ObjectId, file_ids: &[ObjectId]) -> Result<(), GridFsError> {
+    for &file_id in file_ids {
+        let err = |source| GridFsError::Database {
+            op: "delete",
+            file_id,
+            source,
+        };
+        let files = db.collection::<Document>(FILES);
+        let other = files
+            .count_documents(doc! { "_id": file_id, "metadata.task_id": { "$ne": task_id } })
+            .limit(1)
+            .await
+            .map_err(err)?;
+        if other > 0 {
+            continue;
+        }
+        db.collection::<Document>(CHUNKS)
+            .delete_many(doc! { "files_id": file_id })
+            .await
+            .map_err(err)?;
+        files.delete_one(doc! { "_id": file_id }).await.map_err(err)?;
+    }
+    Ok(())
 }
 
 /// A chunk number as GridFS stores it (Int32, as other drivers write and expect).

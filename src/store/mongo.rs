@@ -16,15 +16,19 @@
 //!
 //! Parts: `connect` ([`MongoOptions`], TLS and credentials), `documents` (BSON ↔ model,
 //! lenient parsing), `queues` (queue documents), `slots` (queue slot leases), `recovery`
-//! (orphan recovery).
+//! (orphan recovery), `errors` (driver errors as transient or permanent store errors),
+//! `counts` (task counts per queue and status).
 
 mod connect;
+mod counts;
 mod documents;
+mod errors;
 mod queues;
 mod recovery;
 mod slots;
 
 pub use self::connect::MongoOptions;
+pub use self::counts::queue_counts_pipeline;
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -34,12 +38,12 @@ use async_trait::async_trait;
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
 use futures::TryStreamExt;
-use mongodb::error::{ErrorKind, WriteFailure};
 use mongodb::options::{FindOneAndUpdateOptions, IndexOptions, ReturnDocument};
 use mongodb::{Collection, Database, IndexModel};
 
-use self::documents::{as_int, node_from, opt_int_bson, output_bson, task_filter_doc, task_from, task_or_problem};
-use super::gridfs::{self, GridFsError};
+use self::documents::{node_from, opt_int_bson, output_bson, task_filter_doc, task_from, task_or_problem};
+use self::errors::{db_err, is_duplicate_key};
+use super::gridfs;
 use super::{
     NewQueue, OutputStream, OutputValue, Page, QueueUpdate, Recovery, Slot, StatusCounts, Store, StoreError,
     StoreResult, TaskFilter,
@@ -54,9 +58,6 @@ pub const QUEUES: &str = "queues";
 pub const NODES: &str = "nodes";
 /// Collection of queue slot leases.
 pub const SLOTS: &str = "slots";
-
-/// The MongoDB duplicate-key error code.
-const DUPLICATE_KEY: i32 = 11000;
 
 /// The [`Store`] on a MongoDB database. Cloning is cheap: clones share the connection
 /// pool and the caches.
@@ -78,44 +79,6 @@ impl std::fmt::Debug for MongoStore {
         f.debug_struct("MongoStore")
             .field("database", &self.db.name())
             .finish_non_exhaustive()
-    }
-}
-
-/// A driver error as a store error, saying what was being done.
-fn db_err(op: &'static str) -> impl Fn(mongodb::error::Error) -> StoreError {
-    move |e| StoreError::Database(format!("{op}: {e}"))
-}
-
-/// Whether every failure in `e` is a duplicate-key error.
-fn is_duplicate_key(e: &mongodb::error::Error) -> bool {
-    match e.kind.as_ref() {
-        ErrorKind::Write(WriteFailure::WriteError(w)) => w.code == DUPLICATE_KEY,
-        ErrorKind::Command(c) => c.code == DUPLICATE_KEY,
-        ErrorKind::InsertMany(m) => {
-            m.write_concern_error.is_none()
-                && m.write_errors
-                    .as_ref()
-                    .is_some_and(|errs| errs.iter().all(|w| w.code == DUPLICATE_KEY))
-        }
-        _ => false,
-    }
-}
-
-impl From<GridFsError> for StoreError {
-    fn from(e: GridFsError) -> Self {
-        match e {
-            GridFsError::NotFound(id) => StoreError::Malformed {
-                collection: gridfs::FILES,
-                id: id.to_hex(),
-                reason: "no such file".to_string(),
-            },
-            GridFsError::Corrupt { file_id, reason } => StoreError::Malformed {
-                collection: gridfs::FILES,
-                id: file_id.to_hex(),
-                reason,
-            },
-            other => StoreError::Database(other.to_string()),
-        }
     }
 }
 
@@ -385,32 +348,7 @@ impl Store for MongoStore {
     }
 
     async fn queue_counts(&self) -> StoreResult<BTreeMap<ObjectId, StatusCounts>> {
-        let pipeline = [doc! { "$group": {
-            "_id": { "queue": "$queue", "status": "$status" },
-            "n": { "$sum": 1 },
-        }}];
-        let mut cursor = self
-            .tasks
-            .aggregate(pipeline)
-            .await
-            .map_err(db_err("count tasks by queue"))?;
-        let mut counts: BTreeMap<ObjectId, StatusCounts> = BTreeMap::new();
-        while let Some(group) = cursor.try_next().await.map_err(db_err("count tasks by queue"))? {
-            let key = group.get_document("_id").ok();
-            let queue = key.and_then(|k| k.get_object_id("queue").ok());
-            let code = key
-                .and_then(|k| k.get("status"))
-                .and_then(as_int)
-                .and_then(|s| i32::try_from(s).ok());
-            let n = group.get("n").and_then(as_int).and_then(|n| u64::try_from(n).ok());
-            match (queue, code, n) {
-                (Some(q), Some(c), Some(n)) => *counts.entry(q).or_default().entry(c).or_default() += n,
-                _ => self.warn_once(format!(
-                    "tasks with a malformed queue or status are not counted: {group}"
-                )),
-            }
-        }
-        Ok(counts)
+        self.count_by_queue_and_status().await
     }
 
     // ---- claiming and running (the DEN) ------------------------------------------------
@@ -508,8 +446,26 @@ impl Store for MongoStore {
         Ok(already == 1)
     }
 
-    async fn write_output_file(&self, task: ObjectId, filename: &str, text: &str) -> StoreResult<ObjectId> {
-        Ok(gridfs::write_file(&self.db, task, filename, text).await?)
+    async fn put_output_file(&self, file: ObjectId, task: ObjectId, filename: &str, text: &str) -> StoreResult<()> {
+        Ok(gridfs::put_file(&self.db, file, task, filename, text).await?)
+    }
+
+    async fn discard_output_files(&self, task: ObjectId, files: &[ObjectId]) -> StoreResult<()> {
+        let used = self
+            .tasks
+            .find_one(doc! { "_id": task })
+            .projection(doc! { "stdout": 1, "stderr": 1 })
+            .await
+            .map_err(db_err("read task outputs"))?
+            .map(|d| {
+                ["stdout", "stderr"]
+                    .iter()
+                    .filter_map(|k| d.get_object_id(k).ok())
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default();
+        let unused: Vec<ObjectId> = files.iter().copied().filter(|f| !used.contains(f)).collect();
+        Ok(gridfs::delete_files(&self.db, task, &unused).await?)
     }
 
     async fn finish(
@@ -560,13 +516,12 @@ impl Store for MongoStore {
 
     // ---- tasks (the DCI) ---------------------------------------------------------------
 
-    async fn create_tasks(&self, queue: ObjectId, params: Vec<Document>) -> StoreResult<Vec<ObjectId>> {
-        if params.is_empty() {
-            return Ok(Vec::new());
+    async fn insert_tasks(&self, queue: ObjectId, tasks: Vec<(ObjectId, Document)>) -> StoreResult<()> {
+        if tasks.is_empty() {
+            return Ok(());
         }
         let now = DateTime::now();
-        let ids: Vec<ObjectId> = params.iter().map(|_| ObjectId::new()).collect();
-        let docs = ids.iter().zip(params).map(|(id, params)| {
+        let docs = tasks.into_iter().map(|(id, params)| {
             doc! {
                 "_id": id,
                 "queue": queue,
@@ -580,7 +535,7 @@ impl Store for MongoStore {
             }
         });
         self.tasks.insert_many(docs).await.map_err(db_err("create tasks"))?;
-        Ok(ids)
+        Ok(())
     }
 
     async fn find_tasks(&self, filter: &TaskFilter, page: Page) -> StoreResult<Vec<Task>> {

@@ -19,7 +19,8 @@
 //! - `nodes(id, node UNIQUE, timestamp, maxthreads)`.
 //! - `slots(queue, n, holder, expires)`: the queue slot leases, same rules as MongoDB's.
 //! - `output_files(id, task, filename, length, upload_date, data)`: large outputs, the
-//!   GridFS files of the MongoDB store.
+//!   GridFS files of the MongoDB store (`files`: written again in place, discarded when
+//!   unused).
 //!
 //! [`Store::watch_queued`] yields for tasks queued (created, requeued, recovered as queued)
 //! through this store or its clones, in this process: a DEN sharing the store with the DCI
@@ -28,6 +29,7 @@
 //! SQLite calls block, so each operation runs on [`tokio::task::spawn_blocking`] with a
 //! connection from a small pool.
 
+mod files;
 mod recovery;
 mod rows;
 
@@ -192,7 +194,7 @@ impl SqliteStore {
             result
         })
         .await
-        .map_err(|e| StoreError::Database(format!("database task failed: {e}")))?
+        .map_err(|e| StoreError::Rejected(format!("database task failed: {e}")))?
     }
 
     /// Runs `f` in a `BEGIN IMMEDIATE` transaction, committed when `f` succeeds.
@@ -815,27 +817,12 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn write_output_file(&self, task: ObjectId, filename: &str, text: &str) -> StoreResult<ObjectId> {
-        let (filename, text) = (filename.to_string(), text.to_string());
-        self.with(move |conn| {
-            let id = ObjectId::new();
-            let length = i64::try_from(text.len()).unwrap_or(i64::MAX);
-            conn.execute(
-                "INSERT INTO output_files (id, task, filename, length, upload_date, data)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                params![
-                    id.to_hex(),
-                    task.to_hex(),
-                    filename,
-                    length,
-                    DateTime::now().timestamp_millis(),
-                    text
-                ],
-            )
-            .map_err(db_err("write output file"))?;
-            Ok(id)
-        })
-        .await
+    async fn put_output_file(&self, file: ObjectId, task: ObjectId, filename: &str, text: &str) -> StoreResult<()> {
+        self.put_file(file, task, filename, text).await
+    }
+
+    async fn discard_output_files(&self, task: ObjectId, files: &[ObjectId]) -> StoreResult<()> {
+        self.discard_files(task, files).await
     }
 
     async fn finish(
@@ -917,34 +904,32 @@ impl Store for SqliteStore {
 
     // ---- tasks (the DCI) ---------------------------------------------------------------
 
-    async fn create_tasks(&self, queue: ObjectId, params: Vec<Document>) -> StoreResult<Vec<ObjectId>> {
-        if params.is_empty() {
-            return Ok(Vec::new());
+    async fn insert_tasks(&self, queue: ObjectId, tasks: Vec<(ObjectId, Document)>) -> StoreResult<()> {
+        if tasks.is_empty() {
+            return Ok(());
         }
-        let encoded = params.iter().map(bson_bytes).collect::<StoreResult<Vec<_>>>()?;
-        let ids = self
-            .write("create tasks", move |tx| {
-                let err = db_err("create tasks");
-                let now = DateTime::now().timestamp_millis();
-                let q = queue.to_hex();
-                let mut stmt = tx
-                    .prepare_cached(
-                        "INSERT INTO tasks (id, queue, ctime, mtime, node, status, params)
+        let encoded = tasks
+            .iter()
+            .map(|(id, params)| bson_bytes(params).map(|bytes| (id.to_hex(), bytes)))
+            .collect::<StoreResult<Vec<_>>>()?;
+        self.write("create tasks", move |tx| {
+            let err = db_err("create tasks");
+            let now = DateTime::now().timestamp_millis();
+            let q = queue.to_hex();
+            let mut stmt = tx
+                .prepare_cached(
+                    "INSERT INTO tasks (id, queue, ctime, mtime, node, status, params)
                      VALUES (?1, ?2, ?3, ?3, NULL, ?4, ?5)",
-                    )
-                    .map_err(&err)?;
-                let mut ids = Vec::with_capacity(encoded.len());
-                for bytes in encoded {
-                    let id = ObjectId::new();
-                    stmt.execute(params![id.to_hex(), q, now, status::QUEUED, bytes])
-                        .map_err(&err)?;
-                    ids.push(id);
-                }
-                Ok(ids)
-            })
-            .await?;
+                )
+                .map_err(&err)?;
+            for (id, bytes) in encoded {
+                stmt.execute(params![id, q, now, status::QUEUED, bytes]).map_err(&err)?;
+            }
+            Ok(())
+        })
+        .await?;
         self.signal_queued();
-        Ok(ids)
+        Ok(())
     }
 
     async fn find_tasks(&self, filter: &TaskFilter, page: Page) -> StoreResult<Vec<Task>> {

@@ -1,7 +1,9 @@
 //! [`Recording`]: a store wrapper that records which tasks a DEN claimed and started, for
-//! the tests that prove no task is claimed or run twice.
+//! the tests that prove no task is claimed or run twice, and can lose the replies of output
+//! file writes that did apply, for the tests of retried writes.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -16,6 +18,9 @@ pub struct Recording {
     inner: Arc<dyn Store>,
     pub claimed: Mutex<Vec<ObjectId>>,
     pub started: Mutex<Vec<ObjectId>>,
+    /// The next this many `put_output_file` calls apply, then fail as if their reply had
+    /// been lost (a transient error).
+    pub lost_file_replies: AtomicUsize,
 }
 
 impl Recording {
@@ -24,6 +29,7 @@ impl Recording {
             inner,
             claimed: Mutex::default(),
             started: Mutex::default(),
+            lost_file_replies: AtomicUsize::new(0),
         })
     }
 }
@@ -100,8 +106,19 @@ impl Store for Recording {
         }
         Ok(ok)
     }
-    async fn write_output_file(&self, task: ObjectId, filename: &str, text: &str) -> StoreResult<ObjectId> {
-        self.inner.write_output_file(task, filename, text).await
+    async fn put_output_file(&self, file: ObjectId, task: ObjectId, filename: &str, text: &str) -> StoreResult<()> {
+        self.inner.put_output_file(file, task, filename, text).await?;
+        let lose = self
+            .lost_file_replies
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if lose {
+            return Err(StoreError::Database(format!("reply to the write of file {file} lost")));
+        }
+        Ok(())
+    }
+    async fn discard_output_files(&self, task: ObjectId, files: &[ObjectId]) -> StoreResult<()> {
+        self.inner.discard_output_files(task, files).await
     }
     async fn finish(
         &self,
@@ -118,6 +135,9 @@ impl Store for Recording {
     }
     async fn recover_orphans(&self, claimed_before: DateTime, stale_before: DateTime) -> StoreResult<Recovery> {
         self.inner.recover_orphans(claimed_before, stale_before).await
+    }
+    async fn insert_tasks(&self, queue: ObjectId, tasks: Vec<(ObjectId, Document)>) -> StoreResult<()> {
+        self.inner.insert_tasks(queue, tasks).await
     }
     async fn create_tasks(&self, queue: ObjectId, params: Vec<Document>) -> StoreResult<Vec<ObjectId>> {
         self.inner.create_tasks(queue, params).await

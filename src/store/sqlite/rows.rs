@@ -20,9 +20,29 @@ pub(super) const TASK_COLUMNS: &str =
 /// Largest integer a Double represents exactly (2^53).
 const MAX_EXACT_DOUBLE: f64 = 9_007_199_254_740_992.0;
 
-/// A driver error as a store error, saying what was being done.
+/// A driver error as a store error, saying what was being done and whether retrying can
+/// help: a busy or locked database (another process holds the write lock past the busy
+/// timeout) and a database file that cannot be opened for now are transient
+/// ([`StoreError::Database`]); everything else — a full disk, a read-only or corrupt file,
+/// a constraint, a bad value — is permanent ([`StoreError::Rejected`]).
 pub(super) fn db_err(op: &'static str) -> impl Fn(rusqlite::Error) -> StoreError {
-    move |e| StoreError::Database(format!("{op}: {e}"))
+    move |e| {
+        let message = format!("{op}: {e}");
+        if is_transient(&e) {
+            StoreError::Database(message)
+        } else {
+            StoreError::Rejected(message)
+        }
+    }
+}
+
+/// Whether retrying the operation that failed with `e` may succeed.
+pub(super) fn is_transient(e: &rusqlite::Error) -> bool {
+    use rusqlite::ErrorCode;
+    matches!(
+        e.sqlite_error_code(),
+        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked | ErrorCode::CannotOpen)
+    )
 }
 
 /// A lease's end in milliseconds since the epoch.
@@ -203,5 +223,42 @@ pub(super) fn on_orphan_lenient(d: &Document) -> OnOrphan {
     match d.get("on_orphan") {
         Some(Bson::String(s)) if s == "requeue" => OnOrphan::Requeue,
         _ => OnOrphan::Orphan,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rusqlite::ffi;
+
+    fn failure(code: i32) -> rusqlite::Error {
+        rusqlite::Error::SqliteFailure(ffi::Error::new(code), None)
+    }
+
+    #[test]
+    fn busy_and_locked_are_transient_others_permanent() {
+        for code in [
+            ffi::SQLITE_BUSY,
+            ffi::SQLITE_LOCKED,
+            ffi::SQLITE_BUSY_SNAPSHOT,
+            ffi::SQLITE_CANTOPEN,
+        ] {
+            assert!(is_transient(&failure(code)), "code {code}");
+            assert!(db_err("finish task")(failure(code)).is_transient(), "code {code}");
+        }
+        for code in [
+            ffi::SQLITE_FULL,
+            ffi::SQLITE_READONLY,
+            ffi::SQLITE_CORRUPT,
+            ffi::SQLITE_CONSTRAINT_CHECK,
+            ffi::SQLITE_TOOBIG,
+        ] {
+            let e = db_err("finish task")(failure(code));
+            assert!(
+                matches!(&e, StoreError::Rejected(m) if m.starts_with("finish task: ")),
+                "code {code}: {e}"
+            );
+        }
+        assert!(!is_transient(&rusqlite::Error::InvalidQuery));
     }
 }

@@ -1,0 +1,274 @@
+//! `POST /tasks`: tasks from a list of params, or one per matching document of another
+//! collection (Disbatch 4's two forms).
+//!
+//! Tasks are inserted in batches of [`INSERT_BATCH`] with ids chosen here, so that a
+//! failure midway answers with what is known: the ids created by the batches before it,
+//! and the ids of the batch that failed, which may or may not exist
+//! ([`ApiError::PartlyCreated`]).
+//!
+//! The collection form requires `filter` (no implicit "every document") and reads only the
+//! top-level fields its `params` mapping uses.
+
+use axum::extract::State;
+use axum::Json;
+use bson::oid::ObjectId;
+use bson::{Bson, Document};
+use serde_json::{Map, Value};
+
+use super::body::{kind, JsonBody};
+use super::error::PartlyCreated;
+use super::tasks::object_id;
+use super::{queues, ApiError, Shared};
+
+/// Most tasks one `POST /tasks` with a `collection` may create.
+pub const MAX_COLLECTION_TASKS: i64 = 1_000_000;
+/// Tasks inserted per store call.
+pub(super) const INSERT_BATCH: usize = 1000;
+
+/// `POST /tasks`: `{queue, params: [{…}, …]}` creates one task per params object;
+/// `{queue, collection, filter, params: {key: "document.field" | literal}}` one per
+/// matching document of `collection`. Answers `{"queue", "count": n, "ids": [...]}`; a
+/// failure after some tasks were created answers the error with them (see the module).
+pub(super) async fn create(State(state): State<Shared>, JsonBody(body): JsonBody) -> Result<Json<Value>, ApiError> {
+    for k in body.keys() {
+        if !["queue", "params", "collection", "filter"].contains(&k.as_str()) {
+            return Err(ApiError::bad(format!(
+                "unknown field {k:?}: expected queue and params, and for tasks from documents collection and filter"
+            )));
+        }
+    }
+    let key = match body.get("queue") {
+        Some(Value::String(s)) if !s.is_empty() => s.clone(),
+        Some(v @ Value::Object(_)) => object_id(v)
+            .map(|id| id.to_hex())
+            .ok_or_else(|| ApiError::bad("field \"queue\" must be a queue id or name"))?,
+        _ => return Err(ApiError::bad("field \"queue\" is required (a queue id or name)")),
+    };
+    let params = if body.contains_key("collection") {
+        from_collection(&state, &body).await?
+    } else {
+        if body.contains_key("filter") {
+            return Err(ApiError::bad("field \"filter\" needs field \"collection\""));
+        }
+        let list = match body.get("params") {
+            Some(Value::Array(a)) => a,
+            Some(other) => {
+                return Err(ApiError::bad(format!(
+                    "field \"params\" must be an array of objects, got {}",
+                    kind(other)
+                )))
+            }
+            None => return Err(ApiError::bad("field \"params\" is required (an array of objects)")),
+        };
+        list.iter()
+            .enumerate()
+            .map(|(i, p)| to_document(p).map_err(|e| ApiError::bad(format!("field \"params[{i}]\" {e}"))))
+            .collect::<Result<Vec<_>, _>>()?
+    };
+    for (i, p) in params.iter().enumerate() {
+        check_storable(p).map_err(|e| ApiError::bad(format!("field \"params[{i}]\" {e}")))?;
+    }
+    let queue = queues::find(&state, &key).await?;
+    let total = params.len();
+    let mut rest: Vec<(ObjectId, Document)> = params.into_iter().map(|p| (ObjectId::new(), p)).collect();
+    let mut created = Vec::with_capacity(total);
+    while !rest.is_empty() {
+        let tail = rest.split_off(rest.len().min(INSERT_BATCH));
+        let batch = std::mem::replace(&mut rest, tail);
+        let ids: Vec<ObjectId> = batch.iter().map(|(id, _)| *id).collect();
+        if let Err(error) = state.store.insert_tasks(queue.id, batch).await {
+            return Err(ApiError::PartlyCreated(Box::new(PartlyCreated {
+                error,
+                queue: queue.id,
+                total,
+                created,
+                unconfirmed: ids,
+            })));
+        }
+        created.extend(ids);
+    }
+    Ok(Json(super::json::created(queue.id, &created)))
+}
+
+/// Largest BSON size of one task's params: the database's 16 MiB document limit less room
+/// for the task's other fields.
+pub const MAX_PARAMS_BYTES: usize = (16 << 20) - (16 << 10);
+
+/// Whether `params` can be stored in a task document: BSON keys without NUL bytes, and at
+/// most [`MAX_PARAMS_BYTES`].
+fn check_storable(params: &Document) -> Result<(), String> {
+    let bytes = bson::to_vec(params).map_err(|e| format!("cannot be stored: {e}"))?;
+    if bytes.len() > MAX_PARAMS_BYTES {
+        return Err(format!(
+            "is {} bytes as BSON, over the {MAX_PARAMS_BYTES} bytes a task's params may take",
+            bytes.len()
+        ));
+    }
+    Ok(())
+}
+
+fn to_document(v: &Value) -> Result<Document, String> {
+    match v {
+        Value::Object(_) => match Bson::try_from(v.clone()) {
+            Ok(Bson::Document(d)) => Ok(d),
+            Ok(_) => Err("must be an object".into()),
+            Err(e) => Err(format!("is not valid Extended JSON: {e}")),
+        },
+        other => Err(format!("must be an object, got {}", kind(other))),
+    }
+}
+
+/// Operators that run code on the server; refused in a filter.
+const CODE_OPERATORS: [&str; 3] = ["$where", "$function", "$accumulator"];
+
+fn check_no_code(v: &Value) -> Result<(), ApiError> {
+    match v {
+        Value::Object(m) => {
+            if let Some(k) = m.keys().find(|k| CODE_OPERATORS.contains(&k.as_str())) {
+                return Err(ApiError::bad(format!("field \"filter\": operator {k} is not allowed")));
+            }
+            m.values().try_for_each(check_no_code)
+        }
+        Value::Array(a) => a.iter().try_for_each(check_no_code),
+        _ => Ok(()),
+    }
+}
+
+async fn from_collection(state: &Shared, body: &Map<String, Value>) -> Result<Vec<Document>, ApiError> {
+    let collection = match body.get("collection") {
+        Some(Value::String(s)) if !s.is_empty() && !s.contains('$') && !s.starts_with("system.") => s.clone(),
+        _ => return Err(ApiError::bad("field \"collection\" must be a collection name")),
+    };
+    let mapping = match body.get("params") {
+        Some(Value::Object(m)) => m.clone(),
+        None => Map::new(),
+        Some(other) => {
+            return Err(ApiError::bad(format!(
+                "field \"params\" must be an object mapping keys to \"document.<field>\" or values, got {}",
+                kind(other)
+            )))
+        }
+    };
+    let Some(filter_value) = body.get("filter") else {
+        return Err(ApiError::bad(
+            "field \"filter\" is required with \"collection\" (a query object; {} matches every document)",
+        ));
+    };
+    check_no_code(filter_value)?;
+    let filter = to_document(filter_value).map_err(|e| ApiError::bad(format!("field \"filter\" {e}")))?;
+    let source = state
+        .documents
+        .as_ref()
+        .ok_or_else(|| ApiError::bad("field \"collection\": this server cannot read other collections"))?;
+    let docs = source
+        .find(&collection, filter, projection(&mapping), MAX_COLLECTION_TASKS + 1)
+        .await
+        .map_err(|e| ApiError::bad(format!("field \"filter\": the query on {collection:?} failed: {e}")))?;
+    if docs.len() as i64 > MAX_COLLECTION_TASKS {
+        return Err(ApiError::bad(format!(
+            "field \"filter\" matches more than {MAX_COLLECTION_TASKS} documents"
+        )));
+    }
+    Ok(docs.iter().map(|d| map_params(&mapping, d)).collect())
+}
+
+/// The fields of the source documents that `mapping` uses: the top-level field of each
+/// `"document.a.b"` path (a projection on the whole path would drop array elements that
+/// `"document.list.1"` reads), `_id` only when a path uses it or nothing else is read.
+/// `None` (whole documents) when some value is `"document"`.
+pub(super) fn projection(mapping: &Map<String, Value>) -> Option<Document> {
+    let mut fields = Document::new();
+    let mut id = false;
+    for v in mapping.values() {
+        match v.as_str() {
+            Some("document") => return None,
+            Some(path) if path.starts_with("document.") => {
+                let top = path["document.".len()..].split('.').next().unwrap_or_default();
+                if top == "_id" {
+                    id = true;
+                } else if !top.is_empty() {
+                    fields.insert(top, 1);
+                }
+            }
+            _ => {}
+        }
+    }
+    if fields.is_empty() {
+        // Only literals: read nothing but the ids (`{_id: 0}` alone would exclude, not
+        // include, and read every other field).
+        return Some(bson::doc! { "_id": 1 });
+    }
+    if !id {
+        fields.insert("_id", 0);
+    }
+    Some(fields)
+}
+
+/// The params of one task: each value `"document"` is the whole document, `"document.a.b"`
+/// the document's field `a.b` (null when missing); anything else is taken as is.
+pub(super) fn map_params(mapping: &Map<String, Value>, doc: &Document) -> Document {
+    let mut out = Document::new();
+    for (k, v) in mapping {
+        let value = match v.as_str() {
+            Some("document") => Bson::Document(doc.clone()),
+            Some(path) if path.starts_with("document.") => lookup(doc, &path["document.".len()..]),
+            _ => Bson::try_from(v.clone()).unwrap_or(Bson::Null),
+        };
+        out.insert(k.clone(), value);
+    }
+    out
+}
+
+fn lookup(doc: &Document, path: &str) -> Bson {
+    let mut current = Bson::Document(doc.clone());
+    for part in path.split('.') {
+        current = match current {
+            Bson::Document(d) => d.get(part).cloned().unwrap_or(Bson::Null),
+            Bson::Array(a) => part
+                .parse::<usize>()
+                .ok()
+                .and_then(|i| a.get(i).cloned())
+                .unwrap_or(Bson::Null),
+            _ => Bson::Null,
+        };
+    }
+    current
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::doc;
+    use serde_json::json;
+
+    #[test]
+    fn projection_reads_only_the_mapped_top_level_fields() {
+        let m = |v: Value| -> Map<String, Value> { serde_json::from_value(v).unwrap() };
+        let p = projection(&m(json!({"to": "document.email", "n": "document.profile.name",
+            "second": "document.list.1", "lit": 5, "text": "hello"})))
+        .unwrap();
+        assert_eq!(p, doc! { "email": 1, "profile": 1, "list": 1, "_id": 0 });
+        let p = projection(&m(json!({"id": "document._id", "a": "document.a.b"}))).unwrap();
+        assert_eq!(p, doc! { "a": 1 });
+        assert_eq!(projection(&m(json!({"all": "document", "e": "document.email"}))), None);
+        assert_eq!(projection(&m(json!({"lit": 1}))).unwrap(), doc! { "_id": 1 });
+        assert_eq!(projection(&Map::new()).unwrap(), doc! { "_id": 1 });
+    }
+
+    #[test]
+    fn params_from_document_paths() {
+        let d = doc! { "_id": 1, "a": { "b": "x" }, "list": [10, 20] };
+        let m: Map<String, Value> = serde_json::from_value(
+            json!({"id": "document._id", "b": "document.a.b", "second": "document.list.1",
+                "missing": "document.nope", "lit": 5, "all": "document"}),
+        )
+        .unwrap();
+        let p = map_params(&m, &d);
+        assert_eq!(p.get("id"), Some(&Bson::Int32(1)));
+        assert_eq!(p.get_str("b").unwrap(), "x");
+        assert_eq!(p.get("second"), Some(&Bson::Int32(20)));
+        assert_eq!(p.get("missing"), Some(&Bson::Null));
+        assert_eq!(p.get("lit"), Some(&Bson::Int32(5)));
+        assert_eq!(p.get_document("all").unwrap(), &d);
+    }
+}

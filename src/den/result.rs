@@ -1,0 +1,198 @@
+//! Writing a task's result back, and the retry rule for every store write a worker makes:
+//! transient errors (the database unreachable, a primary stepping down, a busy embedded
+//! database) are retried with backoff until the write succeeds or the drain gives up;
+//! a permanent error (not authorized, document too large, validation, a bad value) ends
+//! the retry at once, since the next attempt would be refused the same way.
+//!
+//! A result the database refuses fails the task instead: status 2, empty stdout, and the
+//! reason in stderr. When even that is refused, a bare status 2 is tried; when that is
+//! refused too, the problem is logged with the task's id and the worker frees its slot —
+//! it never hangs on a write that cannot succeed. Output files written for a result that
+//! was not stored (refused, given up, or the task recovered by another node meanwhile)
+//! are deleted, so they do not stay behind as orphans.
+
+use std::future::Future;
+use std::time::Duration;
+
+use bson::oid::ObjectId;
+use tracing::{error, info, warn};
+
+use super::output::{self, OutputFiles};
+use super::Den;
+use crate::model::{status, Task};
+use crate::store::{OutputValue, StoreError, StoreResult};
+
+/// Longest backoff between two attempts of a store write.
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// Why a retried store call ended without a value.
+#[derive(Debug)]
+pub(super) enum Stop {
+    /// The database refused the call; retrying cannot help.
+    Refused(StoreError),
+    /// The drain gave up on running tasks while the database was still unreachable.
+    GaveUp,
+}
+
+/// What a task's result is, before it is stored.
+pub(super) struct TaskResult {
+    /// The task's final status (positive).
+    pub status: i32,
+    /// The plugin's stdout.
+    pub stdout: String,
+    /// The plugin's stderr.
+    pub stderr: String,
+}
+
+impl Den {
+    /// Stores `result` for `task`: outputs (files as needed), then the finishing update,
+    /// each retried through transient errors. A refused write fails the task with the
+    /// reason; files of a result that was not stored are deleted.
+    pub(super) async fn write_result(&self, task: &Task, result: TaskResult) {
+        let node = &self.settings.node;
+        let files = OutputFiles::new();
+        let params_len = bson::to_vec(&task.params).map(|v| v.len()).unwrap_or(0);
+        let outputs = self
+            .retry("store output", || {
+                output::store_outputs(
+                    self.store.as_ref(),
+                    self.settings.gfs,
+                    task.id,
+                    files,
+                    params_len,
+                    result.stdout.clone(),
+                    result.stderr.clone(),
+                )
+            })
+            .await;
+        let (out, err) = match outputs {
+            Ok(v) => v,
+            Err(Stop::Refused(e)) => {
+                self.discard_files(task.id, files).await;
+                self.fail_refused(task, "store output", &e).await;
+                return;
+            }
+            Err(Stop::GaveUp) => {
+                error!(task = %task.id, "result lost: the database stayed unreachable past the shutdown");
+                return;
+            }
+        };
+        let written = self
+            .retry("write result", || {
+                self.store
+                    .finish(task.id, node, result.status, out.clone(), err.clone())
+            })
+            .await;
+        match written {
+            Ok(true) => {}
+            Ok(false) => {
+                warn!(task = %task.id, "task was recovered by another node meanwhile; result not written");
+                self.discard_files(task.id, files).await;
+            }
+            Err(Stop::Refused(e)) => {
+                self.discard_files(task.id, files).await;
+                self.fail_refused(task, "write result", &e).await;
+            }
+            Err(Stop::GaveUp) => {
+                error!(task = %task.id, "result lost: the database stayed unreachable past the shutdown")
+            }
+        }
+    }
+
+    /// The database refused `task`'s result (`what` failed with `e`): fail the task with
+    /// the reason in stderr, or with a bare status when even that is refused.
+    async fn fail_refused(&self, task: &Task, what: &str, e: &StoreError) {
+        let node = &self.settings.node;
+        let reason = format!(
+            "disbatch: the result of task {} could not be stored, so the task failed: {what}: {e}",
+            task.id
+        );
+        error!(task = %task.id, error = %e, "{what} refused; failing the task with the reason");
+        let attempts = [
+            ("write failure", OutputValue::Inline(reason)),
+            ("write failed status", OutputValue::Inline(String::new())),
+        ];
+        for (step, stderr) in attempts {
+            let written = self
+                .retry(step, || {
+                    self.store.finish(
+                        task.id,
+                        node,
+                        status::FAILED,
+                        OutputValue::Inline(String::new()),
+                        stderr.clone(),
+                    )
+                })
+                .await;
+            match written {
+                Ok(true) => return,
+                Ok(false) => {
+                    warn!(task = %task.id, "task was recovered by another node meanwhile; failure not written");
+                    return;
+                }
+                Err(Stop::Refused(again)) => {
+                    error!(task = %task.id, error = %again, "{step} refused too");
+                }
+                Err(Stop::GaveUp) => {
+                    error!(task = %task.id, "failure lost: the database stayed unreachable past the shutdown");
+                    return;
+                }
+            }
+        }
+        error!(
+            task = %task.id,
+            "the database refuses every write of this task's result; it stays running (0) on this node \
+             and its slot is freed; fix the cause (permissions, validation) and set its status by hand"
+        );
+    }
+
+    /// Deletes the output files of a result that was not stored (one attempt: when the
+    /// database is unreachable they stay, and the log names them).
+    async fn discard_files(&self, task: ObjectId, files: OutputFiles) {
+        if let Err(e) = self.store.discard_output_files(task, &files.ids()).await {
+            warn!(
+                task = %task,
+                stdout_file = %files.stdout,
+                stderr_file = %files.stderr,
+                error = %e,
+                "cannot delete the output files of a result that was not stored"
+            );
+        }
+    }
+
+    /// Retries `op` through transient database errors, with backoff, until it succeeds or
+    /// the drain gives up on running tasks. A permanent error ends the retry at once.
+    pub(super) async fn retry<T, F, Fut>(&self, what: &str, mut op: F) -> Result<T, Stop>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = StoreResult<T>>,
+    {
+        let mut backoff = Duration::from_millis(100);
+        let mut logged = false;
+        loop {
+            match op().await {
+                Ok(v) => {
+                    if logged {
+                        info!("{what}: database reachable again");
+                    }
+                    return Ok(v);
+                }
+                Err(e) if e.is_transient() => {
+                    if !logged {
+                        warn!(error = %e, "{what}: database unreachable; retrying");
+                        logged = true;
+                    }
+                }
+                Err(e) => {
+                    error!(error = %e, "{what} failed; not retrying");
+                    return Err(Stop::Refused(e));
+                }
+            }
+            tokio::select! {
+                _ = self.abandoned.cancelled() => return Err(Stop::GaveUp),
+                _ = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+}
