@@ -1,7 +1,7 @@
 //! Chaos: real `den` processes against the real database server under faults. Each test
 //! is bounded in time and prints its figures.
 //!
-//! `DISBATCH_CHAOS_TASKS` sets the size of the big drain (default 20,000).
+//! `DISBATCH_CHAOS_TASKS` sets the size of the big drain (default 8,000).
 
 mod common;
 
@@ -75,7 +75,7 @@ async fn four_dens_drain_many_tasks_exactly_once_within_limits() {
     let total: usize = std::env::var("DISBATCH_CHAOS_TASKS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(20_000);
+        .unwrap_or(8_000);
     let t = common::test_db("chaos_drain").await;
     let marks = tempfile::tempdir().unwrap();
     let grant = format!("{}:/out:rw", marks.path().display());

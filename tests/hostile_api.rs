@@ -905,7 +905,7 @@ async fn params_too_large_for_a_task_document_are_400_not_a_database_error() {
     let r = post(
         &app,
         "/tasks",
-        json!({"queue": "q", "collection": "docs", "params": {"one": "document", "two": "document.big"}}),
+        json!({"queue": "q", "collection": "docs", "filter": {}, "params": {"one": "document", "two": "document.big"}}),
     )
     .await;
     expect(

@@ -1,6 +1,8 @@
 //! Hostile components against the per-task limits: the memory budget is summed over every
 //! memory of the task, and the per-task instance caps stop a hog without starving others.
 
+mod common;
+
 use std::path::Path;
 use std::sync::Arc;
 
@@ -12,22 +14,10 @@ fn component(growers: usize, pages: u32) -> Vec<u8> {
     let instances: String = (0..growers)
         .map(|i| format!("(core instance $g{i} (instantiate $grow))\n"))
         .collect();
-    let text = format!(
-        r#"(component
-  (core module $grow (memory {pages}))
-  {instances}
-  (core module $main
-    (memory (export "memory") 1)
-    (func (export "realloc") (param i32 i32 i32 i32) (result i32) i32.const 1024)
-    (func (export "run") (param i32 i32) (result i32)
-      (i32.store8 (i32.const 16) (i32.const 0))
-      (i32.store (i32.const 20) (i32.const 1))
-      i32.const 16))
-  (core instance $m (instantiate $main))
-  (func (export "run") (param "params" string) (result (result u32 (error string)))
-    (canon lift (core func $m "run") (memory (core memory $m "memory")) (realloc (core func $m "realloc")))))"#
-    );
-    wat::parse_str(text).unwrap()
+    common::components::component_with(
+        &format!("(core module $grow (memory {pages}))\n{instances}"),
+        common::components::RETURNS_OK,
+    )
 }
 
 fn runner(max_instances: u32) -> Runner {

@@ -144,9 +144,8 @@ fn memory_hog(growers: usize, pages: u32) -> Vec<u8> {
     let instances: String = (0..growers)
         .map(|i| format!("(core instance $g{i} (instantiate $grow))\n"))
         .collect();
-    wat::parse_str(format!(
-        r#"(component
-  (core module $grow
+    let prelude = format!(
+        r#"(core module $grow
     (memory 1)
     (func $fill (param $n i32)
       (loop $l
@@ -157,19 +156,9 @@ fn memory_hog(growers: usize, pages: u32) -> Vec<u8> {
       (if (i32.ne (memory.grow (i32.const {pages})) (i32.const -1))
         (then (call $fill (i32.const {pages})))))
     (start $start))
-  {instances}
-  (core module $main
-    (memory (export "memory") 1)
-    (func (export "realloc") (param i32 i32 i32 i32) (result i32) i32.const 1024)
-    (func (export "run") (param i32 i32) (result i32)
-      (i32.store8 (i32.const 16) (i32.const 0))
-      (i32.store (i32.const 20) (i32.const 1))
-      i32.const 16))
-  (core instance $m (instantiate $main))
-  (func (export "run") (param "params" string) (result (result u32 (error string)))
-    (canon lift (core func $m "run") (memory (core memory $m "memory")) (realloc (core func $m "realloc")))))"#
-    ))
-    .unwrap()
+  {instances}"#
+    );
+    common::components::component_with(&prelude, common::components::RETURNS_OK)
 }
 
 fn write_temp(dir: &Path, name: &str, bytes: &[u8]) -> String {

@@ -69,21 +69,11 @@ fn a_trap_after_a_refused_memory_probe_is_reported_as_the_trap() {
 /// A component whose `run` returns an error string that points outside its memory: the
 /// host fails while lifting the result, inside the call.
 fn lying_component() -> Vec<u8> {
-    wat::parse_str(
-        r#"(component
-  (core module $main
-    (memory (export "memory") 1)
-    (func (export "realloc") (param i32 i32 i32 i32) (result i32) i32.const 1024)
-    (func (export "run") (param i32 i32) (result i32)
-      (i32.store8 (i32.const 16) (i32.const 1))
-      (i32.store (i32.const 20) (i32.const 0xfffffff0))
-      (i32.store (i32.const 24) (i32.const 64))
-      i32.const 16))
-  (core instance $m (instantiate $main))
-  (func (export "run") (param "params" string) (result (result u32 (error string)))
-    (canon lift (core func $m "run") (memory (core memory $m "memory")) (realloc (core func $m "realloc")))))"#,
+    common::components::component_with(
+        "",
+        "(i32.store8 (i32.const 16) (i32.const 1)) (i32.store (i32.const 20) (i32.const 0xfffffff0)) \
+         (i32.store (i32.const 24) (i32.const 64))",
     )
-    .unwrap()
 }
 
 #[test]

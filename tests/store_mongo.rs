@@ -544,8 +544,11 @@ async fn stale_nodes_tasks_are_recovered_and_fresh_nodes_left_alone() {
 
     // Slots held by both nodes.
     let q = queue(&t.store, orphaning).await;
-    let dead_slot = t.store.acquire_slot(&q, "dead", LEASE).await.unwrap().unwrap();
+    // The dead node's lease has run out (a stale node's slot is freed once it has).
+    let short = Duration::from_millis(50);
+    let dead_slot = t.store.acquire_slot(&q, "dead", short).await.unwrap().unwrap();
     let alive_slot = t.store.acquire_slot(&q, "alive", LEASE).await.unwrap().unwrap();
+    tokio::time::sleep(short * 2).await;
 
     let recovery = t.store.recover_orphans(ago(300_000), ago(30_000)).await.unwrap();
     let orphaned: HashSet<_> = recovery.orphaned.iter().copied().collect();

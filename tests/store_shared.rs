@@ -439,7 +439,9 @@ async fn stale_nodes_tasks_are_recovered_and_fresh_nodes_left_alone(s: Stores) {
     s.a.create_tasks(rq.id, vec![doc! {}; 1]).await.unwrap();
 
     s.a.heartbeat("stale", LEASE).await.unwrap();
-    let stale_slot = s.a.acquire_slot(&q, "stale", LEASE).await.unwrap().expect("slot");
+    // A stale node's slot is freed once its lease has run out too: a short one here.
+    let short = Duration::from_millis(50);
+    let stale_slot = s.a.acquire_slot(&q, "stale", short).await.unwrap().expect("slot");
     let stale_claimed = s.a.claim(&q, "stale").await.unwrap().unwrap().id;
     let stale_running = claim_run(&*s.a, &q, "stale").await;
     let requeued = claim_run(&*s.a, &rq, "stale").await;
@@ -450,6 +452,7 @@ async fn stale_nodes_tasks_are_recovered_and_fresh_nodes_left_alone(s: Stores) {
     pause().await;
     s.b.heartbeat("fresh", LEASE).await.unwrap();
 
+    tokio::time::sleep(short * 2).await;
     let r = s.b.recover_orphans(ago(3_600_000), cut).await.unwrap();
     let orphaned: HashSet<_> = r.orphaned.iter().copied().collect();
     assert_eq!(orphaned, HashSet::from([stale_claimed, stale_running, nodeless]));

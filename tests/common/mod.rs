@@ -4,6 +4,7 @@
 //!   binary (or `MONGODB_URI`), and private instances a test can stop and restart.
 //! - [`test_db`]: a fresh, uniquely named database per test with a connected
 //!   [`MongoStore`](disbatch::store::mongo::MongoStore).
+//! - [`components`]: raw components in WAT around a `run` export.
 //! - [`den`]: the `den` binary as a process ([`DenProcess`]) and [`wait_for`].
 //! - [`docs`]: spec documents inserted with the plain driver, and a shared runner.
 //! - [`http`]: the REST API router on a test database, and requests to it in-process or
@@ -15,6 +16,7 @@
 //! Each test binary uses a subset of these, hence the `dead_code` and `unused_imports` allowances.
 #![allow(dead_code, unused_imports)]
 
+pub mod components;
 pub mod db;
 pub mod den;
 pub mod docs;

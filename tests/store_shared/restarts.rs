@@ -68,9 +68,13 @@ async fn an_expired_slot_stays_held_while_its_holder_has_tasks(s: Stores) {
 async fn a_slot_lease_is_revalidated_by_its_holder_only(s: Stores) {
     let q = queue(&*s.a, "renew", 1, Sort::Fifo).await;
     let slot = s.a.acquire_slot(&q, "holder", LEASE).await.unwrap().expect("slot");
-    assert!(s.a.renew_slot(&slot, "holder", LEASE).await.unwrap());
     assert!(!s.b.renew_slot(&slot, "someone-else", LEASE).await.unwrap());
+    // The holder renews for a short time, then stops (a stale node's slot is freed once
+    // its lease has run out).
+    let short = Duration::from_millis(50);
     s.a.heartbeat("holder", LEASE).await.unwrap();
+    assert!(s.a.renew_slot(&slot, "holder", short).await.unwrap());
+    tokio::time::sleep(short * 2).await;
     let future = DateTime::from_millis(DateTime::now().timestamp_millis() + 1000);
     s.b.recover_orphans(ago(3_600_000), future).await.unwrap();
     assert!(
