@@ -143,9 +143,15 @@ impl Outcome {
     /// [`Outcome::output_texts`] appends them to stderr as `[disbatch: …]` lines, and marks
     /// any plugin line starting that way as the plugin's.
     pub fn notes(&self) -> Vec<String> {
+        let invalid = |c: &Captured| std::str::from_utf8(&c.bytes).is_err();
+        self.notes_given(invalid(&self.stdout), invalid(&self.stderr))
+    }
+
+    /// The notes, given whether each stream's invalid UTF-8 was replaced.
+    fn notes_given(&self, stdout_replaced: bool, stderr_replaced: bool) -> Vec<String> {
         let mut notes = Vec::new();
-        for (name, c) in [("stdout", &self.stdout), ("stderr", &self.stderr)] {
-            if std::str::from_utf8(&c.bytes).is_err() {
+        for (name, replaced) in [("stdout", stdout_replaced), ("stderr", stderr_replaced)] {
+            if replaced {
                 notes.push(format!("invalid UTF-8 in {name} was replaced with U+FFFD"));
             }
         }
@@ -161,9 +167,9 @@ impl Outcome {
     /// the host's [notes](Outcome::notes), one `[disbatch: …]` line each, so every failure
     /// explains itself.
     pub fn output_texts(&self) -> (String, String) {
-        let (stdout, _) = self.stdout.to_text();
-        let (mut stderr, _) = self.stderr.to_text();
-        for note in self.notes() {
+        let (stdout, stdout_replaced) = self.stdout.to_text();
+        let (mut stderr, stderr_replaced) = self.stderr.to_text();
+        for note in self.notes_given(stdout_replaced, stderr_replaced) {
             if !stderr.is_empty() && !stderr.ends_with('\n') {
                 stderr.push('\n');
             }
