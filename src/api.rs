@@ -22,6 +22,7 @@ mod body;
 mod create;
 mod error;
 mod json;
+mod lifecycle;
 mod nodes;
 mod openapi;
 mod queues;
@@ -34,7 +35,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::DefaultBodyLimit;
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::Router;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
@@ -120,7 +121,11 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("DELETE", "/queues/{queue}"),
     ("GET", "/tasks"),
     ("POST", "/tasks"),
+    ("POST", "/tasks/cancel"),
+    ("POST", "/tasks/kill"),
     ("GET", "/tasks/{id}"),
+    ("POST", "/tasks/{id}/cancel"),
+    ("POST", "/tasks/{id}/kill"),
     ("GET", "/tasks/{id}/stdout"),
     ("GET", "/tasks/{id}/stderr"),
     ("GET", "/monitoring"),
@@ -145,7 +150,11 @@ pub fn router(state: ApiState) -> Router {
             get(queues::one).post(queues::update).delete(queues::delete),
         )
         .route("/tasks", get(tasks::search).post(create::create))
+        .route("/tasks/cancel", post(lifecycle::cancel_queue))
+        .route("/tasks/kill", post(lifecycle::kill_queue))
         .route("/tasks/{id}", get(tasks::one))
+        .route("/tasks/{id}/cancel", post(lifecycle::cancel))
+        .route("/tasks/{id}/kill", post(lifecycle::kill))
         .route("/tasks/{id}/stdout", get(tasks::stdout))
         .route("/tasks/{id}/stderr", get(tasks::stderr))
         .route("/monitoring", get(status::monitoring))

@@ -162,6 +162,10 @@ pub enum Command {
     },
     /// Create one task: `create-task <queue> key value …` (values parsed as JSON when they can be).
     CreateTask {
+        /// Run it at this time (RFC 3339) or after this delay (`10m`); until then it is
+        /// scheduled (-7).
+        #[arg(long, value_name = "TIME|DELAY")]
+        run_at: Option<String>,
         /// Queue id or name.
         queue: String,
         /// Pairs of param name and value.
@@ -170,6 +174,9 @@ pub enum Command {
     /// Create tasks from a JSON array of params (inline, `@file` or `-` for stdin), or with
     /// `--collection` one per document: `{"filter": {…}, "params": {"k": "document.field"}}`.
     CreateTasks {
+        /// Schedule every task: a time (RFC 3339) or a delay (`10m`).
+        #[arg(long, value_name = "TIME|DELAY")]
+        run_at: Option<String>,
         /// Create one task per document of this collection.
         #[arg(long)]
         collection: Option<String>,
@@ -189,6 +196,12 @@ pub enum Command {
         /// Task id.
         id: String,
     },
+    /// Cancel tasks that have not started (queued or scheduled): `cancel <id>…`, or
+    /// `cancel --queue <queue>` for all of a queue's.
+    Cancel(StopArgs),
+    /// Kill running tasks: their plugins are stopped within a second and the tasks end
+    /// failed. `kill <id>…`, or `kill --queue <queue>` for all of a queue's.
+    Kill(StopArgs),
     /// Nodes (DENs) with their heartbeat and maxthreads.
     Nodes,
     /// Set a node's maxthreads (`null` for no limit).
@@ -200,6 +213,66 @@ pub enum Command {
     },
     /// The monitoring check (OK, WARNING or CRITICAL).
     Monitoring,
+}
+
+/// The arguments of `cancel` and `kill`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct StopArgs {
+    /// Task ids.
+    #[arg(required_unless_present = "queue", conflicts_with = "queue")]
+    pub ids: Vec<String>,
+    /// Every task of this queue (id or name) the action applies to.
+    #[arg(long)]
+    pub queue: Option<String>,
+    /// Why (kept in the task's `stop.reason`).
+    #[arg(long)]
+    pub reason: Option<String>,
+    /// Who (kept in `stop.by`; default: `$USER`).
+    #[arg(long)]
+    pub by: Option<String>,
+}
+
+/// Runs `cancel` or `kill` (`verb`) and prints one line per task.
+async fn stop_tasks(client: &Client, verb: &str, args: &StopArgs) -> Result<Output, CliError> {
+    let mut body = json!({});
+    if let Some(r) = &args.reason {
+        body["reason"] = json!(r);
+    }
+    let by = args.by.clone().or_else(|| std::env::var("USER").ok());
+    if let Some(b) = by {
+        body["by"] = json!(b);
+    }
+    if let Some(q) = &args.queue {
+        body["queue"] = json!(q);
+        let v = client.post(&format!("/tasks/{verb}"), &body).await?;
+        fn cancelled(v: &Value) -> String {
+            format!("cancelled {} tasks\n", cell(&v["count"]))
+        }
+        fn killing(v: &Value) -> String {
+            format!("asked to kill {} tasks\n", cell(&v["count"]))
+        }
+        return Ok(Output::new(v, if verb == "cancel" { cancelled } else { killing }));
+    }
+    let mut results = Vec::new();
+    for id in &args.ids {
+        results.push(client.post(&format!("/tasks/{}/{verb}", encode(id)), &body).await?);
+    }
+    Ok(Output::new(Value::Array(results), |v| {
+        v.as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|t| {
+                        format!(
+                            "{} {} ({})\n",
+                            cell(&t["id"]),
+                            cell(&t["status"]),
+                            cell(&t["status_name"])
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }))
 }
 
 /// Runs a client verb (everything but `web`) and prints its result.
@@ -239,12 +312,18 @@ pub async fn run(cli: &Cli) -> Result<(), CliError> {
                 format!("deleted queue {} ({})\n", cell(&v["name"]), cell(&v["id"]))
             })
         }
-        Command::CreateTask { queue, pairs } => {
+        Command::CreateTask { run_at, queue, pairs } => {
             let params = task_params(pairs)?;
-            let body = json!({"queue": queue, "params": [params]});
+            let mut body = json!({"queue": queue, "params": [params]});
+            if let Some(t) = run_at {
+                body["run_at"] = json!(absolute_run_at(t));
+            }
             Output::new(client.post("/tasks", &body).await?, created)
         }
+        Command::Cancel(args) => stop_tasks(&client, "cancel", args).await?,
+        Command::Kill(args) => stop_tasks(&client, "kill", args).await?,
         Command::CreateTasks {
+            run_at,
             collection,
             queue,
             tasks: text,
@@ -259,6 +338,9 @@ pub async fn run(cli: &Cli) -> Result<(), CliError> {
                     };
                     body.insert("queue".into(), json!(queue));
                     body.insert("collection".into(), json!(c));
+                    if let Some(t) = run_at {
+                        body.insert("run_at".into(), json!(absolute_run_at(t)));
+                    }
                     Output::new(client.post("/tasks", &Value::Object(body)).await?, created)
                 }
                 None => {
@@ -267,7 +349,11 @@ pub async fn run(cli: &Cli) -> Result<(), CliError> {
                             "the tasks must be a JSON array of params objects".into(),
                         ));
                     };
-                    Output::new(create_in_batches(&client, queue, list).await?, created)
+                    let run_at = run_at.as_deref().map(absolute_run_at);
+                    Output::new(
+                        create_in_batches(&client, queue, list, run_at.as_deref()).await?,
+                        created,
+                    )
                 }
             }
         }
@@ -481,7 +567,21 @@ fn read_json(arg: &str) -> Result<Value, CliError> {
 
 /// Posts `list` in batches of [`TASK_BATCH`], with a progress bar on a terminal when there
 /// is more than one batch. Answers like one `POST /tasks`.
-async fn create_in_batches(client: &Client, queue: &str, list: Vec<Value>) -> Result<Value, CliError> {
+/// A `--run-at` value as the server takes it: a delay (`10m`) becomes the time it ends,
+/// so every batch of a request gets the same time; anything else is sent as given.
+fn absolute_run_at(text: &str) -> String {
+    match humantime::parse_duration(text) {
+        Ok(d) => humantime::format_rfc3339_millis(std::time::SystemTime::now() + d).to_string(),
+        Err(_) => text.to_string(),
+    }
+}
+
+async fn create_in_batches(
+    client: &Client,
+    queue: &str,
+    list: Vec<Value>,
+    run_at: Option<&str>,
+) -> Result<Value, CliError> {
     if let Some(i) = list.iter().position(|p| !p.is_object()) {
         return Err(CliError::Usage(format!("task {i} of the list is not a JSON object")));
     }
@@ -496,7 +596,11 @@ async fn create_in_batches(client: &Client, queue: &str, list: Vec<Value>) -> Re
     let mut ids = Vec::with_capacity(list.len());
     let mut queue_id = Value::Null;
     for chunk in list.chunks(TASK_BATCH) {
-        let v = match client.post("/tasks", &json!({"queue": queue, "params": chunk})).await {
+        let mut body = json!({"queue": queue, "params": chunk});
+        if let Some(t) = run_at {
+            body["run_at"] = json!(t);
+        }
+        let v = match client.post("/tasks", &body).await {
             Ok(v) => v,
             Err(e) if ids.is_empty() => return Err(e),
             Err(e) => {

@@ -19,6 +19,7 @@
 //! only this process claims for its node name.
 
 mod lease;
+mod lifecycle;
 mod output;
 mod queues;
 mod result;
@@ -148,6 +149,8 @@ pub struct Den {
     in_flight: Mutex<HashMap<ObjectId, Slot>>,
     /// Run controls of the running plugins, by task id.
     controls: Mutex<HashMap<ObjectId, RunControl>>,
+    /// Kill requests carried out, by task id, until the worker writes the result.
+    kills: Mutex<HashMap<ObjectId, crate::model::StopRequest>>,
     /// When the last successful heartbeat was sent (monotonic, wall clock).
     last_heartbeat: Mutex<Option<(Instant, SystemTime)>>,
     /// Cancelled when claiming must stop.
@@ -181,6 +184,7 @@ impl Den {
             in_outage: std::sync::atomic::AtomicBool::new(false),
             in_flight: Mutex::new(HashMap::new()),
             controls: Mutex::new(HashMap::new()),
+            kills: Mutex::new(HashMap::new()),
             last_heartbeat: Mutex::new(None),
             stopping: CancellationToken::new(),
             abandoned: CancellationToken::new(),
@@ -212,6 +216,7 @@ impl Den {
             let mut interval = tokio::time::interval(self.settings.tick);
             interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let watcher = tokio::spawn(self.clone().watch_queued(shutdown.clone()));
+            let lifecycle = tokio::spawn(self.clone().lifecycle(shutdown.clone()));
             // The first pass always heartbeats and recovers orphans before claiming.
             let mut first = true;
             loop {
@@ -236,6 +241,7 @@ impl Den {
                 }
             }
             watcher.abort();
+            lifecycle.abort();
             self.drain().await;
             let stats = self.stats.lock().unwrap_or_else(|e| e.into_inner()).0.clone();
             if let Err(e) = self.store.report_stats(&node, &stats).await {

@@ -15,6 +15,9 @@ use crate::runner::Sandbox;
 
 /// Task status codes of the Disbatch 4 spec.
 pub mod status {
+    /// Scheduled: waiting for its `run_at` time, then queued (-2). Not a Disbatch 4 code:
+    /// the spec's DENs claim only -2, so they never run a task before its time.
+    pub const SCHEDULED: i32 = -7;
     /// Orphaned: was being worked on, then the work was disrupted.
     pub const ORPHANED: i32 = -6;
     /// Cancelled (formerly defined; blocks claiming).
@@ -37,6 +40,7 @@ pub mod status {
     /// A short name of a status code.
     pub fn name(code: i32) -> &'static str {
         match code {
+            SCHEDULED => "scheduled",
             ORPHANED => "orphaned",
             CANCELLED => "cancelled",
             BLOCKED => "blocked",
@@ -403,6 +407,108 @@ pub struct Task {
     /// Set when the stored document could not be read as a task (written by another
     /// tool): what is wrong with it. The other fields are then best effort.
     pub problem: Option<String>,
+    /// When a scheduled task becomes due (`run_at`); kept after it ran.
+    pub run_at: Option<DateTime>,
+    /// Who cancelled the task or asked for it to be killed, when and why (`stop`).
+    pub stop: Option<StopRequest>,
+}
+
+/// What ends a task from outside: a cancel (before it starts) or a kill (while it runs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StopAction {
+    /// Ended before it started: status cancelled (-5).
+    Cancel,
+    /// Its plugin is interrupted; the task ends failed (2).
+    Kill,
+}
+
+impl StopAction {
+    /// `cancel` or `kill`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StopAction::Cancel => "cancel",
+            StopAction::Kill => "kill",
+        }
+    }
+}
+
+/// A task's `stop` sub-document: `{action, by, at, reason}`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StopRequest {
+    /// Cancel or kill.
+    pub action: StopAction,
+    /// Who asked (the API caller's name, or `"api"`).
+    pub by: String,
+    /// When it was asked.
+    pub at: DateTime,
+    /// Why, as the caller said (may be empty).
+    pub reason: String,
+}
+
+impl StopRequest {
+    /// A request made now.
+    pub fn now(action: StopAction, by: impl Into<String>, reason: impl Into<String>) -> StopRequest {
+        StopRequest {
+            action,
+            by: by.into(),
+            at: DateTime::now(),
+            reason: reason.into(),
+        }
+    }
+
+    /// The sub-document as stored.
+    pub fn to_document(&self) -> Document {
+        bson::doc! {
+            "action": self.action.as_str(),
+            "by": &self.by,
+            "at": self.at,
+            "reason": &self.reason,
+        }
+    }
+
+    /// Reads a stored `stop` sub-document; the error names what is wrong.
+    pub fn from_document(d: &Document) -> Result<StopRequest, String> {
+        let action = match d.get_str("action") {
+            Ok("cancel") => StopAction::Cancel,
+            Ok("kill") => StopAction::Kill,
+            _ => return Err("field `stop.action` must be \"cancel\" or \"kill\"".into()),
+        };
+        let text = |k: &str| match d.get(k) {
+            None | Some(bson::Bson::Null) => Ok(String::new()),
+            Some(bson::Bson::String(s)) => Ok(s.clone()),
+            Some(_) => Err(format!("field `stop.{k}` must be a string")),
+        };
+        let at = match d.get("at") {
+            Some(bson::Bson::DateTime(t)) => *t,
+            _ => return Err("field `stop.at` must be a date".into()),
+        };
+        Ok(StopRequest {
+            action,
+            by: text("by")?,
+            at,
+            reason: text("reason")?,
+        })
+    }
+}
+
+impl fmt::Display for StopRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let verb = match self.action {
+            StopAction::Cancel => "cancelled",
+            StopAction::Kill => "killed",
+        };
+        let by = if self.by.is_empty() { "the API" } else { &self.by };
+        write!(
+            f,
+            "{verb} by {by} at {}",
+            self.at.try_to_rfc3339_string().unwrap_or_default()
+        )?;
+        if !self.reason.is_empty() {
+            write!(f, ": {}", self.reason)?;
+        }
+        Ok(())
+    }
 }
 
 impl Task {

@@ -19,7 +19,7 @@ use async_trait::async_trait;
 use bson::oid::ObjectId;
 use bson::{DateTime, Document};
 
-use crate::model::{Node, NodeProcess, NodeStats, Output, Queue, Sort, Task, UnreadableQueue};
+use crate::model::{Node, NodeProcess, NodeStats, Output, Queue, Sort, StopRequest, Task, UnreadableQueue};
 
 /// Errors of a store operation.
 #[derive(Debug, thiserror::Error)]
@@ -139,6 +139,46 @@ pub struct TaskFilter {
     pub status: Option<Vec<i32>>,
     /// Only this node (`Some(None)` = unclaimed).
     pub node: Option<Option<String>>,
+}
+
+/// A task to insert ([`Store::insert_tasks`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewTask {
+    /// Its `_id`.
+    pub id: ObjectId,
+    /// Its params.
+    pub params: Document,
+    /// When it becomes due: until then it is scheduled (-7), not queued (-2). `None` or a
+    /// time already past queues it at once (the time is kept as `run_at` either way).
+    pub run_at: Option<DateTime>,
+}
+
+impl NewTask {
+    /// A task queued at once.
+    pub fn queued(id: ObjectId, params: Document) -> NewTask {
+        NewTask {
+            id,
+            params,
+            run_at: None,
+        }
+    }
+
+    /// The status it is inserted with at `now`.
+    pub fn initial_status(&self, now: DateTime) -> i32 {
+        match self.run_at {
+            Some(t) if t > now => crate::model::status::SCHEDULED,
+            _ => crate::model::status::QUEUED,
+        }
+    }
+}
+
+/// The tasks a cancel or kill is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TaskTarget {
+    /// One task.
+    Task(ObjectId),
+    /// Every task of a queue that the action applies to.
+    Queue(ObjectId),
 }
 
 /// Paging of a task search; newest first.
@@ -299,18 +339,37 @@ pub trait Store: Send + Sync + 'static {
 
     // ---- tasks (the DCI) ---------------------------------------------------------------
 
-    /// Inserts queued tasks (status -2, node null, stdout/stderr null, ctime = mtime = now)
-    /// with the given ids and params, in order. On an error the embedded store created
-    /// none of them (one transaction); MongoDB may have created a first part of them (an
-    /// ordered insert cut short, or one whose reply was lost).
-    async fn insert_tasks(&self, queue: ObjectId, tasks: Vec<(ObjectId, Document)>) -> StoreResult<()>;
-    /// [`Store::insert_tasks`] with new ids. Returns their ids in order.
+    /// Inserts tasks (node null, stdout/stderr null, ctime = mtime = now) with the given
+    /// ids and params, in order: queued (-2), or scheduled (-7) when their `run_at` is
+    /// still to come. On an error the embedded store created none of them (one
+    /// transaction); MongoDB may have created a first part of them (an ordered insert cut
+    /// short, or one whose reply was lost).
+    async fn insert_tasks(&self, queue: ObjectId, tasks: Vec<NewTask>) -> StoreResult<()>;
+    /// [`Store::insert_tasks`] of queued tasks with new ids. Returns their ids in order.
     async fn create_tasks(&self, queue: ObjectId, params: Vec<Document>) -> StoreResult<Vec<ObjectId>> {
-        let tasks: Vec<(ObjectId, Document)> = params.into_iter().map(|p| (ObjectId::new(), p)).collect();
-        let ids = tasks.iter().map(|(id, _)| *id).collect();
+        let tasks: Vec<NewTask> = params
+            .into_iter()
+            .map(|p| NewTask::queued(ObjectId::new(), p))
+            .collect();
+        let ids = tasks.iter().map(|t| t.id).collect();
         self.insert_tasks(queue, tasks).await?;
         Ok(ids)
     }
+    /// Queues (-7 → -2, mtime now) every scheduled task whose `run_at` is not after
+    /// `now`, in one indexed update whatever the number of tasks still scheduled. Returns
+    /// how many were queued.
+    async fn promote_due(&self, now: DateTime) -> StoreResult<u64>;
+    /// Cancels tasks that have not started: those of `target` that are queued (-2) or
+    /// scheduled (-7) and unclaimed become cancelled (-5) with `stop` recorded. Returns
+    /// the ids cancelled (none when the task is claimed, running or finished).
+    async fn cancel_tasks(&self, target: TaskTarget, stop: &StopRequest) -> StoreResult<Vec<ObjectId>>;
+    /// Asks for running tasks to be killed: records `stop` on those of `target` that are
+    /// claimed (-1) or running (0) and not already asked. The DEN running each stops its
+    /// plugin ([`Store::kill_requests`]) and ends the task failed. Returns the ids asked.
+    async fn request_kill(&self, target: TaskTarget, stop: &StopRequest) -> StoreResult<Vec<ObjectId>>;
+    /// The kill requests on tasks `node` has claimed or is running.
+    async fn kill_requests(&self, node: &str) -> StoreResult<Vec<(ObjectId, StopRequest)>>;
+
     /// Tasks matching `filter`, newest first.
     async fn find_tasks(&self, filter: &TaskFilter, page: Page) -> StoreResult<Vec<Task>>;
     /// Number of tasks matching `filter`.

@@ -97,6 +97,8 @@ on_both_stores!(
     three_dens_hold_threads_and_maxthreads,
 );
 
+#[path = "store_shared/lifecycle.rs"]
+mod lifecycle;
 #[path = "store_shared/restarts.rs"]
 mod restarts;
 #[path = "store_shared/results.rs"]

@@ -19,6 +19,7 @@ use super::body::{kind, JsonBody};
 use super::error::PartlyCreated;
 use super::tasks::object_id;
 use super::{queues, ApiError, Shared};
+use crate::store::NewTask;
 
 /// Most tasks one `POST /tasks` with a `collection` may create.
 pub const MAX_COLLECTION_TASKS: i64 = 1_000_000;
@@ -26,17 +27,25 @@ pub const MAX_COLLECTION_TASKS: i64 = 1_000_000;
 pub(super) const INSERT_BATCH: usize = 1000;
 
 /// `POST /tasks`: `{queue, params: [{…}, …]}` creates one task per params object;
+/// `{queue, tasks: [{params, run_at}, …]}` one per entry, each with its own time;
 /// `{queue, collection, filter, params: {key: "document.field" | literal}}` one per
-/// matching document of `collection`. Answers `{"queue", "count": n, "ids": [...]}`; a
+/// matching document of `collection`. A top-level `run_at` (a time, or a delay such as
+/// `"10m"`) schedules every task of the request. Answers `{"queue", "count": n, "ids": [...]}`; a
 /// failure after some tasks were created answers the error with them (see the module).
 pub(super) async fn create(State(state): State<Shared>, JsonBody(body): JsonBody) -> Result<Json<Value>, ApiError> {
     for k in body.keys() {
-        if !["queue", "params", "collection", "filter"].contains(&k.as_str()) {
+        if !["queue", "params", "tasks", "run_at", "collection", "filter"].contains(&k.as_str()) {
             return Err(ApiError::bad(format!(
-                "unknown field {k:?}: expected queue and params, and for tasks from documents collection and filter"
+                "unknown field {k:?}: expected queue and params (or tasks), optionally run_at, and for tasks from \
+                 documents collection and filter"
             )));
         }
     }
+    let now = bson::DateTime::now();
+    let run_at = match body.get("run_at") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(super::lifecycle::run_at(v, now).map_err(|e| ApiError::bad(format!("field \"run_at\" {e}")))?),
+    };
     let key = match body.get("queue") {
         Some(Value::String(s)) if !s.is_empty() => s.clone(),
         Some(v @ Value::Object(_)) => object_id(v)
@@ -44,7 +53,17 @@ pub(super) async fn create(State(state): State<Shared>, JsonBody(body): JsonBody
             .ok_or_else(|| ApiError::bad("field \"queue\" must be a queue id or name"))?,
         _ => return Err(ApiError::bad("field \"queue\" is required (a queue id or name)")),
     };
-    let params = if body.contains_key("collection") {
+    let mut times: Vec<Option<bson::DateTime>> = Vec::new();
+    let params = if body.contains_key("tasks") {
+        if body.contains_key("params") || body.contains_key("collection") {
+            return Err(ApiError::bad(
+                "field \"tasks\" cannot be used with \"params\" or \"collection\"",
+            ));
+        }
+        let (params, each) = super::lifecycle::task_entries(body.get("tasks"), now)?;
+        times = each;
+        params
+    } else if body.contains_key("collection") {
         from_collection(&state, &body).await?
     } else {
         if body.contains_key("filter") {
@@ -70,12 +89,20 @@ pub(super) async fn create(State(state): State<Shared>, JsonBody(body): JsonBody
     }
     let queue = queues::find(&state, &key).await?;
     let total = params.len();
-    let mut rest: Vec<(ObjectId, Document)> = params.into_iter().map(|p| (ObjectId::new(), p)).collect();
+    let mut rest: Vec<NewTask> = params
+        .into_iter()
+        .enumerate()
+        .map(|(i, params)| NewTask {
+            id: ObjectId::new(),
+            params,
+            run_at: times.get(i).copied().flatten().or(run_at),
+        })
+        .collect();
     let mut created = Vec::with_capacity(total);
     while !rest.is_empty() {
         let tail = rest.split_off(rest.len().min(INSERT_BATCH));
         let batch = std::mem::replace(&mut rest, tail);
-        let ids: Vec<ObjectId> = batch.iter().map(|(id, _)| *id).collect();
+        let ids: Vec<ObjectId> = batch.iter().map(|t| t.id).collect();
         if let Err(error) = state.store.insert_tasks(queue.id, batch).await {
             return Err(ApiError::PartlyCreated(Box::new(PartlyCreated {
                 error,
@@ -107,7 +134,7 @@ fn check_storable(params: &Document) -> Result<(), String> {
     Ok(())
 }
 
-fn to_document(v: &Value) -> Result<Document, String> {
+pub(super) fn to_document(v: &Value) -> Result<Document, String> {
     match v {
         Value::Object(_) => match Bson::try_from(v.clone()) {
             Ok(Bson::Document(d)) => Ok(d),

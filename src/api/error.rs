@@ -21,6 +21,10 @@ pub enum ApiError {
     /// No such thing (404).
     #[error("{0}")]
     NotFound(String),
+    /// The request does not apply to the resource's current state (409), e.g. cancelling
+    /// a running task; the message says why and what applies instead.
+    #[error("{0}")]
+    Conflict(String),
     /// The route exists but not with this method (405).
     #[error("method not allowed")]
     MethodNotAllowed,
@@ -82,6 +86,7 @@ impl ApiError {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::NotJson(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,

@@ -58,6 +58,20 @@ pub(super) fn task(t: &Task, view: &TaskView) -> Value {
     if let Some(problem) = &t.problem {
         m.insert("problem".into(), json!(problem));
     }
+    if let Some(at) = &t.run_at {
+        m.insert("run_at".into(), date(at, view.epoch));
+    }
+    if let Some(stop) = &t.stop {
+        m.insert(
+            "stop".into(),
+            json!({
+                "action": stop.action.as_str(),
+                "by": stop.by,
+                "at": date(&stop.at, view.epoch),
+                "reason": stop.reason,
+            }),
+        );
+    }
     if let Some(fields) = &view.fields {
         m.retain(|k, _| k == "id" || k == "_id" || fields.iter().any(|f| f == k));
     }

@@ -110,7 +110,7 @@ impl Den {
         }
         debug!("running");
         let control = self.new_control(task.id);
-        let outcome = self.run_bounded(queue, task, &control).await;
+        let mut outcome = self.run_bounded(queue, task, &control).await;
         self.drop_control(task.id);
         match control.reason() {
             Some(StopReason::LeaseLost) => {
@@ -121,6 +121,10 @@ impl Den {
             Some(StopReason::Shutdown) => {
                 info!("plugin stopped by the shutdown; the task goes back to its queue");
                 return;
+            }
+            Some(StopReason::Killed) => {
+                outcome.status = status::FAILED as u32;
+                outcome.failure = Some(Failure::Killed(self.take_kill(task.id).to_string()));
             }
             _ => {}
         }

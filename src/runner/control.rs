@@ -25,6 +25,8 @@ pub enum StopReason {
     Shutdown,
     /// The DEN could not renew its lease in time: another node may run the task now.
     LeaseLost,
+    /// Someone asked for the task to be killed (`POST /tasks/{id}/kill`).
+    Killed,
 }
 
 impl StopReason {
@@ -33,6 +35,7 @@ impl StopReason {
             StopReason::Timeout => 1,
             StopReason::Shutdown => 2,
             StopReason::LeaseLost => 3,
+            StopReason::Killed => 4,
         }
     }
 
@@ -41,6 +44,7 @@ impl StopReason {
             1 => Some(StopReason::Timeout),
             2 => Some(StopReason::Shutdown),
             3 => Some(StopReason::LeaseLost),
+            4 => Some(StopReason::Killed),
             _ => None,
         }
     }
@@ -52,6 +56,7 @@ impl std::fmt::Display for StopReason {
             StopReason::Timeout => "its timeout passed",
             StopReason::Shutdown => "the DEN is shutting down",
             StopReason::LeaseLost => "this node's lease lapsed (another node may run the task)",
+            StopReason::Killed => "it was killed",
         })
     }
 }

@@ -32,6 +32,8 @@ pub enum Failure {
     InvalidComponent(String),
     /// The host could not set up the sandbox (for example a granted directory is missing).
     Sandbox(String),
+    /// Someone killed the task while it ran: who, when and why.
+    Killed(String),
 }
 
 impl Failure {
@@ -45,6 +47,7 @@ impl Failure {
             Failure::Trap(_) => "trap",
             Failure::InvalidComponent(_) => "invalid-component",
             Failure::Sandbox(_) => "sandbox",
+            Failure::Killed(_) => "killed",
         }
     }
 }
@@ -74,6 +77,7 @@ impl fmt::Display for Failure {
             Failure::Trap(msg) => write!(f, "trap: {msg}"),
             Failure::InvalidComponent(msg) => write!(f, "invalid component: {msg}"),
             Failure::Sandbox(msg) => write!(f, "sandbox setup failed: {msg}"),
+            Failure::Killed(msg) => write!(f, "{msg}"),
         }
     }
 }

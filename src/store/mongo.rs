@@ -16,13 +16,14 @@
 //!
 //! Parts: `connect` ([`MongoOptions`], TLS and credentials), `documents` (BSON ↔ model,
 //! lenient parsing), `queues` (queue documents), `slots` (queue slot leases), `recovery`
-//! (orphan recovery), `errors` (driver errors as transient or permanent store errors),
+//! (orphan recovery), `lifecycle` (scheduled tasks, cancel and kill), `errors` (driver errors as transient or permanent store errors),
 //! `counts` (task counts per queue and status).
 
 mod connect;
 mod counts;
 mod documents;
 mod errors;
+mod lifecycle;
 mod queues;
 mod recovery;
 mod slots;
@@ -45,10 +46,10 @@ use self::documents::{node_from, opt_int_bson, output_bson, task_filter_doc, tas
 use self::errors::{db_err, is_duplicate_key};
 use super::gridfs;
 use super::{
-    NewQueue, OutputStream, OutputValue, Page, QueueUpdate, Recovery, Slot, StatusCounts, Store, StoreError,
-    StoreResult, TaskFilter,
+    NewQueue, NewTask, OutputStream, OutputValue, Page, QueueUpdate, Recovery, Slot, StatusCounts, Store, StoreError,
+    StoreResult, TaskFilter, TaskTarget,
 };
-use crate::model::{status, Node, NodeProcess, NodeStats, Output, Queue, Sort, Task, UnreadableQueue};
+use crate::model::{status, Node, NodeProcess, NodeStats, Output, Queue, Sort, StopRequest, Task, UnreadableQueue};
 
 /// Collection of task documents.
 pub const TASKS: &str = "tasks";
@@ -162,6 +163,7 @@ impl Store for MongoStore {
                 plain(doc! { "node": 1, "status": 1 }),
                 plain(doc! { "status": 1, "mtime": 1 }),
                 plain(doc! { "queue": 1, "status": 1 }),
+                plain(doc! { "status": 1, "run_at": 1 }),
             ])
             .await
             .map_err(&err)?;
@@ -516,26 +518,46 @@ impl Store for MongoStore {
 
     // ---- tasks (the DCI) ---------------------------------------------------------------
 
-    async fn insert_tasks(&self, queue: ObjectId, tasks: Vec<(ObjectId, Document)>) -> StoreResult<()> {
+    async fn insert_tasks(&self, queue: ObjectId, tasks: Vec<NewTask>) -> StoreResult<()> {
         if tasks.is_empty() {
             return Ok(());
         }
         let now = DateTime::now();
-        let docs = tasks.into_iter().map(|(id, params)| {
-            doc! {
-                "_id": id,
+        let docs = tasks.into_iter().map(|t| {
+            let mut d = doc! {
+                "_id": t.id,
                 "queue": queue,
                 "ctime": now,
                 "mtime": now,
                 "node": null,
-                "status": status::QUEUED,
-                "params": params,
+                "status": t.initial_status(now),
+                "params": t.params,
                 "stdout": null,
                 "stderr": null,
+            };
+            if let Some(at) = t.run_at {
+                d.insert("run_at", at);
             }
+            d
         });
         self.tasks.insert_many(docs).await.map_err(db_err("create tasks"))?;
         Ok(())
+    }
+
+    async fn promote_due(&self, now: DateTime) -> StoreResult<u64> {
+        self.promote(now).await
+    }
+
+    async fn cancel_tasks(&self, target: TaskTarget, stop: &StopRequest) -> StoreResult<Vec<ObjectId>> {
+        self.cancel(target, stop).await
+    }
+
+    async fn request_kill(&self, target: TaskTarget, stop: &StopRequest) -> StoreResult<Vec<ObjectId>> {
+        self.kill(target, stop).await
+    }
+
+    async fn kill_requests(&self, node: &str) -> StoreResult<Vec<(ObjectId, StopRequest)>> {
+        self.kills_for(node).await
     }
 
     async fn find_tasks(&self, filter: &TaskFilter, page: Page) -> StoreResult<Vec<Task>> {

@@ -30,6 +30,7 @@
 //! connection from a small pool.
 
 mod files;
+mod lifecycle;
 mod recovery;
 mod rows;
 
@@ -47,9 +48,10 @@ use self::rows::{
     bson_bytes, db_err, lease_end, output_columns, queue_from, read_bson, sort_str, task_from_row, TASK_COLUMNS,
 };
 use super::{
-    NewQueue, OutputValue, Page, QueueUpdate, Recovery, Slot, StatusCounts, Store, StoreError, StoreResult, TaskFilter,
+    NewQueue, NewTask, OutputValue, Page, QueueUpdate, Recovery, Slot, StatusCounts, Store, StoreError, StoreResult,
+    TaskFilter, TaskTarget,
 };
-use crate::model::{status, Node, NodeProcess, NodeStats, Output, Queue, Sort, Task};
+use crate::model::{status, Node, NodeProcess, NodeStats, Output, Queue, Sort, StopRequest, Task};
 
 /// Table of output files.
 pub const OUTPUT_FILES: &str = "output_files";
@@ -75,7 +77,9 @@ CREATE TABLE IF NOT EXISTS tasks (
     stdout TEXT,
     stdout_file TEXT,
     stderr TEXT,
-    stderr_file TEXT
+    stderr_file TEXT,
+    run_at INTEGER,
+    stop BLOB
 );
 CREATE INDEX IF NOT EXISTS tasks_claim ON tasks (queue, status, node, id);
 CREATE INDEX IF NOT EXISTS tasks_node_status ON tasks (node, status);
@@ -320,8 +324,11 @@ fn renew_slots(tx: &rusqlite::Transaction<'_>, node: &str, until: i64) -> StoreR
 #[async_trait]
 impl Store for SqliteStore {
     async fn ensure_indexes(&self) -> StoreResult<()> {
-        self.with(|conn| conn.execute_batch(SCHEMA).map_err(db_err("create schema")))
-            .await
+        self.with(|conn| {
+            conn.execute_batch(SCHEMA).map_err(db_err("create schema"))?;
+            lifecycle::migrate(conn)
+        })
+        .await
     }
 
     // ---- nodes -------------------------------------------------------------------------
@@ -904,32 +911,52 @@ impl Store for SqliteStore {
 
     // ---- tasks (the DCI) ---------------------------------------------------------------
 
-    async fn insert_tasks(&self, queue: ObjectId, tasks: Vec<(ObjectId, Document)>) -> StoreResult<()> {
+    async fn insert_tasks(&self, queue: ObjectId, tasks: Vec<NewTask>) -> StoreResult<()> {
         if tasks.is_empty() {
             return Ok(());
         }
+        let now = DateTime::now();
         let encoded = tasks
             .iter()
-            .map(|(id, params)| bson_bytes(params).map(|bytes| (id.to_hex(), bytes)))
+            .map(|t| {
+                let run_at = t.run_at.map(|d| d.timestamp_millis());
+                bson_bytes(&t.params).map(|bytes| (t.id.to_hex(), bytes, t.initial_status(now), run_at))
+            })
             .collect::<StoreResult<Vec<_>>>()?;
         self.write("create tasks", move |tx| {
             let err = db_err("create tasks");
-            let now = DateTime::now().timestamp_millis();
             let q = queue.to_hex();
             let mut stmt = tx
                 .prepare_cached(
-                    "INSERT INTO tasks (id, queue, ctime, mtime, node, status, params)
-                     VALUES (?1, ?2, ?3, ?3, NULL, ?4, ?5)",
+                    "INSERT INTO tasks (id, queue, ctime, mtime, node, status, params, run_at)
+                     VALUES (?1, ?2, ?3, ?3, NULL, ?4, ?5, ?6)",
                 )
                 .map_err(&err)?;
-            for (id, bytes) in encoded {
-                stmt.execute(params![id, q, now, status::QUEUED, bytes]).map_err(&err)?;
+            for (id, bytes, status, run_at) in encoded {
+                stmt.execute(params![id, q, now.timestamp_millis(), status, bytes, run_at])
+                    .map_err(&err)?;
             }
             Ok(())
         })
         .await?;
         self.signal_queued();
         Ok(())
+    }
+
+    async fn promote_due(&self, now: DateTime) -> StoreResult<u64> {
+        self.promote(now).await
+    }
+
+    async fn cancel_tasks(&self, target: TaskTarget, stop: &StopRequest) -> StoreResult<Vec<ObjectId>> {
+        self.cancel(target, stop).await
+    }
+
+    async fn request_kill(&self, target: TaskTarget, stop: &StopRequest) -> StoreResult<Vec<ObjectId>> {
+        self.kill(target, stop).await
+    }
+
+    async fn kill_requests(&self, node: &str) -> StoreResult<Vec<(ObjectId, StopRequest)>> {
+        self.kills_for(node).await
     }
 
     async fn find_tasks(&self, filter: &TaskFilter, page: Page) -> StoreResult<Vec<Task>> {

@@ -10,7 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bson::oid::ObjectId;
 use bson::{DateTime, Document};
-use disbatch::model::{Node, NodeProcess, NodeStats, Output, Queue};
+use disbatch::model::{Node, NodeProcess, NodeStats, Output, Queue, StopRequest};
 use disbatch::store::*;
 
 /// A store that records which tasks each DEN claimed and started.
@@ -136,8 +136,20 @@ impl Store for Recording {
     async fn recover_orphans(&self, claimed_before: DateTime, stale_before: DateTime) -> StoreResult<Recovery> {
         self.inner.recover_orphans(claimed_before, stale_before).await
     }
-    async fn insert_tasks(&self, queue: ObjectId, tasks: Vec<(ObjectId, Document)>) -> StoreResult<()> {
+    async fn insert_tasks(&self, queue: ObjectId, tasks: Vec<NewTask>) -> StoreResult<()> {
         self.inner.insert_tasks(queue, tasks).await
+    }
+    async fn promote_due(&self, now: DateTime) -> StoreResult<u64> {
+        self.inner.promote_due(now).await
+    }
+    async fn cancel_tasks(&self, target: TaskTarget, stop: &StopRequest) -> StoreResult<Vec<ObjectId>> {
+        self.inner.cancel_tasks(target, stop).await
+    }
+    async fn request_kill(&self, target: TaskTarget, stop: &StopRequest) -> StoreResult<Vec<ObjectId>> {
+        self.inner.request_kill(target, stop).await
+    }
+    async fn kill_requests(&self, node: &str) -> StoreResult<Vec<(ObjectId, StopRequest)>> {
+        self.inner.kill_requests(node).await
     }
     async fn create_tasks(&self, queue: ObjectId, params: Vec<Document>) -> StoreResult<Vec<ObjectId>> {
         self.inner.create_tasks(queue, params).await

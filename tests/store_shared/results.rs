@@ -42,7 +42,8 @@ async fn output_files_are_rewritten_in_place_and_discarded_unless_used(s: Stores
 async fn tasks_are_inserted_with_the_ids_given(s: Stores) {
     let q = queue(&*s.a, "ids", 2, Sort::Fifo).await;
     let ids = [ObjectId::new(), ObjectId::new()];
-    s.a.insert_tasks(q.id, vec![(ids[0], doc! {"n": 0}), (ids[1], doc! {"n": 1})])
+    let new = |id, n: i32| disbatch::store::NewTask::queued(id, doc! {"n": n});
+    s.a.insert_tasks(q.id, vec![new(ids[0], 0), new(ids[1], 1)])
         .await
         .unwrap();
     for (n, id) in ids.iter().enumerate() {
@@ -51,7 +52,7 @@ async fn tasks_are_inserted_with_the_ids_given(s: Stores) {
         assert_eq!(t.params.get_i32("n").unwrap(), n as i32);
     }
     // An id taken already is refused, and on either store never overwrites the task.
-    let again = s.a.insert_tasks(q.id, vec![(ids[0], doc! {"n": 9})]).await;
+    let again = s.a.insert_tasks(q.id, vec![new(ids[0], 9)]).await;
     assert!(again.is_err(), "{again:?}");
     assert!(!again.unwrap_err().is_transient());
     assert_eq!(task(&*s.b, ids[0]).await.params.get_i32("n").unwrap(), 0);

@@ -246,7 +246,20 @@ pub(super) fn task_from(doc: &Document) -> StoreResult<Task> {
         stdout: f.output("stdout")?,
         stderr: f.output("stderr")?,
         problem: None,
+        run_at: f.opt_date("run_at")?,
+        stop: task_stop(&f)?,
     })
+}
+
+/// The `stop` sub-document, if any.
+fn task_stop(f: &Fields<'_>) -> StoreResult<Option<crate::model::StopRequest>> {
+    match f.get("stop") {
+        None | Some(Bson::Null) => Ok(None),
+        Some(Bson::Document(d)) => crate::model::StopRequest::from_document(d)
+            .map(Some)
+            .map_err(|e| f.malformed("stop", &format!("a valid stop request ({e})"))),
+        Some(_) => Err(f.malformed("stop", "a document {action, by, at, reason}")),
+    }
 }
 
 /// A task document as well as it can be read: what [`task_from`] gives, or, for a
@@ -276,6 +289,8 @@ pub(super) fn task_or_problem(doc: &Document) -> Option<Task> {
         stdout: f.output("stdout").ok().flatten(),
         stderr: f.output("stderr").ok().flatten(),
         problem: Some(err.to_string()),
+        run_at: f.opt_date("run_at").ok().flatten(),
+        stop: task_stop(&f).ok().flatten(),
     })
 }
 

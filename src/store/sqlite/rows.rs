@@ -15,7 +15,7 @@ use crate::store::{OutputValue, StoreError, StoreResult};
 
 /// The columns of a task row, in the order [`task_from_row`] reads them.
 pub(super) const TASK_COLUMNS: &str =
-    "id, queue, ctime, mtime, node, status, params, stdout, stdout_file, stderr, stderr_file";
+    "id, queue, ctime, mtime, node, status, params, stdout, stdout_file, stderr, stderr_file, run_at, stop";
 
 /// Largest integer a Double represents exactly (2^53).
 const MAX_EXACT_DOUBLE: f64 = 9_007_199_254_740_992.0;
@@ -107,6 +107,8 @@ pub(super) fn task_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(String, 
     let params: Vec<u8> = r.get(6)?;
     let stdout: (Option<String>, Option<String>) = (r.get(7)?, r.get(8)?);
     let stderr: (Option<String>, Option<String>) = (r.get(9)?, r.get(10)?);
+    let run_at: Option<i64> = r.get(11)?;
+    let stop: Option<Vec<u8>> = r.get(12)?;
     let malformed = |reason: String| StoreError::Malformed {
         collection: "tasks",
         id: id.clone(),
@@ -132,6 +134,14 @@ pub(super) fn task_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(String, 
             stdout: output("stdout", stdout)?,
             stderr: output("stderr", stderr)?,
             problem: None,
+            run_at: run_at.map(DateTime::from_millis),
+            stop: match stop {
+                None => None,
+                Some(bytes) => Some(
+                    crate::model::StopRequest::from_document(&read_bson("tasks", &id, &bytes)?)
+                        .map_err(|e| malformed(format!("field `stop`: {e}")))?,
+                ),
+            },
         })
     })();
     Ok((id.clone(), task))

@@ -1,0 +1,92 @@
+//! The DEN's part in a task's life beyond Disbatch 4's: queueing scheduled tasks when
+//! they are due, and stopping the plugins of tasks someone asked to kill.
+//!
+//! Both run every [`LIFECYCLE_TICK`], so a due task is queued, and a killed plugin
+//! interrupted, within about that much (plus the claim, or the next epoch tick). Queueing
+//! due tasks is one indexed update, whatever the number of tasks still scheduled; looking
+//! for kill requests is one indexed query, made only while this DEN runs tasks.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bson::oid::ObjectId;
+use bson::DateTime;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::Den;
+use crate::model::StopRequest;
+use crate::runner::StopReason;
+
+/// How often due tasks are queued and kill requests are looked for.
+pub(super) const LIFECYCLE_TICK: Duration = Duration::from_millis(200);
+
+impl Den {
+    /// Queues due scheduled tasks and carries out kill requests until `stop`.
+    pub(super) async fn lifecycle(self: Arc<Self>, stop: CancellationToken) {
+        let mut interval = tokio::time::interval(LIFECYCLE_TICK);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = interval.tick() => {}
+            }
+            match self.store.promote_due(DateTime::now()).await {
+                Ok(0) => {}
+                Ok(n) => {
+                    debug!(count = n, "queued scheduled tasks that are due");
+                    self.wake.notify_one();
+                }
+                Err(e) => debug!(error = %e, "cannot queue due scheduled tasks"),
+            }
+            self.carry_out_kills().await;
+        }
+    }
+
+    async fn carry_out_kills(&self) {
+        let running: Vec<ObjectId> = self
+            .controls
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .keys()
+            .copied()
+            .collect();
+        if running.is_empty() {
+            return;
+        }
+        let requests = match self.store.kill_requests(&self.settings.node).await {
+            Ok(r) => r,
+            Err(e) => {
+                debug!(error = %e, "cannot read kill requests");
+                return;
+            }
+        };
+        for (task, stop) in requests {
+            let control = self
+                .controls
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&task)
+                .cloned();
+            let Some(control) = control else { continue };
+            if control.reason().is_some() {
+                continue;
+            }
+            info!(task = %task, "stopping the plugin: {stop}");
+            self.kills.lock().unwrap_or_else(|e| e.into_inner()).insert(task, stop);
+            control.cancel(StopReason::Killed);
+        }
+    }
+
+    /// The kill request that stopped `task`, taken (once) by the worker that ran it.
+    pub(super) fn take_kill(&self, task: ObjectId) -> StopRequest {
+        self.kills
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&task)
+            .unwrap_or_else(|| {
+                warn!(task = %task, "killed without a recorded request");
+                StopRequest::now(crate::model::StopAction::Kill, "", "")
+            })
+    }
+}

@@ -1,0 +1,141 @@
+//! A task's life beyond Disbatch 4's: scheduled tasks becoming due, cancel and kill.
+//!
+//! Scheduled tasks wait with status -7 (which no Disbatch 4 DEN claims) and a `run_at`
+//! date; one `updateMany` over the `{status, run_at}` index queues those that are due.
+//! A cancel or kill records `stop: {action, by, at, reason}` on the task. Updates over a
+//! queue report the ids they changed by reading back the tasks carrying that exact `stop`
+//! sub-document.
+
+use bson::oid::ObjectId;
+use bson::{doc, DateTime, Document};
+use futures::TryStreamExt;
+
+use super::{db_err, MongoStore};
+use crate::model::{status, StopAction, StopRequest};
+use crate::store::{StoreError, StoreResult, TaskTarget};
+
+impl MongoStore {
+    /// [`Store::promote_due`](crate::store::Store::promote_due).
+    pub(super) async fn promote(&self, now: DateTime) -> StoreResult<u64> {
+        let result = self
+            .tasks
+            .update_many(
+                doc! { "status": status::SCHEDULED, "run_at": { "$lte": now } },
+                doc! { "$set": { "status": status::QUEUED, "mtime": DateTime::now() } },
+            )
+            .await
+            .map_err(db_err("queue due scheduled tasks"))?;
+        Ok(result.modified_count)
+    }
+
+    /// Records `stop` on the tasks of `target` that match `fence`, returning their ids.
+    async fn stop_where(
+        &self,
+        target: TaskTarget,
+        mut fence: Document,
+        set: Document,
+        stop: &StopRequest,
+        op: &'static str,
+    ) -> StoreResult<Vec<ObjectId>> {
+        match target {
+            TaskTarget::Task(id) => fence.insert("_id", id),
+            TaskTarget::Queue(q) => fence.insert("queue", q),
+        };
+        let record = stop.to_document();
+        let mut update = set;
+        update.insert("stop", record.clone());
+        update.insert("mtime", DateTime::now());
+        let result = self
+            .tasks
+            .update_many(fence, doc! { "$set": update })
+            .await
+            .map_err(db_err(op))?;
+        if result.modified_count == 0 {
+            return Ok(Vec::new());
+        }
+        let mut read_back = doc! { "stop": record };
+        match target {
+            TaskTarget::Task(id) => read_back.insert("_id", id),
+            TaskTarget::Queue(q) => read_back.insert("queue", q),
+        };
+        let docs: Vec<Document> = self
+            .tasks
+            .find(read_back)
+            .projection(doc! { "_id": 1 })
+            .await
+            .map_err(db_err(op))?
+            .try_collect()
+            .await
+            .map_err(db_err(op))?;
+        Ok(docs.iter().filter_map(|d| d.get_object_id("_id").ok()).collect())
+    }
+
+    /// [`Store::cancel_tasks`](crate::store::Store::cancel_tasks).
+    pub(super) async fn cancel(&self, target: TaskTarget, stop: &StopRequest) -> StoreResult<Vec<ObjectId>> {
+        check_action(stop, StopAction::Cancel)?;
+        let fence = doc! {
+            "status": { "$in": [status::QUEUED, status::SCHEDULED] },
+            "node": super::unclaimed(),
+        };
+        self.stop_where(
+            target,
+            fence,
+            doc! { "status": status::CANCELLED },
+            stop,
+            "cancel tasks",
+        )
+        .await
+    }
+
+    /// [`Store::request_kill`](crate::store::Store::request_kill).
+    pub(super) async fn kill(&self, target: TaskTarget, stop: &StopRequest) -> StoreResult<Vec<ObjectId>> {
+        check_action(stop, StopAction::Kill)?;
+        let fence = doc! {
+            "status": { "$in": [status::CLAIMED, status::RUNNING] },
+            "stop": { "$exists": false },
+        };
+        self.stop_where(target, fence, Document::new(), stop, "ask to kill tasks")
+            .await
+    }
+
+    /// [`Store::kill_requests`](crate::store::Store::kill_requests).
+    pub(super) async fn kills_for(&self, node: &str) -> StoreResult<Vec<(ObjectId, StopRequest)>> {
+        let docs: Vec<Document> = self
+            .tasks
+            .find(doc! {
+                "node": node,
+                "status": { "$in": [status::CLAIMED, status::RUNNING] },
+                "stop.action": "kill",
+            })
+            .projection(doc! { "_id": 1, "stop": 1 })
+            .await
+            .map_err(db_err("read kill requests"))?
+            .try_collect()
+            .await
+            .map_err(db_err("read kill requests"))?;
+        let mut out = Vec::with_capacity(docs.len());
+        for d in docs {
+            let Ok(id) = d.get_object_id("_id") else { continue };
+            // A malformed request written by another tool still stops the task.
+            let stop = d
+                .get_document("stop")
+                .map_err(|e| e.to_string())
+                .and_then(StopRequest::from_document)
+                .unwrap_or_else(|e| StopRequest::now(StopAction::Kill, "", format!("unreadable kill request ({e})")));
+            out.push((id, stop));
+        }
+        Ok(out)
+    }
+}
+
+fn check_action(stop: &StopRequest, want: StopAction) -> StoreResult<()> {
+    if stop.action == want {
+        Ok(())
+    } else {
+        Err(StoreError::Invalid(format!(
+            "a {} request cannot be used to {}",
+            stop.action.as_str(),
+            want.as_str()
+        )))
+    }
+}

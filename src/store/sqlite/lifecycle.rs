@@ -1,0 +1,182 @@
+//! A task's life beyond Disbatch 4's on the embedded store: scheduled tasks becoming due,
+//! cancel and kill (see the MongoDB store's `lifecycle` for the model). The `run_at`
+//! column holds milliseconds since the epoch, `stop` the BSON of the `stop` sub-document.
+
+use bson::oid::ObjectId;
+use bson::DateTime;
+use rusqlite::{params, Connection};
+
+use super::rows::{bson_bytes, db_err, read_bson};
+use super::SqliteStore;
+use crate::model::{status, StopAction, StopRequest};
+use crate::store::{StoreError, StoreResult, TaskTarget};
+
+/// Columns added to `tasks` after its first release, with their types: a database file
+/// created before gets them on open.
+const ADDED_COLUMNS: &[(&str, &str)] = &[("run_at", "INTEGER"), ("stop", "BLOB")];
+
+/// Adds the columns a database file created by an earlier release lacks, and their index.
+pub(super) fn migrate(conn: &Connection) -> StoreResult<()> {
+    let err = db_err("upgrade schema");
+    let mut stmt = conn
+        .prepare("SELECT name FROM pragma_table_info('tasks')")
+        .map_err(&err)?;
+    let present: Vec<String> = stmt
+        .query_map([], |r| r.get(0))
+        .map_err(&err)?
+        .collect::<Result<_, _>>()
+        .map_err(&err)?;
+    for (name, ty) in ADDED_COLUMNS {
+        if !present.iter().any(|p| p == name) {
+            conn.execute(&format!("ALTER TABLE tasks ADD COLUMN {name} {ty}"), [])
+                .map_err(&err)?;
+        }
+    }
+    conn.execute(
+        "CREATE INDEX IF NOT EXISTS tasks_scheduled ON tasks (status, run_at)",
+        [],
+    )
+    .map_err(&err)?;
+    Ok(())
+}
+
+fn target_clause(target: TaskTarget) -> (&'static str, String) {
+    match target {
+        TaskTarget::Task(id) => ("id = ?", id.to_hex()),
+        TaskTarget::Queue(q) => ("queue = ?", q.to_hex()),
+    }
+}
+
+fn check_action(stop: &StopRequest, want: StopAction) -> StoreResult<()> {
+    if stop.action == want {
+        Ok(())
+    } else {
+        Err(StoreError::Invalid(format!(
+            "a {} request cannot be used to {}",
+            stop.action.as_str(),
+            want.as_str()
+        )))
+    }
+}
+
+fn ids(list: Vec<String>) -> Vec<ObjectId> {
+    list.iter().filter_map(|s| ObjectId::parse_str(s).ok()).collect()
+}
+
+impl SqliteStore {
+    /// [`Store::promote_due`](crate::store::Store::promote_due).
+    pub(super) async fn promote(&self, now: DateTime) -> StoreResult<u64> {
+        let n = self
+            .write("queue due scheduled tasks", move |tx| {
+                tx.execute(
+                    "UPDATE tasks SET status = ?1, mtime = ?2 WHERE status = ?3 AND run_at <= ?4",
+                    params![
+                        status::QUEUED,
+                        DateTime::now().timestamp_millis(),
+                        status::SCHEDULED,
+                        now.timestamp_millis()
+                    ],
+                )
+                .map_err(db_err("queue due scheduled tasks"))
+            })
+            .await?;
+        if n > 0 {
+            self.signal_queued();
+        }
+        Ok(n as u64)
+    }
+
+    /// [`Store::cancel_tasks`](crate::store::Store::cancel_tasks).
+    pub(super) async fn cancel(&self, target: TaskTarget, stop: &StopRequest) -> StoreResult<Vec<ObjectId>> {
+        check_action(stop, StopAction::Cancel)?;
+        let record = bson_bytes(&stop.to_document())?;
+        let (clause, key) = target_clause(target);
+        let sql = format!(
+            "UPDATE tasks SET status = ?, stop = ?, mtime = ?
+             WHERE {clause} AND status IN (?, ?) AND node IS NULL RETURNING id"
+        );
+        let list = self
+            .write("cancel tasks", move |tx| {
+                let mut stmt = tx.prepare(&sql).map_err(db_err("cancel tasks"))?;
+                let rows = stmt
+                    .query_map(
+                        params![
+                            status::CANCELLED,
+                            record,
+                            DateTime::now().timestamp_millis(),
+                            key,
+                            status::QUEUED,
+                            status::SCHEDULED
+                        ],
+                        |r| r.get::<_, String>(0),
+                    )
+                    .map_err(db_err("cancel tasks"))?;
+                rows.collect::<Result<Vec<_>, _>>().map_err(db_err("cancel tasks"))
+            })
+            .await?;
+        Ok(ids(list))
+    }
+
+    /// [`Store::request_kill`](crate::store::Store::request_kill).
+    pub(super) async fn kill(&self, target: TaskTarget, stop: &StopRequest) -> StoreResult<Vec<ObjectId>> {
+        check_action(stop, StopAction::Kill)?;
+        let record = bson_bytes(&stop.to_document())?;
+        let (clause, key) = target_clause(target);
+        let sql = format!(
+            "UPDATE tasks SET stop = ?, mtime = ?
+             WHERE {clause} AND status IN (?, ?) AND stop IS NULL RETURNING id"
+        );
+        let list = self
+            .write("ask to kill tasks", move |tx| {
+                let mut stmt = tx.prepare(&sql).map_err(db_err("ask to kill tasks"))?;
+                let rows = stmt
+                    .query_map(
+                        params![
+                            record,
+                            DateTime::now().timestamp_millis(),
+                            key,
+                            status::CLAIMED,
+                            status::RUNNING
+                        ],
+                        |r| r.get::<_, String>(0),
+                    )
+                    .map_err(db_err("ask to kill tasks"))?;
+                rows.collect::<Result<Vec<_>, _>>().map_err(db_err("ask to kill tasks"))
+            })
+            .await?;
+        Ok(ids(list))
+    }
+
+    /// [`Store::kill_requests`](crate::store::Store::kill_requests).
+    pub(super) async fn kills_for(&self, node: &str) -> StoreResult<Vec<(ObjectId, StopRequest)>> {
+        let node = node.to_string();
+        let rows: Vec<(String, Vec<u8>)> = self
+            .with(move |conn| {
+                let err = db_err("read kill requests");
+                let mut stmt = conn
+                    .prepare_cached(
+                        "SELECT id, stop FROM tasks WHERE node = ?1 AND status IN (?2, ?3) AND stop IS NOT NULL",
+                    )
+                    .map_err(&err)?;
+                let rows = stmt
+                    .query_map(params![node, status::CLAIMED, status::RUNNING], |r| {
+                        Ok((r.get(0)?, r.get(1)?))
+                    })
+                    .map_err(&err)?;
+                rows.collect::<Result<Vec<_>, _>>().map_err(&err)
+            })
+            .await?;
+        let mut out = Vec::new();
+        for (id, bytes) in rows {
+            let Ok(oid) = ObjectId::parse_str(&id) else { continue };
+            let stop = read_bson("tasks", &id, &bytes)
+                .map_err(|e| e.to_string())
+                .and_then(|d| StopRequest::from_document(&d))
+                .unwrap_or_else(|e| StopRequest::now(StopAction::Kill, "", format!("unreadable kill request ({e})")));
+            if stop.action == StopAction::Kill {
+                out.push((oid, stop));
+            }
+        }
+        Ok(out)
+    }
+}

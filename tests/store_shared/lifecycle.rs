@@ -1,0 +1,284 @@
+//! A task's life beyond Disbatch 4's on both stores: scheduled tasks, cancel and kill,
+//! at the store and through a running DEN.
+
+use disbatch::model::{StopAction, StopRequest};
+use disbatch::store::{NewTask, TaskTarget};
+
+use super::*;
+
+on_both_stores!(
+    scheduled_tasks_are_not_claimed_before_their_time,
+    cancel_ends_only_tasks_that_have_not_started,
+    kill_requests_reach_only_the_node_running_the_task,
+    a_den_runs_a_scheduled_task_once_it_is_due,
+    a_killed_task_stops_at_once_and_ends_failed_saying_who_and_why,
+);
+
+fn later(millis: i64) -> DateTime {
+    DateTime::from_millis(DateTime::now().timestamp_millis() + millis)
+}
+
+async fn scheduled_tasks_are_not_claimed_before_their_time(s: Stores) {
+    let q = queue(&*s.a, "sched", 4, Sort::Fifo).await;
+    let (due, future) = (ObjectId::new(), ObjectId::new());
+    let hour = 3_600_000;
+    s.a.insert_tasks(
+        q.id,
+        vec![
+            NewTask {
+                id: future,
+                params: doc! {"n": 1},
+                run_at: Some(later(hour)),
+            },
+            NewTask {
+                id: due,
+                params: doc! {"n": 2},
+                run_at: Some(ago(1000)),
+            },
+        ],
+    )
+    .await
+    .unwrap();
+    let f = task(&*s.b, future).await;
+    assert_eq!((f.status, status::name(f.status)), (status::SCHEDULED, "scheduled"));
+    assert!(f.run_at.is_some());
+    let d = task(&*s.b, due).await;
+    assert_eq!(d.status, status::QUEUED, "a time already past queues the task at once");
+    assert!(d.run_at.is_some(), "the time is kept");
+
+    assert_eq!(claim_run(&*s.b, &q, "n").await, due);
+    assert!(
+        s.b.claim(&q, "n").await.unwrap().is_none(),
+        "a scheduled task is never claimed"
+    );
+    assert!(!s.b.has_queued(q.id).await.unwrap());
+    assert_eq!(s.a.promote_due(DateTime::now()).await.unwrap(), 0, "not due yet");
+    assert_eq!(task(&*s.b, future).await.status, status::SCHEDULED);
+
+    assert_eq!(s.a.promote_due(later(hour + 1000)).await.unwrap(), 1);
+    assert_eq!(s.b.promote_due(later(hour + 1000)).await.unwrap(), 0, "queued once");
+    let t = task(&*s.b, future).await;
+    assert_eq!((t.status, t.node.clone()), (status::QUEUED, None));
+    assert_eq!(claim_run(&*s.b, &q, "n").await, future);
+}
+
+async fn cancel_ends_only_tasks_that_have_not_started(s: Stores) {
+    let q = queue(&*s.a, "cancel", 4, Sort::Fifo).await;
+    let ids = s.a.create_tasks(q.id, vec![doc! {}; 4]).await.unwrap();
+    let scheduled = ObjectId::new();
+    s.a.insert_tasks(
+        q.id,
+        vec![NewTask {
+            id: scheduled,
+            params: doc! {},
+            run_at: Some(later(3_600_000)),
+        }],
+    )
+    .await
+    .unwrap();
+    let running = claim_run(&*s.a, &q, "n").await;
+    let claimed = s.a.claim(&q, "n").await.unwrap().unwrap().id;
+    let stop = StopRequest::now(StopAction::Cancel, "tester", "not needed");
+
+    for busy in [running, claimed] {
+        assert!(s
+            .b
+            .cancel_tasks(TaskTarget::Task(busy), &stop)
+            .await
+            .unwrap()
+            .is_empty());
+        assert!(task(&*s.a, busy).await.stop.is_none());
+    }
+    let queued = ids[2];
+    assert_eq!(
+        s.b.cancel_tasks(TaskTarget::Task(queued), &stop).await.unwrap(),
+        vec![queued]
+    );
+    let t = task(&*s.a, queued).await;
+    assert_eq!((t.status, status::name(t.status)), (status::CANCELLED, "cancelled"));
+    let recorded = t.stop.expect("stop recorded");
+    assert_eq!(
+        (recorded.action, recorded.by.as_str(), recorded.reason.as_str()),
+        (StopAction::Cancel, "tester", "not needed")
+    );
+    assert!(
+        s.b.cancel_tasks(TaskTarget::Task(queued), &stop)
+            .await
+            .unwrap()
+            .is_empty(),
+        "once"
+    );
+
+    // The queue form: every waiting task (queued or scheduled), nothing else.
+    let all = StopRequest::now(StopAction::Cancel, "tester", "queue drained");
+    let mut cancelled = s.b.cancel_tasks(TaskTarget::Queue(q.id), &all).await.unwrap();
+    cancelled.sort();
+    let mut want = vec![ids[3], scheduled];
+    want.sort();
+    assert_eq!(cancelled, want);
+    assert!(
+        s.a.claim(&q, "n").await.unwrap().is_none(),
+        "cancelled tasks are never claimed"
+    );
+    assert_eq!(
+        s.a.promote_due(later(7_200_000)).await.unwrap(),
+        0,
+        "a cancelled scheduled task stays cancelled"
+    );
+    assert_eq!(task(&*s.a, running).await.status, status::RUNNING);
+    assert_eq!(task(&*s.a, claimed).await.status, status::CLAIMED);
+    let wrong = StopRequest::now(StopAction::Kill, "tester", "");
+    assert!(s.a.cancel_tasks(TaskTarget::Queue(q.id), &wrong).await.is_err());
+}
+
+async fn kill_requests_reach_only_the_node_running_the_task(s: Stores) {
+    let q = queue(&*s.a, "kill", 4, Sort::Fifo).await;
+    let ids = s.a.create_tasks(q.id, vec![doc! {}; 3]).await.unwrap();
+    let mine = claim_run(&*s.a, &q, "n").await;
+    let theirs = claim_run(&*s.a, &q, "m").await;
+    let queued = ids[2];
+    let stop = StopRequest::now(StopAction::Kill, "tester", "runaway");
+    assert!(
+        s.b.request_kill(TaskTarget::Task(queued), &stop)
+            .await
+            .unwrap()
+            .is_empty(),
+        "not running"
+    );
+    assert_eq!(
+        s.b.request_kill(TaskTarget::Task(mine), &stop).await.unwrap(),
+        vec![mine]
+    );
+    assert!(
+        s.b.request_kill(TaskTarget::Task(mine), &stop)
+            .await
+            .unwrap()
+            .is_empty(),
+        "asked once"
+    );
+    let asked = s.a.kill_requests("n").await.unwrap();
+    assert_eq!(asked.len(), 1);
+    assert_eq!(asked[0].0, mine);
+    assert_eq!(
+        (asked[0].1.by.as_str(), asked[0].1.reason.as_str()),
+        ("tester", "runaway")
+    );
+    assert!(s.a.kill_requests("m").await.unwrap().is_empty());
+    assert_eq!(
+        task(&*s.a, mine).await.status,
+        status::RUNNING,
+        "the DEN ends it, not the request"
+    );
+
+    // The queue form asks every claimed or running task not asked yet.
+    let all = StopRequest::now(StopAction::Kill, "tester", "stop all");
+    assert_eq!(
+        s.b.request_kill(TaskTarget::Queue(q.id), &all).await.unwrap(),
+        vec![theirs]
+    );
+    // Once finished, a task has no kill request to carry out.
+    let empty = OutputValue::Inline(String::new());
+    assert!(s.a.finish(mine, "n", 2, empty.clone(), empty).await.unwrap());
+    assert!(s.a.kill_requests("n").await.unwrap().is_empty());
+    assert!(task(&*s.a, mine).await.stop.is_some(), "the request stays on the task");
+}
+
+async fn a_den_runs_a_scheduled_task_once_it_is_due(s: Stores) {
+    let q = queue(&*s.a, "due", 2, Sort::Fifo).await;
+    let id = ObjectId::new();
+    let run_at = later(1500);
+    s.a.insert_tasks(
+        q.id,
+        vec![NewTask {
+            id,
+            params: doc! {"message": "on time"},
+            run_at: Some(run_at),
+        }],
+    )
+    .await
+    .unwrap();
+    let den = RunningDen::start(s.b.clone(), settings("node-a"));
+    wait_for(Duration::from_secs(60), "the scheduled task to finish", || async {
+        task(&*s.a, id).await.status > 0
+    })
+    .await;
+    den.stop().await;
+    let t = task(&*s.a, id).await;
+    assert_eq!(t.status, status::SUCCEEDED);
+    assert!(t.mtime >= run_at, "finished at {} before its time {}", t.mtime, run_at);
+    let late = t.mtime.timestamp_millis() - run_at.timestamp_millis();
+    println!("scheduled task finished {late} ms after its time");
+}
+
+async fn a_killed_task_stops_at_once_and_ends_failed_saying_who_and_why(s: Stores) {
+    let q = queue(&*s.a, "killme", 2, Sort::Fifo).await;
+    // A plugin waiting 50 s, under a 60 s timeout: only the kill can end it early.
+    let id = s.a.create_tasks(q.id, vec![doc! {"sleep_ms": 50_000}]).await.unwrap()[0];
+    let den = RunningDen::start(s.b.clone(), settings("node-a"));
+    wait_for(Duration::from_secs(30), "the task to run", || async {
+        task(&*s.a, id).await.status == status::RUNNING
+    })
+    .await;
+    let stop = StopRequest::now(StopAction::Kill, "tester", "runaway job");
+    let asked = std::time::Instant::now();
+    assert_eq!(s.a.request_kill(TaskTarget::Task(id), &stop).await.unwrap(), vec![id]);
+    wait_for(Duration::from_secs(30), "the killed task to end", || async {
+        task(&*s.a, id).await.status > 0
+    })
+    .await;
+    let latency = asked.elapsed();
+    println!("kill request → task failed: {} ms", latency.as_millis());
+    assert!(
+        latency < Duration::from_secs(30),
+        "ended by the kill, not by the plugin"
+    );
+    let t = task(&*s.a, id).await;
+    assert_eq!(t.status, status::FAILED);
+    let stderr = s.a.read_output(t.stderr.as_ref().expect("stderr")).await.unwrap();
+    assert!(stderr.contains("[disbatch: killed by tester at "), "{stderr}");
+    assert!(stderr.contains(": runaway job]"), "{stderr}");
+    assert_eq!(t.stop.map(|s| s.action), Some(StopAction::Kill));
+    // The DEN goes on with other tasks.
+    let next = s.a.create_tasks(q.id, vec![doc! {}]).await.unwrap()[0];
+    wait_for(Duration::from_secs(30), "the next task to finish", || async {
+        task(&*s.a, next).await.status == status::SUCCEEDED
+    })
+    .await;
+    den.stop().await;
+}
+
+/// A database file made before `run_at` and `stop` existed opens, gains the columns, and
+/// its tasks read as before.
+#[tokio::test]
+async fn an_embedded_database_from_before_gains_the_new_columns() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("old.db");
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE tasks (id TEXT PRIMARY KEY NOT NULL, queue TEXT NOT NULL, ctime INTEGER NOT NULL,
+                 mtime INTEGER NOT NULL, node TEXT, status INTEGER NOT NULL, params BLOB NOT NULL,
+                 stdout TEXT, stdout_file TEXT, stderr TEXT, stderr_file TEXT);",
+        )
+        .unwrap();
+        let mut params = Vec::new();
+        doc! {"old": true}.to_writer(&mut params).unwrap();
+        conn.execute(
+            "INSERT INTO tasks (id, queue, ctime, mtime, node, status, params) VALUES (?1, ?2, 1, 1, NULL, -2, ?3)",
+            rusqlite::params![ObjectId::new().to_hex(), ObjectId::new().to_hex(), params],
+        )
+        .unwrap();
+    }
+    let store = SqliteStore::open(&path).await.unwrap();
+    store.ensure_indexes().await.unwrap();
+    let all = store
+        .find_tasks(&TaskFilter::default(), Page { skip: 0, limit: 10 })
+        .await
+        .unwrap();
+    assert_eq!(all.len(), 1);
+    assert_eq!(
+        (all[0].status, all[0].run_at, all[0].problem.clone()),
+        (status::QUEUED, None, None)
+    );
+    assert_eq!(store.promote_due(DateTime::now()).await.unwrap(), 0);
+}
