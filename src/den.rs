@@ -241,8 +241,9 @@ impl Den {
                 }
             }
             watcher.abort();
-            lifecycle.abort();
+            // Kill requests are still carried out while running tasks get their grace.
             self.drain().await;
+            lifecycle.abort();
             let stats = self.stats.lock().unwrap_or_else(|e| e.into_inner()).0.clone();
             if let Err(e) = self.store.report_stats(&node, &stats).await {
                 debug!(error = %e, "cannot report the last durations");

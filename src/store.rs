@@ -141,6 +141,11 @@ pub struct TaskFilter {
     pub node: Option<Option<String>>,
 }
 
+/// The stderr of a task that was asked to be killed while its DEN shut down
+/// ([`Store::requeue_own`] ends it failed instead of putting it back).
+pub const KILLED_AT_SHUTDOWN: &str =
+    "[disbatch: killed while its DEN was shutting down; the task's `stop` field says who asked and why]\n";
+
 /// A task to insert ([`Store::insert_tasks`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewTask {
@@ -324,7 +329,8 @@ pub trait Store: Send + Sync + 'static {
         stderr: OutputValue,
     ) -> StoreResult<bool>;
     /// Puts tasks of `node` that are claimed or running back in their queue (-2, node
-    /// null), for a graceful shutdown. Returns the ids requeued.
+    /// null), for a graceful shutdown. Returns the ids requeued. A task someone asked to
+    /// kill is not put back: it ends failed (2) with [`KILLED_AT_SHUTDOWN`] as stderr.
     async fn requeue_own(&self, node: &str, tasks: &[ObjectId]) -> StoreResult<Vec<ObjectId>>;
     /// Recovers orphans: claimed (-1) tasks whose mtime is older than `claimed_before`
     /// (the spec's sweep), and claimed or running tasks of any node that is not fresh
@@ -332,7 +338,8 @@ pub trait Store: Send + Sync + 'static {
     /// mtime is older than `stale_before` too, so a task claimed a moment ago by a node
     /// that registered after the node list was read is left alone. Each task is changed
     /// only if its status, node and mtime are still the ones read. Each becomes orphaned
-    /// (-6), or queued again (-2, node null) when its queue's `on_orphan` is `requeue`;
+    /// (-6), or queued again (-2, node null) when its queue's `on_orphan` is `requeue` and
+    /// nobody asked to kill it;
     /// mtime is set to now. Slots held by stale nodes are freed; slots of nodes without a
     /// document are not freed here but expire with their lease.
     async fn recover_orphans(&self, claimed_before: DateTime, stale_before: DateTime) -> StoreResult<Recovery>;

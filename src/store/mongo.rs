@@ -497,17 +497,36 @@ impl Store for MongoStore {
     async fn requeue_own(&self, node: &str, tasks: &[ObjectId]) -> StoreResult<Vec<ObjectId>> {
         let mut requeued = Vec::new();
         for id in tasks {
+            let ours = doc! { "_id": id, "node": node, "status": { "$in": [status::CLAIMED, status::RUNNING] } };
+            let mut unasked = ours.clone();
+            unasked.insert("stop", doc! { "$exists": false });
             let result = self
                 .tasks
                 .update_one(
-                    doc! { "_id": id, "node": node, "status": { "$in": [status::CLAIMED, status::RUNNING] } },
+                    unasked,
                     doc! { "$set": { "status": status::QUEUED, "node": null, "mtime": DateTime::now() } },
                 )
                 .await
                 .map_err(db_err("requeue task"))?;
             if result.modified_count == 1 {
                 requeued.push(*id);
+                continue;
             }
+            // A task someone asked to kill ends failed rather than running again.
+            let mut asked = ours;
+            asked.insert("stop.action", "kill");
+            self.tasks
+                .update_one(
+                    asked,
+                    doc! { "$set": {
+                        "status": status::FAILED,
+                        "stdout": "",
+                        "stderr": super::KILLED_AT_SHUTDOWN,
+                        "mtime": DateTime::now(),
+                    } },
+                )
+                .await
+                .map_err(db_err("end killed task"))?;
         }
         Ok(requeued)
     }

@@ -876,13 +876,30 @@ impl Store for SqliteStore {
                     let n = tx
                         .execute(
                             "UPDATE tasks SET status = ?1, node = NULL, mtime = ?2
-                         WHERE id = ?3 AND node = ?4 AND status IN (?5, ?6)",
+                         WHERE id = ?3 AND node = ?4 AND status IN (?5, ?6) AND stop IS NULL",
                             params![status::QUEUED, now, id.to_hex(), node, status::CLAIMED, status::RUNNING],
                         )
                         .map_err(db_err("requeue task"))?;
                     if n == 1 {
                         requeued.push(id);
+                        continue;
                     }
+                    // A task someone asked to kill ends failed rather than running again.
+                    tx.execute(
+                        "UPDATE tasks SET status = ?1, stdout = '', stdout_file = NULL, stderr = ?2,
+                             stderr_file = NULL, mtime = ?3
+                         WHERE id = ?4 AND node = ?5 AND status IN (?6, ?7) AND stop IS NOT NULL",
+                        params![
+                            status::FAILED,
+                            super::KILLED_AT_SHUTDOWN,
+                            now,
+                            id.to_hex(),
+                            node,
+                            status::CLAIMED,
+                            status::RUNNING
+                        ],
+                    )
+                    .map_err(db_err("end killed task"))?;
                 }
                 Ok(requeued)
             })

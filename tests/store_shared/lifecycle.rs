@@ -12,6 +12,7 @@ on_both_stores!(
     kill_requests_reach_only_the_node_running_the_task,
     a_den_runs_a_scheduled_task_once_it_is_due,
     a_killed_task_stops_at_once_and_ends_failed_saying_who_and_why,
+    a_task_asked_to_be_killed_never_runs_again,
 );
 
 fn later(millis: i64) -> DateTime {
@@ -245,6 +246,28 @@ async fn a_killed_task_stops_at_once_and_ends_failed_saying_who_and_why(s: Store
     })
     .await;
     den.stop().await;
+}
+
+async fn a_task_asked_to_be_killed_never_runs_again(s: Stores) {
+    let extra = doc! { "on_orphan": "requeue" };
+    let q = queue_with(&*s.a, "again", "demo", 4, extra).await;
+    s.a.create_tasks(q.id, vec![doc! {}; 4]).await.unwrap();
+    let (asked, plain) = (claim_run(&*s.a, &q, "n").await, claim_run(&*s.a, &q, "n").await);
+    let stop = StopRequest::now(StopAction::Kill, "tester", "");
+    s.b.request_kill(TaskTarget::Task(asked), &stop).await.unwrap();
+    // A shutdown puts back only the task nobody asked to kill; the other ends failed.
+    assert_eq!(s.a.requeue_own("n", &[asked, plain]).await.unwrap(), vec![plain]);
+    let t = task(&*s.b, asked).await;
+    assert_eq!(t.status, status::FAILED);
+    let stderr = s.b.read_output(t.stderr.as_ref().unwrap()).await.unwrap();
+    assert_eq!(stderr, disbatch::store::KILLED_AT_SHUTDOWN);
+
+    // A dead node's task: requeued by the queue's policy unless someone asked to kill it.
+    let (asked, plain) = (claim_run(&*s.a, &q, "dead").await, claim_run(&*s.a, &q, "dead").await);
+    s.b.request_kill(TaskTarget::Task(asked), &stop).await.unwrap();
+    pause().await;
+    let r = s.b.recover_orphans(DateTime::now(), DateTime::now()).await.unwrap();
+    assert_eq!((r.requeued, r.orphaned), (vec![plain], vec![asked]));
 }
 
 /// A database file made before `run_at` and `stop` existed opens, gains the columns, and

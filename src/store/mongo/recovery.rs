@@ -61,7 +61,7 @@ impl MongoStore {
         let candidates: Vec<Document> = self
             .tasks
             .find(filter)
-            .projection(doc! { "queue": 1, "status": 1, "node": 1, "mtime": 1 })
+            .projection(doc! { "queue": 1, "status": 1, "node": 1, "mtime": 1, "stop.action": 1 })
             .await
             .map_err(&err)?
             .try_collect()
@@ -120,9 +120,10 @@ impl MongoStore {
                 "node": observed("node"),
                 "mtime": observed("mtime"),
             };
-            // Tasks of a queue that no longer exists are orphaned.
+            // Tasks of a queue that no longer exists are orphaned, and so are tasks someone
+            // asked to kill: they must not run again.
             let requeue = match t.get("queue") {
-                Some(Bson::ObjectId(q)) => policies.get(q) == Some(&OnOrphan::Requeue),
+                Some(Bson::ObjectId(q)) => policies.get(q) == Some(&OnOrphan::Requeue) && !t.contains_key("stop"),
                 _ => false,
             };
             let update = if requeue {

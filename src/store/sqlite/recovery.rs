@@ -37,13 +37,17 @@ fn recover_tasks(tx: &Transaction<'_>, candidates: Vec<(String, String)>) -> Sto
     let mut recovery = Recovery::default();
     for (id, queue) in candidates {
         let Ok(oid) = ObjectId::parse_str(&id) else { continue };
-        // Tasks of a queue that no longer exists are orphaned.
-        if policies.get(&queue) == Some(&OnOrphan::Requeue) {
-            tx.execute(
-                "UPDATE tasks SET status = ?1, node = NULL, mtime = ?2 WHERE id = ?3",
-                params![status::QUEUED, now, id],
-            )
-            .map_err(&err)?;
+        // Tasks of a queue that no longer exists are orphaned, and so are tasks someone
+        // asked to kill: they must not run again.
+        let requeued = policies.get(&queue) == Some(&OnOrphan::Requeue)
+            && tx
+                .execute(
+                    "UPDATE tasks SET status = ?1, node = NULL, mtime = ?2 WHERE id = ?3 AND stop IS NULL",
+                    params![status::QUEUED, now, id],
+                )
+                .map_err(&err)?
+                == 1;
+        if requeued {
             recovery.requeued.push(oid);
         } else {
             tx.execute(
