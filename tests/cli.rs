@@ -153,3 +153,47 @@ async fn a_den_runs_what_the_cli_submits() {
     let q = web.json(&["queues"]);
     assert_eq!(q[0]["completed"], 1);
 }
+
+#[tokio::test]
+async fn schedule_cancel_and_kill_through_the_cli() {
+    let db = common::test_db("cli_lifecycle").await;
+    let web = Web::start(&db.uri, &db.name, json!({}));
+    web.json(&["create-queue", "jobs", "demo", "--threads", "0"]);
+
+    let t = web.json(&["create-task", "--run-at", "1h", "jobs", "n", "1"]);
+    let later = t["ids"][0].as_str().unwrap().to_owned();
+    let task = web.json(&["task", &later]);
+    assert_eq!(
+        (task["status"].as_i64(), task["status_name"].as_str()),
+        (Some(-7), Some("scheduled"))
+    );
+    assert!(web.ok(&["task", &later]).contains("status_name scheduled"));
+    let t = web.json(&["create-tasks", "--run-at", "2h", "jobs", r#"[{"n":2},{"n":3}]"#]);
+    assert_eq!(t["count"], 2);
+    let now = web.json(&["create-task", "jobs", "n", "4"])["ids"][0]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    let out = web.ok(&["cancel", &later, "--reason", "not needed", "--by", "ann"]);
+    assert_eq!(out, format!("{later} -5 (cancelled)\n"));
+    let task = web.json(&["task", &later]);
+    assert_eq!(
+        (task["stop"]["by"].as_str(), task["stop"]["reason"].as_str()),
+        (Some("ann"), Some("not needed"))
+    );
+
+    // A task that is not running cannot be killed: the error says what applies instead.
+    let out = web.run_with(&["kill", &now], None, &[]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("cancel ends a task that has not started"),
+        "{}",
+        stderr(&out)
+    );
+
+    assert_eq!(web.ok(&["cancel", "--queue", "jobs"]), "cancelled 3 tasks\n");
+    assert_eq!(web.ok(&["kill", "--queue", "jobs"]), "asked to kill 0 tasks\n");
+    let out = web.run_with(&["cancel"], None, &[]);
+    assert!(!out.status.success(), "ids or --queue are required");
+}

@@ -1,6 +1,7 @@
 // Drives the Disbatch web UI in headless Chromium: creates a queue, edits its threads,
 // submits a task and follows it until the DEN has run it, edits a node's maxthreads and
-// opens a finished task's GridFS-backed output. Screenshots go to OUT_DIR.
+// opens a finished task's GridFS-backed output, cancels a scheduled task and kills a
+// running one. Screenshots go to OUT_DIR.
 // Usage: node ui.mjs <base-url> <finished-task-id> <expected-stdout-snippet> <out-dir>
 import { chromium } from "playwright-core";
 import { mkdtempSync, rmSync } from "node:fs";
@@ -23,6 +24,8 @@ let step = 0;
 let submitted = null;
 const shot = (name) => page.screenshot({ path: join(outDir, `${String(++step).padStart(2, "0")}-${name}.png`), fullPage: true });
 const api = async (path) => (await fetch(base + path)).json();
+const post = async (path, body) => (await fetch(base + path, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) })).json();
+page.on("dialog", (d) => d.accept(d.type() === "prompt" ? "from the browser" : undefined));
 
 try {
   await page.goto(base + "/");
@@ -89,6 +92,28 @@ try {
   const status = await page.textContent("#task-status");
   if (!status.includes("succeeded")) throw new Error("task status shown as " + status);
   await shot("task-output");
+
+  // A task scheduled for later is cancelled from its page.
+  const later = (await post("/tasks", { queue: "browser-q", params: [{}], run_at: "1h" })).ids[0];
+  await page.goto(base + "/#/task/" + later);
+  await page.waitForFunction(() => (document.querySelector("#task-status")?.textContent || "").includes("scheduled"));
+  if (!(await page.isVisible("#task-run-at"))) throw new Error("a scheduled task's page does not show its time");
+  await page.click("#task-cancel");
+  await page.waitForFunction(() => (document.querySelector("#task-status")?.textContent || "").includes("cancelled"));
+  const cancelled = await api("/tasks/" + later);
+  if (cancelled.status !== -5 || cancelled.stop.reason !== "from the browser") throw new Error("cancel: " + JSON.stringify(cancelled));
+  await shot("task-cancelled");
+
+  // A running task is killed from its page: the DEN stops the plugin and the task fails.
+  const long = (await post("/tasks", { queue: "browser-q", params: [{ sleep_ms: 120000 }] })).ids[0];
+  await page.goto(base + "/#/task/" + long);
+  await page.waitForSelector("#task-kill", { timeout: 30000 });
+  await page.waitForFunction(() => (document.querySelector("#task-status")?.textContent || "").includes("running"), null, { timeout: 30000 });
+  await page.click("#task-kill");
+  await page.waitForFunction(() => (document.querySelector("#task-status")?.textContent || "").includes("failed"), null, { timeout: 30000 });
+  const stderr = await page.textContent("#task-stderr");
+  if (!stderr.includes("killed by api") || !stderr.includes("from the browser")) throw new Error("killed task's stderr: " + stderr);
+  await shot("task-killed");
   if (errors.length) throw new Error("page errors: " + errors.join("; "));
   console.log(JSON.stringify({ ok: true, screenshots: step, submitted }));
 } catch (e) {

@@ -107,8 +107,11 @@ async function submitTask(e) {
     return;
   }
   const list = Array.isArray(params) ? params : [params];
+  const body = { queue, params: list };
+  const runAt = $("#new-task-run-at").value.trim();
+  if (runAt) body.run_at = runAt;
   try {
-    const created = await api("POST", "/tasks", { queue, params: list });
+    const created = await api("POST", "/tasks", body);
     $("#new-task-dialog").close();
     say(`created ${created.count} task${created.count === 1 ? "" : "s"} in ${queue}`);
     location.hash = created.count === 1 ? "#/task/" + created.ids[0] : "#/tasks?queue=" + encodeURIComponent(queue);
@@ -213,10 +216,18 @@ async function showTask(id, refresh) {
     ? ` <small>(GridFS file ${esc(t[k].$oid)}, <a href="${raw(k)}" target="_blank">raw</a>)</small>`
     : ` <small>(<a href="${raw(k)}" target="_blank">raw</a>)</small>`;
   const text = (k) => isFile(k) ? "" : esc(t[k] ?? "");
+  // Cancel before it starts, kill while it runs (a kill already asked is shown, not offered).
+  const waiting = t.status === -2 || t.status === -7;
+  const running = (t.status === -1 || t.status === 0) && !t.stop;
+  const actions = waiting ? `<button id="task-cancel">Cancel</button>`
+    : running ? `<button id="task-kill">Kill</button>` : "";
+  const stop = t.stop ? `<dt>${t.stop.action === "kill" ? "Killed" : "Cancelled"}</dt><dd id="task-stop">by ${esc(t.stop.by)} at ${plain(t.stop.at)}${t.stop.reason ? ": " + esc(t.stop.reason) : ""}</dd>` : "";
+  const runAt = t.run_at ? `<dt>Run at</dt><dd id="task-run-at">${plain(t.run_at)}</dd>` : "";
   $("#view").innerHTML = `
     <h2>Task ${esc(t.id)}</h2>
+    <div class="toolbar">${actions}</div>
     <dl id="task">
-      <dt>Status</dt><dd id="task-status">${t.status} ${esc(t.status_name)}</dd>
+      <dt>Status</dt><dd id="task-status">${t.status} ${esc(t.status_name)}</dd>${runAt}${stop}
       <dt>Queue</dt><dd><a href="#/tasks?queue=${esc(t.queue.$oid)}">${esc(t.queue.$oid)}</a></dd>
       <dt>Node</dt><dd>${esc(t.node ?? "-")}</dd>
       <dt>Created</dt><dd>${plain(t.ctime)}</dd>
@@ -225,6 +236,20 @@ async function showTask(id, refresh) {
     <h3>Params</h3><pre id="task-params">${esc(JSON.stringify(t.params, null, 2))}</pre>
     <h3>stdout${file("stdout")}</h3><pre id="task-stdout">${text("stdout")}</pre>
     <h3>stderr${file("stderr")}</h3><pre id="task-stderr">${text("stderr")}</pre>`;
+  const act = (verb, done) => async () => {
+    const reason = prompt(`Why ${verb} this task? (optional)`) ?? null;
+    if (reason === null) return;
+    try {
+      await api("POST", raw(verb), { reason });
+      say(done);
+    } catch (e) {
+      say(e.message, "error");
+    }
+    shownFinished = null;
+    await showTask(t.id, false);
+  };
+  if ($("#task-cancel")) $("#task-cancel").onclick = act("cancel", "task cancelled");
+  if ($("#task-kill")) $("#task-kill").onclick = act("kill", "kill asked; its DEN stops the plugin");
   for (const k of ["stdout", "stderr"]) {
     const pre = $("#task-" + k);
     if (isFile(k)) streamInto(pre, raw(k)).catch((e) => { pre.append("\n[cannot read the output: " + e.message + "]"); });
