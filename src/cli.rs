@@ -253,9 +253,21 @@ async fn stop_tasks(client: &Client, verb: &str, args: &StopArgs) -> Result<Outp
         }
         return Ok(Output::new(v, if verb == "cancel" { cancelled } else { killing }));
     }
-    let mut results = Vec::new();
+    let mut results: Vec<Value> = Vec::new();
     for id in &args.ids {
-        results.push(client.post(&format!("/tasks/{}/{verb}", encode(id)), &body).await?);
+        match client.post(&format!("/tasks/{}/{verb}", encode(id)), &body).await {
+            Ok(v) => results.push(v),
+            Err(e) if results.is_empty() => return Err(e),
+            Err(e) => {
+                let done: Vec<String> = results.iter().map(|t| cell(&t["id"])).collect();
+                let note = format!(
+                    "before this error, {verb} applied to {}: {}",
+                    done.len(),
+                    done.join(" ")
+                );
+                return Err(e.with_note(&note));
+            }
+        }
     }
     Ok(Output::new(Value::Array(results), |v| {
         v.as_array()
@@ -505,6 +517,23 @@ fn task_text(t: &Value) -> String {
     for k in ["id", "queue", "status", "status_name", "node", "ctime", "mtime"] {
         s.push_str(&format!("{k:<12}{}\n", cell(&t[k])));
     }
+    if t.get("run_at").is_some() {
+        s.push_str(&format!("{:<12}{}\n", "run_at", cell(&t["run_at"])));
+    }
+    if let Some(stop) = t.get("stop").filter(|v| v.is_object()) {
+        let reason = stop["reason"].as_str().filter(|r| !r.is_empty());
+        s.push_str(&format!(
+            "{:<12}{} by {} at {}{}\n",
+            "stop",
+            cell(&stop["action"]),
+            cell(&stop["by"]),
+            cell(&stop["at"]),
+            reason.map(|r| format!(": {r}")).unwrap_or_default()
+        ));
+    }
+    if let Some(p) = t.get("progress").filter(|v| v.is_object()) {
+        s.push_str(&format!("{:<12}{}\n", "progress", progress_text(p)));
+    }
     s.push_str(&format!("{:<12}{}\n", "params", t["params"]));
     for k in ["stdout", "stderr"] {
         s.push_str(&format!("--- {k} ---\n{}", cell(&t[k])));
@@ -513,6 +542,18 @@ fn task_text(t: &Value) -> String {
         }
     }
     s
+}
+
+/// `[#####.....]  50% info` for a `progress` object (no bar without a percent).
+fn progress_text(p: &Value) -> String {
+    let info = p["info"].as_str().unwrap_or_default();
+    match p["percent"].as_f64() {
+        Some(pct) => {
+            let filled = ((pct.clamp(0.0, 100.0) / 10.0).round()) as usize;
+            format!("[{}{}] {pct:>3.0}% {info}", "#".repeat(filled), ".".repeat(10 - filled))
+        }
+        None => info.to_string(),
+    }
 }
 
 /// `key value …` pairs → a JSON object; each value is JSON when it parses, else a string.
@@ -570,9 +611,16 @@ fn read_json(arg: &str) -> Result<Value, CliError> {
 /// A `--run-at` value as the server takes it: a delay (`10m`) becomes the time it ends,
 /// so every batch of a request gets the same time; anything else is sent as given.
 fn absolute_run_at(text: &str) -> String {
-    match humantime::parse_duration(text) {
-        Ok(d) => humantime::format_rfc3339_millis(std::time::SystemTime::now() + d).to_string(),
-        Err(_) => text.to_string(),
+    // Up to the end of year 9999, the last time RFC 3339 can write; past it the server
+    // names the problem.
+    const LAST: std::time::Duration = std::time::Duration::from_secs(253_402_300_799);
+    let at = humantime::parse_duration(text)
+        .ok()
+        .and_then(|d| std::time::SystemTime::now().checked_add(d))
+        .filter(|t| t.duration_since(std::time::UNIX_EPOCH).is_ok_and(|e| e <= LAST));
+    match at {
+        Some(t) => humantime::format_rfc3339_millis(t).to_string(),
+        None => text.to_string(),
     }
 }
 

@@ -21,6 +21,7 @@
 mod lease;
 mod lifecycle;
 mod output;
+mod progress;
 mod queues;
 mod result;
 mod shutdown;
@@ -216,7 +217,9 @@ impl Den {
             let mut interval = tokio::time::interval(self.settings.tick);
             interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let watcher = tokio::spawn(self.clone().watch_queued(shutdown.clone()));
-            let lifecycle = tokio::spawn(self.clone().lifecycle(shutdown.clone()));
+            // Kill requests are carried out until the drain is over, not only until the signal.
+            let lifecycle_stop = CancellationToken::new();
+            let lifecycle = tokio::spawn(self.clone().lifecycle(lifecycle_stop.clone()));
             // The first pass always heartbeats and recovers orphans before claiming.
             let mut first = true;
             loop {
@@ -241,9 +244,9 @@ impl Den {
                 }
             }
             watcher.abort();
-            // Kill requests are still carried out while running tasks get their grace.
             self.drain().await;
-            lifecycle.abort();
+            lifecycle_stop.cancel();
+            let _ = lifecycle.await;
             let stats = self.stats.lock().unwrap_or_else(|e| e.into_inner()).0.clone();
             if let Err(e) = self.store.report_stats(&node, &stats).await {
                 debug!(error = %e, "cannot report the last durations");

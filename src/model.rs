@@ -411,6 +411,47 @@ pub struct Task {
     pub run_at: Option<DateTime>,
     /// Who cancelled the task or asked for it to be killed, when and why (`stop`).
     pub stop: Option<StopRequest>,
+    /// The latest progress its plugin reported (`progress`), kept when it ends.
+    pub progress: Option<TaskProgress>,
+}
+
+/// A task's `progress` sub-document: `{percent, info, at}`, what its plugin last reported
+/// through the `progress` import.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskProgress {
+    /// Percent done (0–100), when the plugin gave one.
+    pub percent: Option<f64>,
+    /// The plugin's message (at most 1 KiB).
+    pub info: String,
+    /// When it was reported.
+    pub at: DateTime,
+}
+
+impl TaskProgress {
+    /// The sub-document as stored.
+    pub fn to_document(&self) -> Document {
+        bson::doc! {
+            "percent": self.percent.map_or(bson::Bson::Null, bson::Bson::Double),
+            "info": &self.info,
+            "at": self.at,
+        }
+    }
+
+    /// Reads a stored `progress` sub-document leniently: a field of another type is left
+    /// out rather than making the task unreadable.
+    pub fn from_document(d: &Document) -> TaskProgress {
+        let percent = match d.get("percent") {
+            Some(bson::Bson::Double(f)) => Some(*f),
+            Some(bson::Bson::Int32(n)) => Some(f64::from(*n)),
+            Some(bson::Bson::Int64(n)) => Some(*n as f64),
+            _ => None,
+        };
+        TaskProgress {
+            percent,
+            info: d.get_str("info").unwrap_or_default().to_string(),
+            at: d.get_datetime("at").copied().unwrap_or(DateTime::MIN),
+        }
+    }
 }
 
 /// What ends a task from outside: a cancel (before it starts) or a kill (while it runs).

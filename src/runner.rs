@@ -411,10 +411,12 @@ fn classify(
     let memory = || Failure::Memory { limit: sandbox.memory };
     // A task stopped from outside (or whose wait was cut by its deadline) is reported as
     // such, even if the guest then returned quickly.
-    match stopped {
-        Some(StopReason::Timeout) => return (FAILED, Some(Failure::Timeout(sandbox.timeout))),
-        Some(r) => return (FAILED, Some(Failure::Trap(format!("plugin stopped: {r}")))),
-        None => {}
+    match (stopped, &result) {
+        (Some(StopReason::Timeout), _) => return (FAILED, Some(Failure::Timeout(sandbox.timeout))),
+        // A kill that lost the race to a plugin returning success leaves that success.
+        (Some(StopReason::Killed), Ok(Ok(status))) if *status > 0 => return (*status, None),
+        (Some(r), _) => return (FAILED, Some(Failure::Trap(format!("plugin stopped: {r}")))),
+        (None, _) => {}
     }
     match result {
         Ok(Ok(0)) => (FAILED, Some(Failure::NonPositiveStatus(0))),

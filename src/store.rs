@@ -19,7 +19,9 @@ use async_trait::async_trait;
 use bson::oid::ObjectId;
 use bson::{DateTime, Document};
 
-use crate::model::{Node, NodeProcess, NodeStats, Output, Queue, Sort, StopRequest, Task, UnreadableQueue};
+use crate::model::{
+    Node, NodeProcess, NodeStats, Output, Queue, Sort, StopRequest, Task, TaskProgress, UnreadableQueue,
+};
 
 /// Errors of a store operation.
 #[derive(Debug, thiserror::Error)]
@@ -144,7 +146,7 @@ pub struct TaskFilter {
 /// The stderr of a task that was asked to be killed while its DEN shut down
 /// ([`Store::requeue_own`] ends it failed instead of putting it back).
 pub const KILLED_AT_SHUTDOWN: &str =
-    "[disbatch: killed while its DEN was shutting down; the task's `stop` field says who asked and why]\n";
+    "[disbatch: killed; its DEN stopped the plugin before it could store a result (the task's `stop` field says who asked and why)]\n";
 
 /// A task to insert ([`Store::insert_tasks`]).
 #[derive(Debug, Clone, PartialEq)]
@@ -327,7 +329,23 @@ pub trait Store: Send + Sync + 'static {
         status: i32,
         stdout: OutputValue,
         stderr: OutputValue,
+    ) -> StoreResult<bool> {
+        self.finish_with_progress(task, node, status, stdout, stderr, None)
+            .await
+    }
+    /// [`Store::finish`], also storing the plugin's last progress report in the same update.
+    async fn finish_with_progress(
+        &self,
+        task: ObjectId,
+        node: &str,
+        status: i32,
+        stdout: OutputValue,
+        stderr: OutputValue,
+        progress: Option<&TaskProgress>,
     ) -> StoreResult<bool>;
+    /// Stores a running task's latest progress (`progress`), fenced on `{_id, node,
+    /// status: 0}`. Returns false when the task is no longer running on `node`.
+    async fn report_progress(&self, task: ObjectId, node: &str, progress: &TaskProgress) -> StoreResult<bool>;
     /// Puts tasks of `node` that are claimed or running back in their queue (-2, node
     /// null), for a graceful shutdown. Returns the ids requeued. A task someone asked to
     /// kill is not put back: it ends failed (2) with [`KILLED_AT_SHUTDOWN`] as stderr.

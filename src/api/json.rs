@@ -61,6 +61,12 @@ pub(super) fn task(t: &Task, view: &TaskView) -> Value {
     if let Some(at) = &t.run_at {
         m.insert("run_at".into(), date(at, view.epoch));
     }
+    if let Some(p) = &t.progress {
+        m.insert(
+            "progress".into(),
+            json!({ "percent": p.percent, "info": p.info, "at": date(&p.at, view.epoch) }),
+        );
+    }
     if let Some(stop) = &t.stop {
         m.insert(
             "stop".into(),

@@ -23,6 +23,8 @@ use crate::store::TaskTarget;
 
 /// Longest `reason` or `by` kept.
 const MAX_NOTE: usize = 1000;
+/// Most ids listed in the answer of a queue-wide cancel or kill (`count` has them all).
+pub const MAX_LISTED_IDS: usize = 10_000;
 
 /// A `run_at` value as a time: an RFC 3339 string or `{"$date": …}`, a delay from `now`
 /// such as `"10m"` or `"1h 30m"`, or a number of seconds since the epoch.
@@ -178,11 +180,15 @@ async fn queue(state: &Shared, action: StopAction, body: &Map<String, Value>) ->
         StopAction::Cancel => state.store.cancel_tasks(TaskTarget::Queue(q.id), &stop).await?,
         StopAction::Kill => state.store.request_kill(TaskTarget::Queue(q.id), &stop).await?,
     };
-    Ok(json!({
+    let mut answer = json!({
         "queue": json::oid(&q.id),
         "count": ids.len(),
-        "ids": ids.iter().map(|i| i.to_hex()).collect::<Vec<_>>(),
-    }))
+        "ids": ids.iter().take(MAX_LISTED_IDS).map(|i| i.to_hex()).collect::<Vec<_>>(),
+    });
+    if ids.len() > MAX_LISTED_IDS {
+        answer["ids_truncated"] = json!(true);
+    }
+    Ok(answer)
 }
 
 /// `POST /tasks/{id}/cancel`.

@@ -75,6 +75,10 @@ impl Den {
             info!(task = %task, "stopping the plugin: {stop}");
             self.kills.lock().unwrap_or_else(|e| e.into_inner()).insert(task, stop);
             control.cancel(StopReason::Killed);
+            if control.reason() != Some(StopReason::Killed) {
+                // Stopped for another reason meanwhile: the worker will not take it.
+                self.kills.lock().unwrap_or_else(|e| e.into_inner()).remove(&task);
+            }
         }
     }
 

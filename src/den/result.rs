@@ -42,6 +42,8 @@ pub(super) struct TaskResult {
     pub stdout: String,
     /// The plugin's stderr.
     pub stderr: String,
+    /// The plugin's last progress report, stored with the result.
+    pub progress: Option<crate::model::TaskProgress>,
 }
 
 impl Den {
@@ -79,8 +81,14 @@ impl Den {
         };
         let written = self
             .retry("write result", || {
-                self.store
-                    .finish(task.id, node, result.status, out.clone(), err.clone())
+                self.store.finish_with_progress(
+                    task.id,
+                    node,
+                    result.status,
+                    out.clone(),
+                    err.clone(),
+                    result.progress.as_ref(),
+                )
             })
             .await;
         match written {

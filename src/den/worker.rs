@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use tracing::{debug, error, info, info_span, warn, Instrument};
 
+use super::progress::Latest;
 use super::queues::QueueState;
 use super::result::{Stop, TaskResult};
 use super::Den;
@@ -110,7 +111,8 @@ impl Den {
         }
         debug!("running");
         let control = self.new_control(task.id);
-        let mut outcome = self.run_bounded(queue, task, &control).await;
+        let latest = Arc::new(Latest::default());
+        let mut outcome = self.run_bounded(queue, task, &control, &latest).await;
         self.drop_control(task.id);
         match control.reason() {
             Some(StopReason::LeaseLost) => {
@@ -123,8 +125,13 @@ impl Den {
                 return;
             }
             Some(StopReason::Killed) => {
-                outcome.status = status::FAILED as u32;
-                outcome.failure = Some(Failure::Killed(self.take_kill(task.id).to_string()));
+                let stop = self.take_kill(task.id);
+                // Only a run the kill interrupted ends as killed; a plugin that returned
+                // success first keeps it (the request stays recorded in `stop`).
+                if outcome.failure.is_some() {
+                    outcome.status = status::FAILED as u32;
+                    outcome.failure = Some(Failure::Killed(stop.to_string()));
+                }
             }
             _ => {}
         }
@@ -145,14 +152,30 @@ impl Den {
         }
         let (stdout, stderr) = outcome.output_texts();
         let status = if final_status > 0 { final_status } else { status::FAILED };
-        self.write_result(task, TaskResult { status, stdout, stderr }).await;
+        let progress = latest.last();
+        self.write_result(
+            task,
+            TaskResult {
+                status,
+                stdout,
+                stderr,
+                progress,
+            },
+        )
+        .await;
     }
 
     /// Runs the task's plugin on a blocking thread under `control`, but never waits for it
     /// past its timeout (or its stop) plus [`HOST_CALL_GRACE`]: a plugin stuck in a host
     /// call that does not return is then reported as timed out (or stopped) and its thread
     /// abandoned, so the slot is freed.
-    async fn run_bounded(&self, queue: &QueueState, task: &Task, control: &RunControl) -> Outcome {
+    async fn run_bounded(
+        &self,
+        queue: &QueueState,
+        task: &Task,
+        control: &RunControl,
+        latest: &Arc<Latest>,
+    ) -> Outcome {
         let runner = self.runner.clone();
         let plugin = queue.plugin.clone();
         let sandbox = queue.sandbox.clone();
@@ -161,10 +184,12 @@ impl Den {
         let task_id = task.id;
         let thread_control = control.clone();
         let started = std::time::Instant::now();
+        let sink = latest.sink(task_id);
         let mut handle = tokio::task::spawn_blocking(move || {
-            let sink: crate::runner::ProgressSink = Arc::new(move |p| debug!(task = %task_id, "{p}"));
             runner.run_controlled(&plugin, &params, &sandbox, Some(sink), &thread_control)
         });
+        let reporting = self.report_progress(task_id, latest.clone());
+        tokio::pin!(reporting);
         let stopped = async {
             control.cancelled().await;
             tokio::time::sleep(HOST_CALL_GRACE).await;
@@ -178,6 +203,7 @@ impl Den {
                 "its timeout"
             }
             _ = stopped => "its stop",
+            never = &mut reporting => match never {},
         };
         error!(
             grace_ms = HOST_CALL_GRACE.as_millis() as u64,

@@ -49,7 +49,9 @@ use super::{
     NewQueue, NewTask, OutputStream, OutputValue, Page, QueueUpdate, Recovery, Slot, StatusCounts, Store, StoreError,
     StoreResult, TaskFilter, TaskTarget,
 };
-use crate::model::{status, Node, NodeProcess, NodeStats, Output, Queue, Sort, StopRequest, Task, UnreadableQueue};
+use crate::model::{
+    status, Node, NodeProcess, NodeStats, Output, Queue, Sort, StopRequest, Task, TaskProgress, UnreadableQueue,
+};
 
 /// Collection of task documents.
 pub const TASKS: &str = "tasks";
@@ -470,27 +472,44 @@ impl Store for MongoStore {
         Ok(gridfs::delete_files(&self.db, task, &unused).await?)
     }
 
-    async fn finish(
+    async fn finish_with_progress(
         &self,
         task: ObjectId,
         node: &str,
         status: i32,
         stdout: OutputValue,
         stderr: OutputValue,
+        progress: Option<&TaskProgress>,
     ) -> StoreResult<bool> {
+        let mut set = doc! {
+            "status": status,
+            "stdout": output_bson(&stdout),
+            "stderr": output_bson(&stderr),
+            "mtime": DateTime::now(),
+        };
+        if let Some(p) = progress {
+            set.insert("progress", p.to_document());
+        }
         let result = self
             .tasks
             .update_one(
                 doc! { "_id": task, "node": node, "status": status::RUNNING },
-                doc! { "$set": {
-                    "status": status,
-                    "stdout": output_bson(&stdout),
-                    "stderr": output_bson(&stderr),
-                    "mtime": DateTime::now(),
-                }},
+                doc! { "$set": set },
             )
             .await
             .map_err(db_err("finish task"))?;
+        Ok(result.matched_count == 1)
+    }
+
+    async fn report_progress(&self, task: ObjectId, node: &str, progress: &TaskProgress) -> StoreResult<bool> {
+        let result = self
+            .tasks
+            .update_one(
+                doc! { "_id": task, "node": node, "status": status::RUNNING },
+                doc! { "$set": { "progress": progress.to_document() } },
+            )
+            .await
+            .map_err(db_err("report progress"))?;
         Ok(result.matched_count == 1)
     }
 
@@ -499,7 +518,7 @@ impl Store for MongoStore {
         for id in tasks {
             let ours = doc! { "_id": id, "node": node, "status": { "$in": [status::CLAIMED, status::RUNNING] } };
             let mut unasked = ours.clone();
-            unasked.insert("stop", doc! { "$exists": false });
+            unasked.insert("stop.action", doc! { "$ne": "kill" });
             let result = self
                 .tasks
                 .update_one(

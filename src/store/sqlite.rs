@@ -51,7 +51,7 @@ use super::{
     NewQueue, NewTask, OutputValue, Page, QueueUpdate, Recovery, Slot, StatusCounts, Store, StoreError, StoreResult,
     TaskFilter, TaskTarget,
 };
-use crate::model::{status, Node, NodeProcess, NodeStats, Output, Queue, Sort, StopRequest, Task};
+use crate::model::{status, Node, NodeProcess, NodeStats, Output, Queue, Sort, StopRequest, Task, TaskProgress};
 
 /// Table of output files.
 pub const OUTPUT_FILES: &str = "output_files";
@@ -79,7 +79,8 @@ CREATE TABLE IF NOT EXISTS tasks (
     stderr TEXT,
     stderr_file TEXT,
     run_at INTEGER,
-    stop BLOB
+    stop BLOB,
+    progress BLOB
 );
 CREATE INDEX IF NOT EXISTS tasks_claim ON tasks (queue, status, node, id);
 CREATE INDEX IF NOT EXISTS tasks_node_status ON tasks (node, status);
@@ -832,22 +833,24 @@ impl Store for SqliteStore {
         self.discard_files(task, files).await
     }
 
-    async fn finish(
+    async fn finish_with_progress(
         &self,
         task: ObjectId,
         node: &str,
         status: i32,
         stdout: OutputValue,
         stderr: OutputValue,
+        progress: Option<&TaskProgress>,
     ) -> StoreResult<bool> {
         let node = node.to_string();
+        let progress = progress.map(|p| bson_bytes(&p.to_document())).transpose()?;
         self.with(move |conn| {
             let (out_text, out_file) = output_columns(&stdout);
             let (err_text, err_file) = output_columns(&stderr);
             let n = conn
                 .execute(
                     "UPDATE tasks SET status = ?1, stdout = ?2, stdout_file = ?3, stderr = ?4, stderr_file = ?5,
-                     mtime = ?6 WHERE id = ?7 AND node = ?8 AND status = ?9",
+                     mtime = ?6, progress = COALESCE(?10, progress) WHERE id = ?7 AND node = ?8 AND status = ?9",
                     params![
                         status,
                         out_text,
@@ -857,7 +860,8 @@ impl Store for SqliteStore {
                         DateTime::now().timestamp_millis(),
                         task.to_hex(),
                         node,
-                        status::RUNNING
+                        status::RUNNING,
+                        progress
                     ],
                 )
                 .map_err(db_err("finish task"))?;
@@ -974,6 +978,10 @@ impl Store for SqliteStore {
 
     async fn kill_requests(&self, node: &str) -> StoreResult<Vec<(ObjectId, StopRequest)>> {
         self.kills_for(node).await
+    }
+
+    async fn report_progress(&self, task: ObjectId, node: &str, progress: &TaskProgress) -> StoreResult<bool> {
+        self.store_progress(task, node, progress).await
     }
 
     async fn find_tasks(&self, filter: &TaskFilter, page: Page) -> StoreResult<Vec<Task>> {

@@ -109,6 +109,10 @@ try {
   await page.goto(base + "/#/task/" + long);
   await page.waitForSelector("#task-kill", { timeout: 30000 });
   await page.waitForFunction(() => (document.querySelector("#task-status")?.textContent || "").includes("running"), null, { timeout: 30000 });
+  // demo reports (0 %, "starting") before it waits: the page shows it as a progress bar.
+  await page.waitForSelector('#task-progress progress[value="0"]', { timeout: 30000 });
+  if (!(await page.textContent("#task-progress")).includes("starting")) throw new Error("progress text: " + (await page.textContent("#task-progress")));
+  await shot("task-progress");
   await page.click("#task-kill");
   await page.waitForFunction(() => (document.querySelector("#task-status")?.textContent || "").includes("failed"), null, { timeout: 30000 });
   const stderr = await page.textContent("#task-stderr");

@@ -10,7 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bson::oid::ObjectId;
 use bson::{DateTime, Document};
-use disbatch::model::{Node, NodeProcess, NodeStats, Output, Queue, StopRequest};
+use disbatch::model::{Node, NodeProcess, NodeStats, Output, Queue, StopRequest, TaskProgress};
 use disbatch::store::*;
 
 /// A store that records which tasks each DEN claimed and started.
@@ -120,15 +120,21 @@ impl Store for Recording {
     async fn discard_output_files(&self, task: ObjectId, files: &[ObjectId]) -> StoreResult<()> {
         self.inner.discard_output_files(task, files).await
     }
-    async fn finish(
+    async fn finish_with_progress(
         &self,
         task: ObjectId,
         node: &str,
         status: i32,
         stdout: OutputValue,
         stderr: OutputValue,
+        progress: Option<&TaskProgress>,
     ) -> StoreResult<bool> {
-        self.inner.finish(task, node, status, stdout, stderr).await
+        self.inner
+            .finish_with_progress(task, node, status, stdout, stderr, progress)
+            .await
+    }
+    async fn report_progress(&self, task: ObjectId, node: &str, progress: &TaskProgress) -> StoreResult<bool> {
+        self.inner.report_progress(task, node, progress).await
     }
     async fn requeue_own(&self, node: &str, tasks: &[ObjectId]) -> StoreResult<Vec<ObjectId>> {
         self.inner.requeue_own(node, tasks).await

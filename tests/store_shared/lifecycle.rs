@@ -1,7 +1,7 @@
 //! A task's life beyond Disbatch 4's on both stores: scheduled tasks, cancel and kill,
 //! at the store and through a running DEN.
 
-use disbatch::model::{StopAction, StopRequest};
+use disbatch::model::{StopAction, StopRequest, TaskProgress};
 use disbatch::store::{NewTask, TaskTarget};
 
 use super::*;
@@ -13,6 +13,9 @@ on_both_stores!(
     a_den_runs_a_scheduled_task_once_it_is_due,
     a_killed_task_stops_at_once_and_ends_failed_saying_who_and_why,
     a_task_asked_to_be_killed_never_runs_again,
+    progress_is_stored_while_running_and_kept_at_the_end,
+    a_den_stores_progress_while_a_task_runs_and_keeps_the_last,
+    a_kill_during_the_shutdown_grace_is_carried_out,
 );
 
 fn later(millis: i64) -> DateTime {
@@ -268,6 +271,103 @@ async fn a_task_asked_to_be_killed_never_runs_again(s: Stores) {
     pause().await;
     let r = s.b.recover_orphans(DateTime::now(), DateTime::now()).await.unwrap();
     assert_eq!((r.requeued, r.orphaned), (vec![plain], vec![asked]));
+}
+
+async fn progress_is_stored_while_running_and_kept_at_the_end(s: Stores) {
+    let q = queue(&*s.a, "progress", 2, Sort::Fifo).await;
+    s.a.create_tasks(q.id, vec![doc! {}]).await.unwrap();
+    let id = claim_run(&*s.a, &q, "n").await;
+    let half = TaskProgress {
+        percent: Some(50.0),
+        info: "half way".into(),
+        at: DateTime::now(),
+    };
+    assert!(s.b.report_progress(id, "n", &half).await.unwrap());
+    assert!(
+        !s.b.report_progress(id, "m", &half).await.unwrap(),
+        "only the node running it"
+    );
+    assert_eq!(task(&*s.a, id).await.progress.as_ref(), Some(&half));
+    let done = TaskProgress {
+        percent: Some(100.0),
+        info: "done".into(),
+        at: DateTime::now(),
+    };
+    let empty = OutputValue::Inline(String::new());
+    assert!(s
+        .a
+        .finish_with_progress(id, "n", 1, empty.clone(), empty.clone(), Some(&done))
+        .await
+        .unwrap());
+    let t = task(&*s.b, id).await;
+    assert_eq!(
+        (t.status, t.progress.as_ref()),
+        (1, Some(&done)),
+        "kept when the task ends"
+    );
+    assert!(!s.b.report_progress(id, "n", &half).await.unwrap(), "not once finished");
+    assert_eq!(task(&*s.b, id).await.progress, Some(done.clone()));
+
+    // A finish without a report keeps the one stored while it ran.
+    s.a.create_tasks(q.id, vec![doc! {}]).await.unwrap();
+    let id = claim_run(&*s.a, &q, "n").await;
+    assert!(s.b.report_progress(id, "n", &half).await.unwrap());
+    assert!(s.a.finish(id, "n", 2, empty.clone(), empty).await.unwrap());
+    assert_eq!(task(&*s.b, id).await.progress, Some(half));
+}
+
+async fn a_den_stores_progress_while_a_task_runs_and_keeps_the_last(s: Stores) {
+    let q = queue(&*s.a, "progressing", 2, Sort::Fifo).await;
+    // demo reports (0, "starting"), waits, then reports (100, "done").
+    let id = s.a.create_tasks(q.id, vec![doc! {"sleep_ms": 3000}]).await.unwrap()[0];
+    let den = RunningDen::start(s.b.clone(), settings("node-a"));
+    wait_for(Duration::from_secs(30), "the running task's progress", || async {
+        let t = task(&*s.a, id).await;
+        t.status == status::RUNNING
+            && t.progress
+                .is_some_and(|p| p.info == "starting" && p.percent == Some(0.0))
+    })
+    .await;
+    wait_for(Duration::from_secs(30), "the task to finish", || async {
+        task(&*s.a, id).await.status > 0
+    })
+    .await;
+    den.stop().await;
+    let t = task(&*s.a, id).await;
+    let p = t.progress.expect("progress kept");
+    assert_eq!((t.status, p.percent, p.info.as_str()), (1, Some(100.0), "done"));
+}
+
+async fn a_kill_during_the_shutdown_grace_is_carried_out(s: Stores) {
+    let q = queue(&*s.a, "grace", 2, Sort::Fifo).await;
+    let id = s.a.create_tasks(q.id, vec![doc! {"sleep_ms": 50_000}]).await.unwrap()[0];
+    let mut patient = settings("node-a");
+    patient.shutdown_grace = Duration::from_secs(120);
+    let mut den = RunningDen::start(s.b.clone(), patient);
+    wait_for(Duration::from_secs(30), "the task to run", || async {
+        task(&*s.a, id).await.status == status::RUNNING
+    })
+    .await;
+    // The shutdown gives running tasks 2 minutes; the kill must not wait for them.
+    den.shutdown.cancel();
+    let stop = StopRequest::now(StopAction::Kill, "tester", "during shutdown");
+    assert_eq!(s.a.request_kill(TaskTarget::Task(id), &stop).await.unwrap(), vec![id]);
+    let asked = std::time::Instant::now();
+    wait_for(Duration::from_secs(60), "the killed task to end", || async {
+        task(&*s.a, id).await.status > 0
+    })
+    .await;
+    assert!(
+        asked.elapsed() < Duration::from_secs(60),
+        "killed, not left to the grace"
+    );
+    let t = task(&*s.a, id).await;
+    let stderr = s.a.read_output(t.stderr.as_ref().unwrap()).await.unwrap();
+    assert_eq!(t.status, status::FAILED);
+    assert!(stderr.contains("killed by tester"), "{stderr}");
+    if let Some(h) = den.handle.take() {
+        h.await.unwrap();
+    }
 }
 
 /// A database file made before `run_at` and `stop` existed opens, gains the columns, and

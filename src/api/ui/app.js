@@ -223,11 +223,14 @@ async function showTask(id, refresh) {
     : running ? `<button id="task-kill">Kill</button>` : "";
   const stop = t.stop ? `<dt>${t.stop.action === "kill" ? "Killed" : "Cancelled"}</dt><dd id="task-stop">by ${esc(t.stop.by)} at ${plain(t.stop.at)}${t.stop.reason ? ": " + esc(t.stop.reason) : ""}</dd>` : "";
   const runAt = t.run_at ? `<dt>Run at</dt><dd id="task-run-at">${plain(t.run_at)}</dd>` : "";
+  const p = t.progress;
+  const pct = p && typeof p.percent === "number" ? Math.max(0, Math.min(100, p.percent)) : null;
+  const progress = p ? `<dt>Progress</dt><dd id="task-progress">${pct === null ? "<progress></progress>" : `<progress max="100" value="${pct}"></progress> ${pct.toFixed(0)}%`} ${esc(p.info)}</dd>` : "";
   $("#view").innerHTML = `
     <h2>Task ${esc(t.id)}</h2>
     <div class="toolbar">${actions}</div>
     <dl id="task">
-      <dt>Status</dt><dd id="task-status">${t.status} ${esc(t.status_name)}</dd>${runAt}${stop}
+      <dt>Status</dt><dd id="task-status">${t.status} ${esc(t.status_name)}</dd>${progress}${runAt}${stop}
       <dt>Queue</dt><dd><a href="#/tasks?queue=${esc(t.queue.$oid)}">${esc(t.queue.$oid)}</a></dd>
       <dt>Node</dt><dd>${esc(t.node ?? "-")}</dd>
       <dt>Created</dt><dd>${plain(t.ctime)}</dd>

@@ -246,9 +246,20 @@ pub(super) fn task_from(doc: &Document) -> StoreResult<Task> {
         stdout: f.output("stdout")?,
         stderr: f.output("stderr")?,
         problem: None,
-        run_at: f.opt_date("run_at")?,
-        stop: task_stop(&f)?,
+        // Fields of the task's life beyond Disbatch 4's never make a task unreadable: a
+        // value of another shape (written by another tool) reads as absent.
+        run_at: f.opt_date("run_at").ok().flatten(),
+        stop: task_stop(&f).ok().flatten(),
+        progress: task_progress(&f),
     })
+}
+
+/// The `progress` sub-document, if it is one (anything else is not a progress report).
+fn task_progress(f: &Fields<'_>) -> Option<crate::model::TaskProgress> {
+    match f.get("progress") {
+        Some(Bson::Document(d)) => Some(crate::model::TaskProgress::from_document(d)),
+        _ => None,
+    }
 }
 
 /// The `stop` sub-document, if any.
@@ -291,6 +302,7 @@ pub(super) fn task_or_problem(doc: &Document) -> Option<Task> {
         problem: Some(err.to_string()),
         run_at: f.opt_date("run_at").ok().flatten(),
         stop: task_stop(&f).ok().flatten(),
+        progress: task_progress(&f),
     })
 }
 

@@ -1,4 +1,5 @@
-//! A task's life beyond Disbatch 4's: scheduled tasks becoming due, cancel and kill.
+//! A task's life beyond Disbatch 4's: scheduled tasks becoming due, cancel and kill
+//! (progress reports are written with the task's other running-state updates).
 //!
 //! Scheduled tasks wait with status -7 (which no Disbatch 4 DEN claims) and a `run_at`
 //! date; one `updateMany` over the `{status, run_at}` index queues those that are due.
@@ -53,7 +54,12 @@ impl MongoStore {
         if result.modified_count == 0 {
             return Ok(Vec::new());
         }
+        // Read from the primary, which made the change, and only among the tasks it could
+        // have changed.
         let mut read_back = doc! { "stop": record };
+        if stop.action == StopAction::Cancel {
+            read_back.insert("status", status::CANCELLED);
+        }
         match target {
             TaskTarget::Task(id) => read_back.insert("_id", id),
             TaskTarget::Queue(q) => read_back.insert("queue", q),
@@ -61,6 +67,9 @@ impl MongoStore {
         let docs: Vec<Document> = self
             .tasks
             .find(read_back)
+            .selection_criteria(mongodb::options::SelectionCriteria::ReadPreference(
+                mongodb::options::ReadPreference::Primary,
+            ))
             .projection(doc! { "_id": 1 })
             .await
             .map_err(db_err(op))?
@@ -92,7 +101,7 @@ impl MongoStore {
         check_action(stop, StopAction::Kill)?;
         let fence = doc! {
             "status": { "$in": [status::CLAIMED, status::RUNNING] },
-            "stop": { "$exists": false },
+            "stop.action": { "$ne": "kill" },
         };
         self.stop_where(target, fence, Document::new(), stop, "ask to kill tasks")
             .await

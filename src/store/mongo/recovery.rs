@@ -18,6 +18,11 @@ use super::{db_err, MongoStore};
 use crate::model::{status, OnOrphan};
 use crate::store::{Recovery, StoreResult};
 
+/// Whether a task document carries a kill request.
+fn asked_to_kill(t: &Document) -> bool {
+    t.get_document("stop").ok().and_then(|s| s.get_str("action").ok()) == Some("kill")
+}
+
 impl MongoStore {
     /// [`Store::recover_orphans`](crate::store::Store::recover_orphans).
     pub(super) async fn recover(&self, claimed_before: DateTime, stale_before: DateTime) -> StoreResult<Recovery> {
@@ -123,7 +128,7 @@ impl MongoStore {
             // Tasks of a queue that no longer exists are orphaned, and so are tasks someone
             // asked to kill: they must not run again.
             let requeue = match t.get("queue") {
-                Some(Bson::ObjectId(q)) => policies.get(q) == Some(&OnOrphan::Requeue) && !t.contains_key("stop"),
+                Some(Bson::ObjectId(q)) => policies.get(q) == Some(&OnOrphan::Requeue) && !asked_to_kill(&t),
                 _ => false,
             };
             let update = if requeue {

@@ -1,6 +1,7 @@
 //! A task's life beyond Disbatch 4's on the embedded store: scheduled tasks becoming due,
-//! cancel and kill (see the MongoDB store's `lifecycle` for the model). The `run_at`
-//! column holds milliseconds since the epoch, `stop` the BSON of the `stop` sub-document.
+//! cancel, kill and progress (see the MongoDB store's `lifecycle` for the model). The
+//! `run_at` column holds milliseconds since the epoch, `stop` and `progress` the BSON of
+//! those sub-documents.
 
 use bson::oid::ObjectId;
 use bson::DateTime;
@@ -8,12 +9,12 @@ use rusqlite::{params, Connection};
 
 use super::rows::{bson_bytes, db_err, read_bson};
 use super::SqliteStore;
-use crate::model::{status, StopAction, StopRequest};
+use crate::model::{status, StopAction, StopRequest, TaskProgress};
 use crate::store::{StoreError, StoreResult, TaskTarget};
 
 /// Columns added to `tasks` after its first release, with their types: a database file
 /// created before gets them on open.
-const ADDED_COLUMNS: &[(&str, &str)] = &[("run_at", "INTEGER"), ("stop", "BLOB")];
+const ADDED_COLUMNS: &[(&str, &str)] = &[("run_at", "INTEGER"), ("stop", "BLOB"), ("progress", "BLOB")];
 
 /// Adds the columns a database file created by an earlier release lacks, and their index.
 pub(super) fn migrate(conn: &Connection) -> StoreResult<()> {
@@ -28,8 +29,12 @@ pub(super) fn migrate(conn: &Connection) -> StoreResult<()> {
         .map_err(&err)?;
     for (name, ty) in ADDED_COLUMNS {
         if !present.iter().any(|p| p == name) {
-            conn.execute(&format!("ALTER TABLE tasks ADD COLUMN {name} {ty}"), [])
-                .map_err(&err)?;
+            match conn.execute(&format!("ALTER TABLE tasks ADD COLUMN {name} {ty}"), []) {
+                Ok(_) => {}
+                // Another process opening the same file added it first.
+                Err(e) if e.to_string().contains("duplicate column name") => {}
+                Err(e) => return Err(err(e)),
+            }
         }
     }
     conn.execute(
@@ -145,6 +150,25 @@ impl SqliteStore {
             })
             .await?;
         Ok(ids(list))
+    }
+
+    /// [`Store::report_progress`](crate::store::Store::report_progress).
+    pub(super) async fn store_progress(
+        &self,
+        task: ObjectId,
+        node: &str,
+        progress: &TaskProgress,
+    ) -> StoreResult<bool> {
+        let bytes = bson_bytes(&progress.to_document())?;
+        let node = node.to_string();
+        self.with(move |conn| {
+            let n = conn
+                .prepare_cached("UPDATE tasks SET progress = ?1 WHERE id = ?2 AND node = ?3 AND status = ?4")
+                .and_then(|mut s| s.execute(params![bytes, task.to_hex(), node, status::RUNNING]))
+                .map_err(db_err("report progress"))?;
+            Ok(n == 1)
+        })
+        .await
     }
 
     /// [`Store::kill_requests`](crate::store::Store::kill_requests).

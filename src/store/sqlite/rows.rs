@@ -15,7 +15,7 @@ use crate::store::{OutputValue, StoreError, StoreResult};
 
 /// The columns of a task row, in the order [`task_from_row`] reads them.
 pub(super) const TASK_COLUMNS: &str =
-    "id, queue, ctime, mtime, node, status, params, stdout, stdout_file, stderr, stderr_file, run_at, stop";
+    "id, queue, ctime, mtime, node, status, params, stdout, stdout_file, stderr, stderr_file, run_at, stop, progress";
 
 /// Largest integer a Double represents exactly (2^53).
 const MAX_EXACT_DOUBLE: f64 = 9_007_199_254_740_992.0;
@@ -109,6 +109,7 @@ pub(super) fn task_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(String, 
     let stderr: (Option<String>, Option<String>) = (r.get(9)?, r.get(10)?);
     let run_at: Option<i64> = r.get(11)?;
     let stop: Option<Vec<u8>> = r.get(12)?;
+    let progress: Option<Vec<u8>> = r.get(13)?;
     let malformed = |reason: String| StoreError::Malformed {
         collection: "tasks",
         id: id.clone(),
@@ -142,6 +143,9 @@ pub(super) fn task_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(String, 
                         .map_err(|e| malformed(format!("field `stop`: {e}")))?,
                 ),
             },
+            progress: progress
+                .and_then(|b| read_bson("tasks", &id, &b).ok())
+                .map(|d| crate::model::TaskProgress::from_document(&d)),
         })
     })();
     Ok((id.clone(), task))

@@ -1,0 +1,75 @@
+//! Progress reports of running tasks: the plugin's latest report is kept in memory and
+//! written to its task (`progress: {percent, info, at}`) at most once per
+//! [`PROGRESS_INTERVAL`] while it runs, and with its result when it ends. A task that ends
+//! within its first interval costs no write beyond its result.
+
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bson::oid::ObjectId;
+use bson::DateTime;
+use tracing::debug;
+
+use super::Den;
+use crate::model::TaskProgress;
+use crate::runner::{Progress, ProgressSink};
+
+/// Least time between two progress writes of one task.
+pub(super) const PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The latest report of one task, and a count of reports to tell a new one.
+#[derive(Default)]
+pub(super) struct Latest {
+    inner: Mutex<(u64, Option<TaskProgress>)>,
+}
+
+impl Latest {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (u64, Option<TaskProgress>)> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The sink the runner calls with each report of `task`.
+    pub(super) fn sink(self: &Arc<Self>, task: ObjectId) -> ProgressSink {
+        let latest = self.clone();
+        Arc::new(move |p: &Progress| {
+            debug!(task = %task, "{p}");
+            let mut l = latest.lock();
+            l.0 += 1;
+            l.1 = Some(TaskProgress {
+                percent: p.percent.map(f64::from),
+                info: p.info.clone().unwrap_or_default(),
+                at: DateTime::now(),
+            });
+        })
+    }
+
+    /// The latest report when it is newer than the one numbered `seen` (then `seen` moves on).
+    fn newer(&self, seen: &mut u64) -> Option<TaskProgress> {
+        let l = self.lock();
+        if l.0 == *seen {
+            return None;
+        }
+        *seen = l.0;
+        l.1.clone()
+    }
+
+    /// The latest report, if any.
+    pub(super) fn last(&self) -> Option<TaskProgress> {
+        self.lock().1.clone()
+    }
+}
+
+impl Den {
+    /// Writes `task`'s newest report every [`PROGRESS_INTERVAL`]; runs until dropped.
+    pub(super) async fn report_progress(&self, task: ObjectId, latest: Arc<Latest>) -> Infallible {
+        let mut seen = 0;
+        loop {
+            tokio::time::sleep(PROGRESS_INTERVAL).await;
+            let Some(p) = latest.newer(&mut seen) else { continue };
+            if let Err(e) = self.store.report_progress(task, &self.settings.node, &p).await {
+                debug!(task = %task, error = %e, "cannot store progress; the next report tries again");
+            }
+        }
+    }
+}
