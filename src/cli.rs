@@ -166,6 +166,9 @@ pub enum Command {
         /// scheduled (-7).
         #[arg(long, value_name = "TIME|DELAY")]
         run_at: Option<String>,
+        /// Claim priority within the queue: higher first (default 0).
+        #[arg(long, allow_hyphen_values = true)]
+        priority: Option<i64>,
         /// Queue id or name.
         queue: String,
         /// Pairs of param name and value.
@@ -177,6 +180,9 @@ pub enum Command {
         /// Schedule every task: a time (RFC 3339) or a delay (`10m`).
         #[arg(long, value_name = "TIME|DELAY")]
         run_at: Option<String>,
+        /// Claim priority of every task: higher first (default 0).
+        #[arg(long, allow_hyphen_values = true)]
+        priority: Option<i64>,
         /// Create one task per document of this collection.
         #[arg(long)]
         collection: Option<String>,
@@ -324,9 +330,17 @@ pub async fn run(cli: &Cli) -> Result<(), CliError> {
                 format!("deleted queue {} ({})\n", cell(&v["name"]), cell(&v["id"]))
             })
         }
-        Command::CreateTask { run_at, queue, pairs } => {
+        Command::CreateTask {
+            run_at,
+            priority,
+            queue,
+            pairs,
+        } => {
             let params = task_params(pairs)?;
             let mut body = json!({"queue": queue, "params": [params]});
+            if let Some(p) = priority {
+                body["priority"] = json!(p);
+            }
             if let Some(t) = run_at {
                 body["run_at"] = json!(absolute_run_at(t));
             }
@@ -336,6 +350,7 @@ pub async fn run(cli: &Cli) -> Result<(), CliError> {
         Command::Kill(args) => stop_tasks(&client, "kill", args).await?,
         Command::CreateTasks {
             run_at,
+            priority,
             collection,
             queue,
             tasks: text,
@@ -353,6 +368,9 @@ pub async fn run(cli: &Cli) -> Result<(), CliError> {
                     if let Some(t) = run_at {
                         body.insert("run_at".into(), json!(absolute_run_at(t)));
                     }
+                    if let Some(p) = priority {
+                        body.insert("priority".into(), json!(p));
+                    }
                     Output::new(client.post("/tasks", &Value::Object(body)).await?, created)
                 }
                 None => {
@@ -361,11 +379,14 @@ pub async fn run(cli: &Cli) -> Result<(), CliError> {
                             "the tasks must be a JSON array of params objects".into(),
                         ));
                     };
-                    let run_at = run_at.as_deref().map(absolute_run_at);
-                    Output::new(
-                        create_in_batches(&client, queue, list, run_at.as_deref()).await?,
-                        created,
-                    )
+                    let mut extra = Map::new();
+                    if let Some(t) = run_at {
+                        extra.insert("run_at".into(), json!(absolute_run_at(t)));
+                    }
+                    if let Some(p) = priority {
+                        extra.insert("priority".into(), json!(p));
+                    }
+                    Output::new(create_in_batches(&client, queue, list, &extra).await?, created)
                 }
             }
         }
@@ -517,6 +538,9 @@ fn task_text(t: &Value) -> String {
     for k in ["id", "queue", "status", "status_name", "node", "ctime", "mtime"] {
         s.push_str(&format!("{k:<12}{}\n", cell(&t[k])));
     }
+    if t.get("priority").is_some() {
+        s.push_str(&format!("{:<12}{}\n", "priority", cell(&t["priority"])));
+    }
     if t.get("run_at").is_some() {
         s.push_str(&format!("{:<12}{}\n", "run_at", cell(&t["run_at"])));
     }
@@ -628,7 +652,7 @@ async fn create_in_batches(
     client: &Client,
     queue: &str,
     list: Vec<Value>,
-    run_at: Option<&str>,
+    extra: &Map<String, Value>,
 ) -> Result<Value, CliError> {
     if let Some(i) = list.iter().position(|p| !p.is_object()) {
         return Err(CliError::Usage(format!("task {i} of the list is not a JSON object")));
@@ -645,8 +669,8 @@ async fn create_in_batches(
     let mut queue_id = Value::Null;
     for chunk in list.chunks(TASK_BATCH) {
         let mut body = json!({"queue": queue, "params": chunk});
-        if let Some(t) = run_at {
-            body["run_at"] = json!(t);
+        for (k, v) in extra {
+            body[k] = v.clone();
         }
         let v = match client.post("/tasks", &body).await {
             Ok(v) => v,

@@ -409,6 +409,9 @@ pub struct Task {
     pub problem: Option<String>,
     /// When a scheduled task becomes due (`run_at`); kept after it ran.
     pub run_at: Option<DateTime>,
+    /// Claim priority within its queue (`priority`): higher first, then the queue's
+    /// `sort`. `None` for a task written without one (by a Disbatch 4 tool).
+    pub priority: Option<i64>,
     /// Who cancelled the task or asked for it to be killed, when and why (`stop`).
     pub stop: Option<StopRequest>,
     /// The latest progress its plugin reported (`progress`), kept when it ends.

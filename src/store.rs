@@ -158,15 +158,18 @@ pub struct NewTask {
     /// When it becomes due: until then it is scheduled (-7), not queued (-2). `None` or a
     /// time already past queues it at once (the time is kept as `run_at` either way).
     pub run_at: Option<DateTime>,
+    /// Claim priority within the queue: higher first (0 when not given).
+    pub priority: i64,
 }
 
 impl NewTask {
-    /// A task queued at once.
+    /// A task queued at once, at priority 0.
     pub fn queued(id: ObjectId, params: Document) -> NewTask {
         NewTask {
             id,
             params,
             run_at: None,
+            priority: 0,
         }
     }
 
@@ -292,8 +295,9 @@ pub trait Store: Send + Sync + 'static {
         Ok(None)
     }
     /// Claims the next queued task of `queue` for `node` in one atomic step: the first
-    /// task matching `{node: null, status: -2, queue}` (oldest `_id` first for `fifo`,
-    /// newest for `lifo`, any for `default`) gets `{node, status: -1, mtime: now}`. No two
+    /// task matching `{node: null, status: -2, queue}` (highest `priority` first, then
+    /// oldest `_id` first for `fifo`, newest for `lifo`, any for `default`; a task without
+    /// a `priority`, written by a Disbatch 4 tool, comes after every task with one) gets `{node, status: -1, mtime: now}`. No two
     /// callers ever get the same task. On MongoDB this is the spec's `findOneAndUpdate`;
     /// the embedded store does it in one write transaction.
     async fn claim(&self, queue: &Queue, node: &str) -> StoreResult<Option<Task>>;

@@ -71,6 +71,21 @@ async fn scheduled_tasks_from_both_forms_and_their_times() {
     let t = get(&app, &format!("/tasks/{id}")).await.json();
     assert_eq!(t["status"], -7);
     assert_eq!(t["run_at"]["$date"], "2100-01-01T00:00:00Z");
+    // Priorities: per task, or one for the whole request; 0 when not given.
+    let r = post(
+        &app,
+        "/tasks",
+        json!({"queue": "q", "priority": -3, "tasks": [{"priority": 9}, {}]}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let ids = r.json()["ids"].clone();
+    let p = |i: usize| {
+        let app = app.clone();
+        let id = ids[i].as_str().unwrap().to_string();
+        async move { get(&app, &format!("/tasks/{id}")).await.json()["priority"].clone() }
+    };
+    assert_eq!((p(0).await, p(1).await), (json!(9), json!(-3)));
     let r = get(&app, "/tasks?filter=%7B%22status%22%3A-7%7D").await;
     assert_eq!(r.json().as_array().map(Vec::len), Some(3), "{}", r.text);
 }
@@ -114,6 +129,14 @@ async fn bad_schedules_name_the_field() {
         "tasks",
     );
     assert_bad(&post(&app, "/tasks", json!({"queue": "q", "tasks": {}})).await, "tasks");
+    assert_bad(
+        &post(&app, "/tasks", json!({"queue": "q", "params": [{}], "priority": 1.5})).await,
+        "priority",
+    );
+    assert_bad(
+        &post(&app, "/tasks", json!({"queue": "q", "tasks": [{"priority": "high"}]})).await,
+        "tasks[0].priority",
+    );
 }
 
 #[tokio::test]

@@ -34,10 +34,10 @@ pub(super) const INSERT_BATCH: usize = 1000;
 /// failure after some tasks were created answers the error with them (see the module).
 pub(super) async fn create(State(state): State<Shared>, JsonBody(body): JsonBody) -> Result<Json<Value>, ApiError> {
     for k in body.keys() {
-        if !["queue", "params", "tasks", "run_at", "collection", "filter"].contains(&k.as_str()) {
+        if !["queue", "params", "tasks", "run_at", "priority", "collection", "filter"].contains(&k.as_str()) {
             return Err(ApiError::bad(format!(
-                "unknown field {k:?}: expected queue and params (or tasks), optionally run_at, and for tasks from \
-                 documents collection and filter"
+                "unknown field {k:?}: expected queue and params (or tasks), optionally run_at and priority, and for \
+                 tasks from documents collection and filter"
             )));
         }
     }
@@ -46,6 +46,10 @@ pub(super) async fn create(State(state): State<Shared>, JsonBody(body): JsonBody
         None | Some(Value::Null) => None,
         Some(v) => Some(super::lifecycle::run_at(v, now).map_err(|e| ApiError::bad(format!("field \"run_at\" {e}")))?),
     };
+    let priority = match body.get("priority") {
+        None | Some(Value::Null) => 0,
+        Some(v) => super::lifecycle::priority(v).map_err(|e| ApiError::bad(format!("field \"priority\" {e}")))?,
+    };
     let key = match body.get("queue") {
         Some(Value::String(s)) if !s.is_empty() => s.clone(),
         Some(v @ Value::Object(_)) => object_id(v)
@@ -53,16 +57,16 @@ pub(super) async fn create(State(state): State<Shared>, JsonBody(body): JsonBody
             .ok_or_else(|| ApiError::bad("field \"queue\" must be a queue id or name"))?,
         _ => return Err(ApiError::bad("field \"queue\" is required (a queue id or name)")),
     };
-    let mut times: Vec<Option<bson::DateTime>> = Vec::new();
+    let mut each: Vec<(Option<bson::DateTime>, Option<i64>)> = Vec::new();
     let params = if body.contains_key("tasks") {
         if body.contains_key("params") || body.contains_key("collection") {
             return Err(ApiError::bad(
                 "field \"tasks\" cannot be used with \"params\" or \"collection\"",
             ));
         }
-        let (params, each) = super::lifecycle::task_entries(body.get("tasks"), now)?;
-        times = each;
-        params
+        let entries = super::lifecycle::task_entries(body.get("tasks"), now)?;
+        each = entries.iter().map(|e| (e.run_at, e.priority)).collect();
+        entries.into_iter().map(|e| e.params).collect()
     } else if body.contains_key("collection") {
         from_collection(&state, &body).await?
     } else {
@@ -92,10 +96,14 @@ pub(super) async fn create(State(state): State<Shared>, JsonBody(body): JsonBody
     let mut rest: Vec<NewTask> = params
         .into_iter()
         .enumerate()
-        .map(|(i, params)| NewTask {
-            id: ObjectId::new(),
-            params,
-            run_at: times.get(i).copied().flatten().or(run_at),
+        .map(|(i, params)| {
+            let (own_time, own_priority) = each.get(i).copied().unwrap_or_default();
+            NewTask {
+                id: ObjectId::new(),
+                params,
+                run_at: own_time.or(run_at),
+                priority: own_priority.unwrap_or(priority),
+            }
         })
         .collect();
     let mut created = Vec::with_capacity(total);

@@ -58,6 +58,9 @@ pub(super) fn task(t: &Task, view: &TaskView) -> Value {
     if let Some(problem) = &t.problem {
         m.insert("problem".into(), json!(problem));
     }
+    if let Some(p) = t.priority {
+        m.insert("priority".into(), json!(p));
+    }
     if let Some(at) = &t.run_at {
         m.insert("run_at".into(), date(at, view.epoch));
     }

@@ -59,11 +59,29 @@ pub(super) fn run_at(v: &Value, now: DateTime) -> Result<DateTime, String> {
     parsed
 }
 
-/// The `tasks` list of `POST /tasks`: `[{params, run_at}, …]` as params and times.
-pub(super) fn task_entries(
-    v: Option<&Value>,
-    now: DateTime,
-) -> Result<(Vec<bson::Document>, Vec<Option<DateTime>>), ApiError> {
+/// One entry of the `tasks` list of `POST /tasks`.
+pub(super) struct Entry {
+    pub params: bson::Document,
+    pub run_at: Option<DateTime>,
+    pub priority: Option<i64>,
+}
+
+/// A `priority`: an integer (of either sign).
+pub(super) fn priority(v: &Value) -> Result<i64, String> {
+    v.as_i64().ok_or_else(|| {
+        format!(
+            "must be an integer, got {}",
+            if v.is_number() {
+                v.to_string()
+            } else {
+                kind(v).to_string()
+            }
+        )
+    })
+}
+
+/// The `tasks` list of `POST /tasks`: `[{params, run_at, priority}, …]`.
+pub(super) fn task_entries(v: Option<&Value>, now: DateTime) -> Result<Vec<Entry>, ApiError> {
     let list = match v {
         Some(Value::Array(a)) => a,
         Some(other) => {
@@ -74,34 +92,43 @@ pub(super) fn task_entries(
         }
         None => return Err(ApiError::bad("field \"tasks\" is required")),
     };
-    let mut params = Vec::with_capacity(list.len());
-    let mut times = Vec::with_capacity(list.len());
+    let mut entries = Vec::with_capacity(list.len());
     for (i, entry) in list.iter().enumerate() {
         let Value::Object(m) = entry else {
             return Err(ApiError::bad(format!(
-                "field \"tasks[{i}]\" must be an object {{params, run_at}}, got {}",
+                "field \"tasks[{i}]\" must be an object {{params, run_at, priority}}, got {}",
                 kind(entry)
             )));
         };
-        if let Some(k) = m.keys().find(|k| !["params", "run_at"].contains(&k.as_str())) {
+        if let Some(k) = m
+            .keys()
+            .find(|k| !["params", "run_at", "priority"].contains(&k.as_str()))
+        {
             return Err(ApiError::bad(format!(
-                "field \"tasks[{i}]\": unknown field {k:?}: expected params and run_at"
+                "field \"tasks[{i}]\": unknown field {k:?}: expected params, run_at and priority"
             )));
         }
-        let p = match m.get("params") {
+        let params = match m.get("params") {
             None | Some(Value::Null) => bson::Document::new(),
             Some(p) => {
                 super::create::to_document(p).map_err(|e| ApiError::bad(format!("field \"tasks[{i}].params\" {e}")))?
             }
         };
-        let t = match m.get("run_at") {
+        let run_at = match m.get("run_at") {
             None | Some(Value::Null) => None,
             Some(t) => Some(run_at(t, now).map_err(|e| ApiError::bad(format!("field \"tasks[{i}].run_at\" {e}")))?),
         };
-        params.push(p);
-        times.push(t);
+        let priority = match m.get("priority") {
+            None | Some(Value::Null) => None,
+            Some(p) => Some(priority(p).map_err(|e| ApiError::bad(format!("field \"tasks[{i}].priority\" {e}")))?),
+        };
+        entries.push(Entry {
+            params,
+            run_at,
+            priority,
+        });
     }
-    Ok((params, times))
+    Ok(entries)
 }
 
 /// `reason` and `by` from the body, checked.

@@ -161,7 +161,7 @@ impl Store for MongoStore {
             .map_err(&err)?;
         self.tasks
             .create_indexes([
-                plain(doc! { "queue": 1, "status": 1, "node": 1, "_id": 1 }),
+                plain(doc! { "queue": 1, "status": 1, "node": 1, "priority": -1, "_id": 1 }),
                 plain(doc! { "node": 1, "status": 1 }),
                 plain(doc! { "status": 1, "mtime": 1 }),
                 plain(doc! { "queue": 1, "status": 1 }),
@@ -402,11 +402,11 @@ impl Store for MongoStore {
     async fn claim(&self, queue: &Queue, node: &str) -> StoreResult<Option<Task>> {
         let mut options = FindOneAndUpdateOptions::default();
         options.return_document = Some(ReturnDocument::After);
-        options.sort = match queue.sort {
-            Sort::Fifo => Some(doc! { "_id": 1 }),
-            Sort::Lifo => Some(doc! { "_id": -1 }),
-            Sort::Default => None,
-        };
+        options.sort = Some(match queue.sort {
+            Sort::Fifo => doc! { "priority": -1, "_id": 1 },
+            Sort::Lifo => doc! { "priority": -1, "_id": -1 },
+            Sort::Default => doc! { "priority": -1 },
+        });
         let claimed = self
             .tasks
             .find_one_and_update(
@@ -569,6 +569,7 @@ impl Store for MongoStore {
                 "mtime": now,
                 "node": null,
                 "status": t.initial_status(now),
+                "priority": t.priority,
                 "params": t.params,
                 "stdout": null,
                 "stderr": null,

@@ -80,9 +80,9 @@ CREATE TABLE IF NOT EXISTS tasks (
     stderr_file TEXT,
     run_at INTEGER,
     stop BLOB,
-    progress BLOB
+    progress BLOB,
+    priority INTEGER NOT NULL DEFAULT 0
 );
-CREATE INDEX IF NOT EXISTS tasks_claim ON tasks (queue, status, node, id);
 CREATE INDEX IF NOT EXISTS tasks_node_status ON tasks (node, status);
 CREATE INDEX IF NOT EXISTS tasks_status_mtime ON tasks (status, mtime);
 CREATE INDEX IF NOT EXISTS tasks_queue_status ON tasks (queue, status);
@@ -760,9 +760,9 @@ impl Store for SqliteStore {
     /// (status 2, the reason in `stderr`) and the error returned.
     async fn claim(&self, queue: &Queue, node: &str) -> StoreResult<Option<Task>> {
         let order = match queue.sort {
-            Sort::Fifo => "ORDER BY id ASC",
-            Sort::Lifo => "ORDER BY id DESC",
-            Sort::Default => "",
+            Sort::Fifo => "ORDER BY priority DESC, id ASC",
+            Sort::Lifo => "ORDER BY priority DESC, id DESC",
+            Sort::Default => "ORDER BY priority DESC",
         };
         let sql = format!(
             "UPDATE tasks SET node = ?1, status = ?2, mtime = ?3
@@ -941,7 +941,7 @@ impl Store for SqliteStore {
             .iter()
             .map(|t| {
                 let run_at = t.run_at.map(|d| d.timestamp_millis());
-                bson_bytes(&t.params).map(|bytes| (t.id.to_hex(), bytes, t.initial_status(now), run_at))
+                bson_bytes(&t.params).map(|bytes| (t.id.to_hex(), bytes, t.initial_status(now), run_at, t.priority))
             })
             .collect::<StoreResult<Vec<_>>>()?;
         self.write("create tasks", move |tx| {
@@ -949,12 +949,12 @@ impl Store for SqliteStore {
             let q = queue.to_hex();
             let mut stmt = tx
                 .prepare_cached(
-                    "INSERT INTO tasks (id, queue, ctime, mtime, node, status, params, run_at)
-                     VALUES (?1, ?2, ?3, ?3, NULL, ?4, ?5, ?6)",
+                    "INSERT INTO tasks (id, queue, ctime, mtime, node, status, params, run_at, priority)
+                     VALUES (?1, ?2, ?3, ?3, NULL, ?4, ?5, ?6, ?7)",
                 )
                 .map_err(&err)?;
-            for (id, bytes, status, run_at) in encoded {
-                stmt.execute(params![id, q, now.timestamp_millis(), status, bytes, run_at])
+            for (id, bytes, status, run_at, priority) in encoded {
+                stmt.execute(params![id, q, now.timestamp_millis(), status, bytes, run_at, priority])
                     .map_err(&err)?;
             }
             Ok(())

@@ -16,6 +16,7 @@ on_both_stores!(
     progress_is_stored_while_running_and_kept_at_the_end,
     a_den_stores_progress_while_a_task_runs_and_keeps_the_last,
     a_kill_during_the_shutdown_grace_is_carried_out,
+    higher_priorities_are_claimed_first_then_the_queue_order,
 );
 
 fn later(millis: i64) -> DateTime {
@@ -33,11 +34,13 @@ async fn scheduled_tasks_are_not_claimed_before_their_time(s: Stores) {
                 id: future,
                 params: doc! {"n": 1},
                 run_at: Some(later(hour)),
+                priority: 0,
             },
             NewTask {
                 id: due,
                 params: doc! {"n": 2},
                 run_at: Some(ago(1000)),
+                priority: 0,
             },
         ],
     )
@@ -76,6 +79,7 @@ async fn cancel_ends_only_tasks_that_have_not_started(s: Stores) {
             id: scheduled,
             params: doc! {},
             run_at: Some(later(3_600_000)),
+            priority: 0,
         }],
     )
     .await
@@ -197,6 +201,7 @@ async fn a_den_runs_a_scheduled_task_once_it_is_due(s: Stores) {
             id,
             params: doc! {"message": "on time"},
             run_at: Some(run_at),
+            priority: 0,
         }],
     )
     .await
@@ -367,6 +372,35 @@ async fn a_kill_during_the_shutdown_grace_is_carried_out(s: Stores) {
     assert!(stderr.contains("killed by tester"), "{stderr}");
     if let Some(h) = den.handle.take() {
         h.await.unwrap();
+    }
+}
+
+async fn higher_priorities_are_claimed_first_then_the_queue_order(s: Stores) {
+    for sort in [Sort::Fifo, Sort::Lifo, Sort::Default] {
+        let q = queue(&*s.a, &format!("prio-{sort:?}"), 8, sort).await;
+        let priorities = [0, 5, -1, 5, 0];
+        let tasks: Vec<NewTask> = priorities
+            .iter()
+            .enumerate()
+            .map(|(i, p)| NewTask {
+                priority: *p,
+                ..NewTask::queued(ObjectId::new(), doc! {"i": i as i32})
+            })
+            .collect();
+        let ids: Vec<ObjectId> = tasks.iter().map(|t| t.id).collect();
+        s.a.insert_tasks(q.id, tasks).await.unwrap();
+        let mut claimed = Vec::new();
+        while let Some(t) = s.b.claim(&q, "n").await.unwrap() {
+            claimed.push((t.priority, t.id));
+        }
+        let order: Vec<i64> = claimed.iter().map(|(p, _)| p.unwrap()).collect();
+        assert_eq!(order, [5, 5, 0, 0, -1], "{sort:?}");
+        let same: Vec<ObjectId> = claimed[..2].iter().map(|(_, id)| *id).collect();
+        match sort {
+            Sort::Fifo => assert_eq!(same, [ids[1], ids[3]], "oldest first among equals"),
+            Sort::Lifo => assert_eq!(same, [ids[3], ids[1]], "newest first among equals"),
+            Sort::Default => {}
+        }
     }
 }
 

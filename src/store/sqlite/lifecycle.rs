@@ -14,7 +14,12 @@ use crate::store::{StoreError, StoreResult, TaskTarget};
 
 /// Columns added to `tasks` after its first release, with their types: a database file
 /// created before gets them on open.
-const ADDED_COLUMNS: &[(&str, &str)] = &[("run_at", "INTEGER"), ("stop", "BLOB"), ("progress", "BLOB")];
+const ADDED_COLUMNS: &[(&str, &str)] = &[
+    ("run_at", "INTEGER"),
+    ("stop", "BLOB"),
+    ("progress", "BLOB"),
+    ("priority", "INTEGER NOT NULL DEFAULT 0"),
+];
 
 /// Adds the columns a database file created by an earlier release lacks, and their index.
 pub(super) fn migrate(conn: &Connection) -> StoreResult<()> {

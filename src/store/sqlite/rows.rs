@@ -15,7 +15,7 @@ use crate::store::{OutputValue, StoreError, StoreResult};
 
 /// The columns of a task row, in the order [`task_from_row`] reads them.
 pub(super) const TASK_COLUMNS: &str =
-    "id, queue, ctime, mtime, node, status, params, stdout, stdout_file, stderr, stderr_file, run_at, stop, progress";
+    "id, queue, ctime, mtime, node, status, params, stdout, stdout_file, stderr, stderr_file, run_at, stop, progress, priority";
 
 /// Largest integer a Double represents exactly (2^53).
 const MAX_EXACT_DOUBLE: f64 = 9_007_199_254_740_992.0;
@@ -110,6 +110,7 @@ pub(super) fn task_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(String, 
     let run_at: Option<i64> = r.get(11)?;
     let stop: Option<Vec<u8>> = r.get(12)?;
     let progress: Option<Vec<u8>> = r.get(13)?;
+    let priority: i64 = r.get(14)?;
     let malformed = |reason: String| StoreError::Malformed {
         collection: "tasks",
         id: id.clone(),
@@ -136,6 +137,7 @@ pub(super) fn task_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(String, 
             stderr: output("stderr", stderr)?,
             problem: None,
             run_at: run_at.map(DateTime::from_millis),
+            priority: Some(priority),
             stop: match stop {
                 None => None,
                 Some(bytes) => Some(
