@@ -1,0 +1,108 @@
+//! The verbs and views of a task's life beyond Disbatch 4's: `cancel`, `kill`, `--run-at`
+//! and the progress bar of `task`.
+
+use serde_json::{json, Value};
+
+use super::client::{encode, Client};
+use super::table::cell;
+use super::{CliError, Output};
+
+/// The arguments of `cancel` and `kill`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct StopArgs {
+    /// Task ids.
+    #[arg(required_unless_present = "queue", conflicts_with = "queue")]
+    pub ids: Vec<String>,
+    /// Every task of this queue (id or name) the action applies to.
+    #[arg(long)]
+    pub queue: Option<String>,
+    /// Why (kept in the task's `stop.reason`).
+    #[arg(long)]
+    pub reason: Option<String>,
+    /// Who (kept in `stop.by`; default: `$USER`).
+    #[arg(long)]
+    pub by: Option<String>,
+}
+
+/// Runs `cancel` or `kill` (`verb`) and prints one line per task.
+pub(super) async fn stop_tasks(client: &Client, verb: &str, args: &StopArgs) -> Result<Output, CliError> {
+    let mut body = json!({});
+    if let Some(r) = &args.reason {
+        body["reason"] = json!(r);
+    }
+    let by = args.by.clone().or_else(|| std::env::var("USER").ok());
+    if let Some(b) = by {
+        body["by"] = json!(b);
+    }
+    if let Some(q) = &args.queue {
+        body["queue"] = json!(q);
+        let v = client.post(&format!("/tasks/{verb}"), &body).await?;
+        fn cancelled(v: &Value) -> String {
+            format!("cancelled {} tasks\n", cell(&v["count"]))
+        }
+        fn killing(v: &Value) -> String {
+            format!("asked to kill {} tasks\n", cell(&v["count"]))
+        }
+        return Ok(Output::new(v, if verb == "cancel" { cancelled } else { killing }));
+    }
+    let mut results: Vec<Value> = Vec::new();
+    for id in &args.ids {
+        match client.post(&format!("/tasks/{}/{verb}", encode(id)), &body).await {
+            Ok(v) => results.push(v),
+            Err(e) if results.is_empty() => return Err(e),
+            Err(e) => {
+                let done: Vec<String> = results.iter().map(|t| cell(&t["id"])).collect();
+                let note = format!(
+                    "before this error, {verb} applied to {}: {}",
+                    done.len(),
+                    done.join(" ")
+                );
+                return Err(e.with_note(&note));
+            }
+        }
+    }
+    Ok(Output::new(Value::Array(results), |v| {
+        v.as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|t| {
+                        format!(
+                            "{} {} ({})\n",
+                            cell(&t["id"]),
+                            cell(&t["status"]),
+                            cell(&t["status_name"])
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }))
+}
+
+/// `[#####.....]  50% info` for a `progress` object (no bar without a percent).
+pub(super) fn progress_text(p: &Value) -> String {
+    let info = p["info"].as_str().unwrap_or_default();
+    match p["percent"].as_f64() {
+        Some(pct) => {
+            let filled = ((pct.clamp(0.0, 100.0) / 10.0).round()) as usize;
+            format!("[{}{}] {pct:>3.0}% {info}", "#".repeat(filled), ".".repeat(10 - filled))
+        }
+        None => info.to_string(),
+    }
+}
+
+/// A `--run-at` value as the server takes it: a delay (`10m`) becomes the time it ends,
+/// so every batch of a request gets the same time; anything else is sent as given.
+pub(super) fn absolute_run_at(text: &str) -> String {
+    // Up to the end of year 9999, the last time RFC 3339 can write; past it the server
+    // names the problem.
+    const LAST: std::time::Duration = std::time::Duration::from_secs(253_402_300_799);
+    let at = humantime::parse_duration(text)
+        .ok()
+        .and_then(|d| std::time::SystemTime::now().checked_add(d))
+        .filter(|t| t.duration_since(std::time::UNIX_EPOCH).is_ok_and(|e| e <= LAST));
+    match at {
+        Some(t) => humantime::format_rfc3339_millis(t).to_string(),
+        None => text.to_string(),
+    }
+}
