@@ -549,8 +549,8 @@ fn read_json(arg: &str) -> Result<Value, CliError> {
 }
 
 /// Posts `list` in batches of [`TASK_BATCH`], with a progress bar on a terminal when there
-/// is more than one batch. Answers like one `POST /tasks`.
-
+/// is more than one batch, each request with the fields of `extra` (`run_at`, `priority`).
+/// Answers like one `POST /tasks`.
 async fn create_in_batches(
     client: &Client,
     queue: &str,
