@@ -15,6 +15,8 @@
 #[path = "../tests/common/plugins.rs"]
 #[allow(dead_code)]
 mod plugins;
+#[path = "bench/schedule.rs"]
+mod schedule;
 #[path = "../tests/common/server.rs"]
 #[allow(dead_code)]
 mod server;
@@ -770,7 +772,16 @@ impl Bench {
 #[tokio::main]
 async fn main() {
     let args = Args::parse();
-    let known = ["sandbox", "ceiling", "throughput", "latency", "depth", "memory", "all"];
+    let known = [
+        "sandbox",
+        "ceiling",
+        "throughput",
+        "latency",
+        "depth",
+        "memory",
+        "schedule",
+        "all",
+    ];
     if !known.contains(&args.scenario.as_str()) {
         eprintln!(
             "unknown scenario {:?}: expected one of {}",
@@ -844,6 +855,9 @@ async fn main() {
     }
     if wants("memory") {
         bench.memory().await;
+    }
+    if wants("schedule") {
+        bench.schedule().await;
     }
     println!("\n(bench took {:.0} s)", started.elapsed().as_secs_f64());
 }
