@@ -182,6 +182,20 @@ impl NewTask {
     }
 }
 
+impl StopRequest {
+    /// Refuses a request of another action than `want` (a caller's mistake).
+    pub(crate) fn expect(&self, want: crate::model::StopAction) -> StoreResult<()> {
+        if self.action == want {
+            return Ok(());
+        }
+        Err(StoreError::Invalid(format!(
+            "a {} request cannot be used to {}",
+            self.action.as_str(),
+            want.as_str()
+        )))
+    }
+}
+
 /// The tasks a cancel or kill is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TaskTarget {

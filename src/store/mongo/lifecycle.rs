@@ -13,7 +13,7 @@ use futures::TryStreamExt;
 
 use super::{db_err, MongoStore};
 use crate::model::{status, StopAction, StopRequest};
-use crate::store::{StoreError, StoreResult, TaskTarget};
+use crate::store::{StoreResult, TaskTarget};
 
 impl MongoStore {
     /// [`Store::promote_due`](crate::store::Store::promote_due).
@@ -81,7 +81,7 @@ impl MongoStore {
 
     /// [`Store::cancel_tasks`](crate::store::Store::cancel_tasks).
     pub(super) async fn cancel(&self, target: TaskTarget, stop: &StopRequest) -> StoreResult<Vec<ObjectId>> {
-        check_action(stop, StopAction::Cancel)?;
+        stop.expect(StopAction::Cancel)?;
         let fence = doc! {
             "status": { "$in": [status::QUEUED, status::SCHEDULED] },
             "node": super::unclaimed(),
@@ -98,7 +98,7 @@ impl MongoStore {
 
     /// [`Store::request_kill`](crate::store::Store::request_kill).
     pub(super) async fn kill(&self, target: TaskTarget, stop: &StopRequest) -> StoreResult<Vec<ObjectId>> {
-        check_action(stop, StopAction::Kill)?;
+        stop.expect(StopAction::Kill)?;
         let fence = doc! {
             "status": { "$in": [status::CLAIMED, status::RUNNING] },
             "stop.action": { "$ne": "kill" },
@@ -134,17 +134,5 @@ impl MongoStore {
             out.push((id, stop));
         }
         Ok(out)
-    }
-}
-
-fn check_action(stop: &StopRequest, want: StopAction) -> StoreResult<()> {
-    if stop.action == want {
-        Ok(())
-    } else {
-        Err(StoreError::Invalid(format!(
-            "a {} request cannot be used to {}",
-            stop.action.as_str(),
-            want.as_str()
-        )))
     }
 }

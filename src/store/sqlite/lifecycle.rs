@@ -10,7 +10,7 @@ use rusqlite::{params, Connection};
 use super::rows::{bson_bytes, db_err, read_bson};
 use super::SqliteStore;
 use crate::model::{status, StopAction, StopRequest, TaskProgress};
-use crate::store::{StoreError, StoreResult, TaskTarget};
+use crate::store::{StoreResult, TaskTarget};
 
 /// Columns added to `tasks` after its first release, with their types: a database file
 /// created before gets them on open.
@@ -52,25 +52,9 @@ pub(super) fn migrate(conn: &Connection) -> StoreResult<()> {
 
 fn target_clause(target: TaskTarget) -> (&'static str, String) {
     match target {
-        TaskTarget::Task(id) => ("id = ?", id.to_hex()),
-        TaskTarget::Queue(q) => ("queue = ?", q.to_hex()),
+        TaskTarget::Task(id) => ("id = ?3", id.to_hex()),
+        TaskTarget::Queue(q) => ("queue = ?3", q.to_hex()),
     }
-}
-
-fn check_action(stop: &StopRequest, want: StopAction) -> StoreResult<()> {
-    if stop.action == want {
-        Ok(())
-    } else {
-        Err(StoreError::Invalid(format!(
-            "a {} request cannot be used to {}",
-            stop.action.as_str(),
-            want.as_str()
-        )))
-    }
-}
-
-fn ids(list: Vec<String>) -> Vec<ObjectId> {
-    list.iter().filter_map(|s| ObjectId::parse_str(s).ok()).collect()
 }
 
 impl SqliteStore {
@@ -96,65 +80,52 @@ impl SqliteStore {
         Ok(n as u64)
     }
 
-    /// [`Store::cancel_tasks`](crate::store::Store::cancel_tasks).
-    pub(super) async fn cancel(&self, target: TaskTarget, stop: &StopRequest) -> StoreResult<Vec<ObjectId>> {
-        check_action(stop, StopAction::Cancel)?;
+    /// Records `stop` on the tasks of `target` whose status is one of `statuses` and that
+    /// match `fence` (SQL), also setting `set` (SQL, may be empty); returns their ids.
+    async fn stop_where(
+        &self,
+        op: &'static str,
+        target: TaskTarget,
+        stop: &StopRequest,
+        statuses: [i32; 2],
+        fence: &str,
+        set: &str,
+    ) -> StoreResult<Vec<ObjectId>> {
         let record = bson_bytes(&stop.to_document())?;
         let (clause, key) = target_clause(target);
         let sql = format!(
-            "UPDATE tasks SET status = ?, stop = ?, mtime = ?
-             WHERE {clause} AND status IN (?, ?) AND node IS NULL RETURNING id"
+            "UPDATE tasks SET stop = ?1, mtime = ?2{set} WHERE {clause} AND status IN (?4, ?5) AND {fence} RETURNING id"
         );
         let list = self
-            .write("cancel tasks", move |tx| {
-                let mut stmt = tx.prepare(&sql).map_err(db_err("cancel tasks"))?;
+            .write(op, move |tx| {
+                let mut stmt = tx.prepare(&sql).map_err(db_err(op))?;
+                let now = DateTime::now().timestamp_millis();
                 let rows = stmt
-                    .query_map(
-                        params![
-                            status::CANCELLED,
-                            record,
-                            DateTime::now().timestamp_millis(),
-                            key,
-                            status::QUEUED,
-                            status::SCHEDULED
-                        ],
-                        |r| r.get::<_, String>(0),
-                    )
-                    .map_err(db_err("cancel tasks"))?;
-                rows.collect::<Result<Vec<_>, _>>().map_err(db_err("cancel tasks"))
+                    .query_map(params![record, now, key, statuses[0], statuses[1]], |r| {
+                        r.get::<_, String>(0)
+                    })
+                    .map_err(db_err(op))?;
+                rows.collect::<Result<Vec<_>, _>>().map_err(db_err(op))
             })
             .await?;
-        Ok(ids(list))
+        Ok(list.iter().filter_map(|s| ObjectId::parse_str(s).ok()).collect())
+    }
+
+    /// [`Store::cancel_tasks`](crate::store::Store::cancel_tasks).
+    pub(super) async fn cancel(&self, target: TaskTarget, stop: &StopRequest) -> StoreResult<Vec<ObjectId>> {
+        stop.expect(StopAction::Cancel)?;
+        let set = format!(", status = {}", status::CANCELLED);
+        let waiting = [status::QUEUED, status::SCHEDULED];
+        self.stop_where("cancel tasks", target, stop, waiting, "node IS NULL", &set)
+            .await
     }
 
     /// [`Store::request_kill`](crate::store::Store::request_kill).
     pub(super) async fn kill(&self, target: TaskTarget, stop: &StopRequest) -> StoreResult<Vec<ObjectId>> {
-        check_action(stop, StopAction::Kill)?;
-        let record = bson_bytes(&stop.to_document())?;
-        let (clause, key) = target_clause(target);
-        let sql = format!(
-            "UPDATE tasks SET stop = ?, mtime = ?
-             WHERE {clause} AND status IN (?, ?) AND stop IS NULL RETURNING id"
-        );
-        let list = self
-            .write("ask to kill tasks", move |tx| {
-                let mut stmt = tx.prepare(&sql).map_err(db_err("ask to kill tasks"))?;
-                let rows = stmt
-                    .query_map(
-                        params![
-                            record,
-                            DateTime::now().timestamp_millis(),
-                            key,
-                            status::CLAIMED,
-                            status::RUNNING
-                        ],
-                        |r| r.get::<_, String>(0),
-                    )
-                    .map_err(db_err("ask to kill tasks"))?;
-                rows.collect::<Result<Vec<_>, _>>().map_err(db_err("ask to kill tasks"))
-            })
-            .await?;
-        Ok(ids(list))
+        stop.expect(StopAction::Kill)?;
+        let busy = [status::CLAIMED, status::RUNNING];
+        self.stop_where("ask to kill tasks", target, stop, busy, "stop IS NULL", "")
+            .await
     }
 
     /// [`Store::report_progress`](crate::store::Store::report_progress).
