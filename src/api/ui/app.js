@@ -2,7 +2,7 @@
 // Disbatch web UI: plain JavaScript over the DCI's JSON API.
 
 const $ = (sel) => document.querySelector(sel);
-const STATUS = { "-6": "orphaned", "-5": "cancelled", "-4": "blocked", "-3": "terminated", "-2": "queued", "-1": "claimed", "0": "running", "1": "succeeded", "2": "failed" };
+const STATUS = { "-7": "scheduled", "-6": "orphaned", "-5": "cancelled", "-4": "blocked", "-3": "terminated", "-2": "queued", "-1": "claimed", "0": "running", "1": "succeeded", "2": "failed" };
 const PAGE = 25;
 let plugins = [];
 let refreshTimer = null;
