@@ -497,8 +497,8 @@ async fn a_wrong_value_in_any_field_of_post_tasks_is_400_and_creates_nothing() {
             "field \"params[0]\" cannot be stored",
         ),
         (
-            json!({"queue": "q", "params": [], "priority": 5}),
-            "unknown field \"priority\"",
+            json!({"queue": "q", "params": [], "weight": 5}),
+            "unknown field \"weight\"",
         ),
         (json!({"queue": "q", "params": [], "x": 1}), "unknown field \"x\""),
         (
