@@ -993,7 +993,11 @@ async fn indexes_are_created_idempotently() {
     has(&nodes, doc! { "node": 1 }, true);
     has(&keys("queues").await, doc! { "name": 1 }, true);
     let t = keys("tasks").await;
-    has(&t, doc! { "queue": 1, "status": 1, "node": 1, "priority": -1, "_id": 1 }, false);
+    has(
+        &t,
+        doc! { "queue": 1, "status": 1, "node": 1, "priority": -1, "_id": 1 },
+        false,
+    );
     has(&t, doc! { "status": 1, "run_at": 1 }, false);
     has(&t, doc! { "node": 1, "status": 1 }, false);
     has(&t, doc! { "status": 1, "mtime": 1 }, false);
