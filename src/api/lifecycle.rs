@@ -29,7 +29,7 @@ pub const MAX_LISTED_IDS: usize = 10_000;
 /// A `run_at` value as a time: an RFC 3339 string or `{"$date": …}`, a delay from `now`
 /// such as `"10m"` or `"1h 30m"`, or a number of seconds since the epoch.
 pub(super) fn run_at(v: &Value, now: DateTime) -> Result<DateTime, String> {
-    let parsed = match v {
+    match v {
         Value::String(s) => match DateTime::parse_rfc3339_str(s) {
             Ok(t) => Ok(t),
             Err(_) => humantime::parse_duration(s)
@@ -55,8 +55,7 @@ pub(super) fn run_at(v: &Value, now: DateTime) -> Result<DateTime, String> {
             "must be a time (RFC 3339), a delay like \"10m\" or epoch seconds, got {}",
             kind(other)
         )),
-    };
-    parsed
+    }
 }
 
 /// One entry of the `tasks` list of `POST /tasks`.

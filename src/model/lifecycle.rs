@@ -123,6 +123,16 @@ impl StopRequest {
     }
 }
 
+impl StopRequest {
+    /// A stored kill request as well as it can be read: one that cannot be read (written
+    /// by another tool) still stops the task, with the problem as its reason.
+    pub fn stored_kill(stored: Result<Document, String>) -> StopRequest {
+        stored
+            .and_then(|d| StopRequest::from_document(&d))
+            .unwrap_or_else(|e| StopRequest::now(StopAction::Kill, "", format!("unreadable kill request ({e})")))
+    }
+}
+
 impl fmt::Display for StopRequest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let verb = match self.action {

@@ -15,6 +15,14 @@ use super::{db_err, MongoStore};
 use crate::model::{status, StopAction, StopRequest};
 use crate::store::{StoreResult, TaskTarget};
 
+/// The condition selecting `target`'s tasks.
+fn target_filter(target: TaskTarget) -> Document {
+    match target {
+        TaskTarget::Task(id) => doc! { "_id": id },
+        TaskTarget::Queue(q) => doc! { "queue": q },
+    }
+}
+
 impl MongoStore {
     /// [`Store::promote_due`](crate::store::Store::promote_due).
     pub(super) async fn promote(&self, now: DateTime) -> StoreResult<u64> {
@@ -38,10 +46,7 @@ impl MongoStore {
         stop: &StopRequest,
         op: &'static str,
     ) -> StoreResult<Vec<ObjectId>> {
-        match target {
-            TaskTarget::Task(id) => fence.insert("_id", id),
-            TaskTarget::Queue(q) => fence.insert("queue", q),
-        };
+        fence.extend(target_filter(target));
         let record = stop.to_document();
         let mut update = set;
         update.insert("stop", record.clone());
@@ -60,10 +65,7 @@ impl MongoStore {
         if stop.action == StopAction::Cancel {
             read_back.insert("status", status::CANCELLED);
         }
-        match target {
-            TaskTarget::Task(id) => read_back.insert("_id", id),
-            TaskTarget::Queue(q) => read_back.insert("queue", q),
-        };
+        read_back.extend(target_filter(target));
         let docs: Vec<Document> = self
             .tasks
             .find(read_back)
@@ -125,12 +127,7 @@ impl MongoStore {
         let mut out = Vec::with_capacity(docs.len());
         for d in docs {
             let Ok(id) = d.get_object_id("_id") else { continue };
-            // A malformed request written by another tool still stops the task.
-            let stop = d
-                .get_document("stop")
-                .map_err(|e| e.to_string())
-                .and_then(StopRequest::from_document)
-                .unwrap_or_else(|e| StopRequest::now(StopAction::Kill, "", format!("unreadable kill request ({e})")));
+            let stop = StopRequest::stored_kill(d.get_document("stop").cloned().map_err(|e| e.to_string()));
             out.push((id, stop));
         }
         Ok(out)

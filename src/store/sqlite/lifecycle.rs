@@ -169,10 +169,7 @@ impl SqliteStore {
         let mut out = Vec::new();
         for (id, bytes) in rows {
             let Ok(oid) = ObjectId::parse_str(&id) else { continue };
-            let stop = read_bson("tasks", &id, &bytes)
-                .map_err(|e| e.to_string())
-                .and_then(|d| StopRequest::from_document(&d))
-                .unwrap_or_else(|e| StopRequest::now(StopAction::Kill, "", format!("unreadable kill request ({e})")));
+            let stop = StopRequest::stored_kill(read_bson("tasks", &id, &bytes).map_err(|e| e.to_string()));
             if stop.action == StopAction::Kill {
                 out.push((oid, stop));
             }
