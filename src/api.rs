@@ -23,6 +23,7 @@ mod create;
 mod error;
 mod json;
 mod lifecycle;
+mod retry;
 mod nodes;
 mod openapi;
 mod queues;
@@ -155,6 +156,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/tasks/{id}", get(tasks::one))
         .route("/tasks/{id}/cancel", post(lifecycle::cancel))
         .route("/tasks/{id}/kill", post(lifecycle::kill))
+        .route("/tasks/{id}/retry", post(retry::retry))
         .route("/tasks/{id}/stdout", get(tasks::stdout))
         .route("/tasks/{id}/stderr", get(tasks::stderr))
         .route("/monitoring", get(status::monitoring))

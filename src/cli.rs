@@ -17,7 +17,7 @@ use clap::{Parser, Subcommand};
 use serde_json::{json, Map, Value};
 
 use self::client::{encode, Client};
-use self::lifecycle::{absolute_run_at, progress_text, stop_tasks, StopArgs};
+use self::lifecycle::{absolute_run_at, lifecycle_lines, stop_tasks, RetryArgs, StopArgs};
 use self::table::{cell, render};
 use crate::launch::{StartError, StoreArgs};
 
@@ -210,6 +210,9 @@ pub enum Command {
     /// Kill running tasks: their plugins are stopped within a second and the tasks end
     /// failed. `kill <id>…`, or `kill --queue <queue>` for all of a queue's.
     Kill(StopArgs),
+    /// Queue finished tasks again (succeeded, failed, orphaned, cancelled); each keeps its
+    /// last run in its `attempts` list.
+    Retry(RetryArgs),
     /// Nodes (DENs) with their heartbeat and maxthreads.
     Nodes,
     /// Set a node's maxthreads (`null` for no limit).
@@ -278,6 +281,7 @@ pub async fn run(cli: &Cli) -> Result<(), CliError> {
         }
         Command::Cancel(args) => stop_tasks(&client, "cancel", args).await?,
         Command::Kill(args) => stop_tasks(&client, "kill", args).await?,
+        Command::Retry(args) => stop_tasks(&client, "retry", &args.clone().into()).await?,
         Command::CreateTasks {
             run_at,
             priority,
@@ -468,26 +472,7 @@ fn task_text(t: &Value) -> String {
     for k in ["id", "queue", "status", "status_name", "node", "ctime", "mtime"] {
         s.push_str(&format!("{k:<12}{}\n", cell(&t[k])));
     }
-    if t.get("priority").is_some() {
-        s.push_str(&format!("{:<12}{}\n", "priority", cell(&t["priority"])));
-    }
-    if t.get("run_at").is_some() {
-        s.push_str(&format!("{:<12}{}\n", "run_at", cell(&t["run_at"])));
-    }
-    if let Some(stop) = t.get("stop").filter(|v| v.is_object()) {
-        let reason = stop["reason"].as_str().filter(|r| !r.is_empty());
-        s.push_str(&format!(
-            "{:<12}{} by {} at {}{}\n",
-            "stop",
-            cell(&stop["action"]),
-            cell(&stop["by"]),
-            cell(&stop["at"]),
-            reason.map(|r| format!(": {r}")).unwrap_or_default()
-        ));
-    }
-    if let Some(p) = t.get("progress").filter(|v| v.is_object()) {
-        s.push_str(&format!("{:<12}{}\n", "progress", progress_text(p)));
-    }
+    s.push_str(&lifecycle_lines(t));
     s.push_str(&format!("{:<12}{}\n", "params", t["params"]));
     for k in ["stdout", "stderr"] {
         s.push_str(&format!("--- {k} ---\n{}", cell(&t[k])));

@@ -24,6 +24,7 @@ mod output;
 mod progress;
 mod queues;
 mod result;
+mod retry;
 mod shutdown;
 mod worker;
 

@@ -14,7 +14,9 @@ use serde::{Deserialize, Serialize};
 use crate::runner::Sandbox;
 
 mod lifecycle;
+mod retry;
 pub use self::lifecycle::{StopAction, StopRequest, TaskProgress};
+pub use self::retry::{activity_timeout_from, kept_output, queue_lifecycle, Attempt, RetryAt, RetryOn, RetryPolicy, PREFER_OTHER_NODE};
 
 /// Task status codes of the Disbatch 4 spec.
 pub mod status {
@@ -112,6 +114,11 @@ pub struct Queue {
     pub sandbox: QueueSandbox,
     /// Recovery policy for tasks of dead nodes (`on_orphan`).
     pub on_orphan: OnOrphan,
+    /// How failed tasks run again (`retry`); `None` runs each task once.
+    pub retry: Option<RetryPolicy>,
+    /// How long a running task may go without reporting progress before it is killed as
+    /// stuck (`activity_timeout`).
+    pub activity_timeout: Option<std::time::Duration>,
 }
 
 /// A queue's optional `sandbox` sub-document; unset fields take the DEN's defaults.
@@ -183,7 +190,7 @@ impl QueueSandbox {
     }
 }
 
-mod opt_duration {
+pub(crate) mod opt_duration {
     use serde::{Deserialize, Deserializer, Serializer};
     use std::time::Duration;
 
@@ -205,11 +212,11 @@ mod opt_duration {
             None => Ok(None),
             Some(Raw::Secs(s)) if s > 0.0 => Duration::try_from_secs_f64(s)
                 .map(Some)
-                .map_err(|_| serde::de::Error::custom(format!("timeout {s} s is too large"))),
-            Some(Raw::Secs(s)) => Err(serde::de::Error::custom(format!("timeout must be positive, got {s}"))),
+                .map_err(|_| serde::de::Error::custom(format!("{s} s is too large"))),
+            Some(Raw::Secs(s)) => Err(serde::de::Error::custom(format!("a duration must be positive, got {s}"))),
             Some(Raw::Text(t)) => humantime::parse_duration(&t)
                 .map(Some)
-                .map_err(|e| serde::de::Error::custom(format!("invalid timeout {t:?}: {e}"))),
+                .map_err(|e| serde::de::Error::custom(format!("invalid duration {t:?}: {e}"))),
         }
     }
 }
@@ -386,6 +393,16 @@ pub enum Output {
     File(ObjectId),
 }
 
+impl Output {
+    /// The value as stored: the text, or the file's id.
+    pub fn to_bson(&self) -> bson::Bson {
+        match self {
+            Output::Inline(s) => bson::Bson::String(s.clone()),
+            Output::File(id) => bson::Bson::ObjectId(*id),
+        }
+    }
+}
+
 /// A task document.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Task {
@@ -419,6 +436,8 @@ pub struct Task {
     pub stop: Option<StopRequest>,
     /// The latest progress its plugin reported (`progress`), kept when it ends.
     pub progress: Option<TaskProgress>,
+    /// Its earlier runs, oldest first (`attempts`); empty for a task run at most once.
+    pub attempts: Vec<Attempt>,
 }
 
 impl Task {

@@ -414,7 +414,7 @@ fn classify(
     match (stopped, &result) {
         (Some(StopReason::Timeout), _) => return (FAILED, Some(Failure::Timeout(sandbox.timeout))),
         // A kill that lost the race to a plugin returning success leaves that success.
-        (Some(StopReason::Killed), Ok(Ok(status))) if *status > 0 => return (*status, None),
+        (Some(StopReason::Killed | StopReason::Stuck), Ok(Ok(status))) if *status > 0 => return (*status, None),
         (Some(r), _) => return (FAILED, Some(Failure::Trap(format!("plugin stopped: {r}")))),
         (None, _) => {}
     }

@@ -10,7 +10,10 @@
 
 pub mod gridfs;
 pub mod mongo;
+mod retries;
 pub mod sqlite;
+
+pub use self::retries::{FinishExtra, HandRetry};
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -20,7 +23,7 @@ use bson::oid::ObjectId;
 use bson::{DateTime, Document};
 
 use crate::model::{
-    Node, NodeProcess, NodeStats, Output, Queue, Sort, StopRequest, Task, TaskProgress, UnreadableQueue,
+    Node, NodeProcess, NodeStats, Output, Queue, RetryAt, Sort, StopRequest, Task, UnreadableQueue,
 };
 
 /// Errors of a store operation.
@@ -89,6 +92,8 @@ pub struct Recovery {
     pub orphaned: Vec<ObjectId>,
     /// Tasks put back in their queue (-2, node null).
     pub requeued: Vec<ObjectId>,
+    /// Tasks to run again later by their queue's `retry` policy (-7 or -2, node null).
+    pub retried: Vec<ObjectId>,
 }
 
 /// A lease on one of a queue's `threads` slots.
@@ -309,7 +314,9 @@ pub trait Store: Send + Sync + 'static {
         Ok(None)
     }
     /// Claims the next queued task of `queue` for `node` in one atomic step: the first
-    /// task matching `{node: null, status: -2, queue}` (highest `priority` first, then
+    /// task matching `{node: null, status: -2, queue}` that `node` is not leaving to the
+    /// others (`avoid_node` is `node` and `avoid_until` is still to come: a retry prefers
+    /// another node for a moment) (highest `priority` first, then
     /// oldest `_id` first for `fifo`, newest for `lifo`, any for `default`; a task without
     /// a `priority`, written by a Disbatch 4 tool, comes after every task with one) gets `{node, status: -1, mtime: now}`. No two
     /// callers ever get the same task. On MongoDB this is the spec's `findOneAndUpdate`;
@@ -348,22 +355,37 @@ pub trait Store: Send + Sync + 'static {
         stdout: OutputValue,
         stderr: OutputValue,
     ) -> StoreResult<bool> {
-        self.finish_with_progress(task, node, status, stdout, stderr, None)
+        self.finish_with(task, node, status, stdout, stderr, &FinishExtra::default())
             .await
     }
-    /// [`Store::finish`], also storing the plugin's last progress report in the same update.
-    async fn finish_with_progress(
+    /// [`Store::finish`], also storing the plugin's last progress report and appending the
+    /// run's record to `attempts` in the same update.
+    async fn finish_with(
         &self,
         task: ObjectId,
         node: &str,
         status: i32,
         stdout: OutputValue,
         stderr: OutputValue,
-        progress: Option<&TaskProgress>,
+        extra: &FinishExtra,
     ) -> StoreResult<bool>;
+    /// Ends a failed run that its queue's `retry` policy runs again, fenced on `{_id, node,
+    /// status: 0}`: appends `retry.attempt` to `attempts`, and the task waits (-7, node
+    /// null) until `retry.run_at` — or is queued (-2) at once when that is not after now —
+    /// at `retry.priority`, left by `retry.avoid_node` to the others until
+    /// `retry.avoid_until`. Its outputs, progress and any stop request are cleared.
+    /// Returns false when the task is no longer running on `node`.
+    async fn retry_later(&self, task: ObjectId, node: &str, retry: &RetryAt) -> StoreResult<bool>;
+    /// Queues a finished task again by hand (succeeded, failed or any other positive
+    /// status, orphaned, cancelled or terminated): its last run becomes a record in
+    /// `attempts` (with `reason`, and its outputs: a file kept as is, a text's last
+    /// 4 KiB), and it is queued (-2, node null) with its outputs, progress and stop
+    /// request cleared. Fenced on the status and mtime read, so of two concurrent retries
+    /// one wins.
+    async fn retry_by_hand(&self, task: ObjectId, reason: &str) -> StoreResult<HandRetry>;
     /// Stores a running task's latest progress (`progress`), fenced on `{_id, node,
     /// status: 0}`. Returns false when the task is no longer running on `node`.
-    async fn report_progress(&self, task: ObjectId, node: &str, progress: &TaskProgress) -> StoreResult<bool>;
+    async fn report_progress(&self, task: ObjectId, node: &str, progress: &crate::model::TaskProgress) -> StoreResult<bool>;
     /// Puts tasks of `node` that are claimed or running back in their queue (-2, node
     /// null), for a graceful shutdown. Returns the ids requeued. A task someone asked to
     /// kill is not put back: it ends failed (2) with [`KILLED_AT_SHUTDOWN`] as stderr.

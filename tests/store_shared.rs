@@ -101,6 +101,8 @@ on_both_stores!(
 mod lifecycle;
 #[path = "store_shared/restarts.rs"]
 mod restarts;
+#[path = "store_shared/retries.rs"]
+mod retries;
 #[path = "store_shared/results.rs"]
 mod results;
 

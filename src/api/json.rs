@@ -81,6 +81,30 @@ pub(super) fn task(t: &Task, view: &TaskView) -> Value {
             }),
         );
     }
+    if !t.attempts.is_empty() {
+        let list: Vec<Value> = t
+            .attempts
+            .iter()
+            .map(|a| {
+                let output = |o: &Option<crate::model::Output>| match o {
+                    None => Value::Null,
+                    Some(crate::model::Output::Inline(s)) => json!(s),
+                    Some(crate::model::Output::File(id)) => json!({ "file": id.to_hex() }),
+                };
+                json!({
+                    "node": a.node,
+                    "started": a.started.as_ref().map(|d| date(d, view.epoch)),
+                    "ended": date(&a.ended, view.epoch),
+                    "status": a.status,
+                    "status_name": status::name(a.status),
+                    "reason": a.reason,
+                    "stdout": output(&a.stdout),
+                    "stderr": output(&a.stderr),
+                })
+            })
+            .collect();
+        m.insert("attempts".into(), Value::Array(list));
+    }
     if let Some(fields) = &view.fields {
         m.retain(|k, _| k == "id" || k == "_id" || fields.iter().any(|f| f == k));
     }
@@ -112,6 +136,8 @@ pub(super) fn queue(q: &Queue, counts: Option<&StatusCounts>) -> Value {
         "sort": q.sort,
         "on_orphan": q.on_orphan,
         "sandbox": serde_json::to_value(&q.sandbox).unwrap_or(Value::Null),
+        "retry": q.retry.as_ref().map(|r| serde_json::to_value(r).unwrap_or(Value::Null)),
+        "activity_timeout": q.activity_timeout.map(|d| humantime::format_duration(d).to_string()),
         "queued": queued,
         "running": running,
         "completed": completed,
@@ -131,12 +157,14 @@ pub(super) fn unreadable_queue(q: &UnreadableQueue, counts: Option<&StatusCounts
             sort: Default::default(),
             sandbox: Default::default(),
             on_orphan: Default::default(),
+            retry: None,
+            activity_timeout: None,
         },
         counts,
     );
     value["name"] = json!(q.name);
     value["plugin"] = json!(q.plugin);
-    for field in ["sort", "sandbox", "on_orphan"] {
+    for field in ["sort", "sandbox", "on_orphan", "retry", "activity_timeout"] {
         value[field] = Value::Null;
     }
     value["problem"] = json!(q.problem);

@@ -135,7 +135,7 @@ struct Fields {
     extra: Document,
 }
 
-const QUEUE_FIELDS: &str = "name, plugin, threads, sort, sandbox, on_orphan";
+const QUEUE_FIELDS: &str = "name, plugin, threads, sort, sandbox, on_orphan, retry, activity_timeout";
 
 fn fields(state: &Shared, body: &Map<String, Value>) -> Result<Fields, ApiError> {
     let mut f = Fields::default();
@@ -183,6 +183,26 @@ fn fields(state: &Shared, body: &Map<String, Value>) -> Result<Fields, ApiError>
                         OnOrphan::Requeue => "requeue",
                     },
                 );
+            }
+            "retry" | "activity_timeout" if v.is_null() => {
+                f.extra.insert(k.as_str(), bson::Bson::Null);
+            }
+            "retry" => {
+                let b = bson::Bson::try_from(v.clone()).map_err(|e| ApiError::bad(format!("field \"retry\": {e}")))?;
+                let policy = crate::model::RetryPolicy::from_bson(&b).map_err(ApiError::bad)?;
+                f.extra.insert("retry", policy.to_document());
+            }
+            "activity_timeout" => {
+                let b = bson::Bson::try_from(v.clone())
+                    .map_err(|e| ApiError::bad(format!("field \"activity_timeout\": {e}")))?;
+                let d = crate::model::activity_timeout_from(&b).map_err(ApiError::bad)?;
+                if d > MAX_DURATION {
+                    return Err(ApiError::bad(format!(
+                        "field \"activity_timeout\" must be at most {} seconds (365 days)",
+                        MAX_DURATION.as_secs()
+                    )));
+                }
+                f.extra.insert("activity_timeout", humantime::format_duration(d).to_string());
             }
             other => {
                 return Err(ApiError::bad(format!(

@@ -24,7 +24,32 @@ pub struct StopArgs {
     pub by: Option<String>,
 }
 
-/// Runs `cancel` or `kill` (`verb`) and prints one line per task.
+/// `retry <id>…`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RetryArgs {
+    /// Task ids.
+    #[arg(required = true)]
+    pub ids: Vec<String>,
+    /// Why (kept in the reason of the task's last attempt).
+    #[arg(long)]
+    pub reason: Option<String>,
+    /// Who (default: `$USER`).
+    #[arg(long)]
+    pub by: Option<String>,
+}
+
+impl From<RetryArgs> for StopArgs {
+    fn from(a: RetryArgs) -> StopArgs {
+        StopArgs {
+            ids: a.ids,
+            queue: None,
+            reason: a.reason,
+            by: a.by,
+        }
+    }
+}
+
+/// Runs `cancel`, `kill` or `retry` (`verb`) and prints one line per task.
 pub(super) async fn stop_tasks(client: &Client, verb: &str, args: &StopArgs) -> Result<Output, CliError> {
     let mut body = json!({});
     if let Some(r) = &args.reason {
@@ -79,8 +104,48 @@ pub(super) async fn stop_tasks(client: &Client, verb: &str, args: &StopArgs) -> 
     }))
 }
 
+/// The lines of `task` for the fields of a task's life: priority, run_at, stop, progress
+/// and its earlier attempts.
+pub(super) fn lifecycle_lines(t: &Value) -> String {
+    let mut s = String::new();
+    for k in ["priority", "run_at"] {
+        if t.get(k).is_some() {
+            s.push_str(&format!("{k:<12}{}\n", cell(&t[k])));
+        }
+    }
+    if let Some(stop) = t.get("stop").filter(|v| v.is_object()) {
+        let reason = stop["reason"].as_str().filter(|r| !r.is_empty());
+        s.push_str(&format!(
+            "{:<12}{} by {} at {}{}\n",
+            "stop",
+            cell(&stop["action"]),
+            cell(&stop["by"]),
+            cell(&stop["at"]),
+            reason.map(|r| format!(": {r}")).unwrap_or_default()
+        ));
+    }
+    if let Some(p) = t.get("progress").filter(|v| v.is_object()) {
+        s.push_str(&format!("{:<12}{}\n", "progress", progress_text(p)));
+    }
+    if let Some(list) = t.get("attempts").and_then(Value::as_array) {
+        s.push_str(&format!("{:<12}{}\n", "attempts", list.len()));
+        for (i, a) in list.iter().enumerate() {
+            s.push_str(&format!(
+                "  #{} {} ({}) on {} at {}: {}\n",
+                i + 1,
+                cell(&a["status"]),
+                cell(&a["status_name"]),
+                cell(&a["node"]),
+                cell(&a["ended"]),
+                cell(&a["reason"])
+            ));
+        }
+    }
+    s
+}
+
 /// `[#####.....]  50% info` for a `progress` object (no bar without a percent).
-pub(super) fn progress_text(p: &Value) -> String {
+fn progress_text(p: &Value) -> String {
     let info = p["info"].as_str().unwrap_or_default();
     match p["percent"].as_f64() {
         Some(pct) => {

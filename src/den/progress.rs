@@ -5,7 +5,7 @@
 
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bson::oid::ObjectId;
 use bson::DateTime;
@@ -18,13 +18,19 @@ use crate::runner::{Progress, ProgressSink};
 /// Least time between two progress writes of one task.
 pub(super) const PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
 
-/// The latest report of one task, and a count of reports to tell a new one.
+/// The latest report of one task, a count of reports to tell a new one, and when it came.
 #[derive(Default)]
 pub(super) struct Latest {
     inner: Mutex<(u64, Option<TaskProgress>)>,
+    heard: Mutex<Option<Instant>>,
 }
 
 impl Latest {
+    /// When the plugin last reported, or `start` when it has not yet.
+    pub(super) fn last_heard(&self, start: Instant) -> Instant {
+        self.heard.lock().unwrap_or_else(|e| e.into_inner()).unwrap_or(start)
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, (u64, Option<TaskProgress>)> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -34,6 +40,7 @@ impl Latest {
         let latest = self.clone();
         Arc::new(move |p: &Progress| {
             debug!(task = %task, "{p}");
+            *latest.heard.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
             let mut l = latest.lock();
             l.0 += 1;
             l.1 = Some(TaskProgress {
@@ -57,6 +64,28 @@ impl Latest {
     /// The latest report, if any.
     pub(super) fn last(&self) -> Option<TaskProgress> {
         self.lock().1.clone()
+    }
+}
+
+/// Cancels `control` as stuck once the plugin has gone `limit` without a report (never
+/// when `limit` is `None`); runs until dropped.
+pub(super) async fn watch_activity(
+    limit: Option<Duration>,
+    latest: Arc<Latest>,
+    control: crate::runner::RunControl,
+    start: Instant,
+) -> Infallible {
+    let Some(limit) = limit else {
+        return std::future::pending().await;
+    };
+    let tick = (limit / 10).clamp(Duration::from_millis(50), Duration::from_secs(1));
+    loop {
+        let due = latest.last_heard(start) + limit;
+        if Instant::now() >= due {
+            control.cancel(crate::runner::StopReason::Stuck);
+            return std::future::pending().await;
+        }
+        tokio::time::sleep(tick.min(due.saturating_duration_since(Instant::now()))).await;
     }
 }
 

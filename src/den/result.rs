@@ -20,7 +20,7 @@ use tracing::{error, info, warn};
 use super::output::{self, OutputFiles};
 use super::Den;
 use crate::model::{status, Task};
-use crate::store::{OutputValue, StoreError, StoreResult};
+use crate::store::{FinishExtra, OutputValue, StoreError, StoreResult};
 
 /// Longest backoff between two attempts of a store write.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
@@ -44,6 +44,8 @@ pub(super) struct TaskResult {
     pub stderr: String,
     /// The plugin's last progress report, stored with the result.
     pub progress: Option<crate::model::TaskProgress>,
+    /// The run's record for `attempts`, when the task keeps them.
+    pub attempt: Option<crate::model::Attempt>,
 }
 
 impl Den {
@@ -79,16 +81,14 @@ impl Den {
                 return;
             }
         };
+        let extra = FinishExtra {
+            progress: result.progress.clone(),
+            attempt: result.attempt.clone(),
+        };
         let written = self
             .retry("write result", || {
-                self.store.finish_with_progress(
-                    task.id,
-                    node,
-                    result.status,
-                    out.clone(),
-                    err.clone(),
-                    result.progress.as_ref(),
-                )
+                self.store
+                    .finish_with(task.id, node, result.status, out.clone(), err.clone(), &extra)
             })
             .await;
         match written {

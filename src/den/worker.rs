@@ -133,6 +133,12 @@ impl Den {
                     outcome.failure = Some(Failure::Killed(stop.to_string()));
                 }
             }
+            Some(StopReason::Stuck) => {
+                if outcome.failure.is_some() {
+                    outcome.status = status::FAILED as u32;
+                    outcome.failure = queue.queue.activity_timeout.map(Failure::Stuck);
+                }
+            }
             _ => {}
         }
         self.observe(|stats| stats.run.observe(outcome.duration.as_secs_f64()));
@@ -150,9 +156,22 @@ impl Den {
                 "failed: {f}"
             ),
         }
-        let (stdout, stderr) = outcome.output_texts();
+        let (stdout, mut stderr) = outcome.output_texts();
         let status = if final_status > 0 { final_status } else { status::FAILED };
         let progress = latest.last();
+        let attempt = match super::retry::next_run(task, &queue.queue, node, status, &outcome, &stdout, &stderr) {
+            super::retry::NextRun::Retry(retry) => {
+                if self.write_retry(task, &retry).await {
+                    return;
+                }
+                None
+            }
+            super::retry::NextRun::Final { attempt, note } => {
+                stderr.push_str(&note);
+                attempt
+            }
+            super::retry::NextRun::Once => None,
+        };
         self.write_result(
             task,
             TaskResult {
@@ -160,6 +179,7 @@ impl Den {
                 stdout,
                 stderr,
                 progress,
+                attempt,
             },
         )
         .await;
@@ -190,6 +210,13 @@ impl Den {
         });
         let reporting = self.report_progress(task_id, latest.clone());
         tokio::pin!(reporting);
+        let activity = super::progress::watch_activity(
+            queue.queue.activity_timeout,
+            latest.clone(),
+            control.clone(),
+            started,
+        );
+        tokio::pin!(activity);
         let stopped = async {
             control.cancelled().await;
             tokio::time::sleep(HOST_CALL_GRACE).await;
@@ -204,6 +231,7 @@ impl Den {
             }
             _ = stopped => "its stop",
             never = &mut reporting => match never {},
+            never = &mut activity => match never {},
         };
         error!(
             grace_ms = HOST_CALL_GRACE.as_millis() as u64,

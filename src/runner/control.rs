@@ -27,6 +27,8 @@ pub enum StopReason {
     LeaseLost,
     /// Someone asked for the task to be killed (`POST /tasks/{id}/kill`).
     Killed,
+    /// It reported no progress within its queue's `activity_timeout`.
+    Stuck,
 }
 
 impl StopReason {
@@ -36,6 +38,7 @@ impl StopReason {
             StopReason::Shutdown => 2,
             StopReason::LeaseLost => 3,
             StopReason::Killed => 4,
+            StopReason::Stuck => 5,
         }
     }
 
@@ -45,6 +48,7 @@ impl StopReason {
             2 => Some(StopReason::Shutdown),
             3 => Some(StopReason::LeaseLost),
             4 => Some(StopReason::Killed),
+            5 => Some(StopReason::Stuck),
             _ => None,
         }
     }
@@ -57,6 +61,7 @@ impl std::fmt::Display for StopReason {
             StopReason::Shutdown => "the DEN is shutting down",
             StopReason::LeaseLost => "this node's lease lapsed (another node may run the task)",
             StopReason::Killed => "it was killed",
+            StopReason::Stuck => "it reported no progress within its queue's activity_timeout",
         })
     }
 }

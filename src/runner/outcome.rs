@@ -34,6 +34,8 @@ pub enum Failure {
     Sandbox(String),
     /// Someone killed the task while it ran: who, when and why.
     Killed(String),
+    /// The plugin reported no progress for its queue's `activity_timeout`.
+    Stuck(Duration),
 }
 
 impl Failure {
@@ -48,6 +50,7 @@ impl Failure {
             Failure::InvalidComponent(_) => "invalid-component",
             Failure::Sandbox(_) => "sandbox",
             Failure::Killed(_) => "killed",
+            Failure::Stuck(_) => "stuck",
         }
     }
 }
@@ -78,6 +81,11 @@ impl fmt::Display for Failure {
             Failure::InvalidComponent(msg) => write!(f, "invalid component: {msg}"),
             Failure::Sandbox(msg) => write!(f, "sandbox setup failed: {msg}"),
             Failure::Killed(msg) => write!(f, "{msg}"),
+            Failure::Stuck(d) => write!(
+                f,
+                "stuck: the plugin reported no progress for {} (the queue's activity_timeout), so it was killed",
+                humantime::format_duration(*d)
+            ),
         }
     }
 }

@@ -26,6 +26,7 @@ mod errors;
 mod lifecycle;
 mod queues;
 mod recovery;
+mod retries;
 mod slots;
 
 pub use self::connect::MongoOptions;
@@ -46,11 +47,12 @@ use self::documents::{node_from, opt_int_bson, output_bson, task_filter_doc, tas
 use self::errors::{db_err, is_duplicate_key};
 use super::gridfs;
 use super::{
-    NewQueue, NewTask, OutputStream, OutputValue, Page, QueueUpdate, Recovery, Slot, StatusCounts, Store, StoreError,
+    FinishExtra, HandRetry, NewQueue, NewTask, OutputStream, OutputValue, Page, QueueUpdate, Recovery, Slot, StatusCounts, Store, StoreError,
     StoreResult, TaskFilter, TaskTarget,
 };
 use crate::model::{
-    status, Node, NodeProcess, NodeStats, Output, Queue, Sort, StopRequest, Task, TaskProgress, UnreadableQueue,
+    status, Node, NodeProcess, NodeStats, Output, Queue, RetryAt, Sort, StopRequest, Task, TaskProgress,
+    UnreadableQueue,
 };
 
 /// Collection of task documents.
@@ -410,7 +412,12 @@ impl Store for MongoStore {
         let claimed = self
             .tasks
             .find_one_and_update(
-                doc! { "node": unclaimed(), "status": status::QUEUED, "queue": queue.id },
+                doc! {
+                    "node": unclaimed(),
+                    "status": status::QUEUED,
+                    "queue": queue.id,
+                    "$nor": [{ "avoid_node": node, "avoid_until": { "$gt": DateTime::now() } }],
+                },
                 doc! { "$set": { "node": node, "status": status::CLAIMED, "mtime": DateTime::now() } },
             )
             .with_options(options)
@@ -472,14 +479,14 @@ impl Store for MongoStore {
         Ok(gridfs::delete_files(&self.db, task, &unused).await?)
     }
 
-    async fn finish_with_progress(
+    async fn finish_with(
         &self,
         task: ObjectId,
         node: &str,
         status: i32,
         stdout: OutputValue,
         stderr: OutputValue,
-        progress: Option<&TaskProgress>,
+        extra: &FinishExtra,
     ) -> StoreResult<bool> {
         let mut set = doc! {
             "status": status,
@@ -487,15 +494,16 @@ impl Store for MongoStore {
             "stderr": output_bson(&stderr),
             "mtime": DateTime::now(),
         };
-        if let Some(p) = progress {
+        if let Some(p) = &extra.progress {
             set.insert("progress", p.to_document());
+        }
+        let mut update = doc! { "$set": set };
+        if let Some(a) = &extra.attempt {
+            update.insert("$push", doc! { "attempts": a.to_document() });
         }
         let result = self
             .tasks
-            .update_one(
-                doc! { "_id": task, "node": node, "status": status::RUNNING },
-                doc! { "$set": set },
-            )
+            .update_one(doc! { "_id": task, "node": node, "status": status::RUNNING }, update)
             .await
             .map_err(db_err("finish task"))?;
         Ok(result.matched_count == 1)
@@ -585,6 +593,14 @@ impl Store for MongoStore {
 
     async fn promote_due(&self, now: DateTime) -> StoreResult<u64> {
         self.promote(now).await
+    }
+
+    async fn retry_later(&self, task: ObjectId, node: &str, retry: &RetryAt) -> StoreResult<bool> {
+        self.retry_run(task, node, retry).await
+    }
+
+    async fn retry_by_hand(&self, task: ObjectId, reason: &str) -> StoreResult<HandRetry> {
+        self.retry_finished(task, reason).await
     }
 
     async fn cancel_tasks(&self, target: TaskTarget, stop: &StopRequest) -> StoreResult<Vec<ObjectId>> {

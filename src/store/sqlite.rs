@@ -32,6 +32,7 @@
 mod files;
 mod lifecycle;
 mod recovery;
+mod retries;
 mod rows;
 
 use std::collections::{BTreeMap, HashSet};
@@ -48,10 +49,12 @@ use self::rows::{
     bson_bytes, db_err, lease_end, output_columns, queue_from, read_bson, sort_str, task_from_row, TASK_COLUMNS,
 };
 use super::{
-    NewQueue, NewTask, OutputValue, Page, QueueUpdate, Recovery, Slot, StatusCounts, Store, StoreError, StoreResult,
+    FinishExtra, HandRetry, NewQueue, NewTask, OutputValue, Page, QueueUpdate, Recovery, Slot, StatusCounts, Store, StoreError, StoreResult,
     TaskFilter, TaskTarget,
 };
-use crate::model::{status, Node, NodeProcess, NodeStats, Output, Queue, Sort, StopRequest, Task, TaskProgress};
+use crate::model::{
+    status, Node, NodeProcess, NodeStats, Output, Queue, RetryAt, Sort, StopRequest, Task, TaskProgress,
+};
 
 /// Table of output files.
 pub const OUTPUT_FILES: &str = "output_files";
@@ -81,7 +84,10 @@ CREATE TABLE IF NOT EXISTS tasks (
     run_at INTEGER,
     stop BLOB,
     progress BLOB,
-    priority INTEGER NOT NULL DEFAULT 0
+    priority INTEGER NOT NULL DEFAULT 0,
+    attempts BLOB,
+    avoid_node TEXT,
+    avoid_until INTEGER
 );
 CREATE INDEX IF NOT EXISTS tasks_node_status ON tasks (node, status);
 CREATE INDEX IF NOT EXISTS tasks_status_mtime ON tasks (status, mtime);
@@ -766,7 +772,8 @@ impl Store for SqliteStore {
         };
         let sql = format!(
             "UPDATE tasks SET node = ?1, status = ?2, mtime = ?3
-             WHERE id = (SELECT id FROM tasks WHERE queue = ?4 AND status = ?5 AND node IS NULL {order} LIMIT 1)
+             WHERE id = (SELECT id FROM tasks WHERE queue = ?4 AND status = ?5 AND node IS NULL
+                         AND (avoid_node IS NULL OR avoid_node <> ?1 OR avoid_until <= ?3) {order} LIMIT 1)
              RETURNING {TASK_COLUMNS}"
         );
         let (q, node) = (queue.id.to_hex(), node.to_string());
@@ -833,24 +840,29 @@ impl Store for SqliteStore {
         self.discard_files(task, files).await
     }
 
-    async fn finish_with_progress(
+    async fn finish_with(
         &self,
         task: ObjectId,
         node: &str,
         status: i32,
         stdout: OutputValue,
         stderr: OutputValue,
-        progress: Option<&TaskProgress>,
+        extra: &FinishExtra,
     ) -> StoreResult<bool> {
         let node = node.to_string();
-        let progress = progress.map(|p| bson_bytes(&p.to_document())).transpose()?;
-        self.with(move |conn| {
+        let progress = extra.progress.as_ref().map(|p| bson_bytes(&p.to_document())).transpose()?;
+        let attempt = extra.attempt.clone();
+        self.write("finish task", move |conn| {
             let (out_text, out_file) = output_columns(&stdout);
             let (err_text, err_file) = output_columns(&stderr);
+            let attempts = attempt
+                .map(|a| retries::appended(conn, &task.to_hex(), &a))
+                .transpose()?;
             let n = conn
                 .execute(
                     "UPDATE tasks SET status = ?1, stdout = ?2, stdout_file = ?3, stderr = ?4, stderr_file = ?5,
-                     mtime = ?6, progress = COALESCE(?10, progress) WHERE id = ?7 AND node = ?8 AND status = ?9",
+                     mtime = ?6, progress = COALESCE(?10, progress), attempts = COALESCE(?11, attempts)
+                     WHERE id = ?7 AND node = ?8 AND status = ?9",
                     params![
                         status,
                         out_text,
@@ -861,7 +873,8 @@ impl Store for SqliteStore {
                         task.to_hex(),
                         node,
                         status::RUNNING,
-                        progress
+                        progress,
+                        attempts
                     ],
                 )
                 .map_err(db_err("finish task"))?;
@@ -924,7 +937,7 @@ impl Store for SqliteStore {
                 recovery::recover_orphans(tx, claimed_before, stale_before)
             })
             .await?;
-        if !recovery.requeued.is_empty() {
+        if !recovery.requeued.is_empty() || !recovery.retried.is_empty() {
             self.signal_queued();
         }
         Ok(recovery)
@@ -966,6 +979,14 @@ impl Store for SqliteStore {
 
     async fn promote_due(&self, now: DateTime) -> StoreResult<u64> {
         self.promote(now).await
+    }
+
+    async fn retry_later(&self, task: ObjectId, node: &str, retry: &RetryAt) -> StoreResult<bool> {
+        self.retry_run(task, node, retry).await
+    }
+
+    async fn retry_by_hand(&self, task: ObjectId, reason: &str) -> StoreResult<HandRetry> {
+        self.retry_finished(task, reason).await
     }
 
     async fn cancel_tasks(&self, target: TaskTarget, stop: &StopRequest) -> StoreResult<Vec<ObjectId>> {

@@ -120,18 +120,24 @@ impl Store for Recording {
     async fn discard_output_files(&self, task: ObjectId, files: &[ObjectId]) -> StoreResult<()> {
         self.inner.discard_output_files(task, files).await
     }
-    async fn finish_with_progress(
+    async fn finish_with(
         &self,
         task: ObjectId,
         node: &str,
         status: i32,
         stdout: OutputValue,
         stderr: OutputValue,
-        progress: Option<&TaskProgress>,
+        extra: &disbatch::store::FinishExtra,
     ) -> StoreResult<bool> {
         self.inner
-            .finish_with_progress(task, node, status, stdout, stderr, progress)
+            .finish_with(task, node, status, stdout, stderr, extra)
             .await
+    }
+    async fn retry_later(&self, task: ObjectId, node: &str, retry: &disbatch::model::RetryAt) -> StoreResult<bool> {
+        self.inner.retry_later(task, node, retry).await
+    }
+    async fn retry_by_hand(&self, task: ObjectId, reason: &str) -> StoreResult<disbatch::store::HandRetry> {
+        self.inner.retry_by_hand(task, reason).await
     }
     async fn report_progress(&self, task: ObjectId, node: &str, progress: &TaskProgress) -> StoreResult<bool> {
         self.inner.report_progress(task, node, progress).await

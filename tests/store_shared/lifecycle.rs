@@ -301,7 +301,17 @@ async fn progress_is_stored_while_running_and_kept_at_the_end(s: Stores) {
     let empty = OutputValue::Inline(String::new());
     assert!(s
         .a
-        .finish_with_progress(id, "n", 1, empty.clone(), empty.clone(), Some(&done))
+        .finish_with(
+            id,
+            "n",
+            1,
+            empty.clone(),
+            empty.clone(),
+            &disbatch::store::FinishExtra {
+                progress: Some(done.clone()),
+                attempt: None,
+            },
+        )
         .await
         .unwrap());
     let t = task(&*s.b, id).await;

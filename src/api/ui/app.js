@@ -216,11 +216,16 @@ async function showTask(id, refresh) {
     ? ` <small>(GridFS file ${esc(t[k].$oid)}, <a href="${raw(k)}" target="_blank">raw</a>)</small>`
     : ` <small>(<a href="${raw(k)}" target="_blank">raw</a>)</small>`;
   const text = (k) => isFile(k) ? "" : esc(t[k] ?? "");
-  // Cancel before it starts, kill while it runs (a kill already asked is shown, not offered).
+  // Cancel before it starts, kill while it runs (a kill already asked is shown, not
+  // offered), retry once it has finished.
   const waiting = t.status === -2 || t.status === -7;
   const running = (t.status === -1 || t.status === 0) && !t.stop;
+  const finished = t.status > 0 || [-6, -5, -3].includes(t.status);
   const actions = waiting ? `<button id="task-cancel">Cancel</button>`
-    : running ? `<button id="task-kill">Kill</button>` : "";
+    : running ? `<button id="task-kill">Kill</button>`
+    : finished ? `<button id="task-retry">Retry</button>` : "";
+  const attempts = (t.attempts ?? []).map((a, i) => `<tr><td>${i + 1}</td><td>${a.status} ${esc(a.status_name)}</td><td>${esc(a.node ?? "-")}</td><td>${a.started ? plain(a.started) : "-"}</td><td>${plain(a.ended)}</td><td>${esc(a.reason)}</td></tr>`).join("");
+  const attemptList = attempts ? `<h3>Attempts</h3><table id="task-attempts"><thead><tr><th>#</th><th>Status</th><th>Node</th><th>Started</th><th>Ended</th><th>Reason</th></tr></thead><tbody>${attempts}</tbody></table>` : "";
   const stop = t.stop ? `<dt>${t.stop.action === "kill" ? "Killed" : "Cancelled"}</dt><dd id="task-stop">by ${esc(t.stop.by)} at ${plain(t.stop.at)}${t.stop.reason ? ": " + esc(t.stop.reason) : ""}</dd>` : "";
   const runAt = t.run_at ? `<dt>Run at</dt><dd id="task-run-at">${plain(t.run_at)}</dd>` : "";
   const p = t.progress;
@@ -236,6 +241,7 @@ async function showTask(id, refresh) {
       <dt>Created</dt><dd>${plain(t.ctime)}</dd>
       <dt>Modified</dt><dd>${plain(t.mtime)}</dd>
     </dl>
+    ${attemptList}
     <h3>Params</h3><pre id="task-params">${esc(JSON.stringify(t.params, null, 2))}</pre>
     <h3>stdout${file("stdout")}</h3><pre id="task-stdout">${text("stdout")}</pre>
     <h3>stderr${file("stderr")}</h3><pre id="task-stderr">${text("stderr")}</pre>`;
@@ -253,6 +259,7 @@ async function showTask(id, refresh) {
   };
   if ($("#task-cancel")) $("#task-cancel").onclick = act("cancel", "task cancelled");
   if ($("#task-kill")) $("#task-kill").onclick = act("kill", "kill asked; its DEN stops the plugin");
+  if ($("#task-retry")) $("#task-retry").onclick = act("retry", "task queued again");
   for (const k of ["stdout", "stderr"]) {
     const pre = $("#task-" + k);
     if (isFile(k)) streamInto(pre, raw(k)).catch((e) => { pre.append("\n[cannot read the output: " + e.message + "]"); });

@@ -252,6 +252,7 @@ pub(super) fn task_from(doc: &Document) -> StoreResult<Task> {
         priority: f.get("priority").and_then(as_int),
         stop: task_stop(&f).ok().flatten(),
         progress: task_progress(&f),
+        attempts: crate::model::Attempt::list_from(f.get("attempts")),
     })
 }
 
@@ -305,6 +306,7 @@ pub(super) fn task_or_problem(doc: &Document) -> Option<Task> {
         priority: f.get("priority").and_then(as_int),
         stop: task_stop(&f).ok().flatten(),
         progress: task_progress(&f),
+        attempts: crate::model::Attempt::list_from(f.get("attempts")),
     })
 }
 
@@ -347,6 +349,14 @@ pub(super) fn queue_from(doc: &Document) -> StoreResult<(Queue, Vec<String>)> {
         Some(Bson::String(s)) if s == "requeue" => OnOrphan::Requeue,
         Some(_) => return Err(f.malformed("on_orphan", "\"orphan\", \"requeue\" or null")),
     };
+    let (retry, activity_timeout) =
+        crate::model::queue_lifecycle(f.get("retry"), f.get("activity_timeout")).map_err(|(field, e)| {
+            StoreError::Malformed {
+                collection: "queues",
+                id: f.id_text(),
+                reason: format!("{e} (field `{field}`)"),
+            }
+        })?;
     let queue = Queue {
         id: f.object_id("_id")?,
         name: f.string("name")?,
@@ -355,6 +365,8 @@ pub(super) fn queue_from(doc: &Document) -> StoreResult<(Queue, Vec<String>)> {
         sort,
         sandbox,
         on_orphan,
+        retry,
+        activity_timeout,
     };
     Ok((queue, problems))
 }

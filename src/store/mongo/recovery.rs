@@ -13,10 +13,15 @@ use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
 use futures::TryStreamExt;
 
-use super::documents::{as_date, on_orphan_lenient};
+use super::documents::{as_date, as_int, on_orphan_lenient};
+use super::retries::retry_update;
 use super::{db_err, MongoStore};
-use crate::model::{status, OnOrphan};
+use crate::model::{status, OnOrphan, RetryPolicy};
+use crate::store::retries::{recover_as, Recover};
 use crate::store::{Recovery, StoreResult};
+
+/// A queue's recovery policy: `on_orphan`, and `retry` when it can be read.
+type Policy = (OnOrphan, Option<RetryPolicy>);
 
 /// Whether a task document carries a kill request.
 fn asked_to_kill(t: &Document) -> bool {
@@ -66,7 +71,7 @@ impl MongoStore {
         let candidates: Vec<Document> = self
             .tasks
             .find(filter)
-            .projection(doc! { "queue": 1, "status": 1, "node": 1, "mtime": 1, "stop.action": 1 })
+            .projection(doc! { "queue": 1, "status": 1, "node": 1, "mtime": 1, "stop.action": 1, "attempts": 1, "priority": 1 })
             .await
             .map_err(&err)?
             .try_collect()
@@ -89,19 +94,21 @@ impl MongoStore {
         Ok(recovery)
     }
 
-    /// Each queue's `on_orphan` policy.
-    async fn orphan_policies(&self) -> StoreResult<HashMap<ObjectId, OnOrphan>> {
+    /// Each queue's `on_orphan` and `retry` policies (a `retry` that cannot be read is
+    /// left out, so its tasks are still recovered).
+    async fn orphan_policies(&self) -> StoreResult<HashMap<ObjectId, Policy>> {
         let err = db_err("recover orphans");
-        let mut policies: HashMap<ObjectId, OnOrphan> = HashMap::new();
+        let mut policies: HashMap<ObjectId, Policy> = HashMap::new();
         let mut cursor = self
             .queues
             .find(doc! {})
-            .projection(doc! { "on_orphan": 1 })
+            .projection(doc! { "on_orphan": 1, "retry": 1 })
             .await
             .map_err(&err)?;
         while let Some(q) = cursor.try_next().await.map_err(&err)? {
             if let Ok(id) = q.get_object_id("_id") {
-                policies.insert(id, on_orphan_lenient(&q));
+                let retry = q.get("retry").and_then(|r| RetryPolicy::from_bson(r).ok());
+                policies.insert(id, (on_orphan_lenient(&q), retry));
             }
         }
         Ok(policies)
@@ -111,7 +118,7 @@ impl MongoStore {
     async fn recover_candidates(
         &self,
         candidates: Vec<Document>,
-        policies: &HashMap<ObjectId, OnOrphan>,
+        policies: &HashMap<ObjectId, Policy>,
     ) -> StoreResult<Recovery> {
         let err = db_err("recover orphans");
         let mut recovery = Recovery::default();
@@ -127,21 +134,39 @@ impl MongoStore {
             };
             // Tasks of a queue that no longer exists are orphaned, and so are tasks someone
             // asked to kill: they must not run again.
-            let requeue = match t.get("queue") {
-                Some(Bson::ObjectId(q)) => policies.get(q) == Some(&OnOrphan::Requeue) && !asked_to_kill(&t),
-                _ => false,
+            let (on_orphan, retry) = match t.get("queue") {
+                Some(Bson::ObjectId(q)) => policies.get(q).cloned().unwrap_or_default(),
+                _ => Policy::default(),
             };
-            let update = if requeue {
-                doc! { "$set": { "status": status::QUEUED, "node": null, "mtime": now } }
-            } else {
-                doc! { "$set": { "status": status::ORPHANED, "mtime": now } }
+            let made = match t.get("attempts") {
+                Some(Bson::Array(a)) => a.len(),
+                _ => 0,
+            };
+            let priority = t.get("priority").and_then(as_int).unwrap_or(0);
+            let how = recover_as(
+                t.get_str("node").ok(),
+                asked_to_kill(&t),
+                on_orphan,
+                retry.as_ref(),
+                made,
+                priority,
+                now,
+            );
+            let update = match &how {
+                Recover::Requeue => doc! { "$set": { "status": status::QUEUED, "node": null, "mtime": now } },
+                Recover::Retry(r) => retry_update(r, now),
+                Recover::Orphan(None) => doc! { "$set": { "status": status::ORPHANED, "mtime": now } },
+                Recover::Orphan(Some(a)) => doc! {
+                    "$set": { "status": status::ORPHANED, "mtime": now },
+                    "$push": { "attempts": a.to_document() },
+                },
             };
             let result = self.tasks.update_one(fence, update).await.map_err(&err)?;
             if result.modified_count == 1 {
-                if requeue {
-                    recovery.requeued.push(id);
-                } else {
-                    recovery.orphaned.push(id);
+                match how {
+                    Recover::Requeue => recovery.requeued.push(id),
+                    Recover::Retry(_) => recovery.retried.push(id),
+                    Recover::Orphan(_) => recovery.orphaned.push(id),
                 }
             }
         }

@@ -19,6 +19,9 @@ const ADDED_COLUMNS: &[(&str, &str)] = &[
     ("stop", "BLOB"),
     ("progress", "BLOB"),
     ("priority", "INTEGER NOT NULL DEFAULT 0"),
+    ("attempts", "BLOB"),
+    ("avoid_node", "TEXT"),
+    ("avoid_until", "INTEGER"),
 ];
 
 /// Adds the columns a database file created by an earlier release lacks, and their index.

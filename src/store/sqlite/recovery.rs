@@ -7,12 +7,21 @@ use bson::oid::ObjectId;
 use bson::DateTime;
 use rusqlite::{params, Transaction};
 
+use super::retries::{appended, read_attempts, write_retry};
 use super::rows::{db_err, on_orphan_lenient, read_bson};
-use crate::model::{status, OnOrphan};
+use crate::model::{status, OnOrphan, RetryPolicy};
+use crate::store::retries::{recover_as, Recover};
 use crate::store::{Recovery, StoreResult};
 
-/// Each queue's `on_orphan` policy, by queue id in hex.
-fn orphan_policies(tx: &Transaction<'_>) -> StoreResult<HashMap<String, OnOrphan>> {
+/// A queue's recovery policy: `on_orphan`, and `retry` when it can be read.
+type Policy = (OnOrphan, Option<RetryPolicy>);
+
+/// A task to recover: id, queue, node, whether someone asked to kill it, its `attempts`
+/// column and priority.
+type Candidate = (String, String, Option<String>, bool, Option<Vec<u8>>, i64);
+
+/// Each queue's policies, by queue id in hex.
+fn orphan_policies(tx: &Transaction<'_>) -> StoreResult<HashMap<String, Policy>> {
     let err = db_err("recover orphans");
     let mut policies = HashMap::new();
     let mut stmt = tx.prepare("SELECT id, doc FROM queues").map_err(&err)?;
@@ -22,40 +31,52 @@ fn orphan_policies(tx: &Transaction<'_>) -> StoreResult<HashMap<String, OnOrphan
     for row in rows {
         let (id, bytes) = row.map_err(&err)?;
         let policy = read_bson("queues", &id, &bytes)
-            .map(|d| on_orphan_lenient(&d))
+            .map(|d| {
+                let retry = d.get("retry").and_then(|r| RetryPolicy::from_bson(r).ok());
+                (on_orphan_lenient(&d), retry)
+            })
             .unwrap_or_default();
         policies.insert(id, policy);
     }
     Ok(policies)
 }
 
-/// Orphans or requeues the tasks `(id, queue)` (the caller's transaction has read them).
-fn recover_tasks(tx: &Transaction<'_>, candidates: Vec<(String, String)>) -> StoreResult<Recovery> {
+/// Orphans, requeues or retries the tasks found (the caller's transaction has read them).
+fn recover_tasks(tx: &Transaction<'_>, candidates: Vec<Candidate>) -> StoreResult<Recovery> {
     let err = db_err("recover orphans");
     let policies = orphan_policies(tx)?;
-    let now = DateTime::now().timestamp_millis();
+    let now = DateTime::now();
     let mut recovery = Recovery::default();
-    for (id, queue) in candidates {
+    for (id, queue, node, kill, attempts, priority) in candidates {
         let Ok(oid) = ObjectId::parse_str(&id) else { continue };
         // Tasks of a queue that no longer exists are orphaned, and so are tasks someone
         // asked to kill: they must not run again.
-        let requeued = policies.get(&queue) == Some(&OnOrphan::Requeue)
-            && tx
-                .execute(
-                    "UPDATE tasks SET status = ?1, node = NULL, mtime = ?2 WHERE id = ?3 AND stop IS NULL",
-                    params![status::QUEUED, now, id],
+        let (on_orphan, retry) = policies.get(&queue).cloned().unwrap_or_default();
+        let made = read_attempts(&id, attempts.as_deref()).len();
+        let how = recover_as(node.as_deref(), kill, on_orphan, retry.as_ref(), made, priority, now);
+        let millis = now.timestamp_millis();
+        match how {
+            Recover::Requeue => {
+                tx.execute(
+                    "UPDATE tasks SET status = ?1, node = NULL, mtime = ?2 WHERE id = ?3",
+                    params![status::QUEUED, millis, id],
                 )
-                .map_err(&err)?
-                == 1;
-        if requeued {
-            recovery.requeued.push(oid);
-        } else {
-            tx.execute(
-                "UPDATE tasks SET status = ?1, mtime = ?2 WHERE id = ?3",
-                params![status::ORPHANED, now, id],
-            )
-            .map_err(&err)?;
-            recovery.orphaned.push(oid);
+                .map_err(&err)?;
+                recovery.requeued.push(oid);
+            }
+            Recover::Retry(r) => {
+                write_retry(tx, &id, "?2 = ?3", (&1, &1), &r, now)?;
+                recovery.retried.push(oid);
+            }
+            Recover::Orphan(record) => {
+                let attempts = record.map(|a| appended(tx, &id, &a)).transpose()?;
+                tx.execute(
+                    "UPDATE tasks SET status = ?1, mtime = ?2, attempts = COALESCE(?4, attempts) WHERE id = ?3",
+                    params![status::ORPHANED, millis, id, attempts],
+                )
+                .map_err(&err)?;
+                recovery.orphaned.push(oid);
+            }
         }
     }
     Ok(recovery)
@@ -66,13 +87,23 @@ fn candidates(
     tx: &Transaction<'_>,
     condition: &str,
     params: impl rusqlite::Params,
-) -> StoreResult<Vec<(String, String)>> {
+) -> StoreResult<Vec<Candidate>> {
     let err = db_err("recover orphans");
     let mut stmt = tx
-        .prepare(&format!("SELECT id, queue FROM tasks WHERE {condition}"))
+        .prepare(&format!(
+            "SELECT id, queue, node, stop, attempts, priority FROM tasks WHERE {condition}"
+        ))
         .map_err(&err)?;
     let rows = stmt
-        .query_map(params, |r| Ok((r.get(0)?, r.get(1)?)))
+        .query_map(params, |r| {
+            let stop: Option<Vec<u8>> = r.get(3)?;
+            let id: String = r.get(0)?;
+            let kill = stop.is_some_and(|b| {
+                read_bson("tasks", &id, &b).ok().and_then(|d| d.get_str("action").ok().map(str::to_owned))
+                    == Some("kill".to_owned())
+            });
+            Ok((id, r.get(1)?, r.get(2)?, kill, r.get(4)?, r.get(5)?))
+        })
         .map_err(&err)?
         .collect::<Result<Vec<_>, _>>()
         .map_err(&err)?;

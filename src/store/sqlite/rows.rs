@@ -15,7 +15,7 @@ use crate::store::{OutputValue, StoreError, StoreResult};
 
 /// The columns of a task row, in the order [`task_from_row`] reads them.
 pub(super) const TASK_COLUMNS: &str =
-    "id, queue, ctime, mtime, node, status, params, stdout, stdout_file, stderr, stderr_file, run_at, stop, progress, priority";
+    "id, queue, ctime, mtime, node, status, params, stdout, stdout_file, stderr, stderr_file, run_at, stop, progress, priority, attempts";
 
 /// Largest integer a Double represents exactly (2^53).
 const MAX_EXACT_DOUBLE: f64 = 9_007_199_254_740_992.0;
@@ -111,6 +111,7 @@ pub(super) fn task_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(String, 
     let stop: Option<Vec<u8>> = r.get(12)?;
     let progress: Option<Vec<u8>> = r.get(13)?;
     let priority: i64 = r.get(14)?;
+    let attempts: Option<Vec<u8>> = r.get(15)?;
     let malformed = |reason: String| StoreError::Malformed {
         collection: "tasks",
         id: id.clone(),
@@ -148,6 +149,7 @@ pub(super) fn task_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(String, 
             progress: progress
                 .and_then(|b| read_bson("tasks", &id, &b).ok())
                 .map(|d| crate::model::TaskProgress::from_document(&d)),
+            attempts: super::retries::read_attempts(&id, attempts.as_deref()),
         })
     })();
     Ok((id.clone(), task))
@@ -206,6 +208,14 @@ pub(super) fn queue_from(d: &Document) -> StoreResult<(Queue, Vec<String>)> {
         Some(Bson::String(s)) if s == "requeue" => OnOrphan::Requeue,
         Some(_) => return Err(malformed(d, "on_orphan", "\"orphan\", \"requeue\" or null")),
     };
+    let (retry, activity_timeout) =
+        crate::model::queue_lifecycle(get(d, "retry"), get(d, "activity_timeout")).map_err(|(field, e)| {
+            let mut err = malformed(d, field, "valid");
+            if let StoreError::Malformed { reason, .. } = &mut err {
+                *reason = e;
+            }
+            err
+        })?;
     let string = |field: &str| match get(d, field) {
         Some(Bson::String(s)) => Ok(s.clone()),
         _ => Err(malformed(d, field, "a string")),
@@ -229,6 +239,8 @@ pub(super) fn queue_from(d: &Document) -> StoreResult<(Queue, Vec<String>)> {
         sort,
         sandbox,
         on_orphan,
+        retry,
+        activity_timeout,
     };
     Ok((queue, problems))
 }

@@ -1,0 +1,59 @@
+//! `POST /tasks/{id}/retry`: queues a finished task again by hand. Its last run (status,
+//! node, end time, outputs) becomes a record in its `attempts` list, with who asked and
+//! why as the record's `reason`.
+
+use axum::extract::State;
+use axum::Json;
+use serde_json::Value;
+
+use super::body::{kind, JsonBody, PathKey};
+use super::json::{self, TaskView};
+use super::{ApiError, Shared};
+use crate::model::status;
+use crate::store::HandRetry;
+
+/// Longest `reason` or `by` kept.
+const MAX_NOTE: usize = 1000;
+
+/// `POST /tasks/{id}/retry {reason?, by?}`.
+pub(super) async fn retry(
+    State(state): State<Shared>,
+    PathKey(id): PathKey,
+    JsonBody(body): JsonBody,
+) -> Result<Json<Value>, ApiError> {
+    let oid = bson::oid::ObjectId::parse_str(&id).map_err(|_| ApiError::bad(format!("invalid task id {id:?}")))?;
+    if let Some(k) = body.keys().find(|k| !["reason", "by"].contains(&k.as_str())) {
+        return Err(ApiError::bad(format!("unknown field {k:?}: expected reason, by")));
+    }
+    let text = |k: &str| match body.get(k) {
+        None | Some(Value::Null) => Ok(String::new()),
+        Some(Value::String(s)) if s.len() <= MAX_NOTE => Ok(s.clone()),
+        Some(Value::String(_)) => Err(ApiError::bad(format!("field {k:?} is longer than {MAX_NOTE} bytes"))),
+        Some(other) => Err(ApiError::bad(format!("field {k:?} must be a string, got {}", kind(other)))),
+    };
+    let (by, why) = (text("by")?, text("reason")?);
+    let mut reason = format!("retried by hand by {}", if by.is_empty() { "api" } else { &by });
+    if !why.is_empty() {
+        reason = format!("{reason}: {why}");
+    }
+    match state.store.retry_by_hand(oid, &reason).await? {
+        HandRetry::Queued => {}
+        HandRetry::NotFound => return Err(ApiError::NotFound(format!("no task {id}"))),
+        HandRetry::NotFinished(code) => {
+            let hint = match code {
+                status::CLAIMED | status::RUNNING => "; kill stops a running task",
+                _ => "; it has not run yet",
+            };
+            return Err(ApiError::Conflict(format!(
+                "task {id} is {} ({code}): only a finished task can be retried{hint}",
+                status::name(code)
+            )));
+        }
+    }
+    let task = state
+        .store
+        .task(oid)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("no task {id}")))?;
+    Ok(Json(json::task(&task, &TaskView::default())))
+}

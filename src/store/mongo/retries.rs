@@ -1,0 +1,106 @@
+//! Retries on MongoDB: a failed run waiting to run again, and a finished task queued again
+//! by hand. Each is one fenced `updateOne` that appends the run's record to `attempts`.
+
+use bson::oid::ObjectId;
+use bson::{doc, Bson, DateTime, Document};
+
+use super::documents::task_from;
+use super::{db_err, MongoStore};
+use crate::model::{kept_output, status, Attempt, Output, RetryAt};
+use crate::store::retries::{finished, Recover};
+use crate::store::{HandRetry, StoreResult};
+
+/// The update that sends a task back to wait for its retry.
+pub(super) fn retry_update(retry: &RetryAt, now: DateTime) -> Document {
+    doc! {
+        "$set": {
+            "status": Recover::retry_status(retry, now),
+            "node": Bson::Null,
+            "run_at": retry.run_at,
+            "priority": retry.priority,
+            "avoid_node": &retry.avoid_node,
+            "avoid_until": retry.avoid_until,
+            "stdout": Bson::Null,
+            "stderr": Bson::Null,
+            "mtime": now,
+        },
+        "$unset": { "progress": "", "stop": "" },
+        "$push": { "attempts": retry.attempt.to_document() },
+    }
+}
+
+impl MongoStore {
+    /// [`Store::retry_later`](crate::store::Store::retry_later).
+    pub(super) async fn retry_run(&self, task: ObjectId, node: &str, retry: &RetryAt) -> StoreResult<bool> {
+        let result = self
+            .tasks
+            .update_one(
+                doc! { "_id": task, "node": node, "status": status::RUNNING },
+                retry_update(retry, DateTime::now()),
+            )
+            .await
+            .map_err(db_err("retry task"))?;
+        Ok(result.matched_count == 1)
+    }
+
+    /// [`Store::retry_by_hand`](crate::store::Store::retry_by_hand).
+    pub(super) async fn retry_finished(&self, task: ObjectId, reason: &str) -> StoreResult<HandRetry> {
+        let err = db_err("retry task");
+        let Some(raw) = self.tasks.find_one(doc! { "_id": task }).await.map_err(&err)? else {
+            return Ok(HandRetry::NotFound);
+        };
+        let t = task_from(&raw)?;
+        if !finished(t.status) {
+            return Ok(HandRetry::NotFinished(t.status));
+        }
+        let kept = |o: &Option<Output>| match o {
+            Some(Output::Inline(s)) => kept_output(s),
+            other => other.clone(),
+        };
+        let attempt = Attempt {
+            node: t.node.clone(),
+            started: None,
+            ended: t.mtime,
+            status: t.status,
+            reason: reason.to_owned(),
+            stdout: kept(&t.stdout),
+            stderr: kept(&t.stderr),
+        };
+        let now = DateTime::now();
+        // Fenced on the values as stored (a Disbatch 4 tool may have written them as a
+        // string and an epoch number).
+        let stored = |k: &str| raw.get(k).cloned().unwrap_or(Bson::Null);
+        let result = self
+            .tasks
+            .update_one(
+                doc! { "_id": task, "status": stored("status"), "mtime": stored("mtime") },
+                doc! {
+                    "$set": {
+                        "status": status::QUEUED,
+                        "node": Bson::Null,
+                        "stdout": Bson::Null,
+                        "stderr": Bson::Null,
+                        "mtime": now,
+                    },
+                    "$unset": { "progress": "", "stop": "", "avoid_node": "", "avoid_until": "" },
+                    "$push": { "attempts": attempt.to_document() },
+                },
+            )
+            .await
+            .map_err(&err)?;
+        if result.matched_count == 1 {
+            return Ok(HandRetry::Queued);
+        }
+        // Changed meanwhile (another retry won): say what it is now.
+        let now_status = self
+            .tasks
+            .find_one(doc! { "_id": task })
+            .await
+            .map_err(&err)?
+            .and_then(|d| d.get_i32("status").ok());
+        Ok(match now_status {
+            None => HandRetry::NotFound,
+            Some(s) => HandRetry::NotFinished(s),
+        })
+    }
+}
