@@ -22,11 +22,12 @@ mod body;
 mod create;
 mod error;
 mod json;
+mod keys;
 mod lifecycle;
-mod retry;
 mod nodes;
 mod openapi;
 mod queues;
+mod retry;
 mod source;
 mod status;
 mod tasks;
@@ -127,6 +128,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/tasks/{id}"),
     ("POST", "/tasks/{id}/cancel"),
     ("POST", "/tasks/{id}/kill"),
+    ("POST", "/tasks/{id}/retry"),
     ("GET", "/tasks/{id}/stdout"),
     ("GET", "/tasks/{id}/stderr"),
     ("GET", "/monitoring"),

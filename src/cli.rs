@@ -171,6 +171,14 @@ pub enum Command {
         /// Claim priority within the queue: higher first (default 0).
         #[arg(long, allow_hyphen_values = true)]
         priority: Option<i64>,
+        /// A key unique within the queue: when it is taken, the task that has it is the
+        /// answer and nothing is created.
+        #[arg(long)]
+        key: Option<String>,
+        /// With `--key`: submit the task that has the key again (new params if it waits or
+        /// has finished, once more after its run if it is running).
+        #[arg(long, requires = "key")]
+        resubmit: bool,
         /// Queue id or name.
         queue: String,
         /// Pairs of param name and value.
@@ -266,11 +274,16 @@ pub async fn run(cli: &Cli) -> Result<(), CliError> {
         Command::CreateTask {
             run_at,
             priority,
+            key,
+            resubmit,
             queue,
             pairs,
         } => {
             let params = task_params(pairs)?;
-            let mut body = json!({"queue": queue, "params": [params]});
+            let mut body = match key {
+                Some(k) => json!({"queue": queue, "tasks": [{"params": params, "key": k}], "resubmit": resubmit}),
+                None => json!({"queue": queue, "params": [params]}),
+            };
             if let Some(p) = priority {
                 body["priority"] = json!(p);
             }
@@ -401,7 +414,20 @@ fn lines(v: &Value) -> String {
 
 fn created(v: &Value) -> String {
     let ids = v["ids"].as_array().map(Vec::len).unwrap_or(0);
-    let mut s = format!("created {} tasks\n", cell(&v["count"]));
+    // With keys, `created` counts the new tasks; the others were already there.
+    let mut s = match v.get("created") {
+        Some(n) => {
+            let count = |k: &str| v[k].as_array().map(Vec::len).unwrap_or(0);
+            let mut line = format!("created {} tasks", cell(n));
+            for (k, what) in [("existing", "already there"), ("resubmitted", "submitted again")] {
+                if count(k) > 0 {
+                    line.push_str(&format!(", {} {what}", count(k)));
+                }
+            }
+            line + "\n"
+        }
+        None => format!("created {} tasks\n", cell(&v["count"])),
+    };
     if ids == 1 {
         s.push_str(&format!("{}\n", cell(&v["ids"][0])));
     }

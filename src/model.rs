@@ -16,7 +16,9 @@ use crate::runner::Sandbox;
 mod lifecycle;
 mod retry;
 pub use self::lifecycle::{StopAction, StopRequest, TaskProgress};
-pub use self::retry::{activity_timeout_from, kept_output, queue_lifecycle, Attempt, RetryAt, RetryOn, RetryPolicy, PREFER_OTHER_NODE};
+pub use self::retry::{
+    activity_timeout_from, kept_output, queue_lifecycle, Attempt, RetryAt, RetryOn, RetryPolicy, PREFER_OTHER_NODE,
+};
 
 /// Task status codes of the Disbatch 4 spec.
 pub mod status {
@@ -213,7 +215,9 @@ pub(crate) mod opt_duration {
             Some(Raw::Secs(s)) if s > 0.0 => Duration::try_from_secs_f64(s)
                 .map(Some)
                 .map_err(|_| serde::de::Error::custom(format!("{s} s is too large"))),
-            Some(Raw::Secs(s)) => Err(serde::de::Error::custom(format!("a duration must be positive, got {s}"))),
+            Some(Raw::Secs(s)) => Err(serde::de::Error::custom(format!(
+                "a duration must be positive, got {s}"
+            ))),
             Some(Raw::Text(t)) => humantime::parse_duration(&t)
                 .map(Some)
                 .map_err(|e| serde::de::Error::custom(format!("invalid duration {t:?}: {e}"))),
@@ -438,6 +442,10 @@ pub struct Task {
     pub progress: Option<TaskProgress>,
     /// Its earlier runs, oldest first (`attempts`); empty for a task run at most once.
     pub attempts: Vec<Attempt>,
+    /// Its key, unique within its queue (`key`), when it was created with one.
+    pub key: Option<String>,
+    /// Set when it was submitted again while it ran: it runs once more when this run ends.
+    pub rerun: bool,
 }
 
 impl Task {

@@ -9,10 +9,12 @@
 //! suite (`tests/store_shared.rs`) holds both to the same behaviour.
 
 pub mod gridfs;
+pub mod keys;
 pub mod mongo;
 mod retries;
 pub mod sqlite;
 
+pub use self::keys::Keyed;
 pub use self::retries::{FinishExtra, HandRetry};
 
 use std::collections::BTreeMap;
@@ -22,9 +24,7 @@ use async_trait::async_trait;
 use bson::oid::ObjectId;
 use bson::{DateTime, Document};
 
-use crate::model::{
-    Node, NodeProcess, NodeStats, Output, Queue, RetryAt, Sort, StopRequest, Task, UnreadableQueue,
-};
+use crate::model::{Node, NodeProcess, NodeStats, Output, Queue, RetryAt, Sort, StopRequest, Task, UnreadableQueue};
 
 /// Errors of a store operation.
 #[derive(Debug, thiserror::Error)]
@@ -146,6 +146,8 @@ pub struct TaskFilter {
     pub status: Option<Vec<i32>>,
     /// Only this node (`Some(None)` = unclaimed).
     pub node: Option<Option<String>>,
+    /// Only the task with this key.
+    pub key: Option<String>,
 }
 
 /// The stderr of a task that was asked to be killed while its DEN shut down
@@ -165,6 +167,8 @@ pub struct NewTask {
     pub run_at: Option<DateTime>,
     /// Claim priority within the queue: higher first (0 when not given).
     pub priority: i64,
+    /// A key unique within the queue ([`Store::insert_keyed`]).
+    pub key: Option<String>,
 }
 
 impl NewTask {
@@ -175,6 +179,7 @@ impl NewTask {
             params,
             run_at: None,
             priority: 0,
+            key: None,
         }
     }
 
@@ -359,7 +364,9 @@ pub trait Store: Send + Sync + 'static {
             .await
     }
     /// [`Store::finish`], also storing the plugin's last progress report and appending the
-    /// run's record to `attempts` in the same update.
+    /// run's record to `attempts` in the same update. A task marked to run again
+    /// ([`Store::request_rerun`]) is queued again instead (-2, node null, outputs cleared),
+    /// with the run's record — its outputs as a file or the end of the text — appended.
     async fn finish_with(
         &self,
         task: ObjectId,
@@ -382,10 +389,34 @@ pub trait Store: Send + Sync + 'static {
     /// 4 KiB), and it is queued (-2, node null) with its outputs, progress and stop
     /// request cleared. Fenced on the status and mtime read, so of two concurrent retries
     /// one wins.
-    async fn retry_by_hand(&self, task: ObjectId, reason: &str) -> StoreResult<HandRetry>;
+    ///
+    /// With `replace`, the task also takes its params, priority and `run_at` (waiting as
+    /// scheduled when that is still to come): a finished task submitted again by key.
+    async fn retry_by_hand(&self, task: ObjectId, reason: &str, replace: Option<&NewTask>) -> StoreResult<HandRetry>;
+    /// Inserts one task with a key ([`NewTask::key`]) unique within its queue. When the
+    /// key is taken, answers the task that has it, or with `resubmit` submits that task
+    /// again: one still waiting (queued or scheduled, unclaimed) takes the new params,
+    /// priority and `run_at`; a claimed or running one is marked to run once more when
+    /// this run ends ([`Store::request_rerun`]); a finished one is queued again with the
+    /// new params ([`Store::retry_by_hand`]); a held one is left as it is.
+    async fn insert_keyed(&self, queue: ObjectId, task: NewTask, resubmit: bool) -> StoreResult<Keyed> {
+        keys::insert_keyed(self, queue, task, resubmit).await
+    }
+    /// Gives a waiting task (`status` queued or scheduled, unclaimed) `task`'s params,
+    /// priority and `run_at`, and the status they mean now. False when it changed meanwhile.
+    async fn resubmit_waiting(&self, id: ObjectId, status: i32, task: &NewTask) -> StoreResult<bool>;
+    /// Marks a claimed or running task to run once more when its run ends (`rerun`):
+    /// [`Store::finish_with`] then queues it again, the run's record in `attempts`. False
+    /// when it is no longer claimed or running.
+    async fn request_rerun(&self, id: ObjectId) -> StoreResult<bool>;
     /// Stores a running task's latest progress (`progress`), fenced on `{_id, node,
     /// status: 0}`. Returns false when the task is no longer running on `node`.
-    async fn report_progress(&self, task: ObjectId, node: &str, progress: &crate::model::TaskProgress) -> StoreResult<bool>;
+    async fn report_progress(
+        &self,
+        task: ObjectId,
+        node: &str,
+        progress: &crate::model::TaskProgress,
+    ) -> StoreResult<bool>;
     /// Puts tasks of `node` that are claimed or running back in their queue (-2, node
     /// null), for a graceful shutdown. Returns the ids requeued. A task someone asked to
     /// kill is not put back: it ends failed (2) with [`KILLED_AT_SHUTDOWN`] as stderr.

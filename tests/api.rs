@@ -193,7 +193,14 @@ async fn tasks_from_params_search_and_read_back() {
     let one = get(&app, &format!("/tasks/{}", ids[0])).await;
     assert_eq!(one.status, StatusCode::OK);
     assert_eq!(one.json()["params"]["n"], 1);
-    assert_bad(&get(&app, "/tasks/not-an-id").await, "invalid task id");
+    // Not an id: looked up as a task key.
+    let r = get(&app, "/tasks/not-an-id").await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND, "{}", r.text);
+    assert!(
+        r.error().contains("no task with id or key \"not-an-id\""),
+        "{}",
+        r.error()
+    );
     assert_eq!(
         get(&app, "/tasks/0123456789abcdef01234567").await.status,
         StatusCode::NOT_FOUND

@@ -236,3 +236,177 @@ async fn cancel_and_kill_answer_by_the_tasks_state() {
     let counts = get(&app, "/queues/q").await.json();
     assert_eq!(counts["counts"]["-5"], 3, "{counts}");
 }
+
+#[tokio::test]
+async fn retry_policies_and_retries_by_hand() {
+    let (db, app) = setup("api_retry", |_| {}).await;
+    // A queue's policy is checked field by field and read back as given.
+    let r = post(
+        &app,
+        "/queues",
+        json!({"name": "r", "plugin": "demo", "threads": 0, "activity_timeout": "5m",
+               "retry": {"attempts": 4, "backoff": "2s", "exponential": true, "max_backoff": "1m",
+                         "jitter": true, "on": ["trap", "orphaned"], "lower_priority": 1}}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let q = get(&app, "/queues/r").await.json();
+    assert_eq!(q["retry"]["attempts"], 4, "{q}");
+    assert_eq!(q["retry"]["backoff"], "2s");
+    assert_eq!(q["retry"]["on"], json!(["trap", "orphaned"]));
+    assert_eq!(q["activity_timeout"], "5m");
+    for (body, names) in [
+        (json!({"retry": {"attempts": 0}}), "retry.attempts"),
+        (json!({"retry": {"attempts": 2, "on": ["sometimes"]}}), "sometimes"),
+        (json!({"retry": {"attempts": 2, "tries": 3}}), "tries"),
+        (json!({"retry": 3}), "retry"),
+        (json!({"activity_timeout": "soon"}), "activity_timeout"),
+        (json!({"activity_timeout": -1}), "activity_timeout"),
+    ] {
+        assert_bad(&post(&app, "/queues/r", body.clone()).await, names);
+    }
+    let r = post(&app, "/queues/r", json!({"retry": null, "activity_timeout": null})).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let q = get(&app, "/queues/r").await.json();
+    assert!(q["retry"].is_null() && q["activity_timeout"].is_null(), "{q}");
+
+    // By hand: a finished task runs again, its last run kept; others are refused.
+    let r = post(&app, "/tasks", json!({"queue": "r", "params": [{}, {}]})).await;
+    let ids: Vec<String> = r.json()["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect();
+    let r = post(&app, &format!("/tasks/{}/retry", ids[0]), json!({})).await;
+    assert_eq!(r.status, StatusCode::CONFLICT);
+    assert!(r.error().contains("is queued (-2)"), "{}", r.error());
+    assert!(r.error().contains("only a finished task"), "{}", r.error());
+    let queue = db.store.queues().await.unwrap().remove(0);
+    let t = db.store.claim(&queue, "den-1").await.unwrap().unwrap().id;
+    assert!(db.store.start(t, "den-1").await.unwrap());
+    let r = post(&app, &format!("/tasks/{t}/retry"), json!({})).await;
+    assert_eq!(r.status, StatusCode::CONFLICT);
+    assert!(r.error().contains("kill stops a running task"), "{}", r.error());
+    let text = |s: &str| disbatch::store::OutputValue::Inline(s.into());
+    assert!(db
+        .store
+        .finish(t, "den-1", 2, text("half done"), text("disk full"))
+        .await
+        .unwrap());
+    let r = post(
+        &app,
+        &format!("/tasks/{t}/retry"),
+        json!({"by": "ann", "reason": "disk cleaned"}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let v = r.json();
+    assert_eq!((v["status"].as_i64(), v["node"].as_str()), (Some(-2), None), "{v}");
+    assert!(v["stdout"].is_null() && v["stderr"].is_null(), "{v}");
+    let a = &v["attempts"][0];
+    assert_eq!(
+        (a["status"].as_i64(), a["status_name"].as_str()),
+        (Some(2), Some("failed"))
+    );
+    assert_eq!(a["node"], "den-1");
+    assert_eq!(a["reason"], "retried by hand by ann: disk cleaned");
+    assert_eq!(
+        (a["stdout"].as_str(), a["stderr"].as_str()),
+        (Some("half done"), Some("disk full"))
+    );
+    assert_eq!(
+        post(&app, &format!("/tasks/{}/retry", ObjectId::new()), json!({}))
+            .await
+            .status,
+        StatusCode::NOT_FOUND
+    );
+    assert_bad(
+        &post(&app, &format!("/tasks/{t}/retry"), json!({"who": 1})).await,
+        "who",
+    );
+    // A cancelled task can be retried too.
+    let other = ids.iter().find(|i| **i != t.to_hex()).unwrap();
+    post(&app, &format!("/tasks/{other}/cancel"), json!({})).await;
+    let r = post(&app, &format!("/tasks/{other}/retry"), json!({})).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert!(r.json().get("stop").is_none(), "the cancel is cleared: {}", r.text);
+    assert_eq!(r.json()["attempts"][0]["status_name"], "cancelled");
+}
+
+#[tokio::test]
+async fn keys_make_submission_safe_to_repeat() {
+    let (_db, app) = setup("api_keys", |_| {}).await;
+    queue(&app, "k").await;
+    queue(&app, "k2").await;
+    let body = json!({"queue": "k", "tasks": [
+        {"params": {"n": 1}, "key": "order-1"},
+        {"params": {"n": 2}},
+        {"params": {"n": 3}, "key": "order-1"},
+    ]});
+    let r = post(&app, "/tasks", body.clone()).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let first = r.json();
+    assert_eq!(first["created"], 2, "{first}");
+    let id = first["ids"][0].as_str().unwrap().to_string();
+    assert_eq!(first["ids"][2], id.as_str(), "the same key in one request is one task");
+    assert_eq!(first["existing"], json!([id]));
+    // The same request again (a client retrying after a lost reply): nothing new keyed.
+    let again = post(&app, "/tasks", body).await.json();
+    assert_eq!(again["ids"][0], id.as_str());
+    assert_eq!(again["created"], 1, "only the keyless task is new: {again}");
+    // GET by key, and the key's task shows its key.
+    let t = get(&app, "/tasks/order-1").await.json();
+    assert_eq!(
+        (t["id"].as_str(), t["key"].as_str()),
+        (Some(id.as_str()), Some("order-1"))
+    );
+    assert_eq!(t["params"]["n"], 1);
+    assert_eq!(get(&app, "/tasks/order-9").await.status, StatusCode::NOT_FOUND);
+    // resubmit: the waiting task takes the new params.
+    let r = post(
+        &app,
+        "/tasks",
+        json!({"queue": "k", "resubmit": true, "tasks": [{"params": {"n": 7}, "key": "order-1"}]}),
+    )
+    .await;
+    assert_eq!(r.json()["resubmitted"], json!([id]), "{}", r.text);
+    assert_eq!(get(&app, "/tasks/order-1").await.json()["params"]["n"], 7);
+    // A key used in two queues needs the queue to be named.
+    post(&app, "/tasks", json!({"queue": "k2", "tasks": [{"key": "order-1"}]})).await;
+    let r = get(&app, "/tasks/order-1").await;
+    assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.text);
+    assert!(r.error().contains("?queue="), "{}", r.error());
+    let q = get(&app, "/queues/k").await.json();
+    let qid = q["id"].as_str().unwrap();
+    assert_eq!(
+        get(&app, &format!("/tasks/order-1?queue={qid}")).await.json()["id"],
+        id.as_str()
+    );
+    // Bad keys and options name the field.
+    assert_bad(
+        &post(&app, "/tasks", json!({"queue": "k", "tasks": [{"key": 5}]})).await,
+        "tasks[0].key",
+    );
+    assert_bad(
+        &post(&app, "/tasks", json!({"queue": "k", "tasks": [{"key": ""}]})).await,
+        "tasks[0].key",
+    );
+    assert_bad(
+        &post(
+            &app,
+            "/tasks",
+            json!({"queue": "k", "tasks": [{"key": "x".repeat(1001)}]}),
+        )
+        .await,
+        "tasks[0].key",
+    );
+    assert_bad(
+        &post(&app, "/tasks", json!({"queue": "k", "resubmit": "yes", "tasks": []})).await,
+        "resubmit",
+    );
+    assert_bad(
+        &post(&app, "/tasks", json!({"queue": "k", "resubmit": true, "params": [{}]})).await,
+        "resubmit",
+    );
+}

@@ -216,4 +216,35 @@ async fn schedule_cancel_and_kill_through_the_cli() {
     assert_eq!(web.ok(&["kill", "--queue", "jobs"]), "asked to kill 0 tasks\n");
     let out = web.run_with(&["cancel"], None, &[]);
     assert!(!out.status.success(), "ids or --queue are required");
+
+    // A finished (here cancelled) task runs again by hand; `task` lists its earlier run.
+    let out = web.ok(&["retry", &later, "--by", "cy", "--reason", "needed after all"]);
+    assert_eq!(out, format!("{later} -2 (queued)\n"));
+    let shown = web.ok(&["task", &later]);
+    assert!(shown.contains("attempts    1\n"), "{shown}");
+    assert!(
+        shown.contains("  #1 -5 (cancelled) on - at ") && shown.contains(": retried by hand by cy: needed after all\n"),
+        "{shown}"
+    );
+    // A key makes create-task safe to repeat.
+    let one = web.ok(&["create-task", "--key", "nightly", "jobs", "n", "1"]);
+    let two = web.ok(&["create-task", "--key", "nightly", "jobs", "n", "2"]);
+    assert_eq!(
+        one.lines().last(),
+        two.lines().last(),
+        "the same task both times: {one} {two}"
+    );
+    assert!(two.starts_with("created 0 tasks, 1 already there\n"), "{two}");
+    let by_key = web.json(&["task", "nightly"]);
+    assert_eq!(by_key["params"]["n"], 1);
+    web.ok(&["create-task", "--key", "nightly", "--resubmit", "jobs", "n", "3"]);
+    assert_eq!(web.json(&["task", "nightly"])["params"]["n"], 3);
+
+    let out = web.run_with(&["retry", &later], None, &[]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("only a finished task can be retried"),
+        "{}",
+        stderr(&out)
+    );
 }

@@ -564,33 +564,34 @@ async fn bad_and_unknown_ids_in_every_path_that_takes_one() {
     let threads = json!({"threads": 3}).to_string();
     let maxthreads = json!({"maxthreads": 3}).to_string();
     let cases: Vec<(Method, String, Option<&str>, StatusCode, &str)> = vec![
+        // `GET /tasks/{id}` takes a task key where the text is not an id.
         (
             Method::GET,
             "/tasks/zzz".into(),
             None,
-            StatusCode::BAD_REQUEST,
-            "invalid task id \"zzz\"",
+            StatusCode::NOT_FOUND,
+            "no task with id or key \"zzz\"",
         ),
         (
             Method::GET,
             format!("/tasks/{}", &HEX_NOT_FOUND[..23]),
             None,
-            StatusCode::BAD_REQUEST,
-            "invalid task id",
+            StatusCode::NOT_FOUND,
+            "no task with id or key",
         ),
         (
             Method::GET,
             format!("/tasks/{HEX_NOT_FOUND}0"),
             None,
-            StatusCode::BAD_REQUEST,
-            "invalid task id",
+            StatusCode::NOT_FOUND,
+            "no task with id or key",
         ),
         (
             Method::GET,
             "/tasks/%00".into(),
             None,
-            StatusCode::BAD_REQUEST,
-            "invalid task id \"\\0\"",
+            StatusCode::NOT_FOUND,
+            "no task with id or key \"\\0\"",
         ),
         (Method::GET, "/tasks/%FF".into(), None, StatusCode::BAD_REQUEST, "`id`"),
         (

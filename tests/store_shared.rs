@@ -97,14 +97,16 @@ on_both_stores!(
     three_dens_hold_threads_and_maxthreads,
 );
 
+#[path = "store_shared/keys.rs"]
+mod keys;
 #[path = "store_shared/lifecycle.rs"]
 mod lifecycle;
 #[path = "store_shared/restarts.rs"]
 mod restarts;
-#[path = "store_shared/retries.rs"]
-mod retries;
 #[path = "store_shared/results.rs"]
 mod results;
+#[path = "store_shared/retries.rs"]
+mod retries;
 
 fn new_queue(name: &str, threads: Option<i64>, sort: Sort) -> NewQueue {
     NewQueue {

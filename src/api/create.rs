@@ -34,12 +34,38 @@ pub(super) const INSERT_BATCH: usize = 1000;
 /// failure after some tasks were created answers the error with them (see the module).
 pub(super) async fn create(State(state): State<Shared>, JsonBody(body): JsonBody) -> Result<Json<Value>, ApiError> {
     for k in body.keys() {
-        if !["queue", "params", "tasks", "run_at", "priority", "collection", "filter"].contains(&k.as_str()) {
+        if ![
+            "queue",
+            "params",
+            "tasks",
+            "run_at",
+            "priority",
+            "resubmit",
+            "collection",
+            "filter",
+        ]
+        .contains(&k.as_str())
+        {
             return Err(ApiError::bad(format!(
-                "unknown field {k:?}: expected queue and params (or tasks), optionally run_at and priority, and for \
-                 tasks from documents collection and filter"
+                "unknown field {k:?}: expected queue and params (or tasks), optionally run_at, priority and \
+                 resubmit, and for tasks from documents collection and filter"
             )));
         }
+    }
+    let resubmit = match body.get("resubmit") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(other) => {
+            return Err(ApiError::bad(format!(
+                "field \"resubmit\" must be true or false, got {}",
+                kind(other)
+            )))
+        }
+    };
+    if resubmit && !body.contains_key("tasks") {
+        return Err(ApiError::bad(
+            "field \"resubmit\" applies to tasks with a key: give them as \"tasks\": [{params, key}, …]",
+        ));
     }
     let now = bson::DateTime::now();
     let run_at = match body.get("run_at") {
@@ -57,7 +83,7 @@ pub(super) async fn create(State(state): State<Shared>, JsonBody(body): JsonBody
             .ok_or_else(|| ApiError::bad("field \"queue\" must be a queue id or name"))?,
         _ => return Err(ApiError::bad("field \"queue\" is required (a queue id or name)")),
     };
-    let mut each: Vec<(Option<bson::DateTime>, Option<i64>)> = Vec::new();
+    let mut each: Vec<(Option<bson::DateTime>, Option<i64>, Option<String>)> = Vec::new();
     let params = if body.contains_key("tasks") {
         if body.contains_key("params") || body.contains_key("collection") {
             return Err(ApiError::bad(
@@ -65,7 +91,7 @@ pub(super) async fn create(State(state): State<Shared>, JsonBody(body): JsonBody
             ));
         }
         let entries = super::lifecycle::task_entries(body.get("tasks"), now)?;
-        each = entries.iter().map(|e| (e.run_at, e.priority)).collect();
+        each = entries.iter().map(|e| (e.run_at, e.priority, e.key.clone())).collect();
         entries.into_iter().map(|e| e.params).collect()
     } else if body.contains_key("collection") {
         from_collection(&state, &body).await?
@@ -97,15 +123,21 @@ pub(super) async fn create(State(state): State<Shared>, JsonBody(body): JsonBody
         .into_iter()
         .enumerate()
         .map(|(i, params)| {
-            let (own_time, own_priority) = each.get(i).copied().unwrap_or_default();
+            let (own_time, own_priority, key) = each.get(i).cloned().unwrap_or_default();
             NewTask {
                 id: ObjectId::new(),
                 params,
                 run_at: own_time.or(run_at),
                 priority: own_priority.unwrap_or(priority),
+                key,
             }
         })
         .collect();
+    if rest.iter().any(|t| t.key.is_some()) {
+        return super::keys::create_keyed(&state, queue.id, rest, resubmit)
+            .await
+            .map(Json);
+    }
     let mut created = Vec::with_capacity(total);
     while !rest.is_empty() {
         let tail = rest.split_off(rest.len().min(INSERT_BATCH));

@@ -81,6 +81,12 @@ pub(super) fn task(t: &Task, view: &TaskView) -> Value {
             }),
         );
     }
+    if let Some(k) = &t.key {
+        m.insert("key".into(), json!(k));
+    }
+    if t.rerun {
+        m.insert("rerun".into(), json!(true));
+    }
     if !t.attempts.is_empty() {
         let list: Vec<Value> = t
             .attempts

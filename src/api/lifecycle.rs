@@ -63,7 +63,11 @@ pub(super) struct Entry {
     pub params: bson::Document,
     pub run_at: Option<DateTime>,
     pub priority: Option<i64>,
+    pub key: Option<String>,
 }
+
+/// Longest task `key`.
+pub const MAX_KEY: usize = 1000;
 
 /// A `priority`: an integer (of either sign).
 pub(super) fn priority(v: &Value) -> Result<i64, String> {
@@ -79,7 +83,7 @@ pub(super) fn priority(v: &Value) -> Result<i64, String> {
     })
 }
 
-/// The `tasks` list of `POST /tasks`: `[{params, run_at, priority}, …]`.
+/// The `tasks` list of `POST /tasks`: `[{params, run_at, priority, key}, …]`.
 pub(super) fn task_entries(v: Option<&Value>, now: DateTime) -> Result<Vec<Entry>, ApiError> {
     let list = match v {
         Some(Value::Array(a)) => a,
@@ -101,12 +105,26 @@ pub(super) fn task_entries(v: Option<&Value>, now: DateTime) -> Result<Vec<Entry
         };
         if let Some(k) = m
             .keys()
-            .find(|k| !["params", "run_at", "priority"].contains(&k.as_str()))
+            .find(|k| !["params", "run_at", "priority", "key"].contains(&k.as_str()))
         {
             return Err(ApiError::bad(format!(
-                "field \"tasks[{i}]\": unknown field {k:?}: expected params, run_at and priority"
+                "field \"tasks[{i}]\": unknown field {k:?}: expected params, run_at, priority and key"
             )));
         }
+        let key = match m.get("key") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(k)) if !k.is_empty() && k.len() <= MAX_KEY => Some(k.clone()),
+            Some(other) => {
+                return Err(ApiError::bad(format!(
+                    "field \"tasks[{i}].key\" must be a non-empty string of at most {MAX_KEY} bytes, got {}",
+                    if other.is_string() {
+                        "one too long or empty"
+                    } else {
+                        kind(other)
+                    }
+                )))
+            }
+        };
         let params = match m.get("params") {
             None | Some(Value::Null) => bson::Document::new(),
             Some(p) => {
@@ -125,6 +143,7 @@ pub(super) fn task_entries(v: Option<&Value>, now: DateTime) -> Result<Vec<Entry
             params,
             run_at,
             priority,
+            key,
         });
     }
     Ok(entries)

@@ -16,7 +16,7 @@ use crate::store::{NewQueue, QueueUpdate, StoreError};
 
 /// A queue found by `_id` or name: readable, or a document that cannot be read as a queue.
 pub(super) enum Found {
-    Queue(Queue),
+    Queue(Box<Queue>),
     Unreadable(UnreadableQueue),
 }
 
@@ -39,7 +39,7 @@ impl Found {
 /// The queue with this `_id` (hex) or name, readable or not.
 async fn find_any(state: &Shared, key: &str) -> Result<Found, ApiError> {
     if let Ok(q) = find(state, key).await {
-        return Ok(Found::Queue(q));
+        return Ok(Found::Queue(Box::new(q)));
     }
     let id = ObjectId::parse_str(key).ok();
     let unreadable = state.store.unreadable_queues().await?;
@@ -202,7 +202,8 @@ fn fields(state: &Shared, body: &Map<String, Value>) -> Result<Fields, ApiError>
                         MAX_DURATION.as_secs()
                     )));
                 }
-                f.extra.insert("activity_timeout", humantime::format_duration(d).to_string());
+                f.extra
+                    .insert("activity_timeout", humantime::format_duration(d).to_string());
             }
             other => {
                 return Err(ApiError::bad(format!(
@@ -329,7 +330,7 @@ pub(super) async fn update(
         extra: f.extra,
     };
     let changed = match state.store.update_queue(id, update).await {
-        Ok(changed) => changed.map(Found::Queue),
+        Ok(changed) => changed.map(|q| Found::Queue(Box::new(q))),
         // Changed, but still not readable (the change left the bad field as it was).
         Err(StoreError::Malformed { .. }) => {
             let unreadable = state.store.unreadable_queues().await?;

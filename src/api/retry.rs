@@ -29,14 +29,17 @@ pub(super) async fn retry(
         None | Some(Value::Null) => Ok(String::new()),
         Some(Value::String(s)) if s.len() <= MAX_NOTE => Ok(s.clone()),
         Some(Value::String(_)) => Err(ApiError::bad(format!("field {k:?} is longer than {MAX_NOTE} bytes"))),
-        Some(other) => Err(ApiError::bad(format!("field {k:?} must be a string, got {}", kind(other)))),
+        Some(other) => Err(ApiError::bad(format!(
+            "field {k:?} must be a string, got {}",
+            kind(other)
+        ))),
     };
     let (by, why) = (text("by")?, text("reason")?);
     let mut reason = format!("retried by hand by {}", if by.is_empty() { "api" } else { &by });
     if !why.is_empty() {
         reason = format!("{reason}: {why}");
     }
-    match state.store.retry_by_hand(oid, &reason).await? {
+    match state.store.retry_by_hand(oid, &reason, None).await? {
         HandRetry::Queued => {}
         HandRetry::NotFound => return Err(ApiError::NotFound(format!("no task {id}"))),
         HandRetry::NotFinished(code) => {

@@ -229,7 +229,11 @@ pub(super) async fn one(
     PathKey(id): PathKey,
     Query(q): Query<HashMap<String, String>>,
 ) -> Result<Json<Value>, ApiError> {
-    let task = find(&state, &id).await?;
+    let queue = match q.get("queue") {
+        None => None,
+        Some(v) => Some(ObjectId::parse_str(v).map_err(|_| ApiError::bad(format!("invalid queue id {v:?}")))?),
+    };
+    let task = super::keys::find(&state, &id, queue).await?;
     let view = TaskView {
         epoch: truthy(q.get("epoch")),
         fields: None,

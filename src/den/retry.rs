@@ -59,7 +59,11 @@ pub(super) fn next_run(
     };
     let made = u32::try_from(task.attempts.len()).unwrap_or(u32::MAX).saturating_add(1);
     let failed = status == status::FAILED;
-    let kind = if failed { kind_of(status, outcome.failure.as_ref()) } else { None };
+    let kind = if failed {
+        kind_of(status, outcome.failure.as_ref())
+    } else {
+        None
+    };
     if kind.is_some_and(|k| policy.retries(k, made)) {
         let attempt = record(node, status, outcome, kept_output(stdout), kept_output(stderr));
         let now = DateTime::now();
@@ -67,9 +71,9 @@ pub(super) fn next_run(
     }
     let note = match kind {
         _ if !failed => String::new(),
-        Some(k) if policy.on.contains(&k) => format!(
-            "\n[disbatch: failed after {made} attempts, all its queue's retry policy allows]\n"
-        ),
+        Some(k) if policy.on.contains(&k) => {
+            format!("\n[disbatch: failed after {made} attempts, all its queue's retry policy allows]\n")
+        }
         Some(k) => format!(
             "\n[disbatch: attempt {made} failed ({}), a failure its queue's retry policy does not retry]\n",
             k.as_str()
@@ -113,7 +117,10 @@ impl Den {
     /// failure is to be stored as the task's result instead.
     pub(super) async fn write_retry(&self, task: &Task, retry: &RetryAt) -> bool {
         let node = &self.settings.node;
-        match self.retry("retry task", || self.store.retry_later(task.id, node, retry)).await {
+        match self
+            .retry("retry task", || self.store.retry_later(task.id, node, retry))
+            .await
+        {
             Ok(true) => {
                 info!(
                     attempt = task.attempts.len() + 1,

@@ -133,11 +133,9 @@ impl Den {
                     outcome.failure = Some(Failure::Killed(stop.to_string()));
                 }
             }
-            Some(StopReason::Stuck) => {
-                if outcome.failure.is_some() {
-                    outcome.status = status::FAILED as u32;
-                    outcome.failure = queue.queue.activity_timeout.map(Failure::Stuck);
-                }
+            Some(StopReason::Stuck) if outcome.failure.is_some() => {
+                outcome.status = status::FAILED as u32;
+                outcome.failure = queue.queue.activity_timeout.map(Failure::Stuck);
             }
             _ => {}
         }
@@ -210,12 +208,8 @@ impl Den {
         });
         let reporting = self.report_progress(task_id, latest.clone());
         tokio::pin!(reporting);
-        let activity = super::progress::watch_activity(
-            queue.queue.activity_timeout,
-            latest.clone(),
-            control.clone(),
-            started,
-        );
+        let activity =
+            super::progress::watch_activity(queue.queue.activity_timeout, latest.clone(), control.clone(), started);
         tokio::pin!(activity);
         let stopped = async {
             control.cancelled().await;

@@ -198,12 +198,15 @@ impl RetryPolicy {
     }
 }
 
+/// A queue's retry policy and activity timeout.
+pub type QueueLifecycle = (Option<RetryPolicy>, Option<Duration>);
+
 /// A queue's `retry` and `activity_timeout` fields (absent or null: none), read the same
 /// way by every store; the error is `(field, what is wrong)`.
 pub fn queue_lifecycle(
     retry: Option<&Bson>,
     activity_timeout: Option<&Bson>,
-) -> Result<(Option<RetryPolicy>, Option<Duration>), (&'static str, String)> {
+) -> Result<QueueLifecycle, (&'static str, String)> {
     let retry = match retry {
         None | Some(Bson::Null) => None,
         Some(v) => Some(RetryPolicy::from_bson(v).map_err(|e| ("retry", e))?),
@@ -222,13 +225,16 @@ pub fn activity_timeout_from(v: &Bson) -> Result<Duration, String> {
         #[serde(with = "super::opt_duration")]
         v: Option<Duration>,
     }
-    let w: Wrapped = bson::from_document(bson::doc! {"v": v.clone()})
-        .map_err(|e| format!("field `activity_timeout`: {e}"))?;
+    let w: Wrapped =
+        bson::from_document(bson::doc! {"v": v.clone()}).map_err(|e| format!("field `activity_timeout`: {e}"))?;
     w.v.ok_or_else(|| "field `activity_timeout` must be a duration".to_owned())
 }
 
 fn add(t: DateTime, d: Duration) -> DateTime {
-    DateTime::from_millis(t.timestamp_millis().saturating_add(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)))
+    DateTime::from_millis(
+        t.timestamp_millis()
+            .saturating_add(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
+    )
 }
 
 /// One run of a task, kept in its `attempts` list.
@@ -342,7 +348,10 @@ mod tests {
             (serde_json::json!({"attempts": 2, "on": ["sometimes"]}), "sometimes"),
             (serde_json::json!({"attempts": 2, "backof": "1s"}), "backof"),
             (serde_json::json!({"attempts": 2, "backoff": "soon"}), "soon"),
-            (serde_json::json!({"attempts": 2, "lower_priority": -1}), "lower_priority"),
+            (
+                serde_json::json!({"attempts": 2, "lower_priority": -1}),
+                "lower_priority",
+            ),
         ] {
             let e = RetryPolicy::from_bson(&Bson::try_from(bad.clone()).unwrap()).unwrap_err();
             assert!(e.contains(names), "{bad}: {e}");
@@ -358,7 +367,9 @@ mod tests {
         assert_eq!(fixed.backoff(4), Duration::from_secs(3));
         let jittered = policy(serde_json::json!({"attempts": 9, "backoff": "4s", "jitter": true}));
         let seen: std::collections::BTreeSet<Duration> = (0..50).map(|_| jittered.backoff(1)).collect();
-        assert!(seen.iter().all(|d| (Duration::from_secs(2)..=Duration::from_secs(4)).contains(d)));
+        assert!(seen
+            .iter()
+            .all(|d| (Duration::from_secs(2)..=Duration::from_secs(4)).contains(d)));
         assert!(seen.len() > 1, "jitter varies the wait");
     }
 
@@ -377,7 +388,10 @@ mod tests {
         let Some(super::super::Output::Inline(kept)) = &a.stderr else {
             panic!("inline")
         };
-        assert!(kept.starts_with("[disbatch: the first 1904 bytes are not kept]\n"), "{kept}");
+        assert!(
+            kept.starts_with("[disbatch: the first 1904 bytes are not kept]\n"),
+            "{kept}"
+        );
         assert_eq!(Attempt::list_from(Some(&Bson::Array(vec![Bson::Int32(1)]))), vec![]);
     }
 }

@@ -47,8 +47,8 @@ use self::documents::{node_from, opt_int_bson, output_bson, task_filter_doc, tas
 use self::errors::{db_err, is_duplicate_key};
 use super::gridfs;
 use super::{
-    FinishExtra, HandRetry, NewQueue, NewTask, OutputStream, OutputValue, Page, QueueUpdate, Recovery, Slot, StatusCounts, Store, StoreError,
-    StoreResult, TaskFilter, TaskTarget,
+    FinishExtra, HandRetry, NewQueue, NewTask, OutputStream, OutputValue, Page, QueueUpdate, Recovery, Slot,
+    StatusCounts, Store, StoreError, StoreResult, TaskFilter, TaskTarget,
 };
 use crate::model::{
     status, Node, NodeProcess, NodeStats, Output, Queue, RetryAt, Sort, StopRequest, Task, TaskProgress,
@@ -168,6 +168,15 @@ impl Store for MongoStore {
                 plain(doc! { "status": 1, "mtime": 1 }),
                 plain(doc! { "queue": 1, "status": 1 }),
                 plain(doc! { "status": 1, "run_at": 1 }),
+                IndexModel::builder()
+                    .keys(doc! { "queue": 1, "key": 1 })
+                    .options(
+                        IndexOptions::builder()
+                            .unique(true)
+                            .partial_filter_expression(doc! { "key": { "$type": "string" } })
+                            .build(),
+                    )
+                    .build(),
             ])
             .await
             .map_err(&err)?;
@@ -501,9 +510,37 @@ impl Store for MongoStore {
         if let Some(a) = &extra.attempt {
             update.insert("$push", doc! { "attempts": a.to_document() });
         }
+        let fence = doc! { "_id": task, "node": node, "status": status::RUNNING };
+        let mut plain = fence.clone();
+        plain.insert("rerun", doc! { "$ne": true });
         let result = self
             .tasks
-            .update_one(doc! { "_id": task, "node": node, "status": status::RUNNING }, update)
+            .update_one(plain, update)
+            .await
+            .map_err(db_err("finish task"))?;
+        if result.matched_count == 1 {
+            return Ok(true);
+        }
+        // Submitted again while it ran: queued once more, this run kept in `attempts`.
+        let record = super::retries::rerun_record(node, status, &stdout, &stderr, extra);
+        let mut again = fence;
+        again.insert("rerun", true);
+        let result = self
+            .tasks
+            .update_one(
+                again,
+                doc! {
+                    "$set": {
+                        "status": status::QUEUED,
+                        "node": Bson::Null,
+                        "stdout": Bson::Null,
+                        "stderr": Bson::Null,
+                        "mtime": DateTime::now(),
+                    },
+                    "$unset": { "progress": "", "rerun": "" },
+                    "$push": { "attempts": record.to_document() },
+                },
+            )
             .await
             .map_err(db_err("finish task"))?;
         Ok(result.matched_count == 1)
@@ -569,6 +606,9 @@ impl Store for MongoStore {
             return Ok(());
         }
         let now = DateTime::now();
+        // A keyed task is inserted alone, so a duplicate key names it.
+        let keyed = tasks.len() == 1 && tasks[0].key.is_some();
+        let first_key = tasks[0].key.clone();
         let docs = tasks.into_iter().map(|t| {
             let mut d = doc! {
                 "_id": t.id,
@@ -585,10 +625,20 @@ impl Store for MongoStore {
             if let Some(at) = t.run_at {
                 d.insert("run_at", at);
             }
+            if let Some(k) = &t.key {
+                d.insert("key", k);
+            }
             d
         });
-        self.tasks.insert_many(docs).await.map_err(db_err("create tasks"))?;
-        Ok(())
+        let key = keyed.then(|| first_key.unwrap_or_default());
+        match self.tasks.insert_many(docs).await {
+            Ok(_) => Ok(()),
+            Err(e) if key.is_some() && is_duplicate_key(&e) => Err(StoreError::Duplicate {
+                what: "task key",
+                name: key.unwrap_or_default(),
+            }),
+            Err(e) => Err(db_err("create tasks")(e)),
+        }
     }
 
     async fn promote_due(&self, now: DateTime) -> StoreResult<u64> {
@@ -599,8 +649,35 @@ impl Store for MongoStore {
         self.retry_run(task, node, retry).await
     }
 
-    async fn retry_by_hand(&self, task: ObjectId, reason: &str) -> StoreResult<HandRetry> {
-        self.retry_finished(task, reason).await
+    async fn retry_by_hand(&self, task: ObjectId, reason: &str, replace: Option<&NewTask>) -> StoreResult<HandRetry> {
+        self.retry_finished(task, reason, replace).await
+    }
+
+    async fn resubmit_waiting(&self, id: ObjectId, status: i32, task: &NewTask) -> StoreResult<bool> {
+        let now = DateTime::now();
+        let mut set = retries::replaced_fields(task, now);
+        set.insert("mtime", now);
+        let result = self
+            .tasks
+            .update_one(
+                doc! { "_id": id, "status": status, "node": unclaimed() },
+                doc! { "$set": set },
+            )
+            .await
+            .map_err(db_err("submit a task again"))?;
+        Ok(result.matched_count == 1)
+    }
+
+    async fn request_rerun(&self, id: ObjectId) -> StoreResult<bool> {
+        let result = self
+            .tasks
+            .update_one(
+                doc! { "_id": id, "status": { "$in": [status::CLAIMED, status::RUNNING] } },
+                doc! { "$set": { "rerun": true } },
+            )
+            .await
+            .map_err(db_err("submit a running task again"))?;
+        Ok(result.matched_count == 1)
     }
 
     async fn cancel_tasks(&self, target: TaskTarget, stop: &StopRequest) -> StoreResult<Vec<ObjectId>> {

@@ -92,3 +92,37 @@ pub(crate) fn recover_as(
         Recover::Orphan(Some(attempt))
     }
 }
+
+/// The record of a run that ends while its task was submitted again (it runs once more):
+/// its outputs as the files they were written to, or the end of their text.
+pub(crate) fn rerun_record(
+    node: &str,
+    status: i32,
+    stdout: &super::OutputValue,
+    stderr: &super::OutputValue,
+    extra: &FinishExtra,
+) -> Attempt {
+    let kept = |o: &super::OutputValue| match o {
+        super::OutputValue::Inline(s) => crate::model::kept_output(s),
+        super::OutputValue::File(id) => Some(crate::model::Output::File(*id)),
+    };
+    let base = extra.attempt.clone().unwrap_or(Attempt {
+        node: Some(node.to_owned()),
+        started: None,
+        ended: DateTime::now(),
+        status,
+        reason: String::new(),
+        stdout: None,
+        stderr: None,
+    });
+    Attempt {
+        reason: if base.reason.is_empty() {
+            "submitted again while it ran: it runs once more".to_owned()
+        } else {
+            format!("{}; submitted again while it ran: it runs once more", base.reason)
+        },
+        stdout: kept(stdout),
+        stderr: kept(stderr),
+        ..base
+    }
+}

@@ -45,12 +45,10 @@ use bson::oid::ObjectId;
 use bson::{Bson, DateTime, Document};
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
-use self::rows::{
-    bson_bytes, db_err, lease_end, output_columns, queue_from, read_bson, sort_str, task_from_row, TASK_COLUMNS,
-};
+use self::rows::{bson_bytes, db_err, lease_end, queue_from, read_bson, sort_str, task_from_row, TASK_COLUMNS};
 use super::{
-    FinishExtra, HandRetry, NewQueue, NewTask, OutputValue, Page, QueueUpdate, Recovery, Slot, StatusCounts, Store, StoreError, StoreResult,
-    TaskFilter, TaskTarget,
+    FinishExtra, HandRetry, NewQueue, NewTask, OutputValue, Page, QueueUpdate, Recovery, Slot, StatusCounts, Store,
+    StoreError, StoreResult, TaskFilter, TaskTarget,
 };
 use crate::model::{
     status, Node, NodeProcess, NodeStats, Output, Queue, RetryAt, Sort, StopRequest, Task, TaskProgress,
@@ -87,7 +85,9 @@ CREATE TABLE IF NOT EXISTS tasks (
     priority INTEGER NOT NULL DEFAULT 0,
     attempts BLOB,
     avoid_node TEXT,
-    avoid_until INTEGER
+    avoid_until INTEGER,
+    key TEXT,
+    rerun INTEGER
 );
 CREATE INDEX IF NOT EXISTS tasks_node_status ON tasks (node, status);
 CREATE INDEX IF NOT EXISTS tasks_status_mtime ON tasks (status, mtime);
@@ -304,6 +304,10 @@ fn filter_sql(filter: &TaskFilter) -> (String, Vec<rusqlite::types::Value>) {
             clauses.push(format!("status IN ({})", vec!["?"; statuses.len()].join(", ")));
             args.extend(statuses.iter().map(|s| Value::Integer(i64::from(*s))));
         }
+    }
+    if let Some(key) = &filter.key {
+        clauses.push("key = ?".to_string());
+        args.push(Value::Text(key.clone()));
     }
     match &filter.node {
         Some(None) => clauses.push("node IS NULL".to_string()),
@@ -849,38 +853,16 @@ impl Store for SqliteStore {
         stderr: OutputValue,
         extra: &FinishExtra,
     ) -> StoreResult<bool> {
-        let node = node.to_string();
-        let progress = extra.progress.as_ref().map(|p| bson_bytes(&p.to_document())).transpose()?;
-        let attempt = extra.attempt.clone();
-        self.write("finish task", move |conn| {
-            let (out_text, out_file) = output_columns(&stdout);
-            let (err_text, err_file) = output_columns(&stderr);
-            let attempts = attempt
-                .map(|a| retries::appended(conn, &task.to_hex(), &a))
-                .transpose()?;
-            let n = conn
-                .execute(
-                    "UPDATE tasks SET status = ?1, stdout = ?2, stdout_file = ?3, stderr = ?4, stderr_file = ?5,
-                     mtime = ?6, progress = COALESCE(?10, progress), attempts = COALESCE(?11, attempts)
-                     WHERE id = ?7 AND node = ?8 AND status = ?9",
-                    params![
-                        status,
-                        out_text,
-                        out_file,
-                        err_text,
-                        err_file,
-                        DateTime::now().timestamp_millis(),
-                        task.to_hex(),
-                        node,
-                        status::RUNNING,
-                        progress,
-                        attempts
-                    ],
-                )
-                .map_err(db_err("finish task"))?;
-            Ok(n == 1)
-        })
-        .await
+        let (node, extra) = (node.to_string(), extra.clone());
+        let done = self
+            .write("finish task", move |tx| {
+                retries::finish(tx, task, &node, status, &stdout, &stderr, &extra)
+            })
+            .await?;
+        if done == Some(true) {
+            self.signal_queued();
+        }
+        Ok(done.is_some())
     }
 
     async fn requeue_own(&self, node: &str, tasks: &[ObjectId]) -> StoreResult<Vec<ObjectId>> {
@@ -954,7 +936,16 @@ impl Store for SqliteStore {
             .iter()
             .map(|t| {
                 let run_at = t.run_at.map(|d| d.timestamp_millis());
-                bson_bytes(&t.params).map(|bytes| (t.id.to_hex(), bytes, t.initial_status(now), run_at, t.priority))
+                bson_bytes(&t.params).map(|bytes| {
+                    (
+                        t.id.to_hex(),
+                        bytes,
+                        t.initial_status(now),
+                        run_at,
+                        t.priority,
+                        t.key.clone(),
+                    )
+                })
             })
             .collect::<StoreResult<Vec<_>>>()?;
         self.write("create tasks", move |tx| {
@@ -962,13 +953,32 @@ impl Store for SqliteStore {
             let q = queue.to_hex();
             let mut stmt = tx
                 .prepare_cached(
-                    "INSERT INTO tasks (id, queue, ctime, mtime, node, status, params, run_at, priority)
-                     VALUES (?1, ?2, ?3, ?3, NULL, ?4, ?5, ?6, ?7)",
+                    "INSERT INTO tasks (id, queue, ctime, mtime, node, status, params, run_at, priority, key)
+                     VALUES (?1, ?2, ?3, ?3, NULL, ?4, ?5, ?6, ?7, ?8)",
                 )
                 .map_err(&err)?;
-            for (id, bytes, status, run_at, priority) in encoded {
-                stmt.execute(params![id, q, now.timestamp_millis(), status, bytes, run_at, priority])
-                    .map_err(&err)?;
+            for (id, bytes, status, run_at, priority, key) in encoded {
+                match stmt.execute(params![
+                    id,
+                    q,
+                    now.timestamp_millis(),
+                    status,
+                    bytes,
+                    run_at,
+                    priority,
+                    key
+                ]) {
+                    Ok(_) => {}
+                    Err(rusqlite::Error::SqliteFailure(e, _))
+                        if e.code == rusqlite::ErrorCode::ConstraintViolation && key.is_some() =>
+                    {
+                        return Err(StoreError::Duplicate {
+                            what: "task key",
+                            name: key.unwrap_or_default(),
+                        })
+                    }
+                    Err(e) => return Err(err(e)),
+                }
             }
             Ok(())
         })
@@ -985,8 +995,16 @@ impl Store for SqliteStore {
         self.retry_run(task, node, retry).await
     }
 
-    async fn retry_by_hand(&self, task: ObjectId, reason: &str) -> StoreResult<HandRetry> {
-        self.retry_finished(task, reason).await
+    async fn retry_by_hand(&self, task: ObjectId, reason: &str, replace: Option<&NewTask>) -> StoreResult<HandRetry> {
+        self.retry_finished(task, reason, replace).await
+    }
+
+    async fn resubmit_waiting(&self, id: ObjectId, status: i32, task: &NewTask) -> StoreResult<bool> {
+        self.resubmit(id, status, task).await
+    }
+
+    async fn request_rerun(&self, id: ObjectId) -> StoreResult<bool> {
+        self.rerun(id).await
     }
 
     async fn cancel_tasks(&self, target: TaskTarget, stop: &StopRequest) -> StoreResult<Vec<ObjectId>> {

@@ -1,7 +1,7 @@
 // Drives the Disbatch web UI in headless Chromium: creates a queue, edits its threads,
 // submits a task and follows it until the DEN has run it, edits a node's maxthreads and
-// opens a finished task's GridFS-backed output, cancels a scheduled task and kills a
-// running one. Screenshots go to OUT_DIR.
+// opens a finished task's GridFS-backed output, cancels a scheduled task, kills a
+// running one and retries it. Screenshots go to OUT_DIR.
 // Usage: node ui.mjs <base-url> <finished-task-id> <expected-stdout-snippet> <out-dir>
 import { chromium } from "playwright-core";
 import { mkdtempSync, rmSync } from "node:fs";
@@ -118,6 +118,15 @@ try {
   const stderr = await page.textContent("#task-stderr");
   if (!stderr.includes("killed by api") || !stderr.includes("from the browser")) throw new Error("killed task's stderr: " + stderr);
   await shot("task-killed");
+
+  // The failed task runs again from its page; its killed run is listed as attempt 1.
+  await page.click("#task-retry");
+  await page.waitForSelector("#task-attempts tbody tr", { timeout: 30000 });
+  const attempt = await page.textContent("#task-attempts tbody tr");
+  if (!attempt.includes("failed") || !attempt.includes("retried by hand by api: from the browser")) throw new Error("attempt row: " + attempt);
+  const again = await api("/tasks/" + long);
+  if (again.status > 0 || again.attempts.length !== 1) throw new Error("retried task: " + JSON.stringify(again));
+  await shot("task-retried");
   if (errors.length) throw new Error("page errors: " + errors.join("; "));
   console.log(JSON.stringify({ ok: true, screenshots: step, submitted }));
 } catch (e) {

@@ -129,15 +129,24 @@ impl Store for Recording {
         stderr: OutputValue,
         extra: &disbatch::store::FinishExtra,
     ) -> StoreResult<bool> {
-        self.inner
-            .finish_with(task, node, status, stdout, stderr, extra)
-            .await
+        self.inner.finish_with(task, node, status, stdout, stderr, extra).await
     }
     async fn retry_later(&self, task: ObjectId, node: &str, retry: &disbatch::model::RetryAt) -> StoreResult<bool> {
         self.inner.retry_later(task, node, retry).await
     }
-    async fn retry_by_hand(&self, task: ObjectId, reason: &str) -> StoreResult<disbatch::store::HandRetry> {
-        self.inner.retry_by_hand(task, reason).await
+    async fn retry_by_hand(
+        &self,
+        task: ObjectId,
+        reason: &str,
+        replace: Option<&NewTask>,
+    ) -> StoreResult<disbatch::store::HandRetry> {
+        self.inner.retry_by_hand(task, reason, replace).await
+    }
+    async fn resubmit_waiting(&self, id: ObjectId, status: i32, task: &NewTask) -> StoreResult<bool> {
+        self.inner.resubmit_waiting(id, status, task).await
+    }
+    async fn request_rerun(&self, id: ObjectId) -> StoreResult<bool> {
+        self.inner.request_rerun(id).await
     }
     async fn report_progress(&self, task: ObjectId, node: &str, progress: &TaskProgress) -> StoreResult<bool> {
         self.inner.report_progress(task, node, progress).await

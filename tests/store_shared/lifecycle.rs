@@ -35,12 +35,14 @@ async fn scheduled_tasks_are_not_claimed_before_their_time(s: Stores) {
                 params: doc! {"n": 1},
                 run_at: Some(later(hour)),
                 priority: 0,
+                key: None,
             },
             NewTask {
                 id: due,
                 params: doc! {"n": 2},
                 run_at: Some(ago(1000)),
                 priority: 0,
+                key: None,
             },
         ],
     )
@@ -80,6 +82,7 @@ async fn cancel_ends_only_tasks_that_have_not_started(s: Stores) {
             params: doc! {},
             run_at: Some(later(3_600_000)),
             priority: 0,
+            key: None,
         }],
     )
     .await
@@ -202,6 +205,7 @@ async fn a_den_runs_a_scheduled_task_once_it_is_due(s: Stores) {
             params: doc! {"message": "on time"},
             run_at: Some(run_at),
             priority: 0,
+            key: None,
         }],
     )
     .await

@@ -34,7 +34,10 @@ fn failed_attempt(node: &str) -> Attempt {
 
 async fn a_retry_waits_its_time_and_prefers_another_node(s: Stores) {
     let q = queue(&*s.a, "retry-later", 4, Sort::Fifo).await;
-    let ids = s.a.create_tasks(q.id, vec![doc! {"n": 1}, doc! {"n": 2}]).await.unwrap();
+    let ids =
+        s.a.create_tasks(q.id, vec![doc! {"n": 1}, doc! {"n": 2}])
+            .await
+            .unwrap();
     let (first, second) = (ids[0], ids[1]);
     assert_eq!(claim_run(&*s.a, &q, "n1").await, first);
     let record = failed_attempt("n1");
@@ -69,7 +72,11 @@ async fn a_retry_waits_its_time_and_prefers_another_node(s: Stores) {
     };
     assert!(s.a.retry_later(second, "n1", &retry).await.unwrap());
     assert_eq!(task(&*s.a, second).await.status, status::QUEUED, "due at once: queued");
-    assert_eq!(s.a.promote_due(later(3_700_000)).await.unwrap(), 1, "the first becomes due");
+    assert_eq!(
+        s.a.promote_due(later(3_700_000)).await.unwrap(),
+        1,
+        "the first becomes due"
+    );
     assert!(
         s.b.claim(&q, "n1").await.unwrap().is_none(),
         "n1 leaves both retries to another node"
@@ -87,7 +94,11 @@ async fn a_retry_waits_its_time_and_prefers_another_node(s: Stores) {
             ..failed_attempt("n2")
         }),
     };
-    assert!(s.b.finish_with(other.id, "n2", 1, empty.clone(), empty, &done).await.unwrap());
+    assert!(s
+        .b
+        .finish_with(other.id, "n2", 1, empty.clone(), empty, &done)
+        .await
+        .unwrap());
     let t = task(&*s.a, other.id).await;
     assert_eq!(t.attempts.len(), 2, "the final run is appended to the list");
     assert_eq!(t.attempts[1].node.as_deref(), Some("n2"));
@@ -118,9 +129,16 @@ async fn recovery_retries_orphans_while_attempts_are_left(s: Stores) {
     assert_eq!(recovery.retried, vec![id]);
     assert!(recovery.orphaned.is_empty() && recovery.requeued.is_empty());
     let t = task(&*s.a, id).await;
-    assert_eq!((t.status, t.node.as_deref()), (status::QUEUED, None), "backoff 0: queued at once");
+    assert_eq!(
+        (t.status, t.node.as_deref()),
+        (status::QUEUED, None),
+        "backoff 0: queued at once"
+    );
     assert_eq!(t.attempts.len(), 1);
-    assert_eq!((t.attempts[0].status, t.attempts[0].node.as_deref()), (status::ORPHANED, Some("gone")));
+    assert_eq!(
+        (t.attempts[0].status, t.attempts[0].node.as_deref()),
+        (status::ORPHANED, Some("gone"))
+    );
     assert!(t.attempts[0].reason.contains("gone"), "{}", t.attempts[0].reason);
 
     // The second run is the last: its orphaning is final, and recorded.
@@ -138,21 +156,30 @@ async fn a_finished_task_is_retried_by_hand_once(s: Stores) {
     let q = queue(&*s.a, "by-hand", 4, Sort::Fifo).await;
     let id = s.a.create_tasks(q.id, vec![doc! {}]).await.unwrap()[0];
     assert_eq!(
-        s.b.retry_by_hand(id, "x").await.unwrap(),
+        s.b.retry_by_hand(id, "x", None).await.unwrap(),
         HandRetry::NotFinished(status::QUEUED)
     );
-    assert_eq!(s.b.retry_by_hand(ObjectId::new(), "x").await.unwrap(), HandRetry::NotFound);
+    assert_eq!(
+        s.b.retry_by_hand(ObjectId::new(), "x", None).await.unwrap(),
+        HandRetry::NotFound
+    );
     assert_eq!(claim_run(&*s.a, &q, "n1").await, id);
     let long = "e".repeat(5000);
     assert!(s
         .a
-        .finish(id, "n1", 2, OutputValue::Inline("out".into()), OutputValue::Inline(long))
+        .finish(
+            id,
+            "n1",
+            2,
+            OutputValue::Inline("out".into()),
+            OutputValue::Inline(long)
+        )
         .await
         .unwrap());
     // Two callers at once: one queues it, the other finds it no longer finished.
     let (x, y) = tokio::join!(
-        s.a.retry_by_hand(id, "retried by hand by ops: flaky disk"),
-        s.b.retry_by_hand(id, "retried by hand by other")
+        s.a.retry_by_hand(id, "retried by hand by ops: flaky disk", None),
+        s.b.retry_by_hand(id, "retried by hand by other", None)
     );
     let answers = [x.unwrap(), y.unwrap()];
     assert_eq!(
@@ -161,13 +188,18 @@ async fn a_finished_task_is_retried_by_hand_once(s: Stores) {
         "exactly one retry wins: {answers:?}"
     );
     let t = task(&*s.b, id).await;
-    assert_eq!((t.status, t.node.as_deref(), t.stdout.clone()), (status::QUEUED, None, None));
+    assert_eq!(
+        (t.status, t.node.as_deref(), t.stdout.clone()),
+        (status::QUEUED, None, None)
+    );
     assert_eq!(t.attempts.len(), 1);
     let a = &t.attempts[0];
     assert_eq!((a.status, a.node.as_deref()), (2, Some("n1")));
     assert!(a.reason.starts_with("retried by hand by "), "{}", a.reason);
     assert_eq!(a.stdout, Some(Output::Inline("out".into())));
-    let Some(Output::Inline(kept)) = &a.stderr else { panic!("stderr kept: {a:?}") };
+    let Some(Output::Inline(kept)) = &a.stderr else {
+        panic!("stderr kept: {a:?}")
+    };
     assert!(
         kept.starts_with("[disbatch: the first 904 bytes are not kept]\n"),
         "the cut is said: {}",
@@ -204,7 +236,9 @@ async fn a_den_retries_until_the_attempts_run_out(s: Stores) {
         t.attempts[1].started.unwrap().timestamp_millis() - t.attempts[0].ended.timestamp_millis() >= 95,
         "the retry waited its backoff"
     );
-    let Some(Output::Inline(stderr)) = &t.stderr else { panic!("stderr") };
+    let Some(Output::Inline(stderr)) = &t.stderr else {
+        panic!("stderr")
+    };
     assert!(stderr.contains("failed after 3 attempts"), "{stderr}");
 }
 
@@ -252,14 +286,25 @@ async fn a_task_without_progress_is_killed_as_stuck_and_retried(s: Stores) {
     .await;
     let took = started.elapsed();
     den.stop().await;
-    println!("two stuck runs with activity_timeout 1s ended after {} ms", took.as_millis());
-    assert!(took < Duration::from_secs(40), "ended by the activity timeout, not the plugin");
+    println!(
+        "two stuck runs with activity_timeout 1s ended after {} ms",
+        took.as_millis()
+    );
+    assert!(
+        took < Duration::from_secs(40),
+        "ended by the activity timeout, not the plugin"
+    );
     let t = task(&*s.a, id).await;
     assert_eq!(t.status, status::FAILED);
     assert_eq!(t.attempts.len(), 2, "{:?}", t.attempts);
     for a in &t.attempts {
         assert!(a.reason.starts_with("stuck: "), "{}", a.reason);
     }
-    let Some(Output::Inline(stderr)) = &t.stderr else { panic!("stderr") };
-    assert!(stderr.contains("stuck") && stderr.contains("failed after 2 attempts"), "{stderr}");
+    let Some(Output::Inline(stderr)) = &t.stderr else {
+        panic!("stderr")
+    };
+    assert!(
+        stderr.contains("stuck") && stderr.contains("failed after 2 attempts"),
+        "{stderr}"
+    );
 }

@@ -105,6 +105,9 @@ pub(super) fn task_filter_doc(filter: &TaskFilter) -> Document {
             doc! { "$in": statuses.iter().map(|s| Bson::Int32(*s)).collect::<Vec<_>>() },
         );
     }
+    if let Some(key) = &filter.key {
+        q.insert("key", key);
+    }
     if let Some(node) = &filter.node {
         q.insert(
             "node",
@@ -253,6 +256,8 @@ pub(super) fn task_from(doc: &Document) -> StoreResult<Task> {
         stop: task_stop(&f).ok().flatten(),
         progress: task_progress(&f),
         attempts: crate::model::Attempt::list_from(f.get("attempts")),
+        key: f.get("key").and_then(|k| k.as_str()).map(str::to_owned),
+        rerun: f.get("rerun") == Some(&Bson::Boolean(true)),
     })
 }
 
@@ -307,6 +312,8 @@ pub(super) fn task_or_problem(doc: &Document) -> Option<Task> {
         stop: task_stop(&f).ok().flatten(),
         progress: task_progress(&f),
         attempts: crate::model::Attempt::list_from(f.get("attempts")),
+        key: f.get("key").and_then(|k| k.as_str()).map(str::to_owned),
+        rerun: f.get("rerun") == Some(&Bson::Boolean(true)),
     })
 }
 

@@ -71,7 +71,9 @@ impl MongoStore {
         let candidates: Vec<Document> = self
             .tasks
             .find(filter)
-            .projection(doc! { "queue": 1, "status": 1, "node": 1, "mtime": 1, "stop.action": 1, "attempts": 1, "priority": 1 })
+            .projection(
+                doc! { "queue": 1, "status": 1, "node": 1, "mtime": 1, "stop.action": 1, "attempts": 1, "priority": 1 },
+            )
             .await
             .map_err(&err)?
             .try_collect()

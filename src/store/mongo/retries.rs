@@ -8,7 +8,7 @@ use super::documents::task_from;
 use super::{db_err, MongoStore};
 use crate::model::{kept_output, status, Attempt, Output, RetryAt};
 use crate::store::retries::{finished, Recover};
-use crate::store::{HandRetry, StoreResult};
+use crate::store::{HandRetry, NewTask, StoreResult};
 
 /// The update that sends a task back to wait for its retry.
 pub(super) fn retry_update(retry: &RetryAt, now: DateTime) -> Document {
@@ -24,8 +24,19 @@ pub(super) fn retry_update(retry: &RetryAt, now: DateTime) -> Document {
             "stderr": Bson::Null,
             "mtime": now,
         },
-        "$unset": { "progress": "", "stop": "" },
+        "$unset": { "progress": "", "stop": "", "rerun": "" },
         "$push": { "attempts": retry.attempt.to_document() },
+    }
+}
+
+/// The fields a task takes from a submission of its key: params, priority, `run_at` and
+/// the status they mean at `now`.
+pub(super) fn replaced_fields(new: &NewTask, now: DateTime) -> Document {
+    doc! {
+        "params": new.params.clone(),
+        "priority": new.priority,
+        "run_at": new.run_at.map_or(Bson::Null, Bson::DateTime),
+        "status": new.initial_status(now),
     }
 }
 
@@ -44,7 +55,12 @@ impl MongoStore {
     }
 
     /// [`Store::retry_by_hand`](crate::store::Store::retry_by_hand).
-    pub(super) async fn retry_finished(&self, task: ObjectId, reason: &str) -> StoreResult<HandRetry> {
+    pub(super) async fn retry_finished(
+        &self,
+        task: ObjectId,
+        reason: &str,
+        replace: Option<&NewTask>,
+    ) -> StoreResult<HandRetry> {
         let err = db_err("retry task");
         let Some(raw) = self.tasks.find_one(doc! { "_id": task }).await.map_err(&err)? else {
             return Ok(HandRetry::NotFound);
@@ -70,19 +86,23 @@ impl MongoStore {
         // Fenced on the values as stored (a Disbatch 4 tool may have written them as a
         // string and an epoch number).
         let stored = |k: &str| raw.get(k).cloned().unwrap_or(Bson::Null);
+        let mut set = doc! {
+            "status": status::QUEUED,
+            "node": Bson::Null,
+            "stdout": Bson::Null,
+            "stderr": Bson::Null,
+            "mtime": now,
+        };
+        if let Some(new) = replace {
+            set.extend(replaced_fields(new, now));
+        }
         let result = self
             .tasks
             .update_one(
                 doc! { "_id": task, "status": stored("status"), "mtime": stored("mtime") },
                 doc! {
-                    "$set": {
-                        "status": status::QUEUED,
-                        "node": Bson::Null,
-                        "stdout": Bson::Null,
-                        "stderr": Bson::Null,
-                        "mtime": now,
-                    },
-                    "$unset": { "progress": "", "stop": "", "avoid_node": "", "avoid_until": "" },
+                    "$set": set,
+                    "$unset": { "progress": "", "stop": "", "avoid_node": "", "avoid_until": "", "rerun": "" },
                     "$push": { "attempts": attempt.to_document() },
                 },
             )

@@ -22,6 +22,8 @@ const ADDED_COLUMNS: &[(&str, &str)] = &[
     ("attempts", "BLOB"),
     ("avoid_node", "TEXT"),
     ("avoid_until", "INTEGER"),
+    ("key", "TEXT"),
+    ("rerun", "INTEGER"),
 ];
 
 /// Adds the columns a database file created by an earlier release lacks, and their index.
@@ -45,9 +47,9 @@ pub(super) fn migrate(conn: &Connection) -> StoreResult<()> {
             }
         }
     }
-    conn.execute(
-        "CREATE INDEX IF NOT EXISTS tasks_scheduled ON tasks (status, run_at)",
-        [],
+    conn.execute_batch(
+        "CREATE INDEX IF NOT EXISTS tasks_scheduled ON tasks (status, run_at);
+         CREATE UNIQUE INDEX IF NOT EXISTS tasks_key ON tasks (queue, key) WHERE key IS NOT NULL;",
     )
     .map_err(&err)?;
     Ok(())

@@ -83,11 +83,7 @@ fn recover_tasks(tx: &Transaction<'_>, candidates: Vec<Candidate>) -> StoreResul
 }
 
 /// Claimed or running tasks matching `condition` (SQL over `tasks`, with parameters).
-fn candidates(
-    tx: &Transaction<'_>,
-    condition: &str,
-    params: impl rusqlite::Params,
-) -> StoreResult<Vec<Candidate>> {
+fn candidates(tx: &Transaction<'_>, condition: &str, params: impl rusqlite::Params) -> StoreResult<Vec<Candidate>> {
     let err = db_err("recover orphans");
     let mut stmt = tx
         .prepare(&format!(
@@ -99,7 +95,9 @@ fn candidates(
             let stop: Option<Vec<u8>> = r.get(3)?;
             let id: String = r.get(0)?;
             let kill = stop.is_some_and(|b| {
-                read_bson("tasks", &id, &b).ok().and_then(|d| d.get_str("action").ok().map(str::to_owned))
+                read_bson("tasks", &id, &b)
+                    .ok()
+                    .and_then(|d| d.get_str("action").ok().map(str::to_owned))
                     == Some("kill".to_owned())
             });
             Ok((id, r.get(1)?, r.get(2)?, kill, r.get(4)?, r.get(5)?))

@@ -6,11 +6,11 @@ use bson::oid::ObjectId;
 use bson::{Bson, DateTime};
 use rusqlite::{params, OptionalExtension, Transaction};
 
-use super::rows::{bson_bytes, db_err, read_bson, task_from_row, TASK_COLUMNS};
+use super::rows::{bson_bytes, db_err, output_columns, read_bson, task_from_row, TASK_COLUMNS};
 use super::SqliteStore;
 use crate::model::{kept_output, status, Attempt, Output, RetryAt};
-use crate::store::retries::{finished, Recover};
-use crate::store::{HandRetry, StoreResult};
+use crate::store::retries::{finished, rerun_record, Recover};
+use crate::store::{FinishExtra, HandRetry, NewTask, OutputValue, StoreResult};
 
 /// The records stored in an `attempts` column.
 pub(super) fn read_attempts(id: &str, bytes: Option<&[u8]>) -> Vec<Attempt> {
@@ -50,7 +50,7 @@ pub(super) fn write_retry(
             &format!(
                 "UPDATE tasks SET status = ?4, node = NULL, run_at = ?5, priority = ?6, avoid_node = ?7,
                  avoid_until = ?8, stdout = NULL, stdout_file = NULL, stderr = NULL, stderr_file = NULL,
-                 progress = NULL, stop = NULL, attempts = ?9, mtime = ?10 WHERE id = ?1 AND {fence}"
+                 progress = NULL, stop = NULL, rerun = NULL, attempts = ?9, mtime = ?10 WHERE id = ?1 AND {fence}"
             ),
             params![
                 id,
@@ -69,14 +69,137 @@ pub(super) fn write_retry(
     Ok(n == 1)
 }
 
+/// Gives task `id` the params (`bytes`), priority and `run_at` of `new`, and the status
+/// they mean at `now`.
+pub(super) fn replace_fields(
+    tx: &Transaction<'_>,
+    id: &str,
+    bytes: &[u8],
+    new: &NewTask,
+    now: DateTime,
+) -> StoreResult<()> {
+    tx.execute(
+        "UPDATE tasks SET params = ?1, priority = ?2, run_at = ?3, status = ?4, mtime = ?5 WHERE id = ?6",
+        params![
+            bytes,
+            new.priority,
+            new.run_at.map(|t| t.timestamp_millis()),
+            new.initial_status(now),
+            now.timestamp_millis(),
+            id
+        ],
+    )
+    .map_err(db_err("submit a task again"))?;
+    Ok(())
+}
+
+/// [`Store::finish_with`](crate::store::Store::finish_with) in the caller's transaction:
+/// `None` when the task is no longer running on `node`, `Some(true)` when it was queued
+/// again (submitted again while it ran), `Some(false)` when it finished.
+pub(super) fn finish(
+    tx: &Transaction<'_>,
+    task: ObjectId,
+    node: &str,
+    code: i32,
+    stdout: &OutputValue,
+    stderr: &OutputValue,
+    extra: &FinishExtra,
+) -> StoreResult<Option<bool>> {
+    let id = task.to_hex();
+    let err = db_err("finish task");
+    let rerun: Option<Option<i64>> = tx
+        .query_row(
+            "SELECT rerun FROM tasks WHERE id = ?1 AND node = ?2 AND status = ?3",
+            params![id, node, status::RUNNING],
+            |r| r.get(0),
+        )
+        .optional()
+        .map_err(&err)?;
+    let Some(rerun) = rerun else { return Ok(None) };
+    let now = DateTime::now().timestamp_millis();
+    if rerun.is_some_and(|r| r != 0) {
+        let record = rerun_record(node, code, stdout, stderr, extra);
+        let attempts = appended(tx, &id, &record)?;
+        tx.execute(
+            "UPDATE tasks SET status = ?1, node = NULL, stdout = NULL, stdout_file = NULL, stderr = NULL,
+             stderr_file = NULL, progress = NULL, rerun = NULL, attempts = ?2, mtime = ?3 WHERE id = ?4",
+            params![status::QUEUED, attempts, now, id],
+        )
+        .map_err(&err)?;
+        return Ok(Some(true));
+    }
+    let progress = extra
+        .progress
+        .as_ref()
+        .map(|p| bson_bytes(&p.to_document()))
+        .transpose()?;
+    let attempts = extra.attempt.as_ref().map(|a| appended(tx, &id, a)).transpose()?;
+    let (out_text, out_file) = output_columns(stdout);
+    let (err_text, err_file) = output_columns(stderr);
+    tx.execute(
+        "UPDATE tasks SET status = ?1, stdout = ?2, stdout_file = ?3, stderr = ?4, stderr_file = ?5,
+         mtime = ?6, progress = COALESCE(?8, progress), attempts = COALESCE(?9, attempts) WHERE id = ?7",
+        params![code, out_text, out_file, err_text, err_file, now, id, progress, attempts],
+    )
+    .map_err(&err)?;
+    Ok(Some(false))
+}
+
 impl SqliteStore {
+    /// [`Store::resubmit_waiting`](crate::store::Store::resubmit_waiting).
+    pub(super) async fn resubmit(&self, id: ObjectId, status: i32, task: &NewTask) -> StoreResult<bool> {
+        let bytes = bson_bytes(&task.params)?;
+        let task = task.clone();
+        let done = self
+            .write("submit a task again", move |tx| {
+                let key = id.to_hex();
+                let waiting: bool = tx
+                    .query_row(
+                        "SELECT EXISTS (SELECT 1 FROM tasks WHERE id = ?1 AND status = ?2 AND node IS NULL)",
+                        params![key, status],
+                        |r| r.get(0),
+                    )
+                    .map_err(db_err("submit a task again"))?;
+                if waiting {
+                    replace_fields(tx, &key, &bytes, &task, DateTime::now())?;
+                }
+                Ok(waiting)
+            })
+            .await?;
+        if done {
+            self.signal_queued();
+        }
+        Ok(done)
+    }
+
+    /// [`Store::request_rerun`](crate::store::Store::request_rerun).
+    pub(super) async fn rerun(&self, id: ObjectId) -> StoreResult<bool> {
+        self.write("submit a running task again", move |tx| {
+            let n = tx
+                .execute(
+                    "UPDATE tasks SET rerun = 1 WHERE id = ?1 AND status IN (?2, ?3)",
+                    params![id.to_hex(), status::CLAIMED, status::RUNNING],
+                )
+                .map_err(db_err("submit a running task again"))?;
+            Ok(n == 1)
+        })
+        .await
+    }
+
     /// [`Store::retry_later`](crate::store::Store::retry_later).
     pub(super) async fn retry_run(&self, task: ObjectId, node: &str, retry: &RetryAt) -> StoreResult<bool> {
         let (node, retry) = (node.to_owned(), retry.clone());
         let done = self
             .write("retry task", move |tx| {
                 let fence = "node = ?2 AND status = ?3";
-                write_retry(tx, &task.to_hex(), fence, (&node, &status::RUNNING), &retry, DateTime::now())
+                write_retry(
+                    tx,
+                    &task.to_hex(),
+                    fence,
+                    (&node, &status::RUNNING),
+                    &retry,
+                    DateTime::now(),
+                )
             })
             .await?;
         if done {
@@ -86,8 +209,16 @@ impl SqliteStore {
     }
 
     /// [`Store::retry_by_hand`](crate::store::Store::retry_by_hand).
-    pub(super) async fn retry_finished(&self, task: ObjectId, reason: &str) -> StoreResult<HandRetry> {
+    pub(super) async fn retry_finished(
+        &self,
+        task: ObjectId,
+        reason: &str,
+        replace: Option<&NewTask>,
+    ) -> StoreResult<HandRetry> {
         let reason = reason.to_owned();
+        let replace = replace
+            .map(|t| bson_bytes(&t.params).map(|p| (p, t.clone())))
+            .transpose()?;
         let answer = self
             .write("retry task", move |tx| {
                 let id = task.to_hex();
@@ -120,13 +251,17 @@ impl SqliteStore {
                     stderr: kept(&t.stderr),
                 };
                 let attempts = appended(tx, &id, &attempt)?;
+                let now = DateTime::now();
                 tx.execute(
                     "UPDATE tasks SET status = ?1, node = NULL, stdout = NULL, stdout_file = NULL, stderr = NULL,
                      stderr_file = NULL, progress = NULL, stop = NULL, avoid_node = NULL, avoid_until = NULL,
-                     attempts = ?2, mtime = ?3 WHERE id = ?4",
-                    params![status::QUEUED, attempts, DateTime::now().timestamp_millis(), id],
+                     rerun = NULL, attempts = ?2, mtime = ?3 WHERE id = ?4",
+                    params![status::QUEUED, attempts, now.timestamp_millis(), id],
                 )
                 .map_err(db_err("retry task"))?;
+                if let Some((bytes, new)) = replace {
+                    replace_fields(tx, &id, &bytes, &new, now)?;
+                }
                 Ok(HandRetry::Queued)
             })
             .await?;

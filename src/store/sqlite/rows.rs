@@ -15,7 +15,7 @@ use crate::store::{OutputValue, StoreError, StoreResult};
 
 /// The columns of a task row, in the order [`task_from_row`] reads them.
 pub(super) const TASK_COLUMNS: &str =
-    "id, queue, ctime, mtime, node, status, params, stdout, stdout_file, stderr, stderr_file, run_at, stop, progress, priority, attempts";
+    "id, queue, ctime, mtime, node, status, params, stdout, stdout_file, stderr, stderr_file, run_at, stop, progress, priority, attempts, key, rerun";
 
 /// Largest integer a Double represents exactly (2^53).
 const MAX_EXACT_DOUBLE: f64 = 9_007_199_254_740_992.0;
@@ -112,6 +112,8 @@ pub(super) fn task_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(String, 
     let progress: Option<Vec<u8>> = r.get(13)?;
     let priority: i64 = r.get(14)?;
     let attempts: Option<Vec<u8>> = r.get(15)?;
+    let key: Option<String> = r.get(16)?;
+    let rerun: Option<i64> = r.get(17)?;
     let malformed = |reason: String| StoreError::Malformed {
         collection: "tasks",
         id: id.clone(),
@@ -150,6 +152,8 @@ pub(super) fn task_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(String, 
                 .and_then(|b| read_bson("tasks", &id, &b).ok())
                 .map(|d| crate::model::TaskProgress::from_document(&d)),
             attempts: super::retries::read_attempts(&id, attempts.as_deref()),
+            key,
+            rerun: rerun.is_some_and(|r| r != 0),
         })
     })();
     Ok((id.clone(), task))
@@ -208,8 +212,8 @@ pub(super) fn queue_from(d: &Document) -> StoreResult<(Queue, Vec<String>)> {
         Some(Bson::String(s)) if s == "requeue" => OnOrphan::Requeue,
         Some(_) => return Err(malformed(d, "on_orphan", "\"orphan\", \"requeue\" or null")),
     };
-    let (retry, activity_timeout) =
-        crate::model::queue_lifecycle(get(d, "retry"), get(d, "activity_timeout")).map_err(|(field, e)| {
+    let (retry, activity_timeout) = crate::model::queue_lifecycle(get(d, "retry"), get(d, "activity_timeout"))
+        .map_err(|(field, e)| {
             let mut err = malformed(d, field, "valid");
             if let StoreError::Malformed { reason, .. } = &mut err {
                 *reason = e;

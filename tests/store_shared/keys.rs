@@ -1,0 +1,150 @@
+//! Keys on both stores: one task per key and queue, the existing task answered, and a
+//! submission again in each state (waiting, running, finished), also through a DEN.
+
+use disbatch::store::{Keyed, NewTask, OutputValue};
+
+use super::*;
+
+on_both_stores!(
+    a_key_is_created_once_per_queue,
+    resubmitting_a_waiting_or_finished_task,
+    a_task_submitted_again_while_it_runs_runs_once_more,
+);
+
+fn keyed(key: &str, params: Document) -> NewTask {
+    NewTask {
+        key: Some(key.into()),
+        ..NewTask::queued(ObjectId::new(), params)
+    }
+}
+
+async fn a_key_is_created_once_per_queue(s: Stores) {
+    let q = queue(&*s.a, "keys", 4, Sort::Fifo).await;
+    let other = queue(&*s.a, "keys-2", 4, Sort::Fifo).await;
+    let first = keyed("invoice-7", doc! {"n": 1});
+    assert_eq!(
+        s.a.insert_keyed(q.id, first.clone(), false).await.unwrap(),
+        Keyed::Created
+    );
+    // The same key again, from the other store handle and with other params: the first task.
+    let again = keyed("invoice-7", doc! {"n": 2});
+    let Keyed::Existing(t) = s.b.insert_keyed(q.id, again.clone(), false).await.unwrap() else {
+        panic!("the key is taken")
+    };
+    assert_eq!(
+        (t.id, t.params.clone(), t.key.as_deref()),
+        (first.id, doc! {"n": 1}, Some("invoice-7"))
+    );
+    assert!(s.a.task(again.id).await.unwrap().is_none(), "no duplicate was created");
+    // Another queue has its own keys; tasks without a key are never in each other's way.
+    assert_eq!(
+        s.b.insert_keyed(other.id, again.clone(), false).await.unwrap(),
+        Keyed::Created
+    );
+    s.a.create_tasks(q.id, vec![doc! {}, doc! {}]).await.unwrap();
+    // Many submitters of one key at once: exactly one creates it.
+    let racers: Vec<_> = (0..8)
+        .map(|i| {
+            let store = if i % 2 == 0 { s.a.clone() } else { s.b.clone() };
+            let t = keyed("race", doc! {"i": i});
+            tokio::spawn(async move { store.insert_keyed(q.id, t, false).await.unwrap() })
+        })
+        .collect();
+    let mut created = 0;
+    for r in racers {
+        if r.await.unwrap() == Keyed::Created {
+            created += 1;
+        }
+    }
+    assert_eq!(created, 1, "one task per key");
+    let filter = TaskFilter {
+        queue: Some(q.id),
+        key: Some("race".into()),
+        ..Default::default()
+    };
+    assert_eq!(s.a.count_tasks(&filter).await.unwrap(), 1);
+}
+
+async fn resubmitting_a_waiting_or_finished_task(s: Stores) {
+    let q = queue(&*s.a, "resubmit", 4, Sort::Fifo).await;
+    let first = keyed("k", doc! {"v": 1});
+    s.a.insert_keyed(q.id, first.clone(), false).await.unwrap();
+    // Waiting: it takes the new params, priority and time (here later: scheduled).
+    let hour = DateTime::from_millis(DateTime::now().timestamp_millis() + 3_600_000);
+    let newer = NewTask {
+        run_at: Some(hour),
+        priority: 5,
+        ..keyed("k", doc! {"v": 2})
+    };
+    let Keyed::Resubmitted(t) = s.b.insert_keyed(q.id, newer, true).await.unwrap() else {
+        panic!("submitted again")
+    };
+    assert_eq!((t.id, t.status, t.priority), (first.id, status::SCHEDULED, Some(5)));
+    assert_eq!(t.params, doc! {"v": 2});
+    // Now due: queued again; claimed, run and finished.
+    let Keyed::Resubmitted(t) = s.b.insert_keyed(q.id, keyed("k", doc! {"v": 3}), true).await.unwrap() else {
+        panic!("submitted again")
+    };
+    assert_eq!((t.status, t.run_at), (status::QUEUED, None));
+    assert_eq!(claim_run(&*s.a, &q, "n1").await, first.id);
+    let out = |s: &str| OutputValue::Inline(s.into());
+    assert!(s.a.finish(first.id, "n1", 1, out("done"), out("")).await.unwrap());
+    // Finished: queued again with the new params, the run it had kept in attempts.
+    let Keyed::Resubmitted(t) = s.b.insert_keyed(q.id, keyed("k", doc! {"v": 4}), true).await.unwrap() else {
+        panic!("submitted again")
+    };
+    assert_eq!(
+        (t.status, t.node.as_deref(), t.params.clone()),
+        (status::QUEUED, None, doc! {"v": 4})
+    );
+    assert_eq!(t.attempts.len(), 1);
+    assert_eq!(t.attempts[0].status, 1);
+    assert_eq!(t.attempts[0].reason, disbatch::store::keys::RESUBMITTED);
+    assert_eq!(
+        t.attempts[0].stdout,
+        Some(disbatch::model::Output::Inline("done".into()))
+    );
+    // Without resubmit, the existing task is answered unchanged.
+    let Keyed::Existing(same) = s.a.insert_keyed(q.id, keyed("k", doc! {"v": 5}), false).await.unwrap() else {
+        panic!("existing")
+    };
+    assert_eq!(same.params, doc! {"v": 4});
+}
+
+async fn a_task_submitted_again_while_it_runs_runs_once_more(s: Stores) {
+    let q = queue(&*s.a, "rerun", 2, Sort::Fifo).await;
+    let first = keyed("long", doc! {"sleep_ms": 1500, "message": "run"});
+    s.a.insert_keyed(q.id, first.clone(), false).await.unwrap();
+    let den = RunningDen::start(s.b.clone(), settings("node-a"));
+    wait_for(Duration::from_secs(30), "the task to run", || async {
+        task(&*s.a, first.id).await.status == status::RUNNING
+    })
+    .await;
+    let Keyed::Resubmitted(t) =
+        s.a.insert_keyed(q.id, keyed("long", doc! {"message": "ignored while running"}), true)
+            .await
+            .unwrap()
+    else {
+        panic!("submitted again")
+    };
+    assert!(t.rerun, "marked to run once more");
+    wait_for(Duration::from_secs(60), "the second run to end", || async {
+        task(&*s.a, first.id).await.status > 0
+    })
+    .await;
+    den.stop().await;
+    let t = task(&*s.a, first.id).await;
+    assert_eq!(t.status, status::SUCCEEDED);
+    assert!(!t.rerun);
+    assert_eq!(t.attempts.len(), 2, "both runs are kept: {:?}", t.attempts);
+    assert_eq!(t.attempts[1].status, status::SUCCEEDED);
+    let a = &t.attempts[0];
+    assert_eq!((a.status, a.node.as_deref()), (status::SUCCEEDED, Some("node-a")));
+    assert!(a.reason.contains("submitted again while it ran"), "{}", a.reason);
+    assert_eq!(a.stdout, Some(disbatch::model::Output::Inline("run\n".into())));
+    assert_eq!(
+        t.stdout,
+        Some(disbatch::model::Output::Inline("run\n".into())),
+        "the second run's result"
+    );
+}
