@@ -32,6 +32,7 @@ mod source;
 mod status;
 mod tasks;
 mod ui;
+mod watch;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -75,6 +76,8 @@ pub struct ApiState {
     pub body_limit: usize,
     /// Origins allowed by CORS; empty (the default) sends no CORS headers at all.
     pub cors_origins: Vec<String>,
+    /// Follows task changes for the waiters of `GET /tasks/wait` and `/tasks/{id}/events`.
+    pub(crate) watch: Arc<watch::TaskWatch>,
 }
 
 impl ApiState {
@@ -90,6 +93,7 @@ impl ApiState {
             monitoring: true,
             body_limit: DEFAULT_BODY_LIMIT,
             cors_origins: Vec::new(),
+            watch: Arc::default(),
         }
     }
 }
@@ -129,6 +133,8 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/tasks/{id}/cancel"),
     ("POST", "/tasks/{id}/kill"),
     ("POST", "/tasks/{id}/retry"),
+    ("GET", "/tasks/wait"),
+    ("GET", "/tasks/{id}/events"),
     ("GET", "/tasks/{id}/stdout"),
     ("GET", "/tasks/{id}/stderr"),
     ("GET", "/monitoring"),
@@ -155,10 +161,12 @@ pub fn router(state: ApiState) -> Router {
         .route("/tasks", get(tasks::search).post(create::create))
         .route("/tasks/cancel", post(lifecycle::cancel_queue))
         .route("/tasks/kill", post(lifecycle::kill_queue))
+        .route("/tasks/wait", get(watch::wait))
         .route("/tasks/{id}", get(tasks::one))
         .route("/tasks/{id}/cancel", post(lifecycle::cancel))
         .route("/tasks/{id}/kill", post(lifecycle::kill))
         .route("/tasks/{id}/retry", post(retry::retry))
+        .route("/tasks/{id}/events", get(watch::events))
         .route("/tasks/{id}/stdout", get(tasks::stdout))
         .route("/tasks/{id}/stderr", get(tasks::stderr))
         .route("/monitoring", get(status::monitoring))

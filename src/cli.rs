@@ -9,6 +9,7 @@ pub mod client;
 pub mod dev;
 mod lifecycle;
 pub mod table;
+mod wait;
 pub mod web;
 
 use std::io::Read as _;
@@ -19,6 +20,7 @@ use serde_json::{json, Map, Value};
 use self::client::{encode, Client};
 use self::lifecycle::{absolute_run_at, lifecycle_lines, stop_tasks, RetryArgs, StopArgs};
 use self::table::{cell, render};
+use self::wait::{wait_for_tasks, WaitArgs};
 use crate::launch::{StartError, StoreArgs};
 
 /// Tasks sent per `POST /tasks` when creating tasks from a list.
@@ -42,6 +44,15 @@ pub enum CliError {
     /// The API could not be reached (exit code 3).
     #[error("{0}")]
     Http(String),
+    /// The tasks waited for ended, not all of them succeeded (exit code 4), or the wait
+    /// timed out (exit code 5).
+    #[error("{message}")]
+    Outcome {
+        /// What happened.
+        message: String,
+        /// The exit code.
+        code: u8,
+    },
     /// `disbatch web` or `disbatch dev` could not start or serve (exit code 1).
     #[error("{0}")]
     Server(String),
@@ -67,6 +78,10 @@ impl CliError {
             },
             CliError::Http(m) => CliError::Http(format!("{m}; {note}")),
             CliError::Server(m) => CliError::Server(format!("{m}; {note}")),
+            CliError::Outcome { message, code } => CliError::Outcome {
+                message: format!("{message}; {note}"),
+                code,
+            },
         }
     }
 
@@ -75,6 +90,7 @@ impl CliError {
         match self {
             CliError::Usage(_) => 2,
             CliError::Http(_) => 3,
+            CliError::Outcome { code, .. } => *code,
             CliError::Api { .. } | CliError::Server(_) => 1,
         }
     }
@@ -179,6 +195,9 @@ pub enum Command {
         /// has finished, once more after its run if it is running).
         #[arg(long, requires = "key")]
         resubmit: bool,
+        /// Then wait for it to end, as `wait` does.
+        #[arg(long)]
+        wait: bool,
         /// Queue id or name.
         queue: String,
         /// Pairs of param name and value.
@@ -221,6 +240,9 @@ pub enum Command {
     /// Queue finished tasks again (succeeded, failed, orphaned, cancelled); each keeps its
     /// last run in its `attempts` list.
     Retry(RetryArgs),
+    /// Wait for tasks to end, showing progress on a terminal: exit 0 when all succeeded,
+    /// 4 when one did not, 5 at `--timeout`.
+    Wait(WaitArgs),
     /// Nodes (DENs) with their heartbeat and maxthreads.
     Nodes,
     /// Set a node's maxthreads (`null` for no limit).
@@ -276,6 +298,7 @@ pub async fn run(cli: &Cli) -> Result<(), CliError> {
             priority,
             key,
             resubmit,
+            wait,
             queue,
             pairs,
         } => {
@@ -290,8 +313,19 @@ pub async fn run(cli: &Cli) -> Result<(), CliError> {
             if let Some(t) = run_at {
                 body["run_at"] = json!(absolute_run_at(t));
             }
-            Output::new(client.post("/tasks", &body).await?, created)
+            let v = client.post("/tasks", &body).await?;
+            if *wait {
+                let ids: Vec<String> = v["ids"]
+                    .as_array()
+                    .map(|a| a.iter().map(cell).collect())
+                    .unwrap_or_default();
+                eprint!("{}", created(&v));
+                wait_for_tasks(&client, &WaitArgs { ids, timeout: None }).await?
+            } else {
+                Output::new(v, created)
+            }
         }
+        Command::Wait(args) => wait_for_tasks(&client, args).await?,
         Command::Cancel(args) => stop_tasks(&client, "cancel", args).await?,
         Command::Kill(args) => stop_tasks(&client, "kill", args).await?,
         Command::Retry(args) => stop_tasks(&client, "retry", &args.clone().into()).await?,
@@ -387,18 +421,24 @@ pub async fn run(cli: &Cli) -> Result<(), CliError> {
     } else {
         print!("{}", (out.human)(&out.value));
     }
-    Ok(())
+    out.outcome.map_or(Ok(()), Err)
 }
 
-/// A verb's answer and how to show it to a person.
+/// A verb's answer and how to show it to a person, and for `wait` the outcome that sets
+/// the exit code once it is shown.
 struct Output {
     value: Value,
     human: fn(&Value) -> String,
+    outcome: Option<CliError>,
 }
 
 impl Output {
     fn new(value: Value, human: fn(&Value) -> String) -> Output {
-        Output { value, human }
+        Output {
+            value,
+            human,
+            outcome: None,
+        }
     }
 }
 

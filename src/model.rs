@@ -44,6 +44,12 @@ pub mod status {
     /// Failed.
     pub const FAILED: i32 = 2;
 
+    /// Whether a task with this status has ended (any positive status, orphaned,
+    /// cancelled or terminated): it runs no more unless it is retried.
+    pub fn finished(code: i32) -> bool {
+        code > 0 || [ORPHANED, CANCELLED, TERMINATED].contains(&code)
+    }
+
     /// A short name of a status code.
     pub fn name(code: i32) -> &'static str {
         match code {

@@ -235,6 +235,10 @@ pub fn one_piece(text: String) -> OutputStream {
 /// Signals that tasks may have become claimable (inserted or put back as queued).
 pub type QueuedEvents = futures::stream::BoxStream<'static, StoreResult<()>>;
 
+/// Changes of tasks ([`Store::watch_tasks`]): `Some(id)` when task `id` changed, `None`
+/// when some tasks may have (look again at those of interest).
+pub type TaskEvents = futures::stream::BoxStream<'static, StoreResult<Option<ObjectId>>>;
+
 /// Number of tasks per status code, for one queue.
 pub type StatusCounts = BTreeMap<i32, u64>;
 
@@ -316,6 +320,14 @@ pub trait Store: Send + Sync + 'static {
     /// claims at once instead of at its next poll. `Ok(None)` when the store cannot
     /// notify; the stream ends or errs when notification stops (the DEN keeps polling).
     async fn watch_queued(&self) -> StoreResult<Option<QueuedEvents>> {
+        Ok(None)
+    }
+    /// A stream that yields when tasks change (created, claimed, started, finished,
+    /// progress reported, cancelled, requeued…), so waiters answer at once without
+    /// polling. MongoDB rides a change stream (changes by any process); the embedded
+    /// store signals the changes made through it in this process. `Ok(None)` when the
+    /// store cannot notify; the stream ends or errs when notification stops.
+    async fn watch_tasks(&self) -> StoreResult<Option<TaskEvents>> {
         Ok(None)
     }
     /// Claims the next queued task of `queue` for `node` in one atomic step: the first

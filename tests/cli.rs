@@ -152,6 +152,28 @@ async fn a_den_runs_what_the_cli_submits() {
     assert!(text.contains("from-the-cli"), "{text}");
     let q = web.json(&["queues"]);
     assert_eq!(q[0]["completed"], 1);
+
+    // wait: the outcome sets the exit code. An ended task answers at once.
+    assert_eq!(web.ok(&["wait", &id]), format!("{id} 1 (succeeded)\n"));
+    // create-task --wait submits and waits: 0 when it succeeds, 4 when it fails.
+    let out = web.run_with(&["create-task", "--wait", "run", "message", "waited"], None, &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let shown = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(shown.ends_with(" 1 (succeeded)\n"), "{shown}");
+    assert!(stderr(&out).starts_with("created 1 tasks\n"), "{}", stderr(&out));
+    let out = web.run_with(&["create-task", "--wait", "run", "status", "2"], None, &[]);
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("1 of 1 tasks did not succeed"),
+        "{}",
+        stderr(&out)
+    );
+    // A task that cannot end in time: 5 at --timeout.
+    web.ok(&["update-queue", "run", "threads", "0"]);
+    let stuck = web.json(&["create-task", "run"])["ids"][0].as_str().unwrap().to_owned();
+    let out = web.run_with(&["wait", "--timeout", "1s", &stuck], None, &[]);
+    assert_eq!(out.status.code(), Some(5), "{}", stderr(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("-2 (queued)"));
 }
 
 #[tokio::test]

@@ -145,7 +145,7 @@ pub(super) fn lifecycle_lines(t: &Value) -> String {
 }
 
 /// `[#####.....]  50% info` for a `progress` object (no bar without a percent).
-fn progress_text(p: &Value) -> String {
+pub(super) fn progress_text(p: &Value) -> String {
     let info = p["info"].as_str().unwrap_or_default();
     match p["percent"].as_f64() {
         Some(pct) => {

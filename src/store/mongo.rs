@@ -397,6 +397,20 @@ impl Store for MongoStore {
         Ok(Some(Box::pin(events)))
     }
 
+    async fn watch_tasks(&self) -> StoreResult<Option<super::TaskEvents>> {
+        let pipeline = [doc! { "$project": { "documentKey": 1, "operationType": 1 } }];
+        let stream = self
+            .tasks
+            .watch()
+            .pipeline(pipeline)
+            .await
+            .map_err(db_err("watch tasks"))?;
+        let events = stream
+            .map_ok(|e| e.document_key.and_then(|k| k.get_object_id("_id").ok()))
+            .map_err(db_err("watch tasks"));
+        Ok(Some(Box::pin(events)))
+    }
+
     async fn has_queued(&self, queue: ObjectId) -> StoreResult<bool> {
         let found = self
             .tasks

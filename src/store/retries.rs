@@ -28,7 +28,7 @@ pub enum HandRetry {
 
 /// Whether a task of this status may be retried by hand.
 pub(crate) fn finished(code: i32) -> bool {
-    code > 0 || [status::ORPHANED, status::CANCELLED, status::TERMINATED].contains(&code)
+    status::finished(code)
 }
 
 /// How recovery ends an orphan.

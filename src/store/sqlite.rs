@@ -145,6 +145,8 @@ pub struct SqliteStore {
     warned: Arc<Mutex<HashSet<String>>>,
     /// Signals tasks queued through this store, for [`Store::watch_queued`].
     queued: tokio::sync::broadcast::Sender<()>,
+    /// Signals writes through this store, for [`Store::watch_tasks`].
+    changed: tokio::sync::broadcast::Sender<()>,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -163,6 +165,7 @@ impl SqliteStore {
             pool: Arc::new(Mutex::new(Vec::new())),
             warned: Arc::new(Mutex::new(HashSet::new())),
             queued: tokio::sync::broadcast::channel(QUEUED_EVENTS).0,
+            changed: tokio::sync::broadcast::channel(QUEUED_EVENTS).0,
         };
         store.ensure_indexes().await?;
         Ok(store)
@@ -214,15 +217,23 @@ impl SqliteStore {
         T: Send + 'static,
         F: FnOnce(&rusqlite::Transaction<'_>) -> StoreResult<T> + Send + 'static,
     {
-        self.with(move |conn| {
-            let tx = conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(db_err(op))?;
-            let value = f(&tx)?;
-            tx.commit().map_err(db_err(op))?;
-            Ok(value)
-        })
-        .await
+        let value = self
+            .with(move |conn| {
+                let tx = conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                    .map_err(db_err(op))?;
+                let value = f(&tx)?;
+                tx.commit().map_err(db_err(op))?;
+                Ok(value)
+            })
+            .await?;
+        self.signal_changed();
+        Ok(value)
+    }
+
+    /// Tells the watchers of [`Store::watch_tasks`] that tasks changed.
+    fn signal_changed(&self) {
+        let _ = self.changed.send(());
     }
 
     /// Tells the watchers of [`Store::watch_queued`] that tasks were queued.
@@ -753,6 +764,17 @@ impl Store for SqliteStore {
         Ok(Some(Box::pin(events)))
     }
 
+    async fn watch_tasks(&self) -> StoreResult<Option<super::TaskEvents>> {
+        use tokio::sync::broadcast::error::RecvError;
+        let events = futures::stream::unfold(self.changed.subscribe(), |mut rx| async move {
+            match rx.recv().await {
+                Ok(()) | Err(RecvError::Lagged(_)) => Some((Ok(None), rx)),
+                Err(RecvError::Closed) => None,
+            }
+        });
+        Ok(Some(Box::pin(events)))
+    }
+
     async fn has_queued(&self, queue: ObjectId) -> StoreResult<bool> {
         self.with(move |conn| {
             conn.query_row(
@@ -809,31 +831,34 @@ impl Store for SqliteStore {
 
     async fn start(&self, task: ObjectId, node: &str) -> StoreResult<bool> {
         let node = node.to_string();
-        self.with(move |conn| {
-            let n = conn
-                .execute(
-                    "UPDATE tasks SET status = ?1, mtime = ?2 WHERE id = ?3 AND node = ?4 AND status = ?5",
-                    params![
-                        status::RUNNING,
-                        DateTime::now().timestamp_millis(),
-                        task.to_hex(),
-                        node,
-                        status::CLAIMED
-                    ],
+        let started = self
+            .with(move |conn| {
+                let n = conn
+                    .execute(
+                        "UPDATE tasks SET status = ?1, mtime = ?2 WHERE id = ?3 AND node = ?4 AND status = ?5",
+                        params![
+                            status::RUNNING,
+                            DateTime::now().timestamp_millis(),
+                            task.to_hex(),
+                            node,
+                            status::CLAIMED
+                        ],
+                    )
+                    .map_err(db_err("start task"))?;
+                if n == 1 {
+                    return Ok(true);
+                }
+                // A retry after a lost reply: the first attempt applied.
+                conn.query_row(
+                    "SELECT EXISTS (SELECT 1 FROM tasks WHERE id = ?1 AND node = ?2 AND status = ?3)",
+                    params![task.to_hex(), node, status::RUNNING],
+                    |r| r.get(0),
                 )
-                .map_err(db_err("start task"))?;
-            if n == 1 {
-                return Ok(true);
-            }
-            // A retry after a lost reply: the first attempt applied.
-            conn.query_row(
-                "SELECT EXISTS (SELECT 1 FROM tasks WHERE id = ?1 AND node = ?2 AND status = ?3)",
-                params![task.to_hex(), node, status::RUNNING],
-                |r| r.get(0),
-            )
-            .map_err(db_err("start task"))
-        })
-        .await
+                .map_err(db_err("start task"))
+            })
+            .await;
+        self.signal_changed();
+        started
     }
 
     async fn put_output_file(&self, file: ObjectId, task: ObjectId, filename: &str, text: &str) -> StoreResult<()> {

@@ -142,14 +142,17 @@ impl SqliteStore {
     ) -> StoreResult<bool> {
         let bytes = bson_bytes(&progress.to_document())?;
         let node = node.to_string();
-        self.with(move |conn| {
-            let n = conn
-                .prepare_cached("UPDATE tasks SET progress = ?1 WHERE id = ?2 AND node = ?3 AND status = ?4")
-                .and_then(|mut s| s.execute(params![bytes, task.to_hex(), node, status::RUNNING]))
-                .map_err(db_err("report progress"))?;
-            Ok(n == 1)
-        })
-        .await
+        let stored = self
+            .with(move |conn| {
+                let n = conn
+                    .prepare_cached("UPDATE tasks SET progress = ?1 WHERE id = ?2 AND node = ?3 AND status = ?4")
+                    .and_then(|mut s| s.execute(params![bytes, task.to_hex(), node, status::RUNNING]))
+                    .map_err(db_err("report progress"))?;
+                Ok(n == 1)
+            })
+            .await;
+        self.signal_changed();
+        stored
     }
 
     /// [`Store::kill_requests`](crate::store::Store::kill_requests).

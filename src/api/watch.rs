@@ -1,0 +1,300 @@
+//! Waiting for tasks: `GET /tasks/wait?ids=a,b&timeout=30s` answers once every task has
+//! ended (or at the timeout, with their states then), and `GET /tasks/{id}/events` is a
+//! server-sent-events stream of a task's status and progress changes.
+//!
+//! Waiters never poll the database on a timer: one [`TaskWatch`] per API process follows
+//! [`Store::watch_tasks`](crate::store::Store::watch_tasks) (a MongoDB change stream, or the
+//! embedded store's in-process signal) and tells each waiter when one of its tasks — or,
+//! after a gap in notification, any task — may have changed; the waiter then reads its
+//! tasks again. With a store that cannot notify, waiters look again every 500 ms.
+
+use std::collections::{HashMap, HashSet};
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Query, State};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::Json;
+use bson::oid::ObjectId;
+use futures::{Stream, StreamExt};
+use serde_json::{json, Value};
+use tokio::sync::broadcast;
+use tracing::debug;
+
+use super::body::PathKey;
+use super::json::{self, TaskView};
+use super::{ApiError, Shared};
+use crate::model::{status, Task};
+use crate::store::Store;
+
+/// Longest `timeout` of `GET /tasks/wait`.
+pub const MAX_WAIT: Duration = Duration::from_secs(300);
+/// `timeout` of `GET /tasks/wait` when none is given.
+pub const DEFAULT_WAIT: Duration = Duration::from_secs(30);
+/// Most ids one wait may name.
+pub const MAX_WAIT_IDS: usize = 1000;
+/// How often a waiter looks again while the store cannot notify.
+const UNWATCHED_POLL: Duration = Duration::from_millis(500);
+
+/// A change a waiter may care about.
+#[derive(Debug, Clone, Copy)]
+enum Change {
+    /// This task changed.
+    Task(ObjectId),
+    /// Any task may have changed.
+    Any,
+}
+
+/// The notification hub of one API process.
+#[derive(Debug)]
+pub struct TaskWatch {
+    tx: broadcast::Sender<Change>,
+    started: AtomicBool,
+    live: Arc<AtomicBool>,
+}
+
+impl Default for TaskWatch {
+    fn default() -> Self {
+        TaskWatch {
+            tx: broadcast::channel(4096).0,
+            started: AtomicBool::new(false),
+            live: Arc::new(AtomicBool::new(false)),
+        }
+    }
+}
+
+impl TaskWatch {
+    /// A receiver of changes, following the store from the first call on.
+    fn subscribe(&self, store: &Arc<dyn Store>) -> broadcast::Receiver<Change> {
+        let rx = self.tx.subscribe();
+        if !self.started.swap(true, Ordering::SeqCst) {
+            tokio::spawn(follow(store.clone(), self.tx.clone(), self.live.clone()));
+        }
+        rx
+    }
+
+    /// Whether changes are being followed now.
+    fn live(&self) -> bool {
+        self.live.load(Ordering::SeqCst)
+    }
+}
+
+/// Follows the store's task changes into `tx` for as long as the process runs, starting
+/// again after an error; every (re)start sends [`Change::Any`], so a change missed in a
+/// gap is looked at.
+async fn follow(store: Arc<dyn Store>, tx: broadcast::Sender<Change>, live: Arc<AtomicBool>) {
+    loop {
+        match store.watch_tasks().await {
+            Ok(Some(mut events)) => {
+                live.store(true, Ordering::SeqCst);
+                let _ = tx.send(Change::Any);
+                while let Some(e) = events.next().await {
+                    match e {
+                        Ok(Some(id)) => {
+                            let _ = tx.send(Change::Task(id));
+                        }
+                        Ok(None) => {
+                            let _ = tx.send(Change::Any);
+                        }
+                        Err(e) => {
+                            debug!(error = %e, "task notification stopped; starting it again");
+                            break;
+                        }
+                    }
+                }
+                live.store(false, Ordering::SeqCst);
+                let _ = tx.send(Change::Any);
+            }
+            Ok(None) => return,
+            Err(e) => debug!(error = %e, "cannot follow task changes; waiters look again every 500 ms"),
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// Waits until `rx` says one of `ids` (or any task) may have changed, or `limit` passes.
+/// Returns false at the limit.
+async fn changed(
+    watch: &TaskWatch,
+    rx: &mut broadcast::Receiver<Change>,
+    ids: &HashSet<ObjectId>,
+    limit: Duration,
+) -> bool {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let step = if watch.live() { limit } else { UNWATCHED_POLL.min(limit) };
+        let until = deadline.min(tokio::time::Instant::now() + step);
+        match tokio::time::timeout_at(until, rx.recv()).await {
+            Ok(Ok(Change::Task(id))) if !ids.contains(&id) => continue,
+            Ok(Ok(_)) | Ok(Err(broadcast::error::RecvError::Lagged(_))) => return true,
+            Ok(Err(broadcast::error::RecvError::Closed)) => return true,
+            Err(_) if tokio::time::Instant::now() >= deadline => return false,
+            // Not followed: look again.
+            Err(_) => return true,
+        }
+    }
+}
+
+/// The tasks `ids`, in order (an id without a task is left out).
+async fn read(state: &Shared, ids: &[ObjectId]) -> Result<Vec<Task>, ApiError> {
+    let mut out = Vec::with_capacity(ids.len());
+    for id in ids {
+        if let Some(t) = state.store.task(*id).await? {
+            out.push(t);
+        }
+    }
+    Ok(out)
+}
+
+/// `timeout=30s` (a duration, or seconds).
+fn timeout(q: &HashMap<String, String>) -> Result<Duration, ApiError> {
+    let Some(t) = q.get("timeout") else {
+        return Ok(DEFAULT_WAIT);
+    };
+    let d = match t.parse::<f64>() {
+        Ok(s) if s.is_finite() && s >= 0.0 => Duration::from_secs_f64(s.min(MAX_WAIT.as_secs_f64() + 1.0)),
+        Ok(_) => {
+            return Err(ApiError::bad(format!(
+                "parameter \"timeout\" must not be negative, got {t:?}"
+            )))
+        }
+        Err(_) => humantime::parse_duration(t).map_err(|e| {
+            ApiError::bad(format!(
+                "parameter \"timeout\" must be a duration like \"30s\": {t:?}: {e}"
+            ))
+        })?,
+    };
+    if d > MAX_WAIT {
+        return Err(ApiError::bad(format!(
+            "parameter \"timeout\" must be at most {} seconds, got {t:?}",
+            MAX_WAIT.as_secs()
+        )));
+    }
+    Ok(d)
+}
+
+/// `GET /tasks/wait?ids=a,b,c&timeout=30s`: `{done, tasks: [Task]}` once every task has
+/// ended (`done: true`), or at the timeout with their states then (`done: false`). An
+/// unknown id is 404 at once.
+pub(super) async fn wait(
+    State(state): State<Shared>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Json<Value>, ApiError> {
+    let list = q.get("ids").map(String::as_str).unwrap_or_default();
+    let ids: Vec<ObjectId> = list
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| ObjectId::parse_str(s).map_err(|_| ApiError::bad(format!("parameter \"ids\": invalid task id {s:?}"))))
+        .collect::<Result<_, _>>()?;
+    if ids.is_empty() {
+        return Err(ApiError::bad(
+            "parameter \"ids\" is required: task ids separated by commas",
+        ));
+    }
+    if ids.len() > MAX_WAIT_IDS {
+        return Err(ApiError::bad(format!(
+            "parameter \"ids\" names {} tasks; at most {MAX_WAIT_IDS} per wait",
+            ids.len()
+        )));
+    }
+    let limit = timeout(&q)?;
+    let started = tokio::time::Instant::now();
+    let set: HashSet<ObjectId> = ids.iter().copied().collect();
+    let mut rx = state.watch.subscribe(&state.store);
+    let answer = |tasks: &[Task], done: bool| {
+        let view = TaskView::default();
+        Json(json!({
+            "done": done,
+            "waited_ms": started.elapsed().as_millis() as u64,
+            "tasks": tasks.iter().map(|t| json::task(t, &view)).collect::<Vec<_>>(),
+        }))
+    };
+    loop {
+        let tasks = read(&state, &ids).await?;
+        if let Some(missing) = ids.iter().find(|id| !tasks.iter().any(|t| t.id == **id)) {
+            return Err(ApiError::NotFound(format!("no task {missing}")));
+        }
+        if tasks.iter().all(|t| status::finished(t.status)) {
+            return Ok(answer(&tasks, true));
+        }
+        let left = limit.saturating_sub(started.elapsed());
+        if left.is_zero() || !changed(&state.watch, &mut rx, &set, left).await {
+            let tasks = read(&state, &ids).await?;
+            let done = tasks.iter().all(|t| status::finished(t.status));
+            return Ok(answer(&tasks, done));
+        }
+    }
+}
+
+/// What an event shows of a task: its status and progress.
+fn shown(t: &Task) -> (i32, Option<(Option<u64>, String, i64)>) {
+    let progress = t
+        .progress
+        .as_ref()
+        .map(|p| (p.percent.map(f64::to_bits), p.info.clone(), p.at.timestamp_millis()));
+    (t.status, progress)
+}
+
+/// `GET /tasks/{id}/events`: a server-sent-events stream of the task (`event: task`, the
+/// task's JSON as data), first as it is, then at each change of its status or progress;
+/// it ends after the task has ended.
+pub(super) async fn events(
+    State(state): State<Shared>,
+    PathKey(id): PathKey,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    let oid = ObjectId::parse_str(&id).map_err(|_| ApiError::bad(format!("invalid task id {id:?}")))?;
+    let rx = state.watch.subscribe(&state.store);
+    let first = state
+        .store
+        .task(oid)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("no task {id}")))?;
+    let set: HashSet<ObjectId> = [oid].into();
+    let event = |t: &Task| {
+        let data = json::task(t, &TaskView::default()).to_string();
+        Event::default().event("task").data(data)
+    };
+    struct Follow {
+        state: Shared,
+        rx: broadcast::Receiver<Change>,
+        last: Option<Task>,
+        ended: bool,
+    }
+    let start = Follow {
+        state,
+        rx,
+        last: None,
+        ended: false,
+    };
+    let stream = futures::stream::unfold((start, Some(first)), move |(mut f, pending)| {
+        let set = set.clone();
+        async move {
+            if let Some(t) = pending {
+                f.ended = status::finished(t.status);
+                let e = event(&t);
+                f.last = Some(t);
+                return Some((Ok(e), (f, None)));
+            }
+            if f.ended {
+                return None;
+            }
+            loop {
+                changed(&f.state.watch, &mut f.rx, &set, MAX_WAIT).await;
+                let Ok(Some(t)) = f.state.store.task(oid).await else {
+                    // Unreadable for now: look again at the next change.
+                    continue;
+                };
+                if f.last.as_ref().map(shown) != Some(shown(&t)) {
+                    f.ended = status::finished(t.status);
+                    let e = event(&t);
+                    f.last = Some(t);
+                    return Some((Ok(e), (f, None)));
+                }
+            }
+        }
+    });
+    Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+}
