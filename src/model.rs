@@ -17,7 +17,8 @@ mod lifecycle;
 mod retry;
 pub use self::lifecycle::{StopAction, StopRequest, TaskProgress};
 pub use self::retry::{
-    activity_timeout_from, kept_output, queue_lifecycle, Attempt, RetryAt, RetryOn, RetryPolicy, PREFER_OTHER_NODE,
+    activity_timeout_from, counted_runs, kept_output, queue_lifecycle, Attempt, QueueLifecycle, RetryAt, RetryOn,
+    RetryPolicy, BY_HAND, PREFER_OTHER_NODE, RESUBMITTED,
 };
 
 /// Task status codes of the Disbatch 4 spec.

@@ -140,6 +140,8 @@ pub struct QueueUpdate {
 pub struct TaskFilter {
     /// Only this task.
     pub id: Option<ObjectId>,
+    /// Only these tasks.
+    pub ids: Option<Vec<ObjectId>>,
     /// Only this queue.
     pub queue: Option<ObjectId>,
     /// Only these statuses.
@@ -392,8 +394,9 @@ pub trait Store: Send + Sync + 'static {
     /// status: 0}`: appends `retry.attempt` to `attempts`, and the task waits (-7, node
     /// null) until `retry.run_at` — or is queued (-2) at once when that is not after now —
     /// at `retry.priority`, left by `retry.avoid_node` to the others until
-    /// `retry.avoid_until`. Its outputs, progress and any stop request are cleared.
-    /// Returns false when the task is no longer running on `node`.
+    /// `retry.avoid_until`. Its outputs and progress are cleared.
+    /// Returns false when the task is no longer running on `node`, or someone asked to
+    /// kill it (it must not run again: the caller stores the failure as its result).
     async fn retry_later(&self, task: ObjectId, node: &str, retry: &RetryAt) -> StoreResult<bool>;
     /// Queues a finished task again by hand (succeeded, failed or any other positive
     /// status, orphaned, cancelled or terminated): its last run becomes a record in

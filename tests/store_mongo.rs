@@ -999,6 +999,8 @@ async fn indexes_are_created_idempotently() {
         false,
     );
     has(&t, doc! { "status": 1, "run_at": 1 }, false);
+    has(&t, doc! { "queue": 1, "key": 1 }, true);
+    has(&t, doc! { "key": 1 }, false);
     has(&t, doc! { "node": 1, "status": 1 }, false);
     has(&t, doc! { "status": 1, "mtime": 1 }, false);
     has(&t, doc! { "queue": 1, "status": 1 }, false);

@@ -35,7 +35,11 @@ pub(super) async fn retry(
         ))),
     };
     let (by, why) = (text("by")?, text("reason")?);
-    let mut reason = format!("retried by hand by {}", if by.is_empty() { "api" } else { &by });
+    let mut reason = format!(
+        "{} by {}",
+        crate::model::BY_HAND,
+        if by.is_empty() { "api" } else { &by }
+    );
     if !why.is_empty() {
         reason = format!("{reason}: {why}");
     }

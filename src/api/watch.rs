@@ -137,15 +137,24 @@ async fn changed(
     }
 }
 
-/// The tasks `ids`, in order (an id without a task is left out).
+/// The tasks `ids`, in order (an id without a task is left out), in one query.
 async fn read(state: &Shared, ids: &[ObjectId]) -> Result<Vec<Task>, ApiError> {
-    let mut out = Vec::with_capacity(ids.len());
-    for id in ids {
-        if let Some(t) = state.store.task(*id).await? {
-            out.push(t);
-        }
-    }
-    Ok(out)
+    let filter = crate::store::TaskFilter {
+        ids: Some(ids.to_vec()),
+        ..Default::default()
+    };
+    let page = crate::store::Page {
+        skip: 0,
+        limit: ids.len() as u64,
+    };
+    let mut found: HashMap<ObjectId, Task> = state
+        .store
+        .find_tasks(&filter, page)
+        .await?
+        .into_iter()
+        .map(|t| (t.id, t))
+        .collect();
+    Ok(ids.iter().filter_map(|id| found.remove(id)).collect())
 }
 
 /// `timeout=30s` (a duration, or seconds).
@@ -283,9 +292,12 @@ pub(super) async fn events(
             }
             loop {
                 changed(&f.state.watch, &mut f.rx, &set, MAX_WAIT).await;
-                let Ok(Some(t)) = f.state.store.task(oid).await else {
+                let t = match f.state.store.task(oid).await {
+                    Ok(Some(t)) => t,
+                    // Deleted: the stream ends.
+                    Ok(None) => return None,
                     // Unreadable for now: look again at the next change.
-                    continue;
+                    Err(_) => continue,
                 };
                 if f.last.as_ref().map(shown) != Some(shown(&t)) {
                     f.ended = status::finished(t.status);

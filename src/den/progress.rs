@@ -80,7 +80,9 @@ pub(super) async fn watch_activity(
     };
     let tick = (limit / 10).clamp(Duration::from_millis(50), Duration::from_secs(1));
     loop {
-        let due = latest.last_heard(start) + limit;
+        let Some(due) = latest.last_heard(start).checked_add(limit) else {
+            return std::future::pending().await;
+        };
         if Instant::now() >= due {
             control.cancel(crate::runner::StopReason::Stuck);
             return std::future::pending().await;

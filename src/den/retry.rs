@@ -2,7 +2,7 @@
 //! with its record kept in `attempts` and a note in stderr saying how many runs it had.
 
 use bson::DateTime;
-use tracing::{error, info, warn};
+use tracing::{error, info};
 
 use super::result::Stop;
 use super::Den;
@@ -57,7 +57,8 @@ pub(super) fn next_run(
             note: String::new(),
         };
     };
-    let made = u32::try_from(task.attempts.len()).unwrap_or(u32::MAX).saturating_add(1);
+    let since = crate::model::counted_runs(&task.attempts);
+    let made = u32::try_from(since).unwrap_or(u32::MAX).saturating_add(1);
     let failed = status == status::FAILED;
     let kind = if failed {
         kind_of(status, outcome.failure.as_ref())
@@ -130,8 +131,8 @@ impl Den {
                 true
             }
             Ok(false) => {
-                warn!(task = %task.id, "task was recovered by another node meanwhile; retry not written");
-                true
+                info!(task = %task.id, "no retry: the task was asked to be killed (or recovered meanwhile)");
+                false
             }
             Err(Stop::Refused(e)) => {
                 error!(task = %task.id, error = %e, "cannot write the retry; storing the failure instead");

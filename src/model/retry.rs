@@ -6,6 +6,8 @@ use std::time::Duration;
 use bson::{Bson, DateTime, Document};
 use serde::{Deserialize, Serialize};
 
+/// Longest `activity_timeout`, `backoff` or `max_backoff`: 365 days.
+pub const MAX_WAIT_TIME: Duration = Duration::from_secs(365 * 24 * 3600);
 /// Most attempts a policy may allow.
 pub const MAX_ATTEMPTS: u32 = 100;
 /// How much of each output stream of a failed attempt its record keeps (the end of it).
@@ -153,6 +155,14 @@ impl RetryPolicy {
                 self.attempts
             ));
         }
+        for (field, d) in [("backoff", self.backoff), ("max_backoff", self.max_backoff)] {
+            if d.is_some_and(|d| d > MAX_WAIT_TIME) {
+                return Err(format!(
+                    "field `retry.{field}` must be at most {} seconds (365 days)",
+                    MAX_WAIT_TIME.as_secs()
+                ));
+            }
+        }
         if self.lower_priority < 0 {
             return Err("field `retry.lower_priority` must not be negative".into());
         }
@@ -227,7 +237,14 @@ pub fn activity_timeout_from(v: &Bson) -> Result<Duration, String> {
     }
     let w: Wrapped =
         bson::from_document(bson::doc! {"v": v.clone()}).map_err(|e| format!("field `activity_timeout`: {e}"))?;
-    w.v.ok_or_else(|| "field `activity_timeout` must be a duration".to_owned())
+    match w.v {
+        Some(d) if d <= MAX_WAIT_TIME => Ok(d),
+        Some(_) => Err(format!(
+            "field `activity_timeout` must be at most {} seconds (365 days)",
+            MAX_WAIT_TIME.as_secs()
+        )),
+        None => Err("field `activity_timeout` must be a duration".to_owned()),
+    }
 }
 
 fn add(t: DateTime, d: Duration) -> DateTime {
@@ -308,6 +325,20 @@ impl Attempt {
     }
 }
 
+/// How the reason of a hand retry's record starts.
+pub const BY_HAND: &str = "retried by hand";
+/// The reason of the record of a finished task submitted again by key.
+pub const RESUBMITTED: &str = "submitted again with the same key";
+
+/// The runs a retry policy counts in `list`: those since the task was last queued again
+/// by hand or by key (each such start gives the policy's attempts anew).
+pub fn counted_runs(list: &[Attempt]) -> usize {
+    list.iter()
+        .rev()
+        .take_while(|a| !a.reason.starts_with(BY_HAND) && a.reason != RESUBMITTED)
+        .count()
+}
+
 /// The end of `text`, at most [`ATTEMPT_OUTPUT_KEPT`] bytes, saying how much was left out;
 /// `None` for an empty text.
 pub fn kept_output(text: &str) -> Option<super::Output> {
@@ -371,6 +402,28 @@ mod tests {
             .iter()
             .all(|d| (Duration::from_secs(2)..=Duration::from_secs(4)).contains(d)));
         assert!(seen.len() > 1, "jitter varies the wait");
+    }
+
+    #[test]
+    fn a_hand_retry_gives_the_attempts_anew() {
+        let run = |reason: &str| Attempt {
+            node: None,
+            started: None,
+            ended: DateTime::MIN,
+            status: 2,
+            reason: reason.into(),
+            stdout: None,
+            stderr: None,
+        };
+        let list = [
+            run("trap"),
+            run("trap"),
+            run("retried by hand by ann: fixed"),
+            run("trap"),
+        ];
+        assert_eq!(counted_runs(&list), 1);
+        assert_eq!(counted_runs(&list[..2]), 2);
+        assert_eq!(counted_runs(&[run(RESUBMITTED)]), 0);
     }
 
     #[test]

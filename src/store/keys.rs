@@ -20,7 +20,7 @@ pub enum Keyed {
 }
 
 /// The reason recorded in `attempts` for a finished task submitted again.
-pub const RESUBMITTED: &str = "submitted again with the same key";
+pub use crate::model::RESUBMITTED;
 
 /// The task of `queue` with `key`.
 pub async fn by_key<S: Store + ?Sized>(s: &S, queue: Option<ObjectId>, key: &str) -> StoreResult<Vec<Task>> {

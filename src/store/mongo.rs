@@ -169,6 +169,14 @@ impl Store for MongoStore {
                 plain(doc! { "queue": 1, "status": 1 }),
                 plain(doc! { "status": 1, "run_at": 1 }),
                 IndexModel::builder()
+                    .keys(doc! { "key": 1 })
+                    .options(
+                        IndexOptions::builder()
+                            .partial_filter_expression(doc! { "key": { "$type": "string" } })
+                            .build(),
+                    )
+                    .build(),
+                IndexModel::builder()
                     .keys(doc! { "queue": 1, "key": 1 })
                     .options(
                         IndexOptions::builder()
@@ -526,7 +534,12 @@ impl Store for MongoStore {
         }
         let fence = doc! { "_id": task, "node": node, "status": status::RUNNING };
         let mut plain = fence.clone();
-        plain.insert("rerun", doc! { "$ne": true });
+        // Submitted again but then killed: it ends here.
+        plain.insert(
+            "$or",
+            vec![doc! { "rerun": { "$ne": true } }, doc! { "stop.action": "kill" }],
+        );
+        update.insert("$unset", doc! { "rerun": "" });
         let result = self
             .tasks
             .update_one(plain, update)
@@ -582,7 +595,10 @@ impl Store for MongoStore {
                 .tasks
                 .update_one(
                     unasked,
-                    doc! { "$set": { "status": status::QUEUED, "node": null, "mtime": DateTime::now() } },
+                    doc! {
+                        "$set": { "status": status::QUEUED, "node": null, "mtime": DateTime::now() },
+                        "$unset": { "rerun": "" },
+                    },
                 )
                 .await
                 .map_err(db_err("requeue task"))?;

@@ -54,6 +54,9 @@ use crate::model::{
     status, Node, NodeProcess, NodeStats, Output, Queue, RetryAt, Sort, StopRequest, Task, TaskProgress,
 };
 
+/// How often a watcher of task changes looks for writes by other processes.
+const OTHER_WRITERS_POLL: Duration = Duration::from_millis(250);
+
 /// Table of output files.
 pub const OUTPUT_FILES: &str = "output_files";
 
@@ -314,6 +317,14 @@ fn filter_sql(filter: &TaskFilter) -> (String, Vec<rusqlite::types::Value>) {
         } else {
             clauses.push(format!("status IN ({})", vec!["?"; statuses.len()].join(", ")));
             args.extend(statuses.iter().map(|s| Value::Integer(i64::from(*s))));
+        }
+    }
+    if let Some(ids) = &filter.ids {
+        if ids.is_empty() {
+            clauses.push("0".to_string());
+        } else {
+            clauses.push(format!("id IN ({})", vec!["?"; ids.len()].join(", ")));
+            args.extend(ids.iter().map(|i| Value::Text(i.to_hex())));
         }
     }
     if let Some(key) = &filter.key {
@@ -764,15 +775,34 @@ impl Store for SqliteStore {
         Ok(Some(Box::pin(events)))
     }
 
+    /// Writes through this store are signalled at once; writes by other processes on the
+    /// same file (a DEN beside `disbatch web`) are seen by a look at `PRAGMA data_version`
+    /// every [`OTHER_WRITERS_POLL`], one per watching process.
     async fn watch_tasks(&self) -> StoreResult<Option<super::TaskEvents>> {
         use tokio::sync::broadcast::error::RecvError;
-        let events = futures::stream::unfold(self.changed.subscribe(), |mut rx| async move {
+        let here = futures::stream::unfold(self.changed.subscribe(), |mut rx| async move {
             match rx.recv().await {
                 Ok(()) | Err(RecvError::Lagged(_)) => Some((Ok(None), rx)),
                 Err(RecvError::Closed) => None,
             }
         });
-        Ok(Some(Box::pin(events)))
+        let conn = Self::connect(&self.path)?;
+        let version = |c: &Connection| {
+            c.query_row("PRAGMA data_version", [], |r| r.get::<_, i64>(0))
+                .map_err(db_err("watch tasks"))
+        };
+        let first = version(&conn)?;
+        let elsewhere = futures::stream::unfold((conn, first), move |(conn, last)| async move {
+            loop {
+                tokio::time::sleep(OTHER_WRITERS_POLL).await;
+                match version(&conn) {
+                    Ok(v) if v == last => continue,
+                    Ok(v) => return Some((Ok(None), (conn, v))),
+                    Err(e) => return Some((Err(e), (conn, last))),
+                }
+            }
+        });
+        Ok(Some(Box::pin(futures::stream::select(here, elsewhere))))
     }
 
     async fn has_queued(&self, queue: ObjectId) -> StoreResult<bool> {
@@ -899,7 +929,7 @@ impl Store for SqliteStore {
                 for id in tasks {
                     let n = tx
                         .execute(
-                            "UPDATE tasks SET status = ?1, node = NULL, mtime = ?2
+                            "UPDATE tasks SET status = ?1, node = NULL, rerun = NULL, mtime = ?2
                          WHERE id = ?3 AND node = ?4 AND status IN (?5, ?6) AND stop IS NULL",
                             params![status::QUEUED, now, id.to_hex(), node, status::CLAIMED, status::RUNNING],
                         )

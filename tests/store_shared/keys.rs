@@ -9,6 +9,7 @@ on_both_stores!(
     a_key_is_created_once_per_queue,
     resubmitting_a_waiting_or_finished_task,
     a_task_submitted_again_while_it_runs_runs_once_more,
+    a_rerun_is_dropped_by_a_kill_and_by_recovery,
 );
 
 fn keyed(key: &str, params: Document) -> NewTask {
@@ -147,4 +148,31 @@ async fn a_task_submitted_again_while_it_runs_runs_once_more(s: Stores) {
         Some(disbatch::model::Output::Inline("run\n".into())),
         "the second run's result"
     );
+}
+
+async fn a_rerun_is_dropped_by_a_kill_and_by_recovery(s: Stores) {
+    let q = queue_with(&*s.a, "rerun-faults", "demo", 4, doc! {"on_orphan": "requeue"}).await;
+    let (a, b) = (keyed("a", doc! {}), keyed("b", doc! {}));
+    s.a.insert_keyed(q.id, a.clone(), false).await.unwrap();
+    s.a.insert_keyed(q.id, b.clone(), false).await.unwrap();
+    assert_eq!(claim_run(&*s.a, &q, "gone").await, a.id);
+    assert_eq!(claim_run(&*s.a, &q, "gone").await, b.id);
+    assert!(s.b.request_rerun(a.id).await.unwrap());
+    assert!(s.b.request_rerun(b.id).await.unwrap());
+    // Killed after it was submitted again: it ends with this run.
+    let stop = disbatch::model::StopRequest::now(disbatch::model::StopAction::Kill, "ops", "");
+    s.b.request_kill(disbatch::store::TaskTarget::Task(a.id), &stop)
+        .await
+        .unwrap();
+    let empty = OutputValue::Inline(String::new());
+    assert!(s.a.finish(a.id, "gone", 2, empty.clone(), empty).await.unwrap());
+    let t = task(&*s.b, a.id).await;
+    assert_eq!((t.status, t.rerun), (2, false), "a killed task does not run again");
+    // Its node dies: recovery puts it back once (on_orphan requeue) and drops the rerun.
+    pause().await;
+    let later = DateTime::from_millis(DateTime::now().timestamp_millis() + 1000);
+    let r = s.b.recover_orphans(ago(3_600_000), later).await.unwrap();
+    assert_eq!(r.requeued, vec![b.id]);
+    let t = task(&*s.a, b.id).await;
+    assert_eq!((t.status, t.rerun), (status::QUEUED, false));
 }

@@ -14,6 +14,7 @@ on_both_stores!(
     a_den_retries_until_the_attempts_run_out,
     a_den_retries_a_failing_plugin_until_it_succeeds,
     a_task_without_progress_is_killed_as_stuck_and_retried,
+    a_task_asked_to_be_killed_is_never_retried,
 );
 
 fn later(millis: i64) -> DateTime {
@@ -307,4 +308,40 @@ async fn a_task_without_progress_is_killed_as_stuck_and_retried(s: Stores) {
         stderr.contains("stuck") && stderr.contains("failed after 2 attempts"),
         "{stderr}"
     );
+}
+
+async fn a_task_asked_to_be_killed_is_never_retried(s: Stores) {
+    let q = queue(&*s.a, "kill-no-retry", 4, Sort::Fifo).await;
+    let id = s.a.create_tasks(q.id, vec![doc! {}]).await.unwrap()[0];
+    assert_eq!(claim_run(&*s.a, &q, "n1").await, id);
+    let stop = disbatch::model::StopRequest::now(disbatch::model::StopAction::Kill, "ops", "runaway");
+    assert_eq!(
+        s.b.request_kill(disbatch::store::TaskTarget::Task(id), &stop)
+            .await
+            .unwrap(),
+        vec![id]
+    );
+    // The run ended in a way its policy retries just as the kill was asked: no retry.
+    let retry = RetryAt {
+        attempt: failed_attempt("n1"),
+        run_at: ago(10),
+        priority: 0,
+        avoid_node: "n1".into(),
+        avoid_until: ago(1),
+    };
+    assert!(
+        !s.a.retry_later(id, "n1", &retry).await.unwrap(),
+        "a kill request fences the retry"
+    );
+    let t = task(&*s.b, id).await;
+    assert_eq!(
+        (t.status, t.stop.map(|s| s.by)),
+        (status::RUNNING, Some("ops".to_string()))
+    );
+    let empty = OutputValue::Inline(String::new());
+    assert!(
+        s.a.finish(id, "n1", 2, empty.clone(), empty).await.unwrap(),
+        "the failure is stored instead"
+    );
+    assert!(s.b.claim(&q, "n2").await.unwrap().is_none(), "it never runs again");
 }

@@ -105,6 +105,12 @@ pub(super) fn task_filter_doc(filter: &TaskFilter) -> Document {
             doc! { "$in": statuses.iter().map(|s| Bson::Int32(*s)).collect::<Vec<_>>() },
         );
     }
+    if let Some(ids) = &filter.ids {
+        q.insert(
+            "_id",
+            doc! { "$in": ids.iter().map(|i| Bson::ObjectId(*i)).collect::<Vec<_>>() },
+        );
+    }
     if let Some(key) = &filter.key {
         q.insert("key", key);
     }

@@ -140,10 +140,7 @@ impl MongoStore {
                 Some(Bson::ObjectId(q)) => policies.get(q).cloned().unwrap_or_default(),
                 _ => Policy::default(),
             };
-            let made = match t.get("attempts") {
-                Some(Bson::Array(a)) => a.len(),
-                _ => 0,
-            };
+            let made = crate::model::counted_runs(&crate::model::Attempt::list_from(t.get("attempts")));
             let priority = t.get("priority").and_then(as_int).unwrap_or(0);
             let how = recover_as(
                 t.get_str("node").ok(),
@@ -155,11 +152,18 @@ impl MongoStore {
                 now,
             );
             let update = match &how {
-                Recover::Requeue => doc! { "$set": { "status": status::QUEUED, "node": null, "mtime": now } },
+                Recover::Requeue => doc! {
+                    "$set": { "status": status::QUEUED, "node": null, "mtime": now },
+                    "$unset": { "rerun": "" },
+                },
                 Recover::Retry(r) => retry_update(r, now),
-                Recover::Orphan(None) => doc! { "$set": { "status": status::ORPHANED, "mtime": now } },
+                Recover::Orphan(None) => doc! {
+                    "$set": { "status": status::ORPHANED, "mtime": now },
+                    "$unset": { "rerun": "" },
+                },
                 Recover::Orphan(Some(a)) => doc! {
                     "$set": { "status": status::ORPHANED, "mtime": now },
+                    "$unset": { "rerun": "" },
                     "$push": { "attempts": a.to_document() },
                 },
             };

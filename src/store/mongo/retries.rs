@@ -46,7 +46,7 @@ impl MongoStore {
         let result = self
             .tasks
             .update_one(
-                doc! { "_id": task, "node": node, "status": status::RUNNING },
+                doc! { "_id": task, "node": node, "status": status::RUNNING, "stop.action": { "$ne": "kill" } },
                 retry_update(retry, DateTime::now()),
             )
             .await

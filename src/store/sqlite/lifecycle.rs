@@ -49,7 +49,8 @@ pub(super) fn migrate(conn: &Connection) -> StoreResult<()> {
     }
     conn.execute_batch(
         "CREATE INDEX IF NOT EXISTS tasks_scheduled ON tasks (status, run_at);
-         CREATE UNIQUE INDEX IF NOT EXISTS tasks_key ON tasks (queue, key) WHERE key IS NOT NULL;",
+         CREATE UNIQUE INDEX IF NOT EXISTS tasks_key ON tasks (queue, key) WHERE key IS NOT NULL;
+         CREATE INDEX IF NOT EXISTS tasks_key_only ON tasks (key) WHERE key IS NOT NULL;",
     )
     .map_err(&err)?;
     Ok(())

@@ -52,13 +52,13 @@ fn recover_tasks(tx: &Transaction<'_>, candidates: Vec<Candidate>) -> StoreResul
         // Tasks of a queue that no longer exists are orphaned, and so are tasks someone
         // asked to kill: they must not run again.
         let (on_orphan, retry) = policies.get(&queue).cloned().unwrap_or_default();
-        let made = read_attempts(&id, attempts.as_deref()).len();
+        let made = crate::model::counted_runs(&read_attempts(&id, attempts.as_deref()));
         let how = recover_as(node.as_deref(), kill, on_orphan, retry.as_ref(), made, priority, now);
         let millis = now.timestamp_millis();
         match how {
             Recover::Requeue => {
                 tx.execute(
-                    "UPDATE tasks SET status = ?1, node = NULL, mtime = ?2 WHERE id = ?3",
+                    "UPDATE tasks SET status = ?1, node = NULL, rerun = NULL, mtime = ?2 WHERE id = ?3",
                     params![status::QUEUED, millis, id],
                 )
                 .map_err(&err)?;
@@ -71,7 +71,7 @@ fn recover_tasks(tx: &Transaction<'_>, candidates: Vec<Candidate>) -> StoreResul
             Recover::Orphan(record) => {
                 let attempts = record.map(|a| appended(tx, &id, &a)).transpose()?;
                 tx.execute(
-                    "UPDATE tasks SET status = ?1, mtime = ?2, attempts = COALESCE(?4, attempts) WHERE id = ?3",
+                    "UPDATE tasks SET status = ?1, mtime = ?2, rerun = NULL, attempts = COALESCE(?4, attempts) WHERE id = ?3",
                     params![status::ORPHANED, millis, id, attempts],
                 )
                 .map_err(&err)?;

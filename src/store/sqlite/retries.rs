@@ -107,9 +107,10 @@ pub(super) fn finish(
 ) -> StoreResult<Option<bool>> {
     let id = task.to_hex();
     let err = db_err("finish task");
+    // Submitted again but then killed (`stop` on a running task is a kill): it ends here.
     let rerun: Option<Option<i64>> = tx
         .query_row(
-            "SELECT rerun FROM tasks WHERE id = ?1 AND node = ?2 AND status = ?3",
+            "SELECT CASE WHEN stop IS NULL THEN rerun END FROM tasks WHERE id = ?1 AND node = ?2 AND status = ?3",
             params![id, node, status::RUNNING],
             |r| r.get(0),
         )
@@ -138,7 +139,8 @@ pub(super) fn finish(
     let (err_text, err_file) = output_columns(stderr);
     tx.execute(
         "UPDATE tasks SET status = ?1, stdout = ?2, stdout_file = ?3, stderr = ?4, stderr_file = ?5,
-         mtime = ?6, progress = COALESCE(?8, progress), attempts = COALESCE(?9, attempts) WHERE id = ?7",
+         mtime = ?6, progress = COALESCE(?8, progress), attempts = COALESCE(?9, attempts), rerun = NULL
+         WHERE id = ?7",
         params![code, out_text, out_file, err_text, err_file, now, id, progress, attempts],
     )
     .map_err(&err)?;
@@ -191,7 +193,8 @@ impl SqliteStore {
         let (node, retry) = (node.to_owned(), retry.clone());
         let done = self
             .write("retry task", move |tx| {
-                let fence = "node = ?2 AND status = ?3";
+                // A running task's `stop` can only be a kill request: never retried.
+                let fence = "node = ?2 AND status = ?3 AND stop IS NULL";
                 write_retry(
                     tx,
                     &task.to_hex(),
