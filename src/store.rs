@@ -396,7 +396,8 @@ pub trait Store: Send + Sync + 'static {
     /// at `retry.priority`, left by `retry.avoid_node` to the others until
     /// `retry.avoid_until`. Its outputs and progress are cleared.
     /// Returns false when the task is no longer running on `node`, or someone asked to
-    /// kill it (it must not run again: the caller stores the failure as its result).
+    /// kill it (it must not run again: the caller stores the failure as its result) and
+    /// `retry.after_kill` is not set.
     async fn retry_later(&self, task: ObjectId, node: &str, retry: &RetryAt) -> StoreResult<bool>;
     /// Queues a finished task again by hand (succeeded, failed or any other positive
     /// status, orphaned, cancelled or terminated): its last run becomes a record in

@@ -68,7 +68,9 @@ pub(super) fn next_run(
     if kind.is_some_and(|k| policy.retries(k, made)) {
         let attempt = record(node, status, outcome, kept_output(stdout), kept_output(stderr));
         let now = DateTime::now();
-        return NextRun::Retry(policy.retry_at(attempt, made, task.priority.unwrap_or(0), now));
+        let mut retry = policy.retry_at(attempt, made, task.priority.unwrap_or(0), now);
+        retry.after_kill = kind == Some(RetryOn::Killed);
+        return NextRun::Retry(retry);
     }
     let note = match kind {
         _ if !failed => String::new(),

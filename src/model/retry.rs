@@ -129,6 +129,9 @@ pub struct RetryAt {
     pub avoid_node: String,
     /// Until when `avoid_node` leaves it to the others.
     pub avoid_until: DateTime,
+    /// The run was killed and the policy retries kills (`on` names `killed`): the kill
+    /// request does not stop the retry. Otherwise a kill request does.
+    pub after_kill: bool,
 }
 
 impl RetryPolicy {
@@ -204,6 +207,7 @@ impl RetryPolicy {
             attempt,
             run_at,
             priority: priority.saturating_sub(self.lower_priority),
+            after_kill: false,
         }
     }
 }

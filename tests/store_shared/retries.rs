@@ -48,6 +48,7 @@ async fn a_retry_waits_its_time_and_prefers_another_node(s: Stores) {
         priority: -1,
         avoid_node: "n1".into(),
         avoid_until: later(3_600_000),
+        after_kill: false,
     };
     assert!(
         !s.b.retry_later(first, "n2", &retry).await.unwrap(),
@@ -328,6 +329,7 @@ async fn a_task_asked_to_be_killed_is_never_retried(s: Stores) {
         priority: 0,
         avoid_node: "n1".into(),
         avoid_until: ago(1),
+        after_kill: false,
     };
     assert!(
         !s.a.retry_later(id, "n1", &retry).await.unwrap(),
@@ -344,4 +346,18 @@ async fn a_task_asked_to_be_killed_is_never_retried(s: Stores) {
         "the failure is stored instead"
     );
     assert!(s.b.claim(&q, "n2").await.unwrap().is_none(), "it never runs again");
+
+    // A policy that names `killed` retries a killed run: the request is then cleared.
+    let other = s.a.create_tasks(q.id, vec![doc! {}]).await.unwrap()[0];
+    assert_eq!(claim_run(&*s.a, &q, "n1").await, other);
+    s.b.request_kill(disbatch::store::TaskTarget::Task(other), &stop)
+        .await
+        .unwrap();
+    let killed = RetryAt {
+        after_kill: true,
+        ..retry
+    };
+    assert!(s.a.retry_later(other, "n1", &killed).await.unwrap());
+    let t = task(&*s.b, other).await;
+    assert_eq!((t.status, t.stop), (status::QUEUED, None));
 }

@@ -193,8 +193,13 @@ impl SqliteStore {
         let (node, retry) = (node.to_owned(), retry.clone());
         let done = self
             .write("retry task", move |tx| {
-                // A running task's `stop` can only be a kill request: never retried.
-                let fence = "node = ?2 AND status = ?3 AND stop IS NULL";
+                // A running task's `stop` can only be a kill request: it stops the retry
+                // unless the run was killed and the policy retries kills.
+                let fence = if retry.after_kill {
+                    "node = ?2 AND status = ?3"
+                } else {
+                    "node = ?2 AND status = ?3 AND stop IS NULL"
+                };
                 write_retry(
                     tx,
                     &task.to_hex(),
