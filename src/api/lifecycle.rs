@@ -157,7 +157,19 @@ fn request(action: StopAction, body: &Map<String, Value>, allowed: &[&str]) -> R
             allowed.join(", ")
         )));
     }
-    let text = |k: &str| match body.get(k) {
+    let text = |k: &str| note(body, k);
+    let by = text("by")?;
+    Ok(StopRequest::now(
+        action,
+        if by.is_empty() { "api".into() } else { by },
+        text("reason")?,
+    ))
+}
+
+/// The body's field `k` as a note (`reason`, `by`): a string of at most [`MAX_NOTE`]
+/// bytes, empty when absent.
+pub(super) fn note(body: &Map<String, Value>, k: &str) -> Result<String, ApiError> {
+    match body.get(k) {
         None | Some(Value::Null) => Ok(String::new()),
         Some(Value::String(s)) if s.len() <= MAX_NOTE => Ok(s.clone()),
         Some(Value::String(_)) => Err(ApiError::bad(format!("field {k:?} is longer than {MAX_NOTE} bytes"))),
@@ -165,13 +177,7 @@ fn request(action: StopAction, body: &Map<String, Value>, allowed: &[&str]) -> R
             "field {k:?} must be a string, got {}",
             kind(other)
         ))),
-    };
-    let by = text("by")?;
-    Ok(StopRequest::now(
-        action,
-        if by.is_empty() { "api".into() } else { by },
-        text("reason")?,
-    ))
+    }
 }
 
 fn task_id(id: &str) -> Result<bson::oid::ObjectId, ApiError> {

@@ -6,14 +6,11 @@ use axum::extract::State;
 use axum::Json;
 use serde_json::Value;
 
-use super::body::{kind, JsonBody, PathKey};
+use super::body::{JsonBody, PathKey};
 use super::json::{self, TaskView};
 use super::{ApiError, Shared};
 use crate::model::status;
 use crate::store::HandRetry;
-
-/// Longest `reason` or `by` kept.
-const MAX_NOTE: usize = 1000;
 
 /// `POST /tasks/{id}/retry {reason?, by?}`.
 pub(super) async fn retry(
@@ -25,15 +22,7 @@ pub(super) async fn retry(
     if let Some(k) = body.keys().find(|k| !["reason", "by"].contains(&k.as_str())) {
         return Err(ApiError::bad(format!("unknown field {k:?}: expected reason, by")));
     }
-    let text = |k: &str| match body.get(k) {
-        None | Some(Value::Null) => Ok(String::new()),
-        Some(Value::String(s)) if s.len() <= MAX_NOTE => Ok(s.clone()),
-        Some(Value::String(_)) => Err(ApiError::bad(format!("field {k:?} is longer than {MAX_NOTE} bytes"))),
-        Some(other) => Err(ApiError::bad(format!(
-            "field {k:?} must be a string, got {}",
-            kind(other)
-        ))),
-    };
+    let text = |k: &str| super::lifecycle::note(&body, k);
     let (by, why) = (text("by")?, text("reason")?);
     let mut reason = format!(
         "{} by {}",

@@ -86,22 +86,25 @@ pub(super) async fn stop_tasks(client: &Client, verb: &str, args: &StopArgs) -> 
             }
         }
     }
-    Ok(Output::new(Value::Array(results), |v| {
-        v.as_array()
-            .map(|a| {
-                a.iter()
-                    .map(|t| {
-                        format!(
-                            "{} {} ({})\n",
-                            cell(&t["id"]),
-                            cell(&t["status"]),
-                            cell(&t["status_name"])
-                        )
-                    })
-                    .collect()
-            })
-            .unwrap_or_default()
-    }))
+    Ok(Output::new(Value::Array(results), states))
+}
+
+/// `ID STATUS (NAME)`, a line per task of a list.
+pub(super) fn states(v: &Value) -> String {
+    v.as_array()
+        .map(|a| {
+            a.iter()
+                .map(|t| {
+                    format!(
+                        "{} {} ({})\n",
+                        cell(&t["id"]),
+                        cell(&t["status"]),
+                        cell(&t["status_name"])
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// The lines of `task` for the fields of a task's life: priority, run_at, stop, progress

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use super::client::Client;
-use super::lifecycle::progress_text;
+use super::lifecycle::{progress_text, states};
 use super::table::cell;
 use super::{CliError, Output};
 
@@ -82,22 +82,7 @@ pub(super) async fn wait_for_tasks(client: &Client, args: &WaitArgs) -> Result<O
             code: 4,
         })
     };
-    let mut out = Output::new(tasks, |v| {
-        v.as_array()
-            .map(|a| {
-                a.iter()
-                    .map(|t| {
-                        format!(
-                            "{} {} ({})\n",
-                            cell(&t["id"]),
-                            cell(&t["status"]),
-                            cell(&t["status_name"])
-                        )
-                    })
-                    .collect()
-            })
-            .unwrap_or_default()
-    });
+    let mut out = Output::new(tasks, states);
     out.outcome = outcome;
     Ok(out)
 }

@@ -26,6 +26,24 @@ pub enum HandRetry {
     NotFound,
 }
 
+/// The record of a finished task's last run, kept when it is queued again by hand or by
+/// key: its outputs as the file they are in, or the end of their text.
+pub(crate) fn last_run(t: &crate::model::Task, reason: &str) -> Attempt {
+    let kept = |o: &Option<crate::model::Output>| match o {
+        Some(crate::model::Output::Inline(s)) => crate::model::kept_output(s),
+        other => other.clone(),
+    };
+    Attempt {
+        node: t.node.clone(),
+        started: None,
+        ended: t.mtime,
+        status: t.status,
+        reason: reason.to_owned(),
+        stdout: kept(&t.stdout),
+        stderr: kept(&t.stderr),
+    }
+}
+
 /// Whether a task of this status may be retried by hand.
 pub(crate) fn finished(code: i32) -> bool {
     status::finished(code)

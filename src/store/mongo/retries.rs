@@ -6,8 +6,8 @@ use bson::{doc, Bson, DateTime, Document};
 
 use super::documents::task_from;
 use super::{db_err, MongoStore};
-use crate::model::{kept_output, status, Attempt, Output, RetryAt};
-use crate::store::retries::{finished, Recover};
+use crate::model::{status, RetryAt};
+use crate::store::retries::{finished, last_run, Recover};
 use crate::store::{HandRetry, NewTask, StoreResult};
 
 /// The update that sends a task back to wait for its retry.
@@ -70,19 +70,7 @@ impl MongoStore {
         if !finished(t.status) {
             return Ok(HandRetry::NotFinished(t.status));
         }
-        let kept = |o: &Option<Output>| match o {
-            Some(Output::Inline(s)) => kept_output(s),
-            other => other.clone(),
-        };
-        let attempt = Attempt {
-            node: t.node.clone(),
-            started: None,
-            ended: t.mtime,
-            status: t.status,
-            reason: reason.to_owned(),
-            stdout: kept(&t.stdout),
-            stderr: kept(&t.stderr),
-        };
+        let attempt = last_run(&t, reason);
         let now = DateTime::now();
         // Fenced on the values as stored (a Disbatch 4 tool may have written them as a
         // string and an epoch number).

@@ -8,8 +8,8 @@ use rusqlite::{params, OptionalExtension, Transaction};
 
 use super::rows::{bson_bytes, db_err, output_columns, read_bson, task_from_row, TASK_COLUMNS};
 use super::SqliteStore;
-use crate::model::{kept_output, status, Attempt, Output, RetryAt};
-use crate::store::retries::{finished, rerun_record, Recover};
+use crate::model::{status, Attempt, RetryAt};
+use crate::store::retries::{finished, last_run, rerun_record, Recover};
 use crate::store::{FinishExtra, HandRetry, NewTask, OutputValue, StoreResult};
 
 /// The records stored in an `attempts` column.
@@ -245,20 +245,7 @@ impl SqliteStore {
                 if !finished(t.status) {
                     return Ok(HandRetry::NotFinished(t.status));
                 }
-                let kept = |o: &Option<Output>| match o {
-                    Some(Output::Inline(s)) => kept_output(s),
-                    other => other.clone(),
-                };
-                let attempt = Attempt {
-                    node: t.node.clone(),
-                    started: None,
-                    ended: t.mtime,
-                    status: t.status,
-                    reason,
-                    stdout: kept(&t.stdout),
-                    stderr: kept(&t.stderr),
-                };
-                let attempts = appended(tx, &id, &attempt)?;
+                let attempts = appended(tx, &id, &last_run(&t, &reason))?;
                 let now = DateTime::now();
                 tx.execute(
                     "UPDATE tasks SET status = ?1, node = NULL, stdout = NULL, stdout_file = NULL, stderr = NULL,
