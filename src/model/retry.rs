@@ -41,19 +41,6 @@ pub enum RetryOn {
 }
 
 impl RetryOn {
-    /// Every kind, in order.
-    pub const ALL: [RetryOn; 9] = [
-        RetryOn::Status,
-        RetryOn::Err,
-        RetryOn::Trap,
-        RetryOn::Timeout,
-        RetryOn::Memory,
-        RetryOn::Stuck,
-        RetryOn::Orphaned,
-        RetryOn::Sandbox,
-        RetryOn::Killed,
-    ];
-
     /// The name used in `retry.on`.
     pub fn as_str(self) -> &'static str {
         match self {

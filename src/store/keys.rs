@@ -5,7 +5,7 @@
 
 use bson::oid::ObjectId;
 
-use super::{retries::finished, HandRetry, NewTask, Page, Store, StoreError, StoreResult, TaskFilter};
+use super::{HandRetry, NewTask, Page, Store, StoreError, StoreResult, TaskFilter};
 use crate::model::{status, Task};
 
 /// What [`Store::insert_keyed`] did.
@@ -66,7 +66,7 @@ pub(super) async fn insert_keyed<S: Store + ?Sized>(
                 s.resubmit_waiting(existing.id, existing.status, &task).await?
             }
             status::CLAIMED | status::RUNNING => s.request_rerun(existing.id).await?,
-            code if finished(code) => {
+            code if status::finished(code) => {
                 s.retry_by_hand(existing.id, RESUBMITTED, Some(&task)).await? == HandRetry::Queued
             }
             // Held (blocked, or a status of another tool): left as it is.

@@ -44,11 +44,6 @@ pub(crate) fn last_run(t: &crate::model::Task, reason: &str) -> Attempt {
     }
 }
 
-/// Whether a task of this status may be retried by hand.
-pub(crate) fn finished(code: i32) -> bool {
-    status::finished(code)
-}
-
 /// How recovery ends an orphan.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Recover {

@@ -7,7 +7,7 @@ use bson::{doc, Bson, DateTime, Document};
 use super::documents::task_from;
 use super::{db_err, MongoStore};
 use crate::model::{status, RetryAt};
-use crate::store::retries::{finished, last_run, Recover};
+use crate::store::retries::{last_run, Recover};
 use crate::store::{HandRetry, NewTask, StoreResult};
 
 /// The update that sends a task back to wait for its retry.
@@ -67,7 +67,7 @@ impl MongoStore {
             return Ok(HandRetry::NotFound);
         };
         let t = task_from(&raw)?;
-        if !finished(t.status) {
+        if !status::finished(t.status) {
             return Ok(HandRetry::NotFinished(t.status));
         }
         let attempt = last_run(&t, reason);

@@ -9,7 +9,7 @@ use rusqlite::{params, OptionalExtension, Transaction};
 use super::rows::{bson_bytes, db_err, output_columns, read_bson, task_from_row, TASK_COLUMNS};
 use super::SqliteStore;
 use crate::model::{status, Attempt, RetryAt};
-use crate::store::retries::{finished, last_run, rerun_record, Recover};
+use crate::store::retries::{last_run, rerun_record, Recover};
 use crate::store::{FinishExtra, HandRetry, NewTask, OutputValue, StoreResult};
 
 /// The records stored in an `attempts` column.
@@ -242,7 +242,7 @@ impl SqliteStore {
                     return Ok(HandRetry::NotFound);
                 };
                 let t = t?;
-                if !finished(t.status) {
+                if !status::finished(t.status) {
                     return Ok(HandRetry::NotFinished(t.status));
                 }
                 let attempts = appended(tx, &id, &last_run(&t, &reason))?;
