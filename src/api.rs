@@ -2,7 +2,8 @@
 //! document, all served by one axum [`Router`] built by [`router`].
 //!
 //! Routes and JSON shapes follow the Perl Disbatch 4 DCI so existing scripts keep working
-//! (see `docs/api.md`): `GET /info`, `GET /nodes`, `GET|POST /nodes/{node}`, `GET /plugins`,
+//! (see `docs/api.md`): `GET /info`, `GET /nodes`, `GET|POST /nodes/{node}`, `GET|POST /plugins`,
+//! `GET|DELETE /plugins/{name}`,
 //! `GET|POST /queues`, `GET|POST|DELETE /queues/{queue}`, `GET|POST /tasks`,
 //! `GET /tasks/{id}`, `GET /monitoring`, plus `GET /metrics` (Prometheus text),
 //! `GET /openapi.json` and the web UI at `/`.
@@ -13,7 +14,7 @@
 //! `application/json`, 503 when the database is unreachable.
 //!
 //! Parts: `error` ([`ApiError`] → HTTP), `auth` (bearer token on writes), `body` (the JSON
-//! body and path extractors), `json` (documents → JSON), `nodes`, `queues`, `tasks`, `create` (`POST /tasks`),
+//! body and path extractors), `json` (documents → JSON), `nodes`, `plugins`, `queues`, `tasks`, `create` (`POST /tasks`),
 //! `status` (info, monitoring, metrics), `source` ([`DocumentSource`] for `POST /tasks` from
 //! a collection), `ui` (embedded HTML/JS/CSS) and `openapi`.
 
@@ -26,6 +27,7 @@ mod keys;
 mod lifecycle;
 mod nodes;
 mod openapi;
+mod plugins;
 mod queues;
 mod retry;
 mod source;
@@ -42,6 +44,8 @@ use axum::routing::{get, post};
 use axum::Router;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
+use crate::runner::Runner;
+use crate::store::plugins::MAX_PLUGIN_BYTES;
 use crate::store::Store;
 
 pub use self::error::ApiError;
@@ -78,6 +82,11 @@ pub struct ApiState {
     pub cors_origins: Vec<String>,
     /// Follows task changes for the waiters of `GET /tasks/wait` and `/tasks/{id}/events`.
     pub(crate) watch: Arc<watch::TaskWatch>,
+    /// Compiles uploaded components to check them (`POST /plugins`); `None` refuses
+    /// uploads with 503.
+    pub checker: Option<Runner>,
+    /// Taken while an upload is checked: one compilation at a time.
+    pub(crate) upload_turn: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl ApiState {
@@ -94,6 +103,8 @@ impl ApiState {
             body_limit: DEFAULT_BODY_LIMIT,
             cors_origins: Vec::new(),
             watch: Arc::default(),
+            checker: None,
+            upload_turn: Arc::default(),
         }
     }
 }
@@ -108,6 +119,7 @@ impl std::fmt::Debug for ApiState {
             .field("monitoring", &self.monitoring)
             .field("body_limit", &self.body_limit)
             .field("cors_origins", &self.cors_origins)
+            .field("checker", &self.checker.is_some())
             .finish()
     }
 }
@@ -120,6 +132,9 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/nodes/{node}"),
     ("POST", "/nodes/{node}"),
     ("GET", "/plugins"),
+    ("POST", "/plugins"),
+    ("GET", "/plugins/{name}"),
+    ("DELETE", "/plugins/{name}"),
     ("GET", "/queues"),
     ("POST", "/queues"),
     ("GET", "/queues/{queue}"),
@@ -152,7 +167,13 @@ pub fn router(state: ApiState) -> Router {
         .route("/info", get(status::info))
         .route("/nodes", get(nodes::list))
         .route("/nodes/{node}", get(nodes::one).post(nodes::set_maxthreads))
-        .route("/plugins", get(status::plugins))
+        .route(
+            "/plugins",
+            get(plugins::list)
+                .post(plugins::upload)
+                .layer(DefaultBodyLimit::max(MAX_PLUGIN_BYTES)),
+        )
+        .route("/plugins/{name}", get(plugins::one).delete(plugins::delete))
         .route("/queues", get(queues::list).post(queues::create))
         .route(
             "/queues/{queue}",

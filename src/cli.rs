@@ -8,6 +8,7 @@
 pub mod client;
 pub mod dev;
 mod lifecycle;
+pub mod plugins;
 pub mod table;
 mod wait;
 pub mod web;
@@ -147,8 +148,26 @@ pub enum Command {
     Dev(dev::DevArgs),
     /// Server information.
     Info,
-    /// The allowed plugins.
-    Plugins,
+    /// The allowed plugins; with --full, every allowed or stored plugin and its newest
+    /// stored version.
+    Plugins {
+        /// Show sources, versions and digests.
+        #[arg(long)]
+        full: bool,
+    },
+    /// Upload a plugin component to the store; every DEN whose config allows the name
+    /// runs it.
+    PushPlugin(plugins::PushArgs),
+    /// The stored versions of a plugin, newest first.
+    PluginVersions {
+        /// Plugin name.
+        name: String,
+    },
+    /// Delete every stored version of a plugin.
+    DeletePlugin {
+        /// Plugin name.
+        name: String,
+    },
     /// Queues with their queued/running/completed counts.
     #[command(alias = "status")]
     Queues,
@@ -264,7 +283,17 @@ pub async fn run(cli: &Cli) -> Result<(), CliError> {
             return Err(CliError::Usage("`web` and `dev` are run by the binary".into()))
         }
         Command::Info => Output::new(client.get("/info").await?, pretty),
-        Command::Plugins => Output::new(client.get("/plugins").await?, lines),
+        Command::Plugins { full: false } => Output::new(client.get("/plugins").await?, lines),
+        Command::Plugins { full: true } => Output::new(client.get("/plugins?full=1").await?, plugins::table),
+        Command::PushPlugin(args) => Output::new(plugins::push(&client, args).await?, plugins::pushed),
+        Command::PluginVersions { name } => Output::new(client.get(&plugins::path(name)).await?, plugins::versions),
+        Command::DeletePlugin { name } => Output::new(client.delete(&plugins::path(name)).await?, |v| {
+            format!(
+                "deleted {} stored versions of plugin {}\n",
+                cell(&v["deleted"]),
+                cell(&v["name"])
+            )
+        }),
         Command::Queues => Output::new(client.get("/queues").await?, queues_table),
         Command::CreateQueue {
             name,

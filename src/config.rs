@@ -416,7 +416,8 @@ impl Config {
 }
 
 /// Checks that `name` is a plain file stem: not empty, at most [`MAX_PLUGIN_NAME_LEN`]
-/// bytes, no path separators, no `..`, no leading `.`, no control characters.
+/// bytes, no path separators, no `..`, no leading `.`, no control characters, no `@`
+/// (which starts a pinned version: `name@sha256:…`).
 pub fn check_plugin_name(name: &str) -> Result<(), String> {
     if name.is_empty() {
         return Err("plugin name is empty".into());
@@ -424,9 +425,13 @@ pub fn check_plugin_name(name: &str) -> Result<(), String> {
     if name.len() > MAX_PLUGIN_NAME_LEN {
         return Err(format!("plugin name is longer than {MAX_PLUGIN_NAME_LEN} bytes"));
     }
-    if name.contains(['/', '\\']) || name.contains("..") || name.starts_with('.') || name.contains(char::is_control) {
+    if name.contains(['/', '\\', '@'])
+        || name.contains("..")
+        || name.starts_with('.')
+        || name.contains(char::is_control)
+    {
         return Err(format!(
-            "plugin name {name:?} must be a plain name without path separators, \"..\" or control characters"
+            "plugin name {name:?} must be a plain name without path separators, \"..\", \"@\" or control characters"
         ));
     }
     Ok(())

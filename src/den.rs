@@ -21,6 +21,7 @@
 mod lease;
 mod lifecycle;
 mod output;
+mod plugins;
 mod progress;
 mod queues;
 mod result;
@@ -269,7 +270,7 @@ impl Den {
             self.housekeeping().await?;
         }
         let all = self.store.queues().await?;
-        let ready = self.queues.refresh(&self.runner, all).await;
+        let ready = self.queues.refresh(&*self.store, &self.runner, all, full).await;
         for q in ready {
             if self.stopping.is_cancelled() {
                 break;

@@ -239,12 +239,25 @@ pub async fn run_den(den: Arc<Den>, shutdown: CancellationToken) -> Result<(), S
 }
 
 /// The DCI's state for `config` on `store`: its plugins, token and monitoring setting.
+/// The DCI compiles uploaded components to check them (`POST /plugins`) with an engine of
+/// its own, sharing the config's compile cache; when that engine cannot be made, uploads
+/// are refused with the reason logged.
 pub fn api_state(config: &Config, store: &OpenStore) -> ApiState {
     let mut state = ApiState::new(store.store.clone(), config.plugins.clone());
     state.api_token = config.api_token.clone();
     state.documents = store.documents.clone();
     state.database = Some(store.database.clone());
     state.monitoring = config.monitoring;
+    state.checker = match Runner::new(&EngineOptions {
+        cache_dir: config.cache_dir.clone().or_else(crate::runner::default_cache_dir),
+        max_instances: 1,
+    }) {
+        Ok(r) => Some(r),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot make an engine to check uploaded plugins: POST /plugins is refused");
+            None
+        }
+    };
     state
 }
 

@@ -86,6 +86,7 @@ pub type ProgressSink = Arc<dyn Fn(&Progress) + Send + Sync>;
 pub struct Plugin {
     pre: PluginPre<TaskState>,
     hash: String,
+    wit: Option<String>,
     from_cache: bool,
 }
 
@@ -93,6 +94,12 @@ impl Plugin {
     /// Hex SHA-256 of the component's bytes.
     pub fn hash(&self) -> &str {
         &self.hash
+    }
+
+    /// Version of the `disbatch:plugin` interface the component imports (`0.1.0`), when it
+    /// imports one: a plugin that never reports progress imports none.
+    pub fn wit_version(&self) -> Option<&str> {
+        self.wit.as_deref()
     }
 
     /// Whether the compiled code came from the on-disk cache (no compilation was needed).
@@ -254,6 +261,11 @@ impl Runner {
         protected_paths(self.inner.cache_dir.as_deref())
     }
 
+    /// The directory of compiled components, when caching is on.
+    pub fn cache_dir(&self) -> Option<&Path> {
+        self.inner.cache_dir.as_deref()
+    }
+
     /// Loads the plugin at `path`, reusing the loaded copy while the file is unchanged.
     pub fn load(&self, path: &Path) -> Result<Arc<Plugin>, RunnerError> {
         let io = |source| RunnerError::Io {
@@ -309,7 +321,17 @@ impl Runner {
             .map_err(|e| invalid(format!("imports something the host does not provide: {e:#}")))?;
         let pre = PluginPre::new(instance_pre)
             .map_err(|e| invalid(format!("does not implement the disbatch:plugin/plugin world: {e:#}")))?;
-        Ok(Plugin { pre, hash, from_cache })
+        let engine = &self.inner.engine;
+        let wit = component
+            .component_type()
+            .imports(engine)
+            .find_map(|(name, _)| name.strip_prefix("disbatch:plugin/host@").map(str::to_owned));
+        Ok(Plugin {
+            pre,
+            hash,
+            wit,
+            from_cache,
+        })
     }
 
     /// Runs one task: `params` is the task's params as JSON text.

@@ -11,10 +11,12 @@
 pub mod gridfs;
 pub mod keys;
 pub mod mongo;
+pub mod plugins;
 mod retries;
 pub mod sqlite;
 
 pub use self::keys::Keyed;
+pub use self::plugins::{PluginRef, PluginStore, PluginVersion, Pushed};
 pub use self::retries::{FinishExtra, HandRetry};
 
 use std::collections::BTreeMap;
@@ -246,7 +248,7 @@ pub type StatusCounts = BTreeMap<i32, u64>;
 
 /// The store boundary. All methods are safe to call from many DENs and DCIs at once.
 #[async_trait]
-pub trait Store: Send + Sync + 'static {
+pub trait Store: PluginStore + Send + Sync + 'static {
     /// Creates collections and indexes as needed. Idempotent.
     async fn ensure_indexes(&self) -> StoreResult<()>;
 

@@ -31,9 +31,13 @@ pub enum ApiError {
     /// The request body is larger than the limit (413).
     #[error("the request body is larger than the limit")]
     TooLarge,
-    /// A request body not declared as JSON (415); the message names the Content-Type given.
+    /// A request body not declared as the type the route takes (415: JSON, or a component
+    /// for `POST /plugins`); the message names the Content-Type given.
     #[error("{0}")]
     NotJson(String),
+    /// This DCI cannot do what was asked for now (503); the message says why.
+    #[error("{0}")]
+    Unavailable(String),
     /// The store failed (503 when the database is unreachable or briefly unable, 500 when
     /// it refused the operation or for bad stored data).
     #[error(transparent)]
@@ -90,6 +94,7 @@ impl ApiError {
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::NotJson(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Store(e) => store_status(e),
             ApiError::PartlyCreated(p) => store_status(&p.error),
         }

@@ -12,7 +12,7 @@ use super::{json, ApiError, Shared};
 use crate::config::{check_plugin_name, MAX_DURATION, MAX_OUTPUT_CAP_MIB};
 use crate::model::{OnOrphan, Queue, QueueSandbox, Sort, UnreadableQueue};
 use crate::runner::{DirGrant, MAX_MEMORY};
-use crate::store::{NewQueue, QueueUpdate, StoreError};
+use crate::store::{NewQueue, PluginRef, QueueUpdate, StoreError};
 
 /// A queue found by `_id` or name: readable, or a document that cannot be read as a queue.
 pub(super) enum Found {
@@ -142,7 +142,7 @@ fn fields(state: &Shared, body: &Map<String, Value>) -> Result<Fields, ApiError>
     for (k, v) in body {
         match k.as_str() {
             "name" => f.name = Some(name(v)?),
-            "plugin" => f.plugin = Some(plugin(state, v)?),
+            "plugin" => f.plugin = Some(plugin(state, v)?.to_string()),
             "threads" => {
                 f.threads = Some(match v {
                     Value::Null => None,
@@ -271,18 +271,36 @@ fn name(v: &Value) -> Result<String, ApiError> {
     }
 }
 
-fn plugin(state: &Shared, v: &Value) -> Result<String, ApiError> {
+fn plugin(state: &Shared, v: &Value) -> Result<PluginRef, ApiError> {
     let Some(p) = v.as_str() else {
         return Err(ApiError::bad("field \"plugin\" must be a string"));
     };
-    check_plugin_name(p).map_err(|e| ApiError::bad(format!("field \"plugin\": {e}")))?;
-    if !state.plugins.iter().any(|a| a == p) {
+    let r = PluginRef::parse(p).map_err(|e| ApiError::bad(format!("field \"plugin\": {e}")))?;
+    check_plugin_name(&r.name).map_err(|e| ApiError::bad(format!("field \"plugin\": {e}")))?;
+    if !state.plugins.contains(&r.name) {
         return Err(ApiError::bad(format!(
-            "field \"plugin\": {p:?} is not an allowed plugin (allowed: {})",
+            "field \"plugin\": {:?} is not an allowed plugin (allowed: {})",
+            r.name,
             state.plugins.join(", ")
         )));
     }
-    Ok(p.to_owned())
+    Ok(r)
+}
+
+/// A plugin pinned to a version (`name@sha256:…`) must name a stored one.
+async fn check_pin(state: &Shared, plugin: &str) -> Result<(), ApiError> {
+    let r = PluginRef::parse(plugin).map_err(ApiError::bad)?;
+    let Some(pin) = &r.pin else { return Ok(()) };
+    let versions = state.store.plugin_versions(Some(&r.name)).await?;
+    if versions.iter().any(|v| v.sha256 == *pin) {
+        return Ok(());
+    }
+    Err(ApiError::bad(format!(
+        "field \"plugin\": {plugin:?} is not a stored version of {:?} ({} stored; GET /plugins/{} lists them)",
+        r.name,
+        versions.len(),
+        r.name
+    )))
 }
 
 /// `POST /queues {name, plugin[, threads, sort, sandbox, on_orphan]}`: creates a queue.
@@ -290,6 +308,7 @@ pub(super) async fn create(State(state): State<Shared>, JsonBody(body): JsonBody
     let f = fields(&state, &body)?;
     let name = f.name.ok_or_else(|| ApiError::bad("field \"name\" is required"))?;
     let plugin = f.plugin.ok_or_else(|| ApiError::bad("field \"plugin\" is required"))?;
+    check_pin(&state, &plugin).await?;
     if ObjectId::parse_str(&name).is_ok() {
         return Err(ApiError::bad("field \"name\" must not look like an ObjectId"));
     }
@@ -316,6 +335,9 @@ pub(super) async fn update(
         return Err(ApiError::bad(format!("nothing to change: give one of {QUEUE_FIELDS}")));
     }
     let f = fields(&state, &body)?;
+    if let Some(p) = &f.plugin {
+        check_pin(&state, p).await?;
+    }
     if let Some(n) = &f.name {
         if ObjectId::parse_str(n).is_ok() {
             return Err(ApiError::bad("field \"name\" must not look like an ObjectId"));

@@ -1,4 +1,4 @@
-//! `GET /info`, `GET /plugins`, `GET /monitoring` (the Disbatch 4 check) and `GET /metrics`
+//! `GET /info`, `GET /monitoring` (the Disbatch 4 check) and `GET /metrics`
 //! (Prometheus text format).
 
 use std::fmt::Write as _;
@@ -24,11 +24,6 @@ pub(super) async fn info(State(state): State<Shared>) -> Json<Value> {
         "plugins": state.plugins,
         "token_required": state.api_token.is_some(),
     }))
-}
-
-/// `GET /plugins`: the allowed plugin names.
-pub(super) async fn plugins(State(state): State<Shared>) -> Json<Value> {
-    Json(json!(state.plugins))
 }
 
 /// `GET /monitoring`: `{"disbatch": {"status": "OK"|"WARNING"|"CRITICAL", "message",

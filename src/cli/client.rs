@@ -35,14 +35,36 @@ impl Client {
 
     /// Sends a request and returns the JSON answer (or the text as a JSON string).
     pub async fn call(&self, method: Method, path: &str, body: Option<&Value>) -> Result<Value, CliError> {
-        let url = format!("{}{path}", self.base);
-        let mut req = self.http.request(method, &url);
-        if let Some(t) = &self.token {
-            req = req.bearer_auth(t);
-        }
+        let mut req = self.request(method, path);
         if let Some(b) = body {
             req = req.json(b);
         }
+        self.send(req).await
+    }
+
+    /// `POST path` with `bytes` as the body, declared as `content_type`, and the user
+    /// running the command as `X-Disbatch-User`.
+    pub async fn post_bytes(&self, path: &str, content_type: &str, bytes: Vec<u8>) -> Result<Value, CliError> {
+        let mut req = self
+            .request(Method::POST, path)
+            .header(reqwest::header::CONTENT_TYPE, content_type)
+            .body(bytes);
+        if let Some(user) = local_user() {
+            req = req.header("x-disbatch-user", user);
+        }
+        self.send(req).await
+    }
+
+    fn request(&self, method: Method, path: &str) -> reqwest::RequestBuilder {
+        let url = format!("{}{path}", self.base);
+        let req = self.http.request(method, &url);
+        match &self.token {
+            Some(t) => req.bearer_auth(t),
+            None => req,
+        }
+    }
+
+    async fn send(&self, req: reqwest::RequestBuilder) -> Result<Value, CliError> {
         let resp = req
             .send()
             .await
@@ -83,6 +105,18 @@ impl Client {
     pub async fn delete(&self, path: &str) -> Result<Value, CliError> {
         self.call(Method::DELETE, path, None).await
     }
+}
+
+/// `user@host` of whoever runs the command (`$USER`, else `uid<N>`).
+fn local_user() -> Option<String> {
+    let user = std::env::var("USER")
+        .or_else(|_| std::env::var("LOGNAME"))
+        .ok()
+        .filter(|u| !u.is_empty())
+        // SAFETY: getuid(2) has no preconditions and cannot fail.
+        .unwrap_or_else(|| format!("uid{}", unsafe { libc::getuid() }));
+    let host = gethostname::gethostname();
+    Some(format!("{user}@{}", host.to_string_lossy())).filter(|u| u.bytes().all(|b| b.is_ascii_graphic()))
 }
 
 /// Percent-encodes one path segment or query value.

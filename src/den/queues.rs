@@ -8,10 +8,11 @@ use std::sync::{Arc, Mutex};
 use bson::oid::ObjectId;
 use tracing::{info, warn};
 
+use super::plugins::{Source, StoredPlugins};
 use super::DenSettings;
 use crate::model::Queue;
 use crate::runner::{Plugin, Runner, Sandbox};
-use crate::store::Slot;
+use crate::store::{PluginRef, Slot, Store};
 
 /// A queue ready to run tasks here.
 #[derive(Debug)]
@@ -39,6 +40,8 @@ pub(crate) struct Queues {
     protected: Vec<PathBuf>,
     current: Mutex<HashMap<ObjectId, Arc<QueueState>>>,
     skipped: Mutex<HashMap<ObjectId, String>>,
+    /// The plugins in the store.
+    stored: StoredPlugins,
 }
 
 impl Queues {
@@ -54,6 +57,7 @@ impl Queues {
                 .collect(),
             current: Mutex::new(HashMap::new()),
             skipped: Mutex::new(HashMap::new()),
+            stored: StoredPlugins::new(),
         }
     }
 
@@ -73,12 +77,22 @@ impl Queues {
         self.current.lock().unwrap_or_else(|e| e.into_inner()).get(&id).cloned()
     }
 
-    /// Re-evaluates all queues; returns those ready to run tasks here.
-    pub async fn refresh(&self, runner: &Runner, all: Vec<Queue>) -> Vec<Arc<QueueState>> {
+    /// Re-evaluates all queues; returns those ready to run tasks here. `list_plugins` lists
+    /// the plugins in the store again (else the last listing is used).
+    pub async fn refresh(
+        &self,
+        store: &dyn Store,
+        runner: &Runner,
+        all: Vec<Queue>,
+        list_plugins: bool,
+    ) -> Vec<Arc<QueueState>> {
+        if list_plugins || !self.stored.listed() {
+            self.stored.refresh(store).await;
+        }
         let mut ready = Vec::new();
         let mut reasons = HashMap::new();
         for queue in all {
-            match self.check(runner, &queue).await {
+            match self.check(store, runner, &queue).await {
                 Ok((plugin, sandbox)) => {
                     let state = match self.current(queue.id) {
                         Some(s) if s.queue == queue && Arc::ptr_eq(&s.plugin, &plugin) => s,
@@ -92,6 +106,8 @@ impl Queues {
             }
         }
         self.log_changes(&ready, &reasons);
+        self.stored
+            .retain(&ready.iter().map(|s| s.plugin.hash().to_owned()).collect());
         *self.current.lock().unwrap_or_else(|e| e.into_inner()) =
             ready.iter().map(|s| (s.queue.id, s.clone())).collect();
         ready
@@ -117,7 +133,7 @@ impl Queues {
         skipped.retain(|id, _| reasons.contains_key(id) || ready.iter().any(|s| s.queue.id == *id));
     }
 
-    async fn check(&self, runner: &Runner, queue: &Queue) -> Result<(Arc<Plugin>, Sandbox), String> {
+    async fn check(&self, store: &dyn Store, runner: &Runner, queue: &Queue) -> Result<(Arc<Plugin>, Sandbox), String> {
         if !self.active.is_empty() {
             if !self.active.contains(&queue.id) {
                 return Err("not active on this node (not in activequeues)".into());
@@ -128,17 +144,23 @@ impl Queues {
         if queue.threads.unwrap_or(0) <= 0 {
             return Err("paused (threads is 0 or null)".into());
         }
-        let path = self.plugin_path(&queue.plugin)?;
+        let plugin = PluginRef::parse(&queue.plugin)?;
+        let path = self.plugin_path(&plugin.name)?;
         let sandbox = queue.sandbox.resolve(&self.defaults)?;
         let mut protected = runner.protected_paths();
         protected.extend(self.protected.iter().cloned());
         sandbox.check_grants(&protected)?;
-        let runner = runner.clone();
-        let plugin = tokio::task::spawn_blocking(move || runner.load(&path))
-            .await
-            .map_err(|e| format!("plugin loading failed: {e}"))?
-            .map_err(|e| format!("plugin {:?} is not loadable: {e}", queue.plugin))?;
-        Ok((plugin, sandbox))
+        let loaded = match self.stored.source(&plugin)? {
+            Source::Stored(version) => self.stored.load(store, runner, &version).await?,
+            Source::File => {
+                let runner = runner.clone();
+                tokio::task::spawn_blocking(move || runner.load(&path))
+                    .await
+                    .map_err(|e| format!("plugin loading failed: {e}"))?
+                    .map_err(|e| format!("plugin {:?} is not loadable: {e}", queue.plugin))?
+            }
+        };
+        Ok((loaded, sandbox))
     }
 
     fn plugin_path(&self, name: &str) -> Result<PathBuf, String> {

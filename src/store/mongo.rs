@@ -24,10 +24,13 @@ mod counts;
 mod documents;
 mod errors;
 mod lifecycle;
+mod plugins;
 mod queues;
 mod recovery;
 mod retries;
 mod slots;
+
+pub use self::plugins::{PLUGIN_CHUNKS, PLUGIN_FILES};
 
 pub use self::connect::MongoOptions;
 pub use self::counts::queue_counts_pipeline;
@@ -205,7 +208,7 @@ impl Store for MongoStore {
             .create_indexes([unique_on(doc! { "queue": 1, "n": 1 }), plain(doc! { "holder": 1 })])
             .await
             .map_err(&err)?;
-        Ok(())
+        self.ensure_plugin_indexes().await
     }
 
     // ---- nodes -------------------------------------------------------------------------

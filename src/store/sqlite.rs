@@ -31,6 +31,7 @@
 
 mod files;
 mod lifecycle;
+mod plugins;
 mod recovery;
 mod retries;
 mod rows;
@@ -359,6 +360,7 @@ impl Store for SqliteStore {
     async fn ensure_indexes(&self) -> StoreResult<()> {
         self.with(|conn| {
             conn.execute_batch(SCHEMA).map_err(db_err("create schema"))?;
+            conn.execute_batch(plugins::SCHEMA).map_err(db_err("create schema"))?;
             lifecycle::migrate(conn)
         })
         .await

@@ -188,3 +188,19 @@ impl Store for Recording {
         self.inner.read_output(output).await
     }
 }
+
+#[async_trait]
+impl PluginStore for Recording {
+    async fn put_plugin(&self, version: &PluginVersion, bytes: &[u8]) -> StoreResult<Pushed> {
+        self.inner.put_plugin(version, bytes).await
+    }
+    async fn plugin_versions(&self, name: Option<&str>) -> StoreResult<Vec<PluginVersion>> {
+        self.inner.plugin_versions(name).await
+    }
+    async fn plugin_bytes(&self, name: &str, sha256: &str) -> StoreResult<Option<Vec<u8>>> {
+        self.inner.plugin_bytes(name, sha256).await
+    }
+    async fn delete_plugin(&self, name: &str) -> StoreResult<u64> {
+        self.inner.delete_plugin(name).await
+    }
+}
