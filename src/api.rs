@@ -45,7 +45,6 @@ use axum::Router;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
 use crate::runner::Runner;
-use crate::store::plugins::MAX_PLUGIN_BYTES;
 use crate::store::Store;
 
 pub use self::error::ApiError;
@@ -85,8 +84,8 @@ pub struct ApiState {
     /// Compiles uploaded components to check them (`POST /plugins`); `None` refuses
     /// uploads with 503.
     pub checker: Option<Runner>,
-    /// Taken while an upload is checked: one compilation at a time.
-    pub(crate) upload_turn: Arc<tokio::sync::Mutex<()>>,
+    /// Taken while an upload is read and checked: one at a time.
+    pub(crate) upload_turn: Arc<tokio::sync::Semaphore>,
 }
 
 impl ApiState {
@@ -104,7 +103,7 @@ impl ApiState {
             cors_origins: Vec::new(),
             watch: Arc::default(),
             checker: None,
-            upload_turn: Arc::default(),
+            upload_turn: Arc::new(tokio::sync::Semaphore::new(1)),
         }
     }
 }
@@ -167,12 +166,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/info", get(status::info))
         .route("/nodes", get(nodes::list))
         .route("/nodes/{node}", get(nodes::one).post(nodes::set_maxthreads))
-        .route(
-            "/plugins",
-            get(plugins::list)
-                .post(plugins::upload)
-                .layer(DefaultBodyLimit::max(MAX_PLUGIN_BYTES)),
-        )
+        .route("/plugins", get(plugins::list).post(plugins::upload))
         .route("/plugins/{name}", get(plugins::one).delete(plugins::delete))
         .route("/queues", get(queues::list).post(queues::create))
         .route(

@@ -14,6 +14,7 @@ mod clock;
 mod control;
 mod egress;
 mod engine;
+pub mod inspect;
 mod limits;
 mod outcome;
 mod output;
@@ -31,6 +32,7 @@ use wasmtime::component::{HasSelf, Linker, ResourceTable};
 use wasmtime::{CallHook, Engine, Store, StoreContextMut, Trap, UpdateDeadline};
 use wasmtime_wasi::{I32Exit, WasiCtx, WasiCtxView, WasiView};
 
+pub(crate) use cache::private_dir;
 pub use cache::{default_key_path, grant_conflict, protected_paths};
 pub use control::{RunControl, StopReason};
 pub use egress::{is_internal, parse_allow as parse_network_allow};

@@ -192,7 +192,13 @@ async fn bad_uploads_are_refused_with_the_reason() {
         assert_bad(&upload(&app, "name=demo", wasm, bytes).await, reason);
     }
     let huge = vec![0u8; MAX_PLUGIN_BYTES + 1];
-    assert_bad(&upload(&app, "name=demo", wasm, huge).await, "larger than the limit");
+    let r = upload(&app, "name=demo", wasm, huge).await;
+    assert_eq!(r.status, StatusCode::PAYLOAD_TOO_LARGE, "{}", r.text);
+    assert!(
+        r.error().contains("larger than the limit of 134217728 bytes"),
+        "{}",
+        r.text
+    );
 
     // Nothing of it was stored.
     assert_eq!(get(&app, "/plugins/demo").await.status, StatusCode::NOT_FOUND);
@@ -215,4 +221,61 @@ async fn uploads_need_the_token_and_a_checking_dci() {
     let r = upload(&app, "name=demo", Some("application/wasm"), demo).await;
     assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{}", r.text);
     assert!(r.error().contains("cannot check components"), "{}", r.text);
+}
+
+/// Refusals that need no body come before the body is read: the client sends only the
+/// headers and gets its answer.
+#[tokio::test]
+async fn refusals_come_before_the_body_is_read() {
+    let (_db, app) = checked().await;
+    let addr = common::http::serve(app).await;
+    for (content_type, length, status) in [
+        ("text/plain", 100_000_000u64, 415),
+        ("application/wasm", MAX_PLUGIN_BYTES as u64 + 1, 413),
+    ] {
+        let request = format!(
+            "POST /plugins?name=demo HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: {content_type}\r\nContent-Length: {length}\r\n\r\n"
+        );
+        let answer = tokio::time::timeout(
+            std::time::Duration::from_secs(30),
+            common::http::raw_http(addr, request.as_bytes(), false),
+        )
+        .await
+        .expect("answered without the body");
+        assert_eq!(answer.0, Some(status), "{}", answer.1);
+    }
+}
+
+/// Stored documents another tool wrote: a digest that is not 64 lowercase hex digits (which
+/// could name a path) is not a version; a length past the limit is not read.
+#[tokio::test]
+async fn odd_stored_plugin_documents_are_ignored_or_refused() {
+    use disbatch::store::PluginStore;
+    let (db, _app) = checked().await;
+    let files = db.db.collection::<bson::Document>("plugins.files");
+    let now = bson::DateTime::now();
+    let path_like = format!("../../../../{}", "/.".repeat(26));
+    assert_eq!(path_like.len(), 64);
+    for (name, sha, length) in [
+        ("evil", path_like.as_str(), 10i64),
+        ("upper", &"AB".repeat(32), 10),
+        ("huge", &"ab".repeat(32), i64::MAX),
+    ] {
+        files
+            .insert_one(bson::doc! {"filename": name, "length": length, "chunkSize": 261120,
+            "uploadDate": now, "metadata": {"sha256": sha}})
+            .await
+            .unwrap();
+    }
+    let listed: Vec<String> = db
+        .store
+        .plugin_versions(None)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|v| v.name)
+        .collect();
+    assert_eq!(listed, ["huge"]);
+    let e = db.store.plugin_bytes("huge", &"ab".repeat(32)).await.unwrap_err();
+    assert!(e.to_string().contains("length is not a size of at most"), "{e}");
 }

@@ -13,7 +13,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use disbatch::model::Sort;
-use disbatch::store::{NewQueue, OutputValue, Store};
+use disbatch::store::{NewQueue, OutputValue, PluginStore, Store};
 use serde_json::json;
 
 fn target_dir() -> PathBuf {
@@ -109,6 +109,7 @@ async fn ui_creates_a_queue_submits_a_task_edits_limits_and_shows_output() {
         .arg(driver.join("ui.mjs"))
         .args([&url, &task.id.to_hex(), "shown in the browser"])
         .arg(&artifacts)
+        .arg(common::plugins::plugin_path("demo"))
         .env("CHROMIUM", &chromium)
         .current_dir(&driver)
         .output()
@@ -129,6 +130,10 @@ async fn ui_creates_a_queue_submits_a_task_edits_limits_and_shows_output() {
         .expect("queue created by the UI");
     assert_eq!(created.threads, Some(7));
     assert_eq!(created.plugin, "demo");
+    let demo = std::fs::read(common::plugins::plugin_path("demo")).unwrap();
+    let uploaded = db.store.plugin_versions(Some("demo")).await.unwrap();
+    assert_eq!(uploaded.len(), 1, "the UI's upload is stored");
+    assert_eq!(uploaded[0].sha256, disbatch::store::plugins::digest(&demo));
     let nodes = db.store.nodes().await.unwrap();
     assert_eq!(nodes.len(), 1);
     assert_eq!(nodes[0].maxthreads, Some(3));

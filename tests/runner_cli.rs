@@ -192,7 +192,30 @@ fn check_accepts_plugins_and_refuses_other_files() {
     let demo = plugin("demo");
     let o = runner(&["check", demo.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(0));
-    assert!(text(&o.stdout).contains("ok (sha256 "));
+    let shown = text(&o.stdout);
+    assert!(shown.contains("ok (sha256 "), "{shown}");
+    assert!(
+        shown.contains("disbatch:plugin 0.1.0): this host can run it"),
+        "{shown}"
+    );
+    assert!(shown.contains("  exports\n    run (func)\n"), "{shown}");
+    assert!(shown.contains("disbatch:plugin/host@0.1.0 (instance)"), "{shown}");
+    assert!(!shown.contains("NOT PROVIDED"), "{shown}");
     let o = runner(&["check", "/etc/hostname"]);
     assert_eq!(o.status.code(), Some(2));
+
+    // Why not, import by import.
+    let o = runner(&["check", plugin("badimport").to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    let shown = text(&o.stdout);
+    assert!(shown.contains("example:needy/missing@0.1.0 (instance)"), "{shown}");
+    assert!(shown.contains("NOT PROVIDED by this host"), "{shown}");
+    assert!(shown.contains("this host cannot run it: "), "{shown}");
+    let o = runner(&["check", plugin("wrongworld").to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    let shown = text(&o.stdout);
+    assert!(
+        shown.contains("does not implement the disbatch:plugin/plugin world: no export `run`"),
+        "{shown}"
+    );
 }

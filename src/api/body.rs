@@ -22,7 +22,7 @@ impl<S: Send + Sync> FromRequest<S> for JsonBody {
         check_json_type(req.headers())?;
         let bytes = Bytes::from_request(req, state).await.map_err(|e: BytesRejection| {
             if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::TooLarge
+                ApiError::TooLarge("the request body is larger than the limit".into())
             } else {
                 ApiError::bad(format!("cannot read the request body: {e}"))
             }

@@ -28,9 +28,9 @@ pub enum ApiError {
     /// The route exists but not with this method (405).
     #[error("method not allowed")]
     MethodNotAllowed,
-    /// The request body is larger than the limit (413).
-    #[error("the request body is larger than the limit")]
-    TooLarge,
+    /// The request body is larger than the limit (413); the message names the limit.
+    #[error("{0}")]
+    TooLarge(String),
     /// A request body not declared as the type the route takes (415: JSON, or a component
     /// for `POST /plugins`); the message names the Content-Type given.
     #[error("{0}")]
@@ -92,7 +92,7 @@ impl ApiError {
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            ApiError::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::NotJson(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Store(e) => store_status(e),

@@ -6,16 +6,16 @@
 //! `application/octet-stream`; no browser sends either cross-site without asking), is at
 //! most [`MAX_PLUGIN_BYTES`], and compiles as a component of the `disbatch:plugin` world
 //! within the host's limits. A `sha256` query parameter, when given, must match the body.
+//! One upload at a time is read and checked; the others wait before their body is read.
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
 
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{Query, State};
+use axum::extract::{Query, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::Json;
 use bson::DateTime;
+use futures::StreamExt;
 use serde_json::{json, Value};
 
 use super::body::PathKey;
@@ -102,13 +102,14 @@ pub(super) async fn delete(State(state): State<Shared>, PathKey(name): PathKey) 
 
 /// `POST /plugins?name=N[&sha256=H]` with the component as the body: checks and stores it.
 /// 201 with the version when it is new, 200 when the plugin had it already (it is the
-/// newest again).
+/// newest version again). The headers and the name are checked before the body is read,
+/// and one upload at a time is read and compiled.
 pub(super) async fn upload(
     State(state): State<Shared>,
     Query(q): Query<HashMap<String, String>>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    request: Request,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let headers = request.headers().clone();
     check_wasm_type(&headers)?;
     let name = q
         .get("name")
@@ -116,18 +117,26 @@ pub(super) async fn upload(
         .filter(|n| !n.is_empty())
         .ok_or_else(|| ApiError::bad("query parameter \"name\" is required: POST /plugins?name=NAME"))?;
     check_plugin_name(&name).map_err(|e| ApiError::bad(format!("\"name\": {e}")))?;
-    let bytes = body.map_err(|e| {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::bad(format!(
-                "the component is larger than the limit of {MAX_PLUGIN_BYTES} bytes (128 MiB)"
-            ))
-        } else {
-            ApiError::bad(format!("cannot read the request body: {e}"))
-        }
-    })?;
-    if bytes.is_empty() {
-        return Err(ApiError::bad("the request body is empty: send the component's bytes"));
+    let Some(runner) = state.checker.clone() else {
+        return Err(ApiError::Unavailable(
+            "this DCI cannot check components, so it accepts no uploads".into(),
+        ));
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_PLUGIN_BYTES as u64) {
+        return Err(too_large());
     }
+    // Held until the check ends, even when the client goes away first.
+    let turn = state
+        .upload_turn
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(|e| ApiError::Unavailable(format!("uploads are closed: {e}")))?;
+    let bytes = read_body(request).await?;
     let sha256 = digest(&bytes);
     if let Some(want) = q.get("sha256") {
         if !want.eq_ignore_ascii_case(&sha256) {
@@ -136,7 +145,17 @@ pub(super) async fn upload(
             )));
         }
     }
-    let wit = check_component(&state, &name, bytes.clone()).await?;
+    let label = PathBuf::from(format!("{name} (uploaded)"));
+    let (checked, bytes) = tokio::task::spawn_blocking(move || {
+        let _turn = turn;
+        let wit = runner
+            .load_bytes(&bytes, &label)
+            .map(|p| p.wit_version().map(str::to_owned));
+        (wit, bytes)
+    })
+    .await
+    .map_err(|e| ApiError::Unavailable(format!("checking the component failed: {e}")))?;
+    let wit = checked.map_err(|e| ApiError::bad(format!("the component was refused: {e}")))?;
     let uploaded_by = headers
         .get("x-disbatch-user")
         .and_then(|v| v.to_str().ok())
@@ -161,25 +180,27 @@ pub(super) async fn upload(
     Ok((code, Json(body)))
 }
 
-/// Compiles the component as a DEN would and returns the WIT version it imports; a
-/// component that fails is refused (400) with the reason.
-async fn check_component(state: &Shared, name: &str, bytes: Bytes) -> Result<Option<String>, ApiError> {
-    let Some(runner) = state.checker.clone() else {
-        return Err(ApiError::Unavailable(
-            "this DCI cannot check components, so it accepts no uploads".into(),
-        ));
-    };
-    // One compilation at a time: a burst of uploads must not starve the API.
-    let _turn = state.upload_turn.lock().await;
-    let label = PathBuf::from(format!("{name} (uploaded)"));
-    let loaded = tokio::task::spawn_blocking(move || {
-        runner
-            .load_bytes(&bytes, &label)
-            .map(|p| p.wit_version().map(str::to_owned))
-    })
-    .await
-    .map_err(|e| ApiError::Unavailable(format!("checking the component failed: {e}")))?;
-    loaded.map_err(|e| ApiError::bad(format!("the component was refused: {e}")))
+fn too_large() -> ApiError {
+    ApiError::TooLarge(format!(
+        "the component is larger than the limit of {MAX_PLUGIN_BYTES} bytes (128 MiB)"
+    ))
+}
+
+/// The body, refused past [`MAX_PLUGIN_BYTES`] as soon as it gets there.
+async fn read_body(request: Request) -> Result<Vec<u8>, ApiError> {
+    let mut stream = request.into_body().into_data_stream();
+    let mut bytes = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| ApiError::bad(format!("cannot read the request body: {e}")))?;
+        if bytes.len() + chunk.len() > MAX_PLUGIN_BYTES {
+            return Err(too_large());
+        }
+        bytes.extend_from_slice(&chunk);
+    }
+    if bytes.is_empty() {
+        return Err(ApiError::bad("the request body is empty: send the component's bytes"));
+    }
+    Ok(bytes)
 }
 
 /// Refuses an upload not declared as a component.

@@ -372,9 +372,49 @@ fn exit_code(outcome: &Outcome) -> u8 {
     }
 }
 
+/// Prints what the component imports and exports, whether this host links each import,
+/// and the verdict of loading it as a DEN would: 0 when this host can run it, 2 when not.
 fn check(path: &std::path::Path) -> anyhow::Result<u8> {
+    use disbatch::runner::inspect::{host_provides, inspect};
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let found = inspect(&bytes).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    println!("{}", path.display());
+    println!("  size     {} bytes", bytes.len());
+    println!(
+        "  declares {} core modules, {} core instances, {} memories, {} tables",
+        found.modules, found.core_instances, found.memories, found.tables
+    );
+    println!("  exports");
+    for e in &found.exports {
+        println!("    {} ({})", e.name, e.kind);
+    }
+    println!("  imports");
+    for i in &found.imports {
+        let linked = if host_provides(&i.name) {
+            "provided"
+        } else {
+            "NOT PROVIDED by this host"
+        };
+        println!("    {:<44} {linked}", format!("{} ({})", i.name, i.kind));
+    }
+    // Declared counts bound what a task creates only roughly (a nested component may be
+    // instantiated more than once, or not at all): a note, not the verdict.
+    for note in found.over_limits() {
+        println!("note: {note}; a task past a limit fails when it is instantiated");
+    }
     let runner = Runner::new(&engine_options(false, disbatch::config::DEFAULT_MAX_INSTANCES))?;
-    let plugin = runner.load(path)?;
-    println!("{}: ok (sha256 {})", path.display(), plugin.hash());
-    Ok(exit::SUCCEEDED)
+    match runner.load(path) {
+        Ok(plugin) => {
+            let wit = plugin.wit_version().unwrap_or("none imported");
+            println!(
+                "ok (sha256 {}; disbatch:plugin {wit}): this host can run it",
+                plugin.hash()
+            );
+            Ok(exit::SUCCEEDED)
+        }
+        Err(e) => {
+            println!("this host cannot run it: {e}");
+            Ok(exit::USAGE)
+        }
+    }
 }

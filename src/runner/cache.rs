@@ -84,7 +84,7 @@ pub fn grant_conflict<'a>(host: &Path, protected: &'a [PathBuf]) -> Option<&'a P
 
 /// Creates `dir` (mode 0700) when missing and checks that it is a directory owned by this
 /// user and closed to others.
-fn private_dir(dir: &Path, mask: u32) -> Result<(), String> {
+pub(crate) fn private_dir(dir: &Path, mask: u32) -> Result<(), String> {
     if !dir.exists() {
         fs::DirBuilder::new()
             .recursive(true)

@@ -95,6 +95,12 @@ pub fn newest(versions: &[PluginVersion]) -> Vec<&PluginVersion> {
     versions.iter().filter(|v| seen.insert(v.name.as_str())).collect()
 }
 
+/// Whether `s` is a digest as stored: 64 lowercase hex digits. A stored version whose
+/// digest is anything else is ignored, so a digest never names a path outside the cache.
+pub fn is_digest(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
 /// Hex SHA-256 of `bytes`, as plugins are named by.
 pub fn digest(bytes: &[u8]) -> String {
     use sha2::{Digest, Sha256};

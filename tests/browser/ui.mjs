@@ -1,14 +1,14 @@
 // Drives the Disbatch web UI in headless Chromium: creates a queue, edits its threads,
 // submits a task and follows it until the DEN has run it, edits a node's maxthreads and
 // opens a finished task's GridFS-backed output, cancels a scheduled task, kills a
-// running one and retries it. Screenshots go to OUT_DIR.
-// Usage: node ui.mjs <base-url> <finished-task-id> <expected-stdout-snippet> <out-dir>
+// running one and retries it, uploads a plugin component. Screenshots go to OUT_DIR.
+// Usage: node ui.mjs <base-url> <finished-task-id> <expected-stdout-snippet> <out-dir> <component.wasm>
 import { chromium } from "playwright-core";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 
-const [base, taskId, expected, outDir] = process.argv.slice(2);
+const [base, taskId, expected, outDir, component] = process.argv.slice(2);
 const profile = mkdtempSync(join(tmpdir(), "disbatch-chromium-"));
 const context = await chromium.launchPersistentContext(profile, {
   executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
@@ -76,6 +76,18 @@ try {
   await maxthreads.blur();
   await page.waitForFunction(() => document.querySelector("#message").textContent.includes("maxthreads set to 3"));
   await shot("nodes");
+
+  // Upload a component: its name comes from the file name, its digest goes along.
+  await page.click("#nav-plugins");
+  await page.waitForSelector("#plugin-upload");
+  await page.setInputFiles("#plugin-file", component);
+  if ((await page.inputValue("#plugin-name")) !== "demo") throw new Error("plugin name not taken from the file name");
+  await page.click("#plugin-push");
+  await page.waitForFunction(() => document.querySelector("#message").textContent.startsWith("uploaded demo@sha256:"), null, { timeout: 30000 });
+  await page.waitForSelector('tr[data-plugin="demo"] .delete-plugin');
+  const stored = await api("/plugins/demo");
+  if (stored.versions?.length !== 1) throw new Error("uploaded plugin not stored: " + JSON.stringify(stored));
+  await shot("plugins");
 
   await page.click("#nav-tasks");
   await page.waitForSelector("#task-search");

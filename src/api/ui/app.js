@@ -146,6 +146,62 @@ async function showNodes() {
   }));
 }
 
+// ---- plugins ------------------------------------------------------------------------------
+
+async function showPlugins() {
+  const list = await api("GET", "/plugins?full=1");
+  const rows = list.map((p) => `
+    <tr data-plugin="${esc(p.name)}">
+      <td>${esc(p.name)}</td><td>${esc(p.source)}</td><td>${p.allowed ? "yes" : "no"}</td><td>${p.versions}</td>
+      <td><code title="${esc(p.sha256)}">${esc((p.sha256 || "-").slice(0, 12))}</code></td><td>${esc(p.size ?? "-")}</td>
+      <td>${esc(p.wit ?? "-")}</td><td>${plain(p.uploaded)}</td><td>${esc(p.uploaded_by ?? "-")}</td>
+      <td>${p.versions ? `<button class="delete-plugin" data-name="${esc(p.name)}">Delete</button>` : ""}</td>
+    </tr>`).join("");
+  $("#view").innerHTML = `
+    <form class="toolbar" id="plugin-upload">
+      <label>Component <input id="plugin-file" type="file" accept=".wasm,application/wasm" required></label>
+      <label>Name <input id="plugin-name" placeholder="the file name without .wasm"></label>
+      <button type="submit" id="plugin-push">Upload</button>
+    </form>
+    <table id="plugins"><thead><tr><th>Plugin</th><th>Source</th><th>Allowed</th><th>Versions</th><th>SHA-256</th>
+      <th>Size</th><th>WIT</th><th>Uploaded</th><th>By</th><th></th></tr></thead>
+    <tbody>${rows || '<tr><td colspan="10">No plugins.</td></tr>'}</tbody></table>`;
+  $("#plugin-file").addEventListener("change", () => {
+    const f = $("#plugin-file").files[0];
+    if (f && !$("#plugin-name").value) $("#plugin-name").value = f.name.replace(/\.wasm$/, "");
+  });
+  $("#plugin-upload").addEventListener("submit", async (e) => {
+    e.preventDefault();
+    const file = $("#plugin-file").files[0];
+    const name = $("#plugin-name").value.trim() || file.name.replace(/\.wasm$/, "");
+    say("uploading " + name + "…");
+    try { say(await upload(name, file)); } catch (err) { say(err.message, "error"); }
+    await render();
+  });
+  document.querySelectorAll(".delete-plugin").forEach((el) => el.addEventListener("click", async () => {
+    if (!confirm("Delete every stored version of " + el.dataset.name + "?")) return;
+    await write(() => api("DELETE", "/plugins/" + encodeURIComponent(el.dataset.name)), "deleted " + el.dataset.name);
+  }));
+}
+
+// Sends a component with its SHA-256, so a damaged upload is refused.
+async function upload(name, file) {
+  const bytes = await file.arrayBuffer();
+  const q = new URLSearchParams({ name });
+  if (crypto.subtle) {
+    const digest = new Uint8Array(await crypto.subtle.digest("SHA-256", bytes));
+    q.set("sha256", Array.from(digest, (b) => b.toString(16).padStart(2, "0")).join(""));
+  }
+  const headers = { "Content-Type": "application/wasm", "X-Disbatch-User": "web UI" };
+  const token = localStorage.getItem("disbatch-token");
+  if (token) headers["Authorization"] = "Bearer " + token;
+  const resp = await fetch("/plugins?" + q, { method: "POST", headers, body: bytes });
+  const data = await resp.json().catch(() => ({}));
+  if (!resp.ok) throw new Error(data.error || resp.statusText);
+  plugins = await api("GET", "/plugins");
+  return (data.created ? "uploaded " : "already stored, now the newest: ") + data.ref + (data.allowed ? "" : " (not in the allowlist)");
+}
+
 // ---- tasks --------------------------------------------------------------------------------
 
 async function showTasks(params) {
@@ -305,6 +361,7 @@ async function render(refresh = false) {
     if (path.startsWith("/task/")) await showTask(decodeURIComponent(path.slice(6)), refresh);
     else if (path === "/nodes") await showNodes();
     else if (path === "/tasks") await showTasks(new URLSearchParams(query || ""));
+    else if (path === "/plugins") await showPlugins();
     else await showQueues();
   } catch (e) {
     say(e.message, "error");

@@ -13,6 +13,7 @@ use mongodb::IndexModel;
 use super::documents::{as_date, as_int};
 use super::{db_err, is_duplicate_key, MongoStore};
 use crate::store::gridfs::CHUNK_SIZE;
+use crate::store::plugins::{is_digest, MAX_PLUGIN_BYTES};
 use crate::store::{PluginStore, PluginVersion, Pushed, StoreError, StoreResult};
 
 /// Collection of the plugin files (one per version).
@@ -77,7 +78,7 @@ impl MongoStore {
         let version = (|| {
             Some(PluginVersion {
                 name: d.get_str("filename").ok()?.to_owned(),
-                sha256: text(meta, "sha256").filter(|s| s.len() == 64)?,
+                sha256: text(meta, "sha256").filter(|s| is_digest(s))?,
                 size: u64::try_from(as_int(d.get("length")?)?).ok()?,
                 wit: text(meta, "wit"),
                 uploaded: as_date(d.get("uploadDate")?)?,
@@ -86,7 +87,7 @@ impl MongoStore {
         })();
         if version.is_none() {
             self.warn_once(format!(
-                "{PLUGIN_FILES} document {id} is not a plugin version (it needs filename, length, uploadDate and metadata.sha256); ignored"
+                "{PLUGIN_FILES} document {id} is not a plugin version (it needs filename, length, uploadDate and metadata.sha256 of 64 lowercase hex digits); ignored"
             ));
         }
         version
@@ -179,14 +180,15 @@ impl PluginStore for MongoStore {
             .get("length")
             .and_then(as_int)
             .and_then(|l| usize::try_from(l).ok())
-            .ok_or_else(|| malformed("length is not a size".into()))?;
+            .filter(|l| *l <= MAX_PLUGIN_BYTES)
+            .ok_or_else(|| malformed(format!("length is not a size of at most {MAX_PLUGIN_BYTES} bytes")))?;
         let mut chunks = self
             .plugin_chunks()
             .find(doc! { "files_id": &id })
             .sort(doc! { "n": 1 })
             .await
             .map_err(db_err("read plugin"))?;
-        let mut bytes = Vec::with_capacity(length.min(crate::store::plugins::MAX_PLUGIN_BYTES));
+        let mut bytes = Vec::with_capacity(length);
         let mut expect = 0i64;
         while let Some(chunk) = chunks.try_next().await.map_err(db_err("read plugin"))? {
             if chunk.get("n").and_then(as_int) != Some(expect) {

@@ -6,6 +6,7 @@ use rusqlite::{params, OptionalExtension};
 
 use super::rows::db_err;
 use super::SqliteStore;
+use crate::store::plugins::is_digest;
 use crate::store::{PluginStore, PluginVersion, Pushed, StoreError, StoreResult};
 
 /// The table of plugin versions.
@@ -80,7 +81,8 @@ impl PluginStore for SqliteStore {
             let rows = stmt
                 .query_map(params![name], version_from)
                 .map_err(db_err("list plugins"))?;
-            rows.collect::<Result<Vec<_>, _>>().map_err(db_err("list plugins"))
+            let versions = rows.collect::<Result<Vec<_>, _>>().map_err(db_err("list plugins"))?;
+            Ok(versions.into_iter().filter(|v| is_digest(&v.sha256)).collect())
         })
         .await
     }
