@@ -9,6 +9,7 @@ pub mod client;
 pub mod dev;
 mod lifecycle;
 pub mod plugins;
+pub mod scaffold;
 pub mod table;
 mod wait;
 pub mod web;
@@ -158,6 +159,9 @@ pub enum Command {
     /// Upload a plugin component to the store; every DEN whose config allows the name
     /// runs it.
     PushPlugin(plugins::PushArgs),
+    /// Create a new plugin project from the templates (`--lang rust|python|js`); needs no
+    /// server.
+    NewPlugin(scaffold::NewPluginArgs),
     /// The stored versions of a plugin, newest first.
     PluginVersions {
         /// Plugin name.
@@ -285,6 +289,11 @@ pub async fn run(cli: &Cli) -> Result<(), CliError> {
         Command::Info => Output::new(client.get("/info").await?, pretty),
         Command::Plugins { full: false } => Output::new(client.get("/plugins").await?, lines),
         Command::Plugins { full: true } => Output::new(client.get("/plugins?full=1").await?, plugins::table),
+        Command::NewPlugin(args) => {
+            let root = scaffold::create(args)?;
+            print!("{}", scaffold::done(&root, &args.name, args.lang));
+            return Ok(());
+        }
         Command::PushPlugin(args) => Output::new(plugins::push(&client, args).await?, plugins::pushed),
         Command::PluginVersions { name } => Output::new(client.get(&plugins::path(name)).await?, plugins::versions),
         Command::DeletePlugin { name } => Output::new(client.delete(&plugins::path(name)).await?, |v| {
