@@ -71,53 +71,53 @@ pub fn pushed(v: &Value) -> String {
 
 /// `plugins --full` as a table.
 pub fn table(v: &Value) -> String {
-    let rows: Vec<Vec<String>> = v
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .map(|p| {
-                    vec![
-                        cell(&p["name"]),
-                        cell(&p["source"]),
-                        cell(&p["allowed"]),
-                        cell(&p["versions"]),
-                        short(&p["sha256"]),
-                        cell(&p["size"]),
-                        cell(&p["wit"]),
-                        cell(&p["uploaded"]),
-                        cell(&p["uploaded_by"]),
-                    ]
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    let fields = [
+        "name",
+        "source",
+        "allowed",
+        "versions",
+        "sha256",
+        "size",
+        "wit",
+        "uploaded",
+        "uploaded_by",
+    ];
     render(
         &[
             "name", "source", "allowed", "versions", "sha256", "size", "wit", "uploaded", "by",
         ],
-        &rows,
+        &rows(v, &fields),
     )
 }
 
 /// `plugin-versions NAME` as a table, newest first.
 pub fn versions(v: &Value) -> String {
-    let rows: Vec<Vec<String>> = v["versions"]
-        .as_array()
+    let fields = ["sha256", "size", "wit", "uploaded", "uploaded_by"];
+    render(
+        &["sha256", "size", "wit", "uploaded", "by"],
+        &rows(&v["versions"], &fields),
+    )
+}
+
+/// One row of `fields` per object of the array `v`; a digest shortened where the full
+/// list shows many plugins.
+fn rows(v: &Value, fields: &[&str]) -> Vec<Vec<String>> {
+    let short_digest = fields.contains(&"name");
+    v.as_array()
         .map(|a| {
             a.iter()
                 .map(|p| {
-                    vec![
-                        cell(&p["sha256"]),
-                        cell(&p["size"]),
-                        cell(&p["wit"]),
-                        cell(&p["uploaded"]),
-                        cell(&p["uploaded_by"]),
-                    ]
+                    fields
+                        .iter()
+                        .map(|f| match *f {
+                            "sha256" if short_digest => short(&p[*f]),
+                            _ => cell(&p[*f]),
+                        })
+                        .collect()
                 })
                 .collect()
         })
-        .unwrap_or_default();
-    render(&["sha256", "size", "wit", "uploaded", "by"], &rows)
+        .unwrap_or_default()
 }
 
 /// The path of `GET|DELETE /plugins/{name}`.
@@ -130,5 +130,27 @@ fn short(v: &Value) -> String {
     match v.as_str() {
         Some(s) => s.chars().take(12).collect(),
         None => cell(v),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    #[test]
+    fn tables_show_the_fields_and_shorten_digests_in_the_list() {
+        let sha = "ab".repeat(32);
+        let list = json!([{"name": "hello", "source": "store", "allowed": true, "versions": 2,
+            "sha256": sha, "size": 10, "wit": "0.1.0", "uploaded": "t", "uploaded_by": "me@h"}]);
+        let shown = super::table(&list);
+        assert!(shown.starts_with("NAME   SOURCE  ALLOWED"), "{shown}");
+        assert!(
+            shown.contains("hello  store   true     2         abababababab  10"),
+            "{shown}"
+        );
+        let versions =
+            json!({"versions": [{"sha256": sha, "size": 10, "wit": null, "uploaded": "t", "uploaded_by": null}]});
+        let shown = super::versions(&versions);
+        assert!(shown.contains(&format!("{sha}  10    -")), "{shown}");
     }
 }
