@@ -32,8 +32,8 @@ use wasmtime::component::{HasSelf, Linker, ResourceTable};
 use wasmtime::{CallHook, Engine, Store, StoreContextMut, Trap, UpdateDeadline};
 use wasmtime_wasi::{I32Exit, WasiCtx, WasiCtxView, WasiView};
 
-pub(crate) use cache::private_dir;
 pub use cache::{default_key_path, grant_conflict, protected_paths};
+pub(crate) use cache::{private_dir, write_atomically};
 pub use control::{RunControl, StopReason};
 pub use egress::{is_internal, parse_allow as parse_network_allow};
 pub use engine::{default_cache_dir, EngineOptions, EPOCH_TICK};

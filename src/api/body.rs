@@ -45,21 +45,28 @@ impl<S: Send + Sync> FromRequest<S> for JsonBody {
 /// browsers send other types cross-site without asking, so accepting them would let any
 /// web page write to a DCI without a token.
 fn check_json_type(headers: &HeaderMap) -> Result<(), ApiError> {
-    let given = headers.get(header::CONTENT_TYPE);
-    let essence = given
-        .and_then(|v| v.to_str().ok())
-        .map(|v| v.split(';').next().unwrap_or("").trim().to_ascii_lowercase());
+    let (essence, given) = content_type(headers);
     match essence.as_deref() {
         Some("application/json") => Ok(()),
         Some(t) if t.starts_with("application/") && t.ends_with("+json") => Ok(()),
         _ => Err(ApiError::NotJson(format!(
-            "the request body must be JSON: send header Content-Type: application/json (got {})",
-            match given {
-                Some(v) => format!("{:?}", String::from_utf8_lossy(v.as_bytes())),
-                None => "no Content-Type".into(),
-            }
+            "the request body must be JSON: send header Content-Type: application/json (got {given})"
         ))),
     }
+}
+
+/// The request's media type (lowercase, parameters dropped), and the header as given for
+/// messages (`no Content-Type` when there is none).
+pub(super) fn content_type(headers: &HeaderMap) -> (Option<String>, String) {
+    let given = headers.get(header::CONTENT_TYPE);
+    let essence = given
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.split(';').next().unwrap_or("").trim().to_ascii_lowercase());
+    let shown = match given {
+        Some(v) => format!("{:?}", String::from_utf8_lossy(v.as_bytes())),
+        None => "no Content-Type".into(),
+    };
+    (essence, shown)
 }
 
 /// The single parameter of a route's path (a queue, node or task key).

@@ -18,7 +18,8 @@ use bson::DateTime;
 use futures::StreamExt;
 use serde_json::{json, Value};
 
-use super::body::PathKey;
+use super::body::{content_type, PathKey};
+use super::tasks::truthy;
 use super::{json, ApiError, Shared};
 use crate::config::check_plugin_name;
 use crate::store::plugins::{digest, MAX_PLUGIN_BYTES};
@@ -26,10 +27,6 @@ use crate::store::{PluginVersion, Pushed};
 
 /// Longest `X-Disbatch-User` kept as `uploaded_by`.
 const MAX_UPLOADER: usize = 200;
-
-fn truthy(v: Option<&String>) -> bool {
-    matches!(v.map(String::as_str), Some("1" | "true" | "yes" | "on" | ""))
-}
 
 /// A version as JSON.
 fn version(v: &PluginVersion) -> Value {
@@ -205,18 +202,11 @@ async fn read_body(request: Request) -> Result<Vec<u8>, ApiError> {
 
 /// Refuses an upload not declared as a component.
 fn check_wasm_type(headers: &HeaderMap) -> Result<(), ApiError> {
-    let given = headers.get(header::CONTENT_TYPE);
-    let essence = given
-        .and_then(|v| v.to_str().ok())
-        .map(|v| v.split(';').next().unwrap_or("").trim().to_ascii_lowercase());
+    let (essence, given) = content_type(headers);
     match essence.as_deref() {
         Some("application/wasm" | "application/octet-stream") => Ok(()),
         _ => Err(ApiError::NotJson(format!(
-            "a plugin is uploaded as its bytes: send header Content-Type: application/wasm (got {})",
-            match given {
-                Some(v) => format!("{:?}", String::from_utf8_lossy(v.as_bytes())),
-                None => "no Content-Type".into(),
-            }
+            "a plugin is uploaded as its bytes: send header Content-Type: application/wasm (got {given})"
         ))),
     }
 }

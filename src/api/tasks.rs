@@ -19,7 +19,8 @@ use crate::store::{Page, TaskFilter};
 /// Query options of `GET /tasks` that are not filters.
 const OPTIONS: [&str; 8] = ["limit", "skip", "count", "fields", "epoch", "terse", "full", "pretty"];
 
-fn truthy(v: Option<&String>) -> bool {
+/// Whether a query flag is on (`1`, `true`, `yes`, `on`, or present without a value).
+pub(super) fn truthy(v: Option<&String>) -> bool {
     matches!(v.map(String::as_str), Some("1" | "true" | "yes" | "on" | ""))
 }
 

@@ -9,13 +9,12 @@
 //! with that reason.
 
 use std::collections::{HashMap, HashSet};
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use tracing::{info, warn};
 
-use crate::runner::{private_dir, Plugin, Runner};
+use crate::runner::{private_dir, write_atomically, Plugin, Runner};
 use crate::store::plugins::{digest, newest, MAX_PLUGIN_BYTES};
 use crate::store::{PluginRef, PluginVersion, Store};
 
@@ -181,7 +180,7 @@ fn prepare(
         info!(plugin = %v.name, sha256 = %v.sha256, bytes = bytes.len(), "fetched a plugin from the store");
         if let Some(dir) = dir {
             if let Err(e) = private_dir(dir, 0o077).and_then(|()| {
-                write_atomically(&dir.join(format!("{}.wasm", v.sha256)), &bytes).map_err(|e| e.to_string())
+                write_atomically(&dir.join(format!("{}.wasm", v.sha256)), &[&bytes]).map_err(|e| e.to_string())
             }) {
                 warn!(dir = %dir.display(), error = %e, "cannot cache a fetched plugin");
             }
@@ -232,32 +231,4 @@ fn read_cached(dir: &Path, sha256: &str) -> Option<Vec<u8>> {
         warn!(path = %path.display(), error = %e, "cannot delete a cached plugin that does not match its digest");
     }
     None
-}
-
-/// Writes `bytes` to `path` through a temporary file renamed into place, so a reader sees
-/// the whole file or none.
-fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir)?;
-    let mut tmp = tempfile_in(dir)?;
-    tmp.1.write_all(bytes)?;
-    tmp.1.sync_all()?;
-    std::fs::rename(&tmp.0, path).inspect_err(|_| {
-        let _ = std::fs::remove_file(&tmp.0);
-    })
-}
-
-fn tempfile_in(dir: &Path) -> std::io::Result<(PathBuf, std::fs::File)> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let name = dir.join(format!(
-        ".fetch-{}-{}",
-        std::process::id(),
-        bson::oid::ObjectId::new().to_hex()
-    ));
-    let file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&name)?;
-    Ok((name, file))
 }

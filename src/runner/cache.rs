@@ -236,13 +236,16 @@ pub(crate) fn compile_cached(
     let component = Component::new(engine, bytes)?;
     let artifact = component.serialize()?;
     let tag = mac(&key, hash, &ekey, &artifact);
-    if let Err(e) = write_atomically(&path, &tag, &artifact) {
+    if let Err(e) = write_atomically(&path, &[&tag, &artifact]) {
         tracing::warn!(path = %path.display(), error = %e, "cannot cache compiled component");
     }
     Ok((component, false))
 }
 
-fn write_atomically(path: &Path, tag: &[u8], bytes: &[u8]) -> std::io::Result<()> {
+/// Writes `parts` one after the other to `path` (mode 0600) through a temporary file
+/// renamed into place, so a reader sees the whole file or none. `path` lies in a directory
+/// closed to others ([`private_dir`]).
+pub(crate) fn write_atomically(path: &Path, parts: &[&[u8]]) -> std::io::Result<()> {
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
     let mut f = fs::OpenOptions::new()
         .write(true)
@@ -250,8 +253,9 @@ fn write_atomically(path: &Path, tag: &[u8], bytes: &[u8]) -> std::io::Result<()
         .truncate(true)
         .mode(0o600)
         .open(&tmp)?;
-    f.write_all(tag)?;
-    f.write_all(bytes)?;
+    for part in parts {
+        f.write_all(part)?;
+    }
     f.sync_all()?;
     fs::rename(&tmp, path)
 }
