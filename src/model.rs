@@ -161,6 +161,16 @@ pub struct QueueSandbox {
     /// Internal ranges (CIDRs or addresses) the plugin may reach anyway, e.g. "10.0.0.0/8".
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub network_allow: Vec<String>,
+    /// Hosts the plugin may send HTTP requests to: `[scheme://]host[:port]`, e.g.
+    /// "api.example.com" or "https://*.corp:8443".
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub http: Vec<String>,
+    /// HTTP requests one task may send.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http_max_requests: Option<u32>,
+    /// Body bytes (in MiB) one task's HTTP requests and responses may carry together.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http_max_body_mib: Option<u64>,
 }
 
 impl QueueSandbox {
@@ -193,6 +203,15 @@ impl QueueSandbox {
         for a in &self.network_allow {
             let net = crate::runner::parse_network_allow(a).map_err(|e| format!("sandbox.network_allow: {e}"))?;
             s.network_allow.push(net);
+        }
+        for h in &self.http {
+            s.http.push(h.parse().map_err(|e| format!("sandbox.http: {e}"))?);
+        }
+        if let Some(n) = self.http_max_requests {
+            s.http_max_requests = n;
+        }
+        if let Some(m) = self.http_max_body_mib {
+            s.http_max_body = m.checked_mul(1 << 20).ok_or("sandbox.http_max_body_mib is too large")?;
         }
         s.validate().map_err(|e| format!("sandbox: {e}"))?;
         Ok(s)

@@ -14,6 +14,7 @@ mod clock;
 mod control;
 mod egress;
 mod engine;
+mod http;
 pub mod inspect;
 mod limits;
 mod outcome;
@@ -22,6 +23,7 @@ mod quota;
 mod sandbox;
 mod shape;
 mod special;
+mod waits;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -37,6 +39,9 @@ pub(crate) use cache::{private_dir, write_atomically};
 pub use control::{RunControl, StopReason};
 pub use egress::{is_internal, parse_allow as parse_network_allow};
 pub use engine::{default_cache_dir, EngineOptions, EPOCH_TICK};
+pub use http::{
+    HttpRule, DEFAULT_MAX_BODY as DEFAULT_HTTP_MAX_BODY, DEFAULT_MAX_REQUESTS as DEFAULT_HTTP_MAX_REQUESTS,
+};
 use limits::{Slots, TaskLimiter};
 pub use limits::{MAX_CORE_INSTANCES_PER_TASK, MAX_MEMORIES_PER_TASK, MAX_TABLES_PER_TASK, TABLE_ELEMENT_BYTES};
 pub use outcome::{Failure, Outcome, Progress, FAILED, SUCCEEDED};
@@ -141,6 +146,7 @@ pub struct Runner {
 struct TaskState {
     wasi: WasiCtx,
     table: ResourceTable,
+    http: http::TaskHttp,
     limiter: TaskLimiter,
     /// What the task may still write into its grants.
     quota: Arc<quota::WriteQuota>,
@@ -205,6 +211,16 @@ impl WasiView for TaskState {
     }
 }
 
+impl wasmtime_wasi_http::WasiHttpView for TaskState {
+    fn http(&mut self) -> wasmtime_wasi_http::WasiHttpCtxView<'_> {
+        wasmtime_wasi_http::WasiHttpCtxView {
+            ctx: &mut self.http.ctx,
+            table: &mut self.table,
+            hooks: &mut self.http.hooks,
+        }
+    }
+}
+
 impl host::Host for TaskState {
     fn progress(&mut self, percent: Option<f32>, info: Option<String>) {
         let percent = percent.filter(|p| !p.is_nan()).map(|p| p.clamp(0.0, 100.0));
@@ -242,10 +258,13 @@ impl Runner {
         engine::start_epoch_ticker(&engine);
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(|e| RunnerError::Engine(e.to_string()))?;
+        wasmtime_wasi_http::p2::add_only_http_to_linker_sync(&mut linker)
+            .map_err(|e| RunnerError::Engine(e.to_string()))?;
         bindings::Plugin::add_to_linker::<TaskState, HasSelf<TaskState>>(&mut linker, |s| s)
             .map_err(|e| RunnerError::Engine(e.to_string()))?;
         clock::add_to_linker(&mut linker).map_err(|e| RunnerError::Engine(e.to_string()))?;
         special::add_to_linker(&mut linker).map_err(|e| RunnerError::Engine(e.to_string()))?;
+        waits::add_to_linker(&mut linker).map_err(|e| RunnerError::Engine(e.to_string()))?;
         Ok(Runner {
             inner: Arc::new(Inner {
                 engine,
@@ -362,16 +381,19 @@ impl Runner {
             Ok(w) => w,
             Err(e) => return Outcome::not_run(Failure::Sandbox(e)),
         };
+        let notes = http::Notes::default();
+        let deadline = started + sandbox.timeout;
         let mut store = Store::new(
             &self.inner.engine,
             TaskState {
                 wasi,
                 table: ResourceTable::new(),
+                http: http::TaskHttp::new(sandbox, deadline, control.clone(), notes.clone()),
                 limiter: TaskLimiter::new(sandbox.memory),
                 quota: quota::WriteQuota::new(sandbox.write_quota, sandbox.file_quota),
                 started,
                 clock_base: started,
-                deadline: started + sandbox.timeout,
+                deadline,
                 control: control.clone(),
                 progress: Vec::new(),
                 sink,
@@ -397,6 +419,7 @@ impl Runner {
             duration,
             progress: state.progress,
             failure,
+            sandbox_notes: notes.take(),
         }
     }
 

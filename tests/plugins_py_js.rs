@@ -57,11 +57,17 @@ fn component(name: &str) -> PathBuf {
 
 /// `runner exec <name> --json --params <params>`: the exit code and the printed object.
 fn exec(name: &str, params: &Value) -> (i32, Value) {
+    exec_with(name, params, &[])
+}
+
+/// [`exec`] with more `runner exec` arguments.
+fn exec_with(name: &str, params: &Value, args: &[&str]) -> (i32, Value) {
     let path = component(name);
     let out = Command::new(env!("CARGO_BIN_EXE_runner"))
         .arg("exec")
         .arg(&path)
         .args(["--json", "--params", &params.to_string()])
+        .args(args)
         .env("DISBATCH_CACHE_DIR", cache_dir())
         .output()
         .unwrap();
@@ -172,6 +178,33 @@ fn fails_with(name: &str, params: Value, error: &str) -> Value {
     );
     assert_eq!(text(&v, "stdout"), "pitfalls: started\n", "{name} {params}");
     v
+}
+
+#[test]
+fn javascript_fetch_reaches_listed_hosts_only() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        for mut conn in listener.incoming().flatten() {
+            let mut buf = [0u8; 4096];
+            let _ = conn.read(&mut buf);
+            let _ = conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\nconnection: close\r\n\r\nhello");
+        }
+    });
+    let params = json!({"fetch": format!("http://{addr}/x")});
+    let listed = format!("http://{addr}");
+    let (code, v) = exec_with("pitfalls-js", &params, &["--http", &listed]);
+    assert_eq!(code, 0, "{v}");
+    assert_eq!(text(&v, "stdout"), "pitfalls: started\nfetched 200: hello\n", "{v}");
+    let (code, v) = exec("pitfalls-js", &params);
+    assert_eq!(code, 1, "{v}");
+    assert!(text(&v, "error").contains("NetworkError"), "{v}");
+    let stderr = text(&v, "stderr");
+    assert!(
+        stderr.contains(&format!("[disbatch: HTTP request to {listed} refused")),
+        "{stderr}"
+    );
 }
 
 #[test]

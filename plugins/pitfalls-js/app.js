@@ -3,12 +3,17 @@
 // Params: `throw`, a message thrown as an Error; `throw_value`, any JSON value thrown as
 // it is; `task_error`, a message thrown as a TaskError; `status`, any JSON value returned
 // as the status (the SDK refuses what is not an integer from 0 to 4294967295); `undefined`,
-// true to return nothing. With none of them it returns 1.
+// true to return nothing; `fetch`, a URL fetched first with the global `fetch`, its status
+// and body printed. With none of them it returns 1.
 
 import { plugin, TaskError } from "disbatch-plugin";
 
 export const run = plugin(async (params) => {
   console.log("pitfalls: started");
+  if ("fetch" in params) {
+    const r = await fetch(params.fetch);
+    console.log(`fetched ${r.status}: ${await r.text()}`);
+  }
   if ("throw" in params) throw new Error(params.throw);
   if ("throw_value" in params) throw params.throw_value;
   if ("task_error" in params) throw new TaskError(params.task_error);

@@ -261,6 +261,13 @@ fn check_sandbox(s: &QueueSandbox) -> Result<(), ApiError> {
     if s.write_quota_mib.is_some_and(|q| q.checked_mul(1 << 20).is_none()) {
         return Err(bad("write_quota_mib", "is too large".into()));
     }
+    for (i, h) in s.http.iter().enumerate() {
+        h.parse::<crate::runner::HttpRule>()
+            .map_err(|e| bad(&format!("http[{i}]"), e))?;
+    }
+    if s.http_max_body_mib.is_some_and(|m| m.checked_mul(1 << 20).is_none()) {
+        return Err(bad("http_max_body_mib", "is too large".into()));
+    }
     Ok(())
 }
 

@@ -76,9 +76,19 @@ struct ExecArgs {
     /// Allow TCP/UDP sockets and name lookups (loopback, private and link-local addresses stay refused).
     #[arg(long)]
     network: bool,
-    /// With --network, also allow this internal range (CIDR or address). Repeatable.
-    #[arg(long = "network-allow", value_name = "CIDR", value_parser = disbatch::runner::parse_network_allow, requires = "network")]
+    /// With --network or --http, also allow this internal range (CIDR or address). Repeatable.
+    #[arg(long = "network-allow", value_name = "CIDR", value_parser = disbatch::runner::parse_network_allow)]
     network_allow: Vec<ipnet::IpNet>,
+    /// Allow HTTP requests to this host: [scheme://]host[:port], e.g. api.example.com or
+    /// https://*.corp:8443 (internal addresses only when named or in --network-allow). Repeatable.
+    #[arg(long = "http", value_name = "HOST")]
+    http: Vec<disbatch::runner::HttpRule>,
+    /// HTTP requests the plugin may send.
+    #[arg(long, value_name = "N", default_value_t = disbatch::runner::DEFAULT_HTTP_MAX_REQUESTS)]
+    http_max_requests: u32,
+    /// Body bytes the plugin's HTTP requests and responses may carry together, in MiB.
+    #[arg(long, value_name = "MIB", default_value_t = disbatch::runner::DEFAULT_HTTP_MAX_BODY >> 20)]
+    http_max_body: u64,
     /// Print one JSON object {status, stdout, stderr, duration_ms, error} instead of the streams.
     #[arg(long)]
     json: bool,
@@ -147,6 +157,9 @@ fn sandbox(args: &ExecArgs) -> anyhow::Result<Sandbox> {
             },
         };
     }
+    if !args.network_allow.is_empty() && !args.network && args.http.is_empty() {
+        bail!("--network-allow opens internal ranges to --network or --http; give one of them");
+    }
     let s = Sandbox {
         timeout: args.timeout,
         memory: args.memory.checked_mul(1 << 20).context("--memory is too large")?,
@@ -160,6 +173,12 @@ fn sandbox(args: &ExecArgs) -> anyhow::Result<Sandbox> {
             .checked_mul(1 << 20)
             .context("--write-quota is too large")?,
         file_quota: args.file_quota,
+        http: args.http.clone(),
+        http_max_requests: args.http_max_requests,
+        http_max_body: args
+            .http_max_body
+            .checked_mul(1 << 20)
+            .context("--http-max-body is too large")?,
     };
     s.validate().map_err(anyhow::Error::msg)?;
     let cache = engine_options(args.no_cache, args.max_instances).cache_dir;
@@ -320,6 +339,14 @@ fn print_streams(outcome: &Outcome) -> anyhow::Result<()> {
                 disbatch::runner::truncation_marker(c.cap, c.dropped)
             )?;
         }
+    }
+    for note in &outcome.sandbox_notes {
+        let note = if err_tty {
+            disbatch::runner::escape_controls(note)
+        } else {
+            note.clone()
+        };
+        writeln!(err, "runner: {note}")?;
     }
     if let Some(f) = &outcome.failure {
         let f = f.to_string();

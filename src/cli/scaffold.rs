@@ -50,6 +50,7 @@ fi
 exec "$DISBATCH_REPO/plugins/build-py-js" "$here" "${1:-$here/$(basename "$here").wasm}"
 "#;
 const RUST_SDK_LIB: &str = include_str!("../../plugins/sdk/src/lib.rs");
+const RUST_SDK_HTTP: &str = include_str!("../../plugins/sdk/src/http.rs");
 const RUST_LIB: &str = include_str!("../../plugins/template/src/lib.rs");
 
 /// The files of a new project: (path inside it, contents).
@@ -70,6 +71,7 @@ fn files(name: &str, lang: Lang) -> Vec<(String, String)> {
                 "sdk/src/lib.rs".into(),
                 RUST_SDK_LIB.replace("path: \"../../wit\"", "path: \"../wit\""),
             ),
+            ("sdk/src/http.rs".into(), RUST_SDK_HTTP.into()),
             wit,
             ("README.md".into(), readme(name, lang)),
         ],
@@ -111,6 +113,7 @@ publish = false
 serde = { version = "1", features = ["derive"] }
 serde_json = "1"
 wit-bindgen = "0.63"
+wasip2 = "1.0.4"
 "#;
 
 fn rust_manifest(name: &str) -> String {

@@ -46,24 +46,27 @@ struct Sleep {
 #[wasmtime_wasi::async_trait]
 impl Pollable for Sleep {
     async fn ready(&mut self) {
-        loop {
-            let lease = self.control.lease_until();
-            let end = lease.map_or(self.deadline, |l| l.min(self.deadline)).min(self.until);
-            tokio::select! {
-                _ = tokio::time::sleep_until(end.into()) => {}
-                _ = self.control.cancelled() => return,
-            }
-            let now = Instant::now();
-            if now >= self.until {
-                return;
-            }
-            if now >= self.deadline {
-                self.control.cancel(StopReason::Timeout);
-                return;
-            }
-            if self.control.check().is_some() {
-                return;
-            }
+        tokio::select! {
+            _ = tokio::time::sleep_until(self.until.into()) => {}
+            _ = stopped(self.deadline, &self.control) => {}
+        }
+    }
+}
+
+/// Resolves when the task must stop: its deadline passed (which cancels it as a timeout),
+/// its lease lapsed, or it was cancelled. Renewals that move the lease are followed.
+pub(crate) async fn stopped(deadline: Instant, control: &RunControl) -> StopReason {
+    loop {
+        if Instant::now() >= deadline {
+            control.cancel(StopReason::Timeout);
+        }
+        if let Some(r) = control.check() {
+            return r;
+        }
+        let end = control.lease_until().map_or(deadline, |l| l.min(deadline));
+        tokio::select! {
+            _ = tokio::time::sleep_until(end.into()) => {}
+            _ = control.cancelled() => {}
         }
     }
 }

@@ -8,7 +8,7 @@ use wasmparser::{Parser, Payload};
 use super::limits::{MAX_CORE_INSTANCES_PER_TASK, MAX_MEMORIES_PER_TASK, MAX_TABLES_PER_TASK};
 
 /// The interfaces of WASI 0.2 this host links (`wasmtime-wasi` preview 2).
-const WASI_INTERFACES: [&str; 29] = [
+const WASI_INTERFACES: [&str; 31] = [
     "wasi:cli/environment",
     "wasi:cli/exit",
     "wasi:cli/stdin",
@@ -36,6 +36,8 @@ const WASI_INTERFACES: [&str; 29] = [
     "wasi:sockets/udp",
     "wasi:sockets/udp-create-socket",
     "wasi:sockets/ip-name-lookup",
+    "wasi:http/types",
+    "wasi:http/outgoing-handler",
     "disbatch:plugin/host",
     "wasi:cli/run",
 ];
@@ -148,7 +150,8 @@ mod tests {
         assert!(host_provides("wasi:io/streams@0.2.3"));
         assert!(host_provides("disbatch:plugin/host@0.1.0"));
         assert!(!host_provides("wasi:io/streams@0.3.0"));
-        assert!(!host_provides("wasi:http/outgoing-handler@0.2.3"));
+        assert!(host_provides("wasi:http/outgoing-handler@0.2.3"));
+        assert!(!host_provides("wasi:http/incoming-handler@0.2.3"));
         assert!(!host_provides("example:needy/missing@0.1.0"));
         assert!(!host_provides("disbatch:plugin/host@1.0.0"));
     }

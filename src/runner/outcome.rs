@@ -130,6 +130,9 @@ pub struct Outcome {
     pub progress: Vec<Progress>,
     /// Why the task failed, when the host decided it.
     pub failure: Option<Failure>,
+    /// What the sandbox refused while the task ran (an HTTP request to a host its queue
+    /// does not list…), one line each, saying what to change.
+    pub sandbox_notes: Vec<String>,
 }
 
 impl Outcome {
@@ -142,6 +145,7 @@ impl Outcome {
             duration: Duration::ZERO,
             progress: Vec::new(),
             failure: Some(failure),
+            sandbox_notes: Vec::new(),
         }
     }
 
@@ -167,6 +171,7 @@ impl Outcome {
                 notes.push(format!("invalid UTF-8 in {name} was replaced with U+FFFD"));
             }
         }
+        notes.extend(self.sandbox_notes.iter().cloned());
         if let Some(f) = &self.failure {
             notes.push(f.to_string());
         }

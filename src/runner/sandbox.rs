@@ -103,6 +103,12 @@ pub struct Sandbox {
     pub write_quota: u64,
     /// Files and directories the task may create in its writable grants.
     pub file_quota: u64,
+    /// Hosts the plugin may send HTTP requests to (see [`super::http`]); none by default.
+    pub http: Vec<super::HttpRule>,
+    /// HTTP requests one task may send.
+    pub http_max_requests: u32,
+    /// Body bytes one task's HTTP requests and responses may carry, together.
+    pub http_max_body: u64,
 }
 
 impl Default for Sandbox {
@@ -117,6 +123,9 @@ impl Default for Sandbox {
             network_allow: Vec::new(),
             write_quota: super::quota::DEFAULT_WRITE_QUOTA,
             file_quota: super::quota::DEFAULT_FILE_QUOTA,
+            http: Vec::new(),
+            http_max_requests: super::http::DEFAULT_MAX_REQUESTS,
+            http_max_body: super::http::DEFAULT_MAX_BODY,
         }
     }
 }

@@ -13,6 +13,11 @@
 //!   text when given.
 //! - `probe-then-trap`: asks for `probe_mib` MiB once (refused under a smaller limit), then
 //!   reads past the end of its memory.
+//! - `http-many`: sends `count` GET requests to `url`; prints `{"ok": n}`.
+//! - `http-body`: GETs `url`; prints `{"bytes": n}`, the body's length.
+//! - `http-stall-body`: writes 3 MiB into a POST's body to `url` without ever sending the
+//!   request, so nothing reads it (a naive host blocks forever).
+//! - `tcp-read`: connects to `addr` and waits for one read.
 
 use std::io::Write;
 
@@ -123,8 +128,63 @@ fn run(p: Value) -> Result<u32, String> {
             println!("probe refused: {}", v.try_reserve(probe << 20).is_err());
             Ok(peek(u64_param(&p, "address", 0xffff_fff0) as usize))
         }
+        "http-many" => {
+            let url = str_param(&p, "url")?;
+            let mut ok = 0;
+            let mut first = None;
+            for i in 1..=u64_param(&p, "count", 1) {
+                match disbatch_plugin::http::get(url) {
+                    Ok(_) => ok += 1,
+                    Err(e) => {
+                        first.get_or_insert(format!("request #{i}: {e}"));
+                    }
+                }
+            }
+            println!("{}", serde_json::json!({ "ok": ok }));
+            first.map_or(Ok(disbatch_plugin::SUCCEEDED), Err)
+        }
+        "http-body" => {
+            let r = disbatch_plugin::http::get(str_param(&p, "url")?)?;
+            println!("{}", serde_json::json!({ "bytes": r.body.len() }));
+            Ok(disbatch_plugin::SUCCEEDED)
+        }
+        "http-stall-body" => stall_body(str_param(&p, "url")?),
+        "tcp-read" => {
+            use std::io::Read;
+            let addr = str_param(&p, "addr")?;
+            let mut s = std::net::TcpStream::connect(addr).map_err(|e| format!("connect {addr}: {e}"))?;
+            let mut buf = [0u8; 16];
+            let n = s.read(&mut buf).map_err(|e| e.to_string())?;
+            println!("{}", serde_json::json!({ "read": n }));
+            Ok(disbatch_plugin::SUCCEEDED)
+        }
         other => Err(format!("unknown attack {other:?}")),
     }
+}
+
+/// Fills a request body that is never sent: the third blocking write waits for a reader
+/// that does not exist.
+fn stall_body(url: &str) -> Result<u32, String> {
+    use wasip2::http::types::{Fields, Method, OutgoingRequest, Scheme};
+    let rest = url.strip_prefix("http://").ok_or("url must start with http://")?;
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let request = OutgoingRequest::new(Fields::new());
+    let _ = request.set_method(&Method::Post);
+    let _ = request.set_scheme(Some(&Scheme::Http));
+    let _ = request.set_authority(Some(authority));
+    let _ = request.set_path_with_query(Some(if path.is_empty() { "/" } else { path }));
+    let body = request.body().map_err(|()| "no body")?;
+    let stream = body.write().map_err(|()| "no body stream")?;
+    let chunk = vec![b'b'; 1 << 20];
+    for _ in 0..3 {
+        for part in chunk.chunks(4096) {
+            stream
+                .blocking_write_and_flush(part)
+                .map_err(|e| format!("write: {e:?}"))?;
+        }
+    }
+    println!("wrote 3 MiB into a body nobody reads");
+    Ok(disbatch_plugin::SUCCEEDED)
 }
 
 disbatch_plugin::plugin!(run);

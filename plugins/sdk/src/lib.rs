@@ -84,6 +84,8 @@ pub mod bindings {
     });
 }
 
+pub mod http;
+
 use serde::de::DeserializeOwned;
 
 #[doc(hidden)]

@@ -1,0 +1,390 @@
+//! Outbound HTTP requests (`wasi:http/outgoing-handler`), by allowlist.
+//!
+//! Every request is refused unless its scheme, host and port match an entry of the queue's
+//! sandbox `http` list (see [`policy`]). The host then resolves the name itself, checks
+//! every address (internal ones only when the entry is explicit about them), and connects
+//! to an address it checked, so a name cannot be re-resolved elsewhere between the check
+//! and the connection. TLS is verified against the system's trust store.
+//!
+//! A task's requests are bounded: their number (`http_max_requests`), the bytes of their
+//! bodies sent and received together (`http_max_body_mib`), and their time (every request
+//! ends at the task's deadline, lease end or kill, whatever it is waiting for). Each refusal
+//! is reported to the guest as a `wasi:http` error code and noted in the task's stderr as a
+//! `[disbatch: …]` line saying what to change.
+
+mod policy;
+
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
+use ipnet::IpNet;
+use tokio::net::TcpStream;
+use wasmtime_wasi_http::io::TokioIo;
+use wasmtime_wasi_http::{Error, RequestOptions, WasiBody, WasiHttpCtx, WasiHttpHooks};
+
+pub use policy::HttpRule;
+
+use super::{clock, RunControl};
+
+/// Default `http_max_requests`: requests one task may send.
+pub const DEFAULT_MAX_REQUESTS: u32 = 1000;
+/// Default `http_max_body_mib`, in bytes: body bytes one task may send and receive (1 GiB).
+pub const DEFAULT_MAX_BODY: u64 = 1 << 30;
+/// How long a connection may take when the guest sets no `connect-timeout`.
+const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+/// The most notes one task's requests leave in its stderr.
+const MAX_NOTES: usize = 20;
+
+/// The host's notes on one task: what its sandbox refused. Shared with the outcome.
+#[derive(Clone, Default)]
+pub(crate) struct Notes(Arc<Mutex<(Vec<String>, usize)>>);
+
+impl Notes {
+    pub(crate) fn push(&self, note: String) {
+        tracing::debug!(%note, "sandbox refusal");
+        let mut n = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if n.0.len() < MAX_NOTES {
+            n.0.push(note);
+        } else {
+            n.1 += 1;
+        }
+    }
+
+    /// The notes, with one saying how many more were not kept.
+    pub(crate) fn take(&self) -> Vec<String> {
+        let mut n = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let (mut notes, more) = std::mem::take(&mut *n);
+        if more > 0 {
+            notes.push(format!("{more} more refusals of the sandbox were not noted"));
+        }
+        notes
+    }
+}
+
+/// The HTTP part of one task's host state.
+pub(crate) struct TaskHttp {
+    pub(crate) ctx: WasiHttpCtx,
+    pub(crate) hooks: Hooks,
+}
+
+/// What decides and carries one task's requests.
+pub(crate) struct Hooks {
+    rules: Arc<[HttpRule]>,
+    network_allow: Arc<[IpNet]>,
+    max_requests: u32,
+    sent: u32,
+    body: Budget,
+    deadline: Instant,
+    control: RunControl,
+    notes: Notes,
+}
+
+impl TaskHttp {
+    pub(crate) fn new(sandbox: &super::Sandbox, deadline: Instant, control: RunControl, notes: Notes) -> Self {
+        TaskHttp {
+            ctx: WasiHttpCtx::new(),
+            hooks: Hooks {
+                rules: sandbox.http.clone().into(),
+                network_allow: sandbox.network_allow.clone().into(),
+                max_requests: sandbox.http_max_requests,
+                sent: 0,
+                body: Budget {
+                    left: Arc::new(AtomicU64::new(sandbox.http_max_body)),
+                    limit: sandbox.http_max_body,
+                    notes: notes.clone(),
+                },
+                deadline,
+                control,
+                notes,
+            },
+        }
+    }
+}
+
+/// Where a request goes, once admitted by the list.
+struct Target {
+    https: bool,
+    host: String,
+    port: u16,
+    rule: HttpRule,
+    origin: String,
+}
+
+type Sent = (
+    http::Response<WasiBody>,
+    Box<dyn std::future::Future<Output = Result<(), Error>> + Send>,
+);
+
+impl Hooks {
+    /// Checks `req` against the list and the request budget.
+    fn admit(&mut self, req: &http::Request<WasiBody>) -> Result<Target, Error> {
+        let uri = req.uri();
+        let https = uri.scheme() == Some(&http::uri::Scheme::HTTPS);
+        let host = policy::normalize_host(uri.host().unwrap_or_default());
+        let port = uri.port_u16().unwrap_or(policy::default_port(https));
+        let scheme = if https { "https" } else { "http" };
+        let origin = if host.contains(':') {
+            format!("{scheme}://[{host}]:{port}")
+        } else {
+            format!("{scheme}://{host}:{port}")
+        };
+        let Some(rule) = policy::matching(&self.rules, https, &host, port) else {
+            let listed = if self.rules.is_empty() {
+                "the queue's sandbox has no \"http\" list".to_owned()
+            } else {
+                let l: Vec<String> = self.rules.iter().map(|r| format!("\"{r}\"")).collect();
+                format!("the queue's sandbox \"http\" list ({}) does not name it", l.join(", "))
+            };
+            self.notes.push(format!(
+                "HTTP request to {origin} refused: {listed}; add \"{0}\" to sandbox.http (runner exec: --http {0}) to allow it",
+                if port == policy::default_port(https) {
+                    host.clone()
+                } else {
+                    format!("{scheme}://{host}:{port}")
+                }
+            ));
+            return Err(Error::HttpRequestDenied);
+        };
+        if self.sent >= self.max_requests {
+            self.notes.push(format!(
+                "HTTP request to {origin} refused: the task already sent {} requests, its limit (sandbox.http_max_requests)",
+                self.max_requests
+            ));
+            return Err(Error::ConnectionLimitReached);
+        }
+        self.sent += 1;
+        Ok(Target {
+            https,
+            host,
+            port,
+            rule: rule.clone(),
+            origin,
+        })
+    }
+}
+
+impl WasiHttpHooks for Hooks {
+    fn send_request(
+        &mut self,
+        request: http::Request<WasiBody>,
+        options: Option<RequestOptions>,
+        _fut: Box<dyn std::future::Future<Output = Result<(), Error>> + Send>,
+    ) -> Box<dyn std::future::Future<Output = Result<Sent, Error>> + Send> {
+        let target = match self.admit(&request) {
+            Ok(t) => t,
+            Err(e) => return Box::new(std::future::ready(Err(e))),
+        };
+        let (deadline, control) = (self.deadline, self.control.clone());
+        let allow = self.network_allow.clone();
+        let (body, notes) = (self.body.clone(), self.notes.clone());
+        Box::new(async move {
+            tokio::select! {
+                r = send(request, target, options, &allow, body, &notes) => r,
+                _ = clock::stopped(deadline, &control) => Err(Error::ConnectionTimeout),
+            }
+        })
+    }
+}
+
+/// Resolves, checks, connects and sends: the response's body stays bounded by the body
+/// budget and ends when the task must stop.
+async fn send(
+    req: http::Request<WasiBody>,
+    t: Target,
+    options: Option<RequestOptions>,
+    allow: &[IpNet],
+    body: Budget,
+    notes: &Notes,
+) -> Result<Sent, Error> {
+    let connect_timeout = options
+        .and_then(|o| o.connect_timeout)
+        .unwrap_or(DEFAULT_CONNECT_TIMEOUT);
+    let addrs: Vec<IpAddr> = match t.host.parse::<IpAddr>() {
+        Ok(ip) => vec![ip],
+        Err(_) => match tokio::time::timeout(connect_timeout, tokio::net::lookup_host((t.host.as_str(), t.port))).await
+        {
+            Err(_) => return Err(Error::DnsTimeout),
+            Ok(Err(e)) => {
+                return Err(Error::DnsError {
+                    rcode: Some(e.to_string()),
+                    info_code: None,
+                })
+            }
+            Ok(Ok(found)) => found.map(|a| a.ip()).collect(),
+        },
+    };
+    let (usable, refused): (Vec<IpAddr>, Vec<IpAddr>) = addrs.into_iter().partition(|ip| t.rule.admits(*ip, allow));
+    if usable.is_empty() {
+        let refused: Vec<String> = refused.iter().map(IpAddr::to_string).collect();
+        notes.push(format!(
+            "HTTP request to {} refused: {} is at {}, internal to this host's network, and the entry {:?} does not name that address; \
+             list the address itself in sandbox.http or add its range to sandbox.network_allow",
+            t.origin,
+            t.host,
+            refused.join(", "),
+            t.rule.to_string(),
+        ));
+        return Err(Error::DestinationIpProhibited);
+    }
+    let mut last = Error::DestinationUnavailable;
+    let mut stream = None;
+    for ip in usable {
+        match tokio::time::timeout(connect_timeout, TcpStream::connect((ip, t.port))).await {
+            Ok(Ok(s)) => {
+                stream = Some(s);
+                break;
+            }
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => last = Error::ConnectionRefused,
+            Ok(Err(e)) => last = Error::Connect(e),
+            Err(_) => last = Error::ConnectionTimeout,
+        }
+    }
+    let stream = stream.ok_or(last)?;
+    let first_byte = options.and_then(|o| o.first_byte_timeout);
+    if t.https {
+        let name = match t.host.parse::<IpAddr>() {
+            Ok(ip) => tokio_rustls::rustls::pki_types::ServerName::from(ip),
+            Err(_) => tokio_rustls::rustls::pki_types::ServerName::try_from(t.host.clone())
+                .map_err(|_| Error::HttpRequestUriInvalid)?,
+        };
+        let tls = tokio_rustls::TlsConnector::from(TLS.clone())
+            .connect(name, stream)
+            .await
+            .map_err(Error::Tls)?;
+        exchange(req, TokioIo::new(tls), first_byte, body).await
+    } else {
+        exchange(req, TokioIo::new(stream), first_byte, body).await
+    }
+}
+
+/// Sends `req` over `io` (HTTP/1.1) and returns the response with a counted body.
+async fn exchange<I>(
+    mut req: http::Request<WasiBody>,
+    io: I,
+    first_byte: Option<Duration>,
+    budget: Budget,
+) -> Result<Sent, Error>
+where
+    I: hyper::rt::Read + hyper::rt::Write + Send + Unpin + 'static,
+{
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(io).await?;
+    let conn = wasmtime_wasi::runtime::spawn(conn);
+    // On the wire, the request line carries the path only (the Host header names the host).
+    let path = req.uri().path_and_query().map_or("/", |p| p.as_str()).to_owned();
+    *req.uri_mut() = http::Uri::builder()
+        .path_and_query(path)
+        .build()
+        .map_err(|_| Error::HttpRequestUriInvalid)?;
+    let outgoing = req.map(|b| Counted::new(b, budget.clone(), true).boxed_unsync());
+    let response = sender.send_request(outgoing);
+    let response = match first_byte {
+        Some(limit) => tokio::time::timeout(limit, response)
+            .await
+            .map_err(|_| Error::ConnectionReadTimeout)??,
+        None => response.await?,
+    };
+    let response = response.map(|b| Counted::new(b.map_err(Error::from), budget, false).boxed_unsync());
+    let io = async move { conn.await.map_err(Error::from) };
+    Ok((response, Box::new(io)))
+}
+
+/// The client TLS configuration: the system's trust store (or, where it has none, the
+/// Mozilla roots).
+static TLS: LazyLock<Arc<tokio_rustls::rustls::ClientConfig>> = LazyLock::new(|| {
+    use tokio_rustls::rustls;
+    let mut roots = rustls::RootCertStore::empty();
+    let native = rustls_native_certs::load_native_certs();
+    let (added, _) = roots.add_parsable_certificates(native.certs);
+    if added == 0 {
+        roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("the ring provider supports the default TLS versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Arc::new(config)
+});
+
+/// The bytes a task's request and response bodies may still carry.
+#[derive(Clone)]
+struct Budget {
+    left: Arc<AtomicU64>,
+    limit: u64,
+    notes: Notes,
+}
+
+impl Budget {
+    fn take(&self, n: u64) -> bool {
+        self.left
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| left.checked_sub(n))
+            .is_ok()
+    }
+}
+
+/// A body whose bytes are taken from the task's budget.
+struct Counted<B> {
+    inner: B,
+    budget: Budget,
+    sending: bool,
+    over: bool,
+}
+
+impl<B> Counted<B> {
+    fn new(inner: B, budget: Budget, sending: bool) -> Self {
+        Counted {
+            inner,
+            budget,
+            sending,
+            over: false,
+        }
+    }
+}
+
+impl<B> Body for Counted<B>
+where
+    B: Body<Data = Bytes, Error = Error> + Unpin,
+{
+    type Data = Bytes;
+    type Error = Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
+        if self.over {
+            return Poll::Ready(None);
+        }
+        let frame = std::task::ready!(Pin::new(&mut self.inner).poll_frame(cx));
+        if let Some(Ok(f)) = &frame {
+            let n = f.data_ref().map_or(0, |d| d.len() as u64);
+            if !self.budget.take(n) {
+                self.over = true;
+                let limit = self.budget.limit;
+                self.budget.notes.push(format!(
+                    "HTTP body refused: the task's requests and responses passed {} of body, its limit (sandbox.http_max_body_mib)",
+                    super::human_bytes(limit)
+                ));
+                return Poll::Ready(Some(Err(if self.sending {
+                    Error::HttpRequestBodySize(Some(limit))
+                } else {
+                    Error::HttpResponseBodySize(Some(limit))
+                })));
+            }
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.over || self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
