@@ -56,6 +56,24 @@ async fn queues_create_read_update_delete() {
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
     assert_eq!(r.json()["on_orphan"], "requeue");
     assert_eq!(r.json()["sandbox"]["memory_mib"], 64);
+    let r = post(
+        &app,
+        "/queues/q2",
+        json!({"sandbox": {"http": ["api.example.com", "https://*.corp:8443"], "http_max_requests": 10}}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(r.json()["sandbox"]["http"][1], "https://*.corp:8443");
+    assert_eq!(r.json()["sandbox"]["http_max_requests"], 10);
+    assert_bad(
+        &post(
+            &app,
+            "/queues/q2",
+            json!({"sandbox": {"http": ["ok.example.com", "https://x/path"]}}),
+        )
+        .await,
+        "http[1]",
+    );
 
     let r = send(&app, Method::DELETE, "/queues/q2", None, None).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
