@@ -381,14 +381,13 @@ impl Runner {
             Ok(w) => w,
             Err(e) => return Outcome::not_run(Failure::Sandbox(e)),
         };
-        let notes = http::Notes::default();
         let deadline = started + sandbox.timeout;
         let mut store = Store::new(
             &self.inner.engine,
             TaskState {
                 wasi,
                 table: ResourceTable::new(),
-                http: http::TaskHttp::new(sandbox, deadline, control.clone(), notes.clone()),
+                http: http::TaskHttp::new(sandbox, deadline, control.clone()),
                 limiter: TaskLimiter::new(sandbox.memory),
                 quota: quota::WriteQuota::new(sandbox.write_quota, sandbox.file_quota),
                 started,
@@ -419,7 +418,7 @@ impl Runner {
             duration,
             progress: state.progress,
             failure,
-            sandbox_notes: notes.take(),
+            sandbox_notes: state.http.hooks.take_notes(),
         }
     }
 

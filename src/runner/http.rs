@@ -74,35 +74,32 @@ pub(crate) struct TaskHttp {
     pub(crate) hooks: Hooks,
 }
 
-/// What decides and carries one task's requests.
+/// What decides and carries one task's requests. Nothing is allocated for a task that
+/// sends none: the body budget and the notes are made at its first request.
 pub(crate) struct Hooks {
-    rules: Arc<[HttpRule]>,
-    network_allow: Arc<[IpNet]>,
+    rules: Vec<HttpRule>,
+    network_allow: Vec<IpNet>,
     max_requests: u32,
+    max_body: u64,
     sent: u32,
-    body: Budget,
+    shared: Option<Budget>,
     deadline: Instant,
     control: RunControl,
-    notes: Notes,
 }
 
 impl TaskHttp {
-    pub(crate) fn new(sandbox: &super::Sandbox, deadline: Instant, control: RunControl, notes: Notes) -> Self {
+    pub(crate) fn new(sandbox: &super::Sandbox, deadline: Instant, control: RunControl) -> Self {
         TaskHttp {
             ctx: WasiHttpCtx::new(),
             hooks: Hooks {
-                rules: sandbox.http.clone().into(),
-                network_allow: sandbox.network_allow.clone().into(),
+                rules: sandbox.http.clone(),
+                network_allow: sandbox.network_allow.clone(),
                 max_requests: sandbox.http_max_requests,
+                max_body: sandbox.http_max_body,
                 sent: 0,
-                body: Budget {
-                    left: Arc::new(AtomicU64::new(sandbox.http_max_body)),
-                    limit: sandbox.http_max_body,
-                    notes: notes.clone(),
-                },
+                shared: None,
                 deadline,
                 control,
-                notes,
             },
         }
     }
@@ -123,8 +120,24 @@ type Sent = (
 );
 
 impl Hooks {
+    /// The task's body budget and notes, made at its first request.
+    fn budget(&mut self) -> &Budget {
+        let limit = self.max_body;
+        self.shared.get_or_insert_with(|| Budget {
+            left: Arc::new(AtomicU64::new(limit)),
+            limit,
+            notes: Notes::default(),
+        })
+    }
+
+    /// What the sandbox refused, one note each.
+    pub(crate) fn take_notes(&self) -> Vec<String> {
+        self.shared.as_ref().map(|b| b.notes.take()).unwrap_or_default()
+    }
+
     /// Checks `req` against the list and the request budget.
     fn admit(&mut self, req: &http::Request<WasiBody>) -> Result<Target, Error> {
+        let notes = self.budget().notes.clone();
         let uri = req.uri();
         let https = uri.scheme() == Some(&http::uri::Scheme::HTTPS);
         let host = policy::normalize_host(uri.host().unwrap_or_default());
@@ -142,7 +155,7 @@ impl Hooks {
                 let l: Vec<String> = self.rules.iter().map(|r| format!("\"{r}\"")).collect();
                 format!("the queue's sandbox \"http\" list ({}) does not name it", l.join(", "))
             };
-            self.notes.push(format!(
+            notes.push(format!(
                 "HTTP request to {origin} refused: {listed}; add \"{0}\" to sandbox.http (runner exec: --http {0}) to allow it",
                 if port == policy::default_port(https) {
                     host.clone()
@@ -153,7 +166,7 @@ impl Hooks {
             return Err(Error::HttpRequestDenied);
         };
         if self.sent >= self.max_requests {
-            self.notes.push(format!(
+            notes.push(format!(
                 "HTTP request to {origin} refused: the task already sent {} requests, its limit (sandbox.http_max_requests)",
                 self.max_requests
             ));
@@ -182,8 +195,9 @@ impl WasiHttpHooks for Hooks {
             Err(e) => return Box::new(std::future::ready(Err(e))),
         };
         let (deadline, control) = (self.deadline, self.control.clone());
-        let allow = self.network_allow.clone();
-        let (body, notes) = (self.body.clone(), self.notes.clone());
+        let allow: Arc<[IpNet]> = self.network_allow.clone().into();
+        let body = self.budget().clone();
+        let notes = body.notes.clone();
         Box::new(async move {
             tokio::select! {
                 r = send(request, target, options, &allow, body, &notes) => r,
