@@ -34,7 +34,7 @@ fn run(p: Params) -> Result<u32, String> {
         "{}",
         serde_json::json!({"status": r.status, "bytes": r.body.len(), "body": shown})
     );
-    if (200..300).contains(&r.status) {
+    if r.is_success() {
         Ok(SUCCEEDED)
     } else {
         Err(format!("{} {} answered HTTP {}", p.method, p.url, r.status))
