@@ -2,8 +2,8 @@
 //! reached; an unlisted host, a loopback address behind a wildcard and a name that
 //! resolves to loopback are refused before any byte is sent, with a note saying what to
 //! change; requests, body bytes and time are bounded. Blocking host calls of every kind
-//! (an HTTP response that never comes, a body nobody reads, a silent socket) end at the
-//! task's deadline or kill. Last, a real DEN runs a queue whose sandbox lists the server.
+//! (an HTTP response that never comes, a body nobody reads, a silent socket, dropping a
+//! socket whose peer never reads) end at the task's deadline or kill. Last, a real DEN runs a queue whose sandbox lists the server.
 
 mod common;
 
@@ -273,6 +273,29 @@ fn a_silent_socket_ends_at_the_deadline() {
     assert!(timed_out(&o), "{}", failure(&o));
     assert!(o.duration < Duration::from_secs(30), "{:?}", o.duration);
     drop(listener);
+}
+
+#[test]
+fn dropping_a_socket_whose_peer_never_reads_ends_at_the_deadline() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    // Accept and hold the connection without ever reading it.
+    let holder = std::thread::spawn(move || listener.accept().map(|(conn, _)| conn));
+    let sandbox = Sandbox {
+        timeout: Duration::from_secs(1),
+        network: true,
+        network_allow: vec!["127.0.0.1/32".parse().unwrap()],
+        ..Sandbox::default()
+    };
+    let o = run("attack", json!({"attack": "tcp-write-drop", "addr": addr}), &sandbox);
+    let (stdout, _) = texts(&o);
+    assert!(timed_out(&o), "{}\n{stdout}", failure(&o));
+    assert!(
+        stdout.contains("\"written\"") && !stdout.contains("dropped"),
+        "{stdout}"
+    );
+    assert!(o.duration < Duration::from_secs(30), "{:?}", o.duration);
+    drop(holder.join().unwrap());
 }
 
 #[test]

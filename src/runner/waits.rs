@@ -3,20 +3,21 @@
 //! Epoch interruption stops guest code, not a host call the guest is blocked in. Besides
 //! sleeps (see [`super::clock`]), a guest can block on anything it can wait for: a socket
 //! that never answers, an HTTP response that never comes, a request body nobody reads.
-//! Every blocking call of `wasi:io` (`poll`, `pollable.block` and the streams' `blocking-*`
-//! methods) is therefore redefined to race the task's deadline, lease and cancel flag: when
+//! Every blocking call of `wasi:io` (`poll`, `pollable.block`, the streams' `blocking-*`
+//! methods, and dropping a stream, which waits for a socket's pending write) is therefore
+//! redefined to race the task's deadline, lease and cancel flag: when
 //! one of them comes first, the call traps with the reason and the task stops, within
 //! about an epoch tick of its deadline whatever it was waiting for.
 
 use std::future::Future;
 
-use wasmtime::component::{Linker, Resource};
+use wasmtime::component::{Linker, Resource, ResourceType};
 use wasmtime::StoreContextMut;
 use wasmtime_wasi::p2::DynPollable;
 use wasmtime_wasi::runtime::in_tokio;
 use wasmtime_wasi_io::bindings::wasi::io::poll::{Host as _, HostPollable as _};
 use wasmtime_wasi_io::bindings::wasi::io::streams::{
-    Host as _, HostInputStream as _, HostOutputStream as _, StreamError as WitStreamError,
+    Host as _, HostInputStream, HostOutputStream, StreamError as WitStreamError,
 };
 use wasmtime_wasi_io::streams::{DynInputStream, DynOutputStream, StreamError};
 
@@ -75,6 +76,24 @@ pub(crate) fn add_to_linker(linker: &mut Linker<TaskState>) -> wasmtime::Result<
         },
     )?;
     let mut streams = linker.instance(STREAMS)?;
+    // Dropping a TCP stream waits for its pending write, which a peer that never reads
+    // never lets finish.
+    streams.resource(
+        "output-stream",
+        ResourceType::host::<DynOutputStream>(),
+        |mut store: StoreContextMut<'_, TaskState>, rep| {
+            let s = Resource::<DynOutputStream>::new_own(rep);
+            bounded(&mut store, |t| Box::pin(HostOutputStream::drop(t, s)))?
+        },
+    )?;
+    streams.resource(
+        "input-stream",
+        ResourceType::host::<DynInputStream>(),
+        |mut store: StoreContextMut<'_, TaskState>, rep| {
+            let s = Resource::<DynInputStream>::new_own(rep);
+            bounded(&mut store, |t| Box::pin(HostInputStream::drop(t, s)))?
+        },
+    )?;
     streams.func_wrap(
         "[method]input-stream.blocking-read",
         |mut store: StoreContextMut<'_, TaskState>, (s, len): (Resource<DynInputStream>, u64)| {

@@ -18,6 +18,8 @@
 //! - `http-stall-body`: writes 3 MiB into a POST's body to `url` without ever sending the
 //!   request, so nothing reads it (a naive host blocks forever).
 //! - `tcp-read`: connects to `addr` and waits for one read.
+//! - `tcp-write-drop`: connects to `addr`, writes without blocking until the socket accepts
+//!   no more, then drops it (a naive host waits in the drop for a peer that never reads).
 
 use std::io::Write;
 
@@ -156,6 +158,25 @@ fn run(p: Value) -> Result<u32, String> {
             let mut buf = [0u8; 16];
             let n = s.read(&mut buf).map_err(|e| e.to_string())?;
             println!("{}", serde_json::json!({ "read": n }));
+            Ok(disbatch_plugin::SUCCEEDED)
+        }
+        "tcp-write-drop" => {
+            use std::io::Write;
+            let addr = str_param(&p, "addr")?;
+            let mut s = std::net::TcpStream::connect(addr).map_err(|e| format!("connect {addr}: {e}"))?;
+            s.set_nonblocking(true).map_err(|e| format!("set_nonblocking: {e}"))?;
+            let chunk = vec![b'w'; 64 * 1024];
+            let mut written = 0usize;
+            while written < 256 << 20 {
+                match s.write(&chunk) {
+                    Ok(n) => written += n,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(e) => return Err(format!("write after {written} bytes: {e}")),
+                }
+            }
+            println!("{}", serde_json::json!({ "written": written }));
+            drop(s);
+            println!("dropped");
             Ok(disbatch_plugin::SUCCEEDED)
         }
         other => Err(format!("unknown attack {other:?}")),
