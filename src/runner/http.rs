@@ -110,7 +110,8 @@ struct Target {
     https: bool,
     host: String,
     port: u16,
-    rule: HttpRule,
+    /// Every entry that matched: an address passes when any of them admits it.
+    rules: Vec<HttpRule>,
     origin: String,
 }
 
@@ -148,7 +149,8 @@ impl Hooks {
         } else {
             format!("{scheme}://{host}:{port}")
         };
-        let Some(rule) = policy::matching(&self.rules, https, &host, port) else {
+        let rules = policy::matching(&self.rules, https, &host, port);
+        if rules.is_empty() {
             let listed = if self.rules.is_empty() {
                 "the queue's sandbox has no \"http\" list".to_owned()
             } else {
@@ -164,7 +166,7 @@ impl Hooks {
                 }
             ));
             return Err(Error::HttpRequestDenied);
-        };
+        }
         if self.sent >= self.max_requests {
             notes.push(format!(
                 "HTTP request to {origin} refused: the task already sent {} requests, its limit (sandbox.http_max_requests)",
@@ -177,7 +179,7 @@ impl Hooks {
             https,
             host,
             port,
-            rule: rule.clone(),
+            rules,
             origin,
         })
     }
@@ -234,16 +236,18 @@ async fn send(
             Ok(Ok(found)) => found.map(|a| a.ip()).collect(),
         },
     };
-    let (usable, refused): (Vec<IpAddr>, Vec<IpAddr>) = addrs.into_iter().partition(|ip| t.rule.admits(*ip, allow));
+    let (usable, refused): (Vec<IpAddr>, Vec<IpAddr>) = addrs
+        .into_iter()
+        .partition(|ip| t.rules.iter().any(|r| r.admits(*ip, allow)));
     if usable.is_empty() {
         let refused: Vec<String> = refused.iter().map(IpAddr::to_string).collect();
         notes.push(format!(
-            "HTTP request to {} refused: {} is at {}, internal to this host's network, and the entry {:?} does not name that address; \
+            "HTTP request to {} refused: {} is at {}, internal to this host's network, and no matching entry ({}) names that address; \
              list the address itself in sandbox.http or add its range to sandbox.network_allow",
             t.origin,
             t.host,
             refused.join(", "),
-            t.rule.to_string(),
+            t.rules.iter().map(|r| format!("\"{r}\"")).collect::<Vec<_>>().join(", "),
         ));
         return Err(Error::DestinationIpProhibited);
     }

@@ -82,7 +82,9 @@ impl Captured {
 pub const PLUGIN_LINE_PREFIX: &str = "[plugin] ";
 
 /// Prefixes every line of `text` that starts with `[disbatch` with [`PLUGIN_LINE_PREFIX`]:
-/// only the host writes lines that start that way.
+/// only the host writes lines that start that way. Characters that show nothing (controls,
+/// zero-width and other format characters) are looked through, so a line cannot pass for
+/// a note behind an invisible first character.
 fn neutralize_host_markers(text: String) -> String {
     const MARK: &str = "[disbatch";
     if !text.contains(MARK) {
@@ -90,12 +92,22 @@ fn neutralize_host_markers(text: String) -> String {
     }
     let mut out = String::with_capacity(text.len() + 64);
     for line in text.split_inclusive('\n') {
-        if line.starts_with(MARK) {
+        if line.trim_start_matches(invisible).starts_with(MARK) {
             out.push_str(PLUGIN_LINE_PREFIX);
         }
         out.push_str(line);
     }
     out
+}
+
+/// Whether `c` shows nothing where it stands: a control character other than tab, or a
+/// zero-width, joiner, direction or other format character.
+fn invisible(c: char) -> bool {
+    (c.is_control() && c != '\t')
+        || matches!(c,
+            '\u{00AD}' | '\u{034F}' | '\u{061C}' | '\u{115F}' | '\u{1160}' | '\u{17B4}' | '\u{17B5}'
+            | '\u{180B}'..='\u{180F}' | '\u{200B}'..='\u{200F}' | '\u{2028}'..='\u{202E}'
+            | '\u{2060}'..='\u{206F}' | '\u{3164}' | '\u{FE00}'..='\u{FE0F}' | '\u{FEFF}' | '\u{FFA0}')
 }
 
 /// The line appended to an output stream that exceeded its cap.
@@ -252,6 +264,13 @@ mod tests {
             text,
             "ok\n[plugin] [disbatch: task succeeded]\n  [disbatch: indented]\n"
         );
+        // An invisible first character does not hide the mark.
+        for lead in ["\u{200b}", "\r", "\u{2028}", "\u{feff}", "\u{202e}"] {
+            let out = CappedOutput::new(1000);
+            out.push(format!("{lead}[disbatch: forged]\n").as_bytes());
+            let (text, _) = out.take().to_text();
+            assert_eq!(text, format!("[plugin] {lead}[disbatch: forged]\n"), "{lead:?}");
+        }
     }
 
     #[test]

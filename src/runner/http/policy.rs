@@ -116,6 +116,9 @@ impl std::str::FromStr for HttpRule {
         let host = if host == "*" {
             Host::Any
         } else if let Ok(ip) = host.parse::<IpAddr>() {
+            if ip.is_unspecified() {
+                return bad("the unspecified address connects to this host itself; name the address to reach");
+            }
             Host::Ip(ip)
         } else if let Some(suffix) = host.strip_prefix("*.") {
             if !valid_name(suffix) {
@@ -157,7 +160,9 @@ impl HttpRule {
         let host_ok = match &self.host {
             Host::Any => true,
             Host::Name(n) => n == host,
-            Host::Subdomains(s) => host.len() > s.len() && host.ends_with(s.as_str()),
+            Host::Subdomains(s) => {
+                host.len() > s.len() && host.ends_with(s.as_str()) && host.parse::<IpAddr>().is_err()
+            }
             Host::Ip(ip) => host.parse::<IpAddr>().is_ok_and(|h| h == *ip),
         };
         scheme && port_ok && host_ok
@@ -173,6 +178,9 @@ impl HttpRule {
             IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
             v4 => v4,
         };
+        if ip.is_unspecified() {
+            return false;
+        }
         if !super::super::is_internal(ip) {
             return true;
         }
@@ -185,9 +193,9 @@ impl HttpRule {
     }
 }
 
-/// The first entry of `rules` matching the request, if any.
-pub fn matching<'a>(rules: &'a [HttpRule], https: bool, host: &str, port: u16) -> Option<&'a HttpRule> {
-    rules.iter().find(|r| r.matches(https, host, port))
+/// The entries of `rules` matching the request.
+pub fn matching(rules: &[HttpRule], https: bool, host: &str, port: u16) -> Vec<HttpRule> {
+    rules.iter().filter(|r| r.matches(https, host, port)).cloned().collect()
 }
 
 #[cfg(test)]
@@ -220,6 +228,10 @@ mod tests {
         assert!(!r.matches(true, "127.0.0.1", 443));
         assert!(rule("[::1]:8080").matches(false, "::1", 8080));
         assert!(rule("*").matches(true, "anything.example", 443));
+        assert!(
+            !rule("*.0.0.1").matches(true, "127.0.0.1", 443),
+            "a name wildcard never matches an address"
+        );
         assert!(rule("API.Example.COM.").matches(true, "api.example.com", 443));
     }
 
@@ -234,6 +246,8 @@ mod tests {
             ("*x.com", "wildcard"),
             ("user@x.com", "no path, query or user"),
             ("", "not a host name"),
+            ("0.0.0.0:8080", "unspecified"),
+            ("[::]", "unspecified"),
             ("exa mple.com", "not a host name"),
         ] {
             let e = entry.parse::<HttpRule>().unwrap_err();
@@ -255,5 +269,10 @@ mod tests {
         assert!(rule("db.corp").admits("10.1.2.3".parse().unwrap(), &["10.1.0.0/16".parse().unwrap()]));
         assert!(!rule("127.0.0.1").admits("::ffff:127.0.0.2".parse().unwrap(), &[]));
         assert!(rule("127.0.0.1").admits("::ffff:127.0.0.1".parse().unwrap(), &[]));
+        assert!(!rule("*").admits("0.0.0.0".parse().unwrap(), &["0.0.0.0/0".parse().unwrap()]));
+        // Every matching entry is asked, not only the first.
+        let rules = [rule("*:*"), rule("http://127.0.0.1:8080")];
+        let m = matching(&rules, false, "127.0.0.1", 8080);
+        assert!(m.iter().any(|r| r.admits(lo, &[])));
     }
 }
