@@ -81,19 +81,22 @@ pub(crate) fn checker(
 /// Whether a socket may use `addr` for `usage` under the allow-list `allow`.
 pub fn permitted(allow: &[IpNet], addr: SocketAddr, usage: SocketAddrUse) -> bool {
     let ip = addr.ip();
-    let allowed = || {
-        let plain = match ip {
-            IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
-            v4 => v4,
-        };
-        allow.iter().any(|net| net.contains(&ip) || net.contains(&plain))
-    };
+    let allowed = || in_allowed(allow, ip);
     match usage {
         SocketAddrUse::TcpListen | SocketAddrUse::TcpAccept => false,
         // Implicit binds use the wildcard address: that is the OS picking a local port.
         SocketAddrUse::TcpBind | SocketAddrUse::UdpBind => ip.is_unspecified() || allowed(),
         _ => !is_internal(ip) || allowed(),
     }
+}
+
+/// Whether `ip` (or the IPv4 address inside an IPv4-mapped one) lies in a range of `allow`.
+pub(crate) fn in_allowed(allow: &[IpNet], ip: IpAddr) -> bool {
+    let plain = match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
+        v4 => v4,
+    };
+    allow.iter().any(|net| net.contains(&ip) || net.contains(&plain))
 }
 
 /// Parses one `network_allow` entry: a CIDR (`10.0.0.0/8`) or a single address.

@@ -105,6 +105,11 @@ impl TaskHttp {
     }
 }
 
+/// `rules` as written, each in quotes: `"a.example", "*.corp"`.
+fn quoted(rules: &[HttpRule]) -> String {
+    rules.iter().map(|r| format!("\"{r}\"")).collect::<Vec<_>>().join(", ")
+}
+
 /// Where a request goes, once admitted by the list.
 struct Target {
     https: bool,
@@ -154,8 +159,10 @@ impl Hooks {
             let listed = if self.rules.is_empty() {
                 "the queue's sandbox has no \"http\" list".to_owned()
             } else {
-                let l: Vec<String> = self.rules.iter().map(|r| format!("\"{r}\"")).collect();
-                format!("the queue's sandbox \"http\" list ({}) does not name it", l.join(", "))
+                format!(
+                    "the queue's sandbox \"http\" list ({}) does not name it",
+                    quoted(&self.rules)
+                )
             };
             notes.push(format!(
                 "HTTP request to {origin} refused: {listed}; add \"{0}\" to sandbox.http (runner exec: --http {0}) to allow it",
@@ -247,7 +254,7 @@ async fn send(
             t.origin,
             t.host,
             refused.join(", "),
-            t.rules.iter().map(|r| format!("\"{r}\"")).collect::<Vec<_>>().join(", "),
+            quoted(&t.rules),
         ));
         return Err(Error::DestinationIpProhibited);
     }

@@ -189,7 +189,7 @@ impl HttpRule {
             Host::Name(n) if n == "localhost" && ip.is_loopback() => return true,
             _ => {}
         }
-        network_allow.iter().any(|net| net.contains(&ip))
+        super::super::egress::in_allowed(network_allow, ip)
     }
 }
 
