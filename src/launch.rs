@@ -288,6 +288,7 @@ pub async fn serve_dci(
 /// A multi-threaded runtime whose blocking pool holds `max_instances` running plugins plus
 /// room for the embedded store's calls.
 pub fn runtime(max_instances: u32) -> Result<tokio::runtime::Runtime, StartError> {
+    raise_fd_limit();
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .max_blocking_threads(max_instances.max(1) as usize + 16)
@@ -324,6 +325,32 @@ pub async fn signals(shutdown: CancellationToken) {
     tokio::select! { _ = int.recv() => {}, _ = term.recv() => {} }
     tracing::warn!("second signal: exiting at once; tasks still running here will be recovered as orphans");
     std::process::exit(130);
+}
+
+/// Raises the soft limit on open files to the hard one: plugins' files, sockets and HTTP
+/// connections share it with the API's clients and the database pools, and the usual soft
+/// limit (1,024) is far below what the system allows.
+pub fn raise_fd_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is a valid rlimit for getrlimit to fill and setrlimit to read.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            let wanted = libc::rlimit {
+                rlim_cur: lim.rlim_max,
+                rlim_max: lim.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &wanted) != 0 {
+                tracing::debug!(
+                    soft = lim.rlim_cur,
+                    hard = lim.rlim_max,
+                    "cannot raise the open-files limit"
+                );
+            }
+        }
+    }
 }
 
 #[cfg(test)]

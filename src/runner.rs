@@ -40,10 +40,14 @@ pub use control::{RunControl, StopReason};
 pub use egress::{is_internal, parse_allow as parse_network_allow};
 pub use engine::{default_cache_dir, EngineOptions, EPOCH_TICK};
 pub use http::{
-    HttpRule, DEFAULT_MAX_BODY as DEFAULT_HTTP_MAX_BODY, DEFAULT_MAX_REQUESTS as DEFAULT_HTTP_MAX_REQUESTS,
+    HttpRule, BODY_CHUNK as HTTP_BODY_CHUNK, DEFAULT_MAX_BODY as DEFAULT_HTTP_MAX_BODY,
+    DEFAULT_MAX_REQUESTS as DEFAULT_HTTP_MAX_REQUESTS, FIELD_SIZE_LIMIT as HTTP_FIELD_SIZE_LIMIT,
+    MAX_OPEN as HTTP_MAX_OPEN,
+};
+pub use limits::{
+    max_handles, MAX_CORE_INSTANCES_PER_TASK, MAX_MEMORIES_PER_TASK, MAX_TABLES_PER_TASK, TABLE_ELEMENT_BYTES,
 };
 use limits::{Slots, TaskLimiter};
-pub use limits::{MAX_CORE_INSTANCES_PER_TASK, MAX_MEMORIES_PER_TASK, MAX_TABLES_PER_TASK, TABLE_ELEMENT_BYTES};
 pub use outcome::{Failure, Outcome, Progress, FAILED, SUCCEEDED};
 pub use output::{escape_controls, human_bytes, truncation_marker, Captured, PLUGIN_LINE_PREFIX};
 pub use quota::{DEFAULT_FILE_QUOTA, DEFAULT_WRITE_QUOTA};
@@ -382,11 +386,13 @@ impl Runner {
             Err(e) => return Outcome::not_run(Failure::Sandbox(e)),
         };
         let deadline = started + sandbox.timeout;
+        let mut table = ResourceTable::new();
+        table.set_max_capacity(limits::max_handles(sandbox.memory));
         let mut store = Store::new(
             &self.inner.engine,
             TaskState {
                 wasi,
-                table: ResourceTable::new(),
+                table,
                 http: http::TaskHttp::new(sandbox, deadline, control.clone()),
                 limiter: TaskLimiter::new(sandbox.memory),
                 quota: quota::WriteQuota::new(sandbox.write_quota, sandbox.file_quota),
@@ -481,6 +487,8 @@ fn classify(
             let failure = if trap == Some(&Trap::Interrupt) {
                 Failure::Timeout(sandbox.timeout)
             } else if let Some(msg) = limits::cap_message(&e) {
+                Failure::Trap(msg)
+            } else if let Some(msg) = limits::host_limit_message(&e, sandbox.memory) {
                 Failure::Trap(msg)
             } else if let Some(exit) = e.downcast_ref::<I32Exit>() {
                 Failure::Trap(format!("plugin called exit({}) instead of returning a status", exit.0))

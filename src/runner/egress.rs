@@ -3,14 +3,17 @@
 //! A grant of the network is a grant of the public internet, not of the host's own
 //! neighbourhood: by default a plugin may not reach loopback (the DEN's API, its database),
 //! private and shared ranges (the LAN, the cloud's internal network), link-local addresses
-//! (the cloud metadata service at 169.254.169.254), the unspecified address (which
-//! connects to the host itself), broadcast or multicast. A queue opens exactly the ranges
+//! (the cloud metadata service at 169.254.169.254, Azure's WireServer at 168.63.129.16),
+//! the unspecified address (which connects to the host itself), the host's own addresses
+//! on every interface (a service bound to all interfaces answers there too), broadcast or
+//! multicast. A queue opens exactly the ranges
 //! it needs with `network_allow` (CIDRs or single addresses). Listening for connections is
 //! never allowed. Every address a socket is about to use is checked, so an IPv4 address
 //! hidden in an IPv6 one (`::ffff:127.0.0.1`) is judged as the IPv4 address it is.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
 use wasmtime_wasi::sockets::SocketAddrUse;
@@ -24,6 +27,36 @@ pub fn is_internal(ip: IpAddr) -> bool {
             None => internal_v6(v6),
         },
     }
+}
+
+/// How long the list of the host's own addresses is trusted before it is read again.
+const OWN_REFRESH: Duration = Duration::from_secs(5);
+
+/// Whether `ip` is an address of one of this host's interfaces, public ones included.
+/// When the interfaces cannot be listed, every address counts as the host's own: the
+/// check fails closed.
+fn is_own(ip: IpAddr) -> bool {
+    /// When the list was read, and the list (`None`: it could not be read).
+    type Own = Option<(Instant, Option<Arc<[IpAddr]>>)>;
+    static OWN: Mutex<Own> = Mutex::new(None);
+    let own = {
+        let mut cached = OWN.lock().unwrap_or_else(|e| e.into_inner());
+        match &*cached {
+            Some((at, own)) if at.elapsed() < OWN_REFRESH => own.clone(),
+            _ => {
+                let own: Option<Arc<[IpAddr]>> = match if_addrs::get_if_addrs() {
+                    Ok(found) => Some(found.into_iter().map(|i| i.ip()).collect()),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot list this host's interface addresses: plugins reach no address until they can be listed");
+                        None
+                    }
+                };
+                *cached = Some((Instant::now(), own.clone()));
+                own
+            }
+        }
+    };
+    own.is_none_or(|own| own.contains(&ip))
 }
 
 fn internal_v4(ip: Ipv4Addr) -> bool {
@@ -41,6 +74,11 @@ fn internal_v4(ip: Ipv4Addr) -> bool {
         || ip.octets()[..3] == [192, 0, 0]
         // Reserved, 240.0.0.0/4.
         || a >= 240
+        // Benchmarking, 198.18.0.0/15 (used inside some networks).
+        || (a == 198 && (b & 0xfe) == 18)
+        // Azure's WireServer (the platform's agent and DNS endpoint).
+        || ip == Ipv4Addr::new(168, 63, 129, 16)
+        || is_own(IpAddr::V4(ip))
 }
 
 fn internal_v6(ip: Ipv6Addr) -> bool {
@@ -59,6 +97,14 @@ fn internal_v6(ip: Ipv6Addr) -> bool {
             let s = ip.segments();
             internal_v4(Ipv4Addr::new((s[6] >> 8) as u8, s[6] as u8, (s[7] >> 8) as u8, s[7] as u8))
         })
+        // 6to4 2002::/16 carries an IPv4 address in its second and third groups.
+        || (first == 0x2002 && {
+            let s = ip.segments();
+            internal_v4(Ipv4Addr::new((s[1] >> 8) as u8, s[1] as u8, (s[2] >> 8) as u8, s[2] as u8))
+        })
+        // Local-use NAT64 64:ff9b:1::/48: a network's own translator, whatever it embeds.
+        || ip.segments()[..3] == [0x64, 0xff9b, 1]
+        || is_own(IpAddr::V6(ip))
 }
 
 /// The check a task's sockets go through: `allow` lists the internal ranges it may reach.
@@ -137,6 +183,10 @@ mod tests {
             "[fd00::1]:80",
             "[fe80::1]:80",
             "[64:ff9b::7f00:1]:80",
+            "[64:ff9b:1::808:808]:80",
+            "[2002:7f00:1::]:80",
+            "198.18.0.1:80",
+            "168.63.129.16:80",
         ] {
             assert!(!connect(&[], addr), "{addr} must be refused");
         }
@@ -147,6 +197,24 @@ mod tests {
         assert!(connect(&["127.0.0.1"], "[::ffff:127.0.0.1]:27017"));
         assert!(!connect(&["127.0.0.1"], "127.0.0.2:27017"));
         assert!(connect(&["10.0.0.0/8"], "10.200.0.1:80"));
+    }
+
+    #[test]
+    fn every_address_of_this_host_is_internal() {
+        let own = if_addrs::get_if_addrs().unwrap();
+        assert!(!own.is_empty(), "this host has no interface addresses");
+        for iface in own {
+            let addr = SocketAddr::new(iface.ip(), 80);
+            assert!(
+                !connect(&[], &addr.to_string()),
+                "{addr} ({}) must be refused",
+                iface.name
+            );
+            assert!(
+                connect(&[&iface.ip().to_string()], &addr.to_string()),
+                "{addr} allowed by name"
+            );
+        }
     }
 
     #[test]

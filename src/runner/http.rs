@@ -6,17 +6,20 @@
 //! to an address it checked, so a name cannot be re-resolved elsewhere between the check
 //! and the connection. TLS is verified against the system's trust store.
 //!
-//! A task's requests are bounded: their number (`http_max_requests`), the bytes of their
-//! bodies sent and received together (`http_max_body_mib`), and their time (every request
-//! ends at the task's deadline, lease end or kill, whatever it is waiting for). Each refusal
+//! A task's requests are bounded: their number (`http_max_requests`), how many are open at
+//! once ([`MAX_OPEN`]), the bytes of their bodies sent and received together
+//! (`http_max_body_mib`), the bytes the host holds for them (header sets, a request body's
+//! buffer, a response head), and their time (every request, name lookup included, ends at
+//! the task's deadline, lease end or kill, whatever it is waiting for). Each refusal
 //! is reported to the guest as a `wasi:http` error code and noted in the task's stderr as a
 //! `[disbatch: …]` line saying what to change.
 
+mod dns;
 mod policy;
 
 use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -41,6 +44,16 @@ pub const DEFAULT_MAX_BODY: u64 = 1 << 30;
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 /// The most notes one task's requests leave in its stderr.
 const MAX_NOTES: usize = 20;
+/// Requests one task may have open at once (connecting, waiting, or reading a response).
+pub const MAX_OPEN: u32 = 32;
+/// The size of one set of headers a plugin builds, as `wasi:http` counts it (the bytes of
+/// names and values plus 32 to 40 a field): its real footprint stays under
+/// [`super::limits::HANDLE_BYTES`] even for thousands of empty fields.
+pub const FIELD_SIZE_LIMIT: usize = 32 * 1024;
+/// The largest write into a request body; the host buffers two of them per body.
+pub const BODY_CHUNK: usize = 64 * 1024;
+/// The largest response head (status line and headers) a server may send.
+pub const MAX_RESPONSE_HEAD: usize = 64 * 1024;
 
 /// The host's notes on one task: what its sandbox refused. Shared with the outcome.
 #[derive(Clone, Default)]
@@ -83,14 +96,18 @@ pub(crate) struct Hooks {
     max_body: u64,
     sent: u32,
     shared: Option<Budget>,
+    /// Made at the first request that names a host rather than an address.
+    resolver: Option<hickory_resolver::TokioResolver>,
     deadline: Instant,
     control: RunControl,
 }
 
 impl TaskHttp {
     pub(crate) fn new(sandbox: &super::Sandbox, deadline: Instant, control: RunControl) -> Self {
+        let mut ctx = WasiHttpCtx::new();
+        ctx.set_field_size_limit(FIELD_SIZE_LIMIT);
         TaskHttp {
-            ctx: WasiHttpCtx::new(),
+            ctx,
             hooks: Hooks {
                 rules: sandbox.http.clone(),
                 network_allow: sandbox.network_allow.clone(),
@@ -98,6 +115,7 @@ impl TaskHttp {
                 max_body: sandbox.http_max_body,
                 sent: 0,
                 shared: None,
+                resolver: None,
                 deadline,
                 control,
             },
@@ -118,6 +136,17 @@ struct Target {
     /// Every entry that matched: an address passes when any of them admits it.
     rules: Vec<HttpRule>,
     origin: String,
+    /// Held while the request is open.
+    open: Open,
+}
+
+/// One open request of a task; dropping it closes its place.
+struct Open(Arc<AtomicU32>);
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 type Sent = (
@@ -133,6 +162,7 @@ impl Hooks {
             left: Arc::new(AtomicU64::new(limit)),
             limit,
             notes: Notes::default(),
+            open: Arc::default(),
         })
     }
 
@@ -143,7 +173,10 @@ impl Hooks {
 
     /// Checks `req` against the list and the request budget.
     fn admit(&mut self, req: &http::Request<WasiBody>) -> Result<Target, Error> {
-        let notes = self.budget().notes.clone();
+        let (notes, open) = {
+            let b = self.budget();
+            (b.notes.clone(), b.open.clone())
+        };
         let uri = req.uri();
         let https = uri.scheme() == Some(&http::uri::Scheme::HTTPS);
         let host = policy::normalize_host(uri.host().unwrap_or_default());
@@ -181,6 +214,15 @@ impl Hooks {
             ));
             return Err(Error::ConnectionLimitReached);
         }
+        if open.fetch_add(1, Ordering::SeqCst) >= MAX_OPEN {
+            open.fetch_sub(1, Ordering::SeqCst);
+            notes.push(format!(
+                "HTTP request to {origin} refused: the task has {MAX_OPEN} requests open, the most it may have at once; \
+                 read or drop a response before sending the next request"
+            ));
+            return Err(Error::ConnectionLimitReached);
+        }
+        let open = Open(open);
         self.sent += 1;
         Ok(Target {
             https,
@@ -188,6 +230,7 @@ impl Hooks {
             port,
             rules,
             origin,
+            open,
         })
     }
 }
@@ -203,16 +246,29 @@ impl WasiHttpHooks for Hooks {
             Ok(t) => t,
             Err(e) => return Box::new(std::future::ready(Err(e))),
         };
+        let resolver = match target.host.parse::<IpAddr>() {
+            Ok(_) => None,
+            Err(_) => match &self.resolver {
+                Some(r) => Some(r.clone()),
+                None => match dns::resolver() {
+                    Ok(r) => Some(self.resolver.insert(r).clone()),
+                    Err(e) => return Box::new(std::future::ready(Err(e))),
+                },
+            },
+        };
         let (deadline, control) = (self.deadline, self.control.clone());
         let allow: Arc<[IpNet]> = self.network_allow.clone().into();
         let body = self.budget().clone();
-        let notes = body.notes.clone();
         Box::new(async move {
             tokio::select! {
-                r = send(request, target, options, &allow, body, &notes) => r,
+                r = send(request, target, resolver, options, &allow, body) => r,
                 _ = clock::stopped(deadline, &control) => Err(Error::ConnectionTimeout),
             }
         })
+    }
+
+    fn p2_outgoing_body_chunk_size(&mut self) -> usize {
+        BODY_CHUNK
     }
 }
 
@@ -221,33 +277,44 @@ impl WasiHttpHooks for Hooks {
 async fn send(
     req: http::Request<WasiBody>,
     t: Target,
+    resolver: Option<hickory_resolver::TokioResolver>,
     options: Option<RequestOptions>,
     allow: &[IpNet],
     body: Budget,
-    notes: &Notes,
 ) -> Result<Sent, Error> {
+    let notes = &body.notes;
     let connect_timeout = options
         .and_then(|o| o.connect_timeout)
         .unwrap_or(DEFAULT_CONNECT_TIMEOUT);
-    let addrs: Vec<IpAddr> = match t.host.parse::<IpAddr>() {
-        Ok(ip) => vec![ip],
-        Err(_) => match tokio::time::timeout(connect_timeout, tokio::net::lookup_host((t.host.as_str(), t.port))).await
-        {
-            Err(_) => return Err(Error::DnsTimeout),
-            Ok(Err(e)) => {
-                return Err(Error::DnsError {
-                    rcode: Some(e.to_string()),
-                    info_code: None,
-                })
+    let addrs: Vec<IpAddr> = match (t.host.parse::<IpAddr>(), resolver) {
+        (Ok(ip), _) => vec![ip],
+        (Err(_), Some(resolver)) => {
+            let found = tokio::time::timeout(connect_timeout, dns::lookup(&resolver, &t.host))
+                .await
+                .unwrap_or(Err(Error::DnsTimeout));
+            match found {
+                Ok(found) => found,
+                Err(e) => {
+                    notes.push(format!(
+                        "HTTP request to {} failed: cannot resolve {}: {e}",
+                        t.origin, t.host
+                    ));
+                    return Err(e);
+                }
             }
-            Ok(Ok(found)) => found.map(|a| a.ip()).collect(),
-        },
+        }
+        (Err(_), None) => return Err(Error::InternalError(Some("no DNS resolver".into()))),
     };
     let (usable, refused): (Vec<IpAddr>, Vec<IpAddr>) = addrs
         .into_iter()
         .partition(|ip| t.rules.iter().any(|r| r.admits(*ip, allow)));
     if usable.is_empty() {
-        let refused: Vec<String> = refused.iter().map(IpAddr::to_string).collect();
+        // The first few: a name can carry thousands of addresses.
+        let more = refused.len().saturating_sub(8);
+        let mut refused: Vec<String> = refused.iter().take(8).map(IpAddr::to_string).collect();
+        if more > 0 {
+            refused.push(format!("and {more} more"));
+        }
         notes.push(format!(
             "HTTP request to {} refused: {} is at {}, internal to this host's network, and no matching entry ({}) names that address; \
              list the address itself in sandbox.http or add its range to sandbox.network_allow",
@@ -283,9 +350,9 @@ async fn send(
             .connect(name, stream)
             .await
             .map_err(Error::Tls)?;
-        exchange(req, TokioIo::new(tls), first_byte, body).await
+        exchange(req, TokioIo::new(tls), first_byte, body, t.open).await
     } else {
-        exchange(req, TokioIo::new(stream), first_byte, body).await
+        exchange(req, TokioIo::new(stream), first_byte, body, t.open).await
     }
 }
 
@@ -295,11 +362,15 @@ async fn exchange<I>(
     io: I,
     first_byte: Option<Duration>,
     budget: Budget,
+    open: Open,
 ) -> Result<Sent, Error>
 where
     I: hyper::rt::Read + hyper::rt::Write + Send + Unpin + 'static,
 {
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(io).await?;
+    let (mut sender, conn) = hyper::client::conn::http1::Builder::new()
+        .max_buf_size(MAX_RESPONSE_HEAD)
+        .handshake(io)
+        .await?;
     let conn = wasmtime_wasi::runtime::spawn(conn);
     // On the wire, the request line carries the path only (the Host header names the host).
     let path = req.uri().path_and_query().map_or("/", |p| p.as_str()).to_owned();
@@ -316,7 +387,11 @@ where
         None => response.await?,
     };
     let response = response.map(|b| Counted::new(b.map_err(Error::from), budget, false).boxed_unsync());
-    let io = async move { conn.await.map_err(Error::from) };
+    // The request stays open, counted, until its connection closes.
+    let io = async move {
+        let _open = open;
+        conn.await.map_err(Error::from)
+    };
     Ok((response, Box::new(io)))
 }
 
@@ -331,11 +406,14 @@ static TLS: LazyLock<Arc<tokio_rustls::rustls::ClientConfig>> = LazyLock::new(||
         roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .expect("the ring provider supports the default TLS versions")
         .with_root_certificates(roots)
         .with_no_client_auth();
+    // No session cache: it would be shared by every task and queue, outside their limits,
+    // and would let a server link the tasks of different queues.
+    config.resumption = rustls::client::Resumption::disabled();
     Arc::new(config)
 });
 
@@ -345,6 +423,8 @@ struct Budget {
     left: Arc<AtomicU64>,
     limit: u64,
     notes: Notes,
+    /// Requests open now.
+    open: Arc<AtomicU32>,
 }
 
 impl Budget {

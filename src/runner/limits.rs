@@ -1,9 +1,11 @@
 //! Per-task resource limits: one memory budget summed over every linear memory and table
-//! of the task's store, caps on core instances, memories and tables, and the task slots
-//! that keep concurrent tasks inside the engine's instance pool.
+//! of the task's store, caps on core instances, memories and tables, on the handles the
+//! host holds for the task, and the task slots that keep concurrent tasks inside the
+//! engine's instance pool.
 
 use std::sync::{Condvar, Mutex};
 
+use wasmtime::component::ResourceTableError;
 use wasmtime::ResourceLimiter;
 
 /// Most core module instances one task may create (a componentize-py component needs 14).
@@ -14,6 +16,52 @@ pub const MAX_MEMORIES_PER_TASK: usize = 4;
 pub const MAX_TABLES_PER_TASK: usize = 8;
 /// Bytes one table element counts against the memory budget (a pointer-sized funcref).
 pub const TABLE_ELEMENT_BYTES: u64 = 8;
+/// The most host-side bytes one handle holds: a set of headers or a request body's buffer
+/// (see `http`). Open handles are capped at the memory limit over this, so what the host
+/// holds for a task stays within the task's own memory limit.
+pub const HANDLE_BYTES: u64 = 128 * 1024;
+/// Open handles a task may always hold, whatever its memory limit.
+pub const MIN_HANDLES: usize = 256;
+
+/// Open handles (files, streams, sockets, pollables, HTTP headers, requests and bodies)
+/// one task may hold at once with a memory limit of `memory` bytes.
+pub fn max_handles(memory: u64) -> usize {
+    usize::try_from(memory / HANDLE_BYTES)
+        .unwrap_or(usize::MAX)
+        .max(MIN_HANDLES)
+}
+
+/// The message of a task stopped by a limit on what the host holds for it (its open
+/// handles, the size of a set of HTTP headers), if `e` is that.
+pub(crate) fn host_limit_message(e: &wasmtime::Error, memory: u64) -> Option<String> {
+    use wasmtime_wasi_http::FieldMapError;
+    e.chain().find_map(|c| {
+        if matches!(c.downcast_ref::<ResourceTableError>(), Some(ResourceTableError::Full)) {
+            return Some(format!(
+                "the plugin held {} open handles (files, streams, sockets, HTTP headers and bodies), \
+                 the most a task with a memory limit of {} may hold (retrying cannot help); \
+                 close what it no longer uses, or raise sandbox.memory",
+                max_handles(memory),
+                super::human_bytes(memory)
+            ));
+        }
+        if c.to_string() == "write exceeded budget" {
+            return Some(format!(
+                "the plugin wrote more into an HTTP request body at once than the stream permitted \
+                 (check-write; at most {} per write) (retrying cannot help)",
+                super::human_bytes(super::http::BODY_CHUNK as u64)
+            ));
+        }
+        match c.downcast_ref::<FieldMapError>() {
+            Some(FieldMapError::TotalSizeTooBig | FieldMapError::TooManyFields) => Some(format!(
+                "the plugin built a set of HTTP headers larger than {} in memory, the most one set may hold \
+                 (retrying cannot help)",
+                super::human_bytes(super::http::FIELD_SIZE_LIMIT as u64)
+            )),
+            _ => None,
+        }
+    })
+}
 
 /// Sums the growth of every memory and table of a task's store against one budget, and
 /// remembers whether it refused a growth.

@@ -17,6 +17,12 @@
 //! - `http-body`: GETs `url`; prints `{"bytes": n}`, the body's length.
 //! - `http-stall-body`: writes 3 MiB into a POST's body to `url` without ever sending the
 //!   request, so nothing reads it (a naive host blocks forever).
+//! - `http-hoard`: builds `count` requests that are never sent, each with `header_kib` KiB
+//!   of headers (default 24) and a body written until the host takes no more, and keeps
+//!   them all; prints, every 16 requests, the largest header and body bytes one request
+//!   held (a naive host holds whatever it is given, outside the task's memory limit).
+//! - `http-open`: starts `count` requests to `url` at once and keeps them all open; prints
+//!   the error of the last one, if it fails at once.
 //! - `tcp-read`: connects to `addr` and waits for one read.
 //! - `tcp-write-drop`: connects to `addr`, writes without blocking until the socket accepts
 //!   no more, then drops it (a naive host waits in the drop for a peer that never reads).
@@ -151,6 +157,8 @@ fn run(p: Value) -> Result<u32, String> {
             Ok(disbatch_plugin::SUCCEEDED)
         }
         "http-stall-body" => stall_body(str_param(&p, "url")?),
+        "http-hoard" => hoard(u64_param(&p, "count", 100), u64_param(&p, "header_kib", 24)),
+        "http-open" => open_many(str_param(&p, "url")?, u64_param(&p, "count", 1)),
         "tcp-read" => {
             use std::io::Read;
             let addr = str_param(&p, "addr")?;
@@ -209,3 +217,74 @@ fn stall_body(url: &str) -> Result<u32, String> {
 }
 
 disbatch_plugin::plugin!(run);
+
+/// See `http-hoard` above.
+fn hoard(count: u64, header_kib: u64) -> Result<u32, String> {
+    use wasip2::http::types::{Fields, OutgoingRequest};
+    let value = vec![b'v'; 1024];
+    let chunk = vec![b'b'; 1 << 20];
+    let (mut header_max, mut body_max) = (0u64, 0u64);
+    let mut kept = Vec::new();
+    let report = |n: u64, h: u64, b: u64| {
+        println!(
+            "{}",
+            serde_json::json!({ "requests": n, "header_bytes": h, "body_bytes": b })
+        );
+    };
+    for i in 1..=count {
+        let fields = Fields::new();
+        for n in 0..header_kib {
+            fields
+                .append(&format!("x-h{n}"), &value)
+                .map_err(|e| format!("header #{n}: {e:?}"))?;
+        }
+        header_max = header_max.max(header_kib * 1024);
+        let request = OutgoingRequest::new(fields);
+        let body = request.body().map_err(|()| "no body")?;
+        let stream = body.write().map_err(|()| "no body stream")?;
+        let mut buffered = 0u64;
+        // A host that buffers without end would take it all: stop at 64 MiB a body.
+        while buffered < 64 << 20 {
+            let permitted = stream.check_write().map_err(|e| format!("check-write: {e:?}"))?;
+            if permitted == 0 {
+                break;
+            }
+            let n = permitted.min(chunk.len() as u64) as usize;
+            stream.write(&chunk[..n]).map_err(|e| format!("write: {e:?}"))?;
+            buffered += n as u64;
+        }
+        body_max = body_max.max(buffered);
+        // Children first: a stream, then its body, then the request are dropped in this order.
+        kept.push((stream, body, request));
+        if i % 16 == 0 {
+            report(i, header_max, body_max);
+        }
+    }
+    report(count, header_max, body_max);
+    Ok(disbatch_plugin::SUCCEEDED)
+}
+
+/// See `http-open` above.
+fn open_many(url: &str, count: u64) -> Result<u32, String> {
+    use wasip2::http::outgoing_handler::handle;
+    use wasip2::http::types::{Fields, OutgoingRequest, Scheme};
+    let rest = url.strip_prefix("http://").ok_or("url must start with http://")?;
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let mut open = Vec::new();
+    for _ in 0..count {
+        let request = OutgoingRequest::new(Fields::new());
+        let _ = request.set_scheme(Some(&Scheme::Http));
+        let _ = request.set_authority(Some(authority));
+        let _ = request.set_path_with_query(Some(if path.is_empty() { "/" } else { path }));
+        open.push(handle(request, None).map_err(|e| format!("handle: {e:?}"))?);
+    }
+    let last = open.last().ok_or("count must be at least 1")?;
+    last.subscribe().block();
+    let outcome = match last.get() {
+        Some(Ok(Ok(response))) => format!("status {}", response.status()),
+        Some(Ok(Err(code))) => format!("{code:?}"),
+        other => format!("{other:?}"),
+    };
+    println!("{}", serde_json::json!({ "started": open.len(), "last": outcome }));
+    Ok(disbatch_plugin::SUCCEEDED)
+}
