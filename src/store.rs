@@ -152,6 +152,10 @@ pub struct TaskFilter {
     pub node: Option<Option<String>>,
     /// Only the task with this key.
     pub key: Option<String>,
+    /// Only tasks created after this one (`_id` greater).
+    pub newer_than: Option<ObjectId>,
+    /// Only tasks created before this one (`_id` less): the cursor of the next page.
+    pub older_than: Option<ObjectId>,
 }
 
 /// The stderr of a task that was asked to be killed while its DEN shut down
@@ -219,13 +223,26 @@ pub enum TaskTarget {
     Queue(ObjectId),
 }
 
-/// Paging of a task search; newest first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Paging of a task search: newest first unless `oldest_first`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Page {
     /// Skip this many.
     pub skip: u64,
     /// Return at most this many.
     pub limit: u64,
+    /// Oldest first (by `_id`), as a follower of new tasks reads them.
+    pub oldest_first: bool,
+}
+
+impl Page {
+    /// The first `limit` tasks, newest first.
+    pub fn first(limit: u64) -> Self {
+        Page {
+            skip: 0,
+            limit,
+            oldest_first: false,
+        }
+    }
 }
 
 /// The pieces of a stored output's text, in order ([`Store::output_stream`]).

@@ -105,6 +105,7 @@ async fn two_dens_on_one_file_drain_every_task_exactly_once() {
     let all = Page {
         skip: 0,
         limit: TOTAL as u64 + 1,
+        oldest_first: false,
     };
     for t in store.find_tasks(&TaskFilter::default(), all).await.unwrap() {
         *by_node.entry(t.node.unwrap_or_default()).or_default() += 1;

@@ -383,7 +383,11 @@ async fn a_den_runs_http_plugins_under_the_queues_list() {
     })
     .await;
     drop(den);
-    let all = Page { skip: 0, limit: 10 };
+    let all = Page {
+        skip: 0,
+        limit: 10,
+        oldest_first: false,
+    };
     for t in store.find_tasks(&TaskFilter::default(), all).await.unwrap() {
         let (stdout, stderr) = (text(&t.stdout), text(&t.stderr));
         if t.queue == listed {

@@ -920,12 +920,30 @@ async fn task_search_counts_and_paging() {
     };
     assert_eq!(t.store.count_tasks(&in_a).await.unwrap(), 10);
     assert_eq!(t.store.count_tasks(&TaskFilter::default()).await.unwrap(), 12);
-    let page = t.store.find_tasks(&in_a, Page { skip: 2, limit: 3 }).await.unwrap();
+    let page = t
+        .store
+        .find_tasks(
+            &in_a,
+            Page {
+                skip: 2,
+                limit: 3,
+                oldest_first: false,
+            },
+        )
+        .await
+        .unwrap();
     let newest_first: Vec<ObjectId> = ids.iter().rev().skip(2).take(3).copied().collect();
     assert_eq!(page.iter().map(|t| t.id).collect::<Vec<_>>(), newest_first);
     assert!(t
         .store
-        .find_tasks(&in_a, Page { skip: 0, limit: 0 })
+        .find_tasks(
+            &in_a,
+            Page {
+                skip: 0,
+                limit: 0,
+                oldest_first: false
+            }
+        )
         .await
         .unwrap()
         .is_empty());
@@ -935,7 +953,18 @@ async fn task_search_counts_and_paging() {
         ..Default::default()
     };
     assert_eq!(
-        t.store.find_tasks(&by_node, Page { skip: 0, limit: 10 }).await.unwrap()[0].id,
+        t.store
+            .find_tasks(
+                &by_node,
+                Page {
+                    skip: 0,
+                    limit: 10,
+                    oldest_first: false
+                }
+            )
+            .await
+            .unwrap()[0]
+            .id,
         claimed.id
     );
     let unclaimed = TaskFilter {

@@ -705,7 +705,11 @@ async fn task_search_counts_and_paging(s: Stores) {
             .unwrap();
     let ids2 = s.a.create_tasks(q2.id, vec![doc! {}; 3]).await.unwrap();
     let claimed = s.a.claim(&q1, "n1").await.unwrap().unwrap().id;
-    let all = Page { skip: 0, limit: 100 };
+    let all = Page {
+        skip: 0,
+        limit: 100,
+        oldest_first: false,
+    };
 
     let found = s.b.find_tasks(&TaskFilter::default(), all).await.unwrap();
     assert_eq!(found.len(), 13);
@@ -719,18 +723,42 @@ async fn task_search_counts_and_paging(s: Stores) {
         ..Default::default()
     };
     assert_eq!(s.b.count_tasks(&in_q1).await.unwrap(), 10);
-    let page = s.b.find_tasks(&in_q1, Page { skip: 3, limit: 4 }).await.unwrap();
+    let page =
+        s.b.find_tasks(
+            &in_q1,
+            Page {
+                skip: 3,
+                limit: 4,
+                oldest_first: false,
+            },
+        )
+        .await
+        .unwrap();
     let want: Vec<_> = ids1.iter().rev().skip(3).take(4).copied().collect();
     assert_eq!(page.iter().map(|t| t.id).collect::<Vec<_>>(), want);
     assert!(s
         .b
-        .find_tasks(&in_q1, Page { skip: 0, limit: 0 })
+        .find_tasks(
+            &in_q1,
+            Page {
+                skip: 0,
+                limit: 0,
+                oldest_first: false
+            }
+        )
         .await
         .unwrap()
         .is_empty());
     assert!(s
         .b
-        .find_tasks(&in_q1, Page { skip: 20, limit: 5 })
+        .find_tasks(
+            &in_q1,
+            Page {
+                skip: 20,
+                limit: 5,
+                oldest_first: false
+            }
+        )
         .await
         .unwrap()
         .is_empty());

@@ -17,7 +17,17 @@ use crate::model::Output;
 use crate::store::{Page, TaskFilter};
 
 /// Query options of `GET /tasks` that are not filters.
-const OPTIONS: [&str; 8] = ["limit", "skip", "count", "fields", "epoch", "terse", "full", "pretty"];
+const OPTIONS: [&str; 11] = [
+    "limit", "skip", "count", "fields", "epoch", "terse", "full", "pretty", "new", "next", "timeout",
+];
+
+/// The response header carrying the cursor of the next page of a full page of tasks.
+pub const NEXT_HEADER: &str = "disbatch-next";
+/// Followers (`GET /tasks?new=`) one API process holds waiting at once.
+pub const MAX_FOLLOWERS: usize = 256;
+/// The shortest time between two looks of one follower: a burst of changes costs it one
+/// query per interval, not one per change.
+const FOLLOW_INTERVAL: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// Whether a query flag is on (`1`, `true`, `yes`, `on`, or present without a value).
 pub(super) fn truthy(v: Option<&String>) -> bool {
@@ -135,6 +145,11 @@ fn reply(value: Value, pretty: bool) -> Response {
 /// tasks newest first, or `{"count": n}`. A query without a filter needs a limit. `terse`
 /// replaces inline stdout/stderr with `"[terse mode]"`; `full` reads file-backed ones back
 /// as text (limit at most [`MAX_FULL_LIMIT`]); `pretty` indents the JSON.
+///
+/// A full page carries the cursor of the next one in the [`NEXT_HEADER`] header; `next=<cursor>`
+/// asks for that page (stable while tasks are added, unlike `skip`). `new=<id>` lists the
+/// tasks created after task `<id>`, oldest first, and when there are none yet waits for one
+/// (up to `timeout`, 30 s by default, at most 300 s) before answering `[]`.
 pub(super) async fn search(
     State(state): State<Shared>,
     Query(q): Query<HashMap<String, String>>,
@@ -161,7 +176,33 @@ pub(super) async fn search(
             pairs.insert(k.clone(), value);
         }
     }
-    let filter = filter(&state, &pairs).await?;
+    let mut filter = filter(&state, &pairs).await?;
+    let cursor = |key: &str| -> Result<Option<ObjectId>, ApiError> {
+        q.get(key)
+            .map(|v| {
+                ObjectId::parse_str(v.trim())
+                    .map_err(|_| ApiError::bad(format!("\"{key}\" must be a task id (24 hex digits), got {v:?}")))
+            })
+            .transpose()
+    };
+    let (new, next) = (cursor("new")?, cursor("next")?);
+    for (a, b) in [("new", "next"), ("new", "skip"), ("next", "skip"), ("new", "count")] {
+        if q.contains_key(a) && q.contains_key(b) {
+            return Err(ApiError::bad(format!("\"{a}\" and \"{b}\" exclude each other")));
+        }
+    }
+    if q.contains_key("timeout") && new.is_none() {
+        return Err(ApiError::bad(
+            "\"timeout\" is for \"new\": it says how long to wait for new tasks",
+        ));
+    }
+    let wait = if new.is_some() {
+        Some(super::watch::timeout(&q)?)
+    } else {
+        None
+    };
+    filter.newer_than = new;
+    filter.older_than = next;
     let pretty = truthy(q.get("pretty"));
     if truthy(q.get("count")) {
         let n = state.store.count_tasks(&filter).await?;
@@ -204,7 +245,19 @@ pub(super) async fn search(
             "\"full\" reads outputs back: \"limit\" must be at most {MAX_FULL_LIMIT} with it, got {limit}"
         )));
     }
-    let tasks = state.store.find_tasks(&filter, Page { skip, limit }).await?;
+    let page = Page {
+        skip,
+        limit,
+        oldest_first: new.is_some(),
+    };
+    let tasks = match wait {
+        Some(wait) => newer(&state, &filter, page, wait).await?,
+        None => state.store.find_tasks(&filter, page).await?,
+    };
+    let next = match tasks.last() {
+        Some(last) if !page.oldest_first && tasks.len() as u64 == limit => Some(last.id.to_hex()),
+        _ => None,
+    };
     let mut out = Vec::with_capacity(tasks.len());
     for t in &tasks {
         let mut value = json::task(t, &view);
@@ -220,7 +273,58 @@ pub(super) async fn search(
         }
         out.push(value);
     }
-    Ok(reply(Value::Array(out), pretty))
+    let mut response = reply(Value::Array(out), pretty);
+    if let Some(next) = next.and_then(|n| header::HeaderValue::from_str(&n).ok()) {
+        response.headers_mut().insert(NEXT_HEADER, next);
+    }
+    Ok(response)
+}
+
+/// The tasks `filter` finds, waiting up to `wait` for the first of them to be created.
+async fn newer(
+    state: &Shared,
+    filter: &TaskFilter,
+    page: Page,
+    wait: std::time::Duration,
+) -> Result<Vec<crate::model::Task>, ApiError> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static FOLLOWERS: AtomicUsize = AtomicUsize::new(0);
+    struct Follower;
+    impl Drop for Follower {
+        fn drop(&mut self) {
+            FOLLOWERS.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+    let after = filter.newer_than;
+    let started = tokio::time::Instant::now();
+    // Subscribed before the first look: a task created between the look and the wait is seen.
+    let mut rx = state.watch.subscribe(&state.store);
+    let tasks = state.store.find_tasks(filter, page).await?;
+    if !tasks.is_empty() || wait.is_zero() {
+        return Ok(tasks);
+    }
+    if FOLLOWERS.fetch_add(1, Ordering::SeqCst) >= MAX_FOLLOWERS {
+        FOLLOWERS.fetch_sub(1, Ordering::SeqCst);
+        return Err(ApiError::Unavailable(format!(
+            "{MAX_FOLLOWERS} requests already wait for new tasks on this server; try again shortly, or with a shorter \"timeout\""
+        )));
+    }
+    let _follower = Follower;
+    loop {
+        let left = wait.saturating_sub(started.elapsed());
+        let newer = |id: &ObjectId| after.is_none_or(|a| *id > a);
+        let woken = !left.is_zero() && super::watch::changed(&state.watch, &mut rx, newer, left).await;
+        if woken {
+            // Changes that arrive meanwhile are covered by the next look.
+            let pause = FOLLOW_INTERVAL.min(wait.saturating_sub(started.elapsed()));
+            tokio::time::sleep(pause).await;
+            while rx.try_recv().is_ok() {}
+        }
+        let tasks = state.store.find_tasks(filter, page).await?;
+        if !tasks.is_empty() || !woken {
+            return Ok(tasks);
+        }
+    }
 }
 
 /// `GET /tasks/{id}?output=1&epoch=1`: one task; with `output`, GridFS-backed stdout/stderr

@@ -40,7 +40,7 @@ const UNWATCHED_POLL: Duration = Duration::from_millis(500);
 
 /// A change a waiter may care about.
 #[derive(Debug, Clone, Copy)]
-enum Change {
+pub(super) enum Change {
     /// This task changed.
     Task(ObjectId),
     /// Any task may have changed.
@@ -67,7 +67,7 @@ impl Default for TaskWatch {
 
 impl TaskWatch {
     /// A receiver of changes, following the store from the first call on.
-    fn subscribe(&self, store: &Arc<dyn Store>) -> broadcast::Receiver<Change> {
+    pub(super) fn subscribe(&self, store: &Arc<dyn Store>) -> broadcast::Receiver<Change> {
         let rx = self.tx.subscribe();
         if !self.started.swap(true, Ordering::SeqCst) {
             tokio::spawn(follow(store.clone(), self.tx.clone(), self.live.clone()));
@@ -114,12 +114,12 @@ async fn follow(store: Arc<dyn Store>, tx: broadcast::Sender<Change>, live: Arc<
     }
 }
 
-/// Waits until `rx` says one of `ids` (or any task) may have changed, or `limit` passes.
+/// Waits until `rx` says a task `wanted` (or any task) may have changed, or `limit` passes.
 /// Returns false at the limit.
-async fn changed(
+pub(super) async fn changed(
     watch: &TaskWatch,
     rx: &mut broadcast::Receiver<Change>,
-    ids: &HashSet<ObjectId>,
+    wanted: impl Fn(&ObjectId) -> bool,
     limit: Duration,
 ) -> bool {
     let deadline = tokio::time::Instant::now() + limit;
@@ -127,7 +127,7 @@ async fn changed(
         let step = if watch.live() { limit } else { UNWATCHED_POLL.min(limit) };
         let until = deadline.min(tokio::time::Instant::now() + step);
         match tokio::time::timeout_at(until, rx.recv()).await {
-            Ok(Ok(Change::Task(id))) if !ids.contains(&id) => continue,
+            Ok(Ok(Change::Task(id))) if !wanted(&id) => continue,
             Ok(Ok(_)) | Ok(Err(broadcast::error::RecvError::Lagged(_))) => return true,
             Ok(Err(broadcast::error::RecvError::Closed)) => return true,
             Err(_) if tokio::time::Instant::now() >= deadline => return false,
@@ -146,6 +146,7 @@ async fn read(state: &Shared, ids: &[ObjectId]) -> Result<Vec<Task>, ApiError> {
     let page = crate::store::Page {
         skip: 0,
         limit: ids.len() as u64,
+        oldest_first: false,
     };
     let mut found: HashMap<ObjectId, Task> = state
         .store
@@ -158,7 +159,7 @@ async fn read(state: &Shared, ids: &[ObjectId]) -> Result<Vec<Task>, ApiError> {
 }
 
 /// `timeout=30s` (a duration, or seconds).
-fn timeout(q: &HashMap<String, String>) -> Result<Duration, ApiError> {
+pub(super) fn timeout(q: &HashMap<String, String>) -> Result<Duration, ApiError> {
     let Some(t) = q.get("timeout") else {
         return Ok(DEFAULT_WAIT);
     };
@@ -230,7 +231,7 @@ pub(super) async fn wait(
             return Ok(answer(&tasks, true));
         }
         let left = limit.saturating_sub(started.elapsed());
-        if left.is_zero() || !changed(&state.watch, &mut rx, &set, left).await {
+        if left.is_zero() || !changed(&state.watch, &mut rx, |id| set.contains(id), left).await {
             let tasks = read(&state, &ids).await?;
             let done = tasks.iter().all(|t| status::finished(t.status));
             return Ok(answer(&tasks, done));
@@ -291,7 +292,7 @@ pub(super) async fn events(
                 return None;
             }
             loop {
-                changed(&f.state.watch, &mut f.rx, &set, MAX_WAIT).await;
+                changed(&f.state.watch, &mut f.rx, |id| set.contains(id), MAX_WAIT).await;
                 let t = match f.state.store.task(oid).await {
                     Ok(Some(t)) => t,
                     // Deleted: the stream ends.

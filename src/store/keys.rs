@@ -29,7 +29,15 @@ pub async fn by_key<S: Store + ?Sized>(s: &S, queue: Option<ObjectId>, key: &str
         key: Some(key.to_owned()),
         ..TaskFilter::default()
     };
-    s.find_tasks(&filter, Page { skip: 0, limit: 10 }).await
+    s.find_tasks(
+        &filter,
+        Page {
+            skip: 0,
+            limit: 10,
+            oldest_first: false,
+        },
+    )
+    .await
 }
 
 /// [`Store::insert_keyed`] over the other operations of a store.

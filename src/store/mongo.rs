@@ -733,7 +733,7 @@ impl Store for MongoStore {
         let docs: Vec<Document> = self
             .tasks
             .find(task_filter_doc(filter))
-            .sort(doc! { "_id": -1 })
+            .sort(doc! { "_id": if page.oldest_first { 1 } else { -1 } })
             .skip(page.skip)
             .limit(limit)
             .await

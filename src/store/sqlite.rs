@@ -332,6 +332,14 @@ fn filter_sql(filter: &TaskFilter) -> (String, Vec<rusqlite::types::Value>) {
         clauses.push("key = ?".to_string());
         args.push(Value::Text(key.clone()));
     }
+    if let Some(id) = filter.newer_than {
+        clauses.push("id > ?".to_string());
+        args.push(Value::Text(id.to_hex()));
+    }
+    if let Some(id) = filter.older_than {
+        clauses.push("id < ?".to_string());
+        args.push(Value::Text(id.to_hex()));
+    }
     match &filter.node {
         Some(None) => clauses.push("node IS NULL".to_string()),
         Some(Some(n)) => {
@@ -1091,7 +1099,8 @@ impl Store for SqliteStore {
         args.push(rusqlite::types::Value::Integer(
             i64::try_from(page.skip).unwrap_or(i64::MAX),
         ));
-        let sql = format!("SELECT {TASK_COLUMNS} FROM tasks{clause} ORDER BY id DESC LIMIT ? OFFSET ?");
+        let order = if page.oldest_first { "ASC" } else { "DESC" };
+        let sql = format!("SELECT {TASK_COLUMNS} FROM tasks{clause} ORDER BY id {order} LIMIT ? OFFSET ?");
         self.with(move |conn| {
             let err = db_err("find tasks");
             let mut stmt = conn.prepare(&sql).map_err(&err)?;

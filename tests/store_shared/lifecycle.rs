@@ -443,7 +443,14 @@ async fn an_embedded_database_from_before_gains_the_new_columns() {
     let store = SqliteStore::open(&path).await.unwrap();
     store.ensure_indexes().await.unwrap();
     let all = store
-        .find_tasks(&TaskFilter::default(), Page { skip: 0, limit: 10 })
+        .find_tasks(
+            &TaskFilter::default(),
+            Page {
+                skip: 0,
+                limit: 10,
+                oldest_first: false,
+            },
+        )
         .await
         .unwrap();
     assert_eq!(all.len(), 1);

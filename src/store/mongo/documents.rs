@@ -114,6 +114,30 @@ pub(super) fn task_filter_doc(filter: &TaskFilter) -> Document {
     if let Some(key) = &filter.key {
         q.insert("key", key);
     }
+    // Id bounds join the other conditions on `_id` rather than replace them.
+    let mut bounds = Document::new();
+    if let Some(id) = filter.newer_than {
+        bounds.insert("$gt", id);
+    }
+    if let Some(id) = filter.older_than {
+        bounds.insert("$lt", id);
+    }
+    if !bounds.is_empty() {
+        match q.remove("_id") {
+            Some(id) => {
+                q.insert(
+                    "$and",
+                    vec![
+                        Bson::Document(doc! { "_id": id }),
+                        Bson::Document(doc! { "_id": bounds }),
+                    ],
+                );
+            }
+            None => {
+                q.insert("_id", bounds);
+            }
+        }
+    }
     if let Some(node) = &filter.node {
         q.insert(
             "node",
