@@ -234,17 +234,6 @@ pub struct Page {
     pub oldest_first: bool,
 }
 
-impl Page {
-    /// The first `limit` tasks, newest first.
-    pub fn first(limit: u64) -> Self {
-        Page {
-            skip: 0,
-            limit,
-            oldest_first: false,
-        }
-    }
-}
-
 /// The pieces of a stored output's text, in order ([`Store::output_stream`]).
 pub type OutputStream = futures::stream::BoxStream<'static, StoreResult<String>>;
 

@@ -149,6 +149,12 @@ impl Drop for Open {
     }
 }
 
+/// How a request's host becomes addresses: an address as written, or a name to resolve.
+enum Lookup {
+    Literal(IpAddr),
+    Name(Box<hickory_resolver::TokioResolver>),
+}
+
 type Sent = (
     http::Response<WasiBody>,
     Box<dyn std::future::Future<Output = Result<(), Error>> + Send>,
@@ -246,12 +252,12 @@ impl WasiHttpHooks for Hooks {
             Ok(t) => t,
             Err(e) => return Box::new(std::future::ready(Err(e))),
         };
-        let resolver = match target.host.parse::<IpAddr>() {
-            Ok(_) => None,
+        let lookup = match target.host.parse::<IpAddr>() {
+            Ok(ip) => Lookup::Literal(ip),
             Err(_) => match &self.resolver {
-                Some(r) => Some(r.clone()),
+                Some(r) => Lookup::Name(Box::new(r.clone())),
                 None => match dns::resolver() {
-                    Ok(r) => Some(self.resolver.insert(r).clone()),
+                    Ok(r) => Lookup::Name(Box::new(self.resolver.insert(r).clone())),
                     Err(e) => return Box::new(std::future::ready(Err(e))),
                 },
             },
@@ -261,7 +267,7 @@ impl WasiHttpHooks for Hooks {
         let body = self.budget().clone();
         Box::new(async move {
             tokio::select! {
-                r = send(request, target, resolver, options, &allow, body) => r,
+                r = send(request, target, lookup, options, &allow, body) => r,
                 _ = clock::stopped(deadline, &control) => Err(Error::ConnectionTimeout),
             }
         })
@@ -277,7 +283,7 @@ impl WasiHttpHooks for Hooks {
 async fn send(
     req: http::Request<WasiBody>,
     t: Target,
-    resolver: Option<hickory_resolver::TokioResolver>,
+    lookup: Lookup,
     options: Option<RequestOptions>,
     allow: &[IpNet],
     body: Budget,
@@ -286,9 +292,13 @@ async fn send(
     let connect_timeout = options
         .and_then(|o| o.connect_timeout)
         .unwrap_or(DEFAULT_CONNECT_TIMEOUT);
-    let addrs: Vec<IpAddr> = match (t.host.parse::<IpAddr>(), resolver) {
-        (Ok(ip), _) => vec![ip],
-        (Err(_), Some(resolver)) => {
+    let literal = match &lookup {
+        Lookup::Literal(ip) => Some(*ip),
+        Lookup::Name(_) => None,
+    };
+    let addrs: Vec<IpAddr> = match lookup {
+        Lookup::Literal(ip) => vec![ip],
+        Lookup::Name(resolver) => {
             let found = tokio::time::timeout(connect_timeout, dns::lookup(&resolver, &t.host))
                 .await
                 .unwrap_or(Err(Error::DnsTimeout));
@@ -303,7 +313,6 @@ async fn send(
                 }
             }
         }
-        (Err(_), None) => return Err(Error::InternalError(Some("no DNS resolver".into()))),
     };
     let (usable, refused): (Vec<IpAddr>, Vec<IpAddr>) = addrs
         .into_iter()
@@ -341,9 +350,9 @@ async fn send(
     let stream = stream.ok_or(last)?;
     let first_byte = options.and_then(|o| o.first_byte_timeout);
     if t.https {
-        let name = match t.host.parse::<IpAddr>() {
-            Ok(ip) => tokio_rustls::rustls::pki_types::ServerName::from(ip),
-            Err(_) => tokio_rustls::rustls::pki_types::ServerName::try_from(t.host.clone())
+        let name = match literal {
+            Some(ip) => tokio_rustls::rustls::pki_types::ServerName::from(ip),
+            None => tokio_rustls::rustls::pki_types::ServerName::try_from(t.host.clone())
                 .map_err(|_| Error::HttpRequestUriInvalid)?,
         };
         let tls = tokio_rustls::TlsConnector::from(TLS.clone())
