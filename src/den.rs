@@ -2,9 +2,11 @@
 //!
 //! Every tick (1 s by default, and at once when a worker frees a slot) the DEN:
 //! 1. upserts its node document (renewing its slot leases) and reads its `maxthreads`;
-//! 2. recovers orphans: the spec's sweep of tasks claimed (-1) for over 5 minutes, plus
-//!    claimed or running tasks of nodes whose heartbeat is stale (→ -6, or back to -2 when
-//!    the queue has `on_orphan: "requeue"`);
+//! 2. takes or renews the cluster's leader lease (`heartbeat_stale` long, so a dead
+//!    leader's successor takes over within that and a tick); on the leader only, recovers
+//!    orphans: the spec's sweep of tasks claimed (-1) for over 5 minutes, plus claimed or
+//!    running tasks of nodes whose heartbeat is stale (→ -6, or back to -2 when the queue
+//!    has `on_orphan: "requeue"`);
 //! 3. processes each queue that is active here, whose plugin is allowed and loadable and
 //!    whose sandbox settings are valid: while the node's `maxthreads` allows, it takes a
 //!    lease on one of the queue's `threads` slots and claims a task with the spec's
@@ -170,6 +172,8 @@ pub struct Den {
     reported_problems: Mutex<Option<std::collections::BTreeMap<String, String>>>,
     /// The problem last seen with this node's own document, logged once.
     node_problem: Mutex<Option<String>>,
+    /// The leader lease's token while this node holds it.
+    leading: Mutex<Option<i64>>,
 }
 
 impl Den {
@@ -196,6 +200,7 @@ impl Den {
             intruder: Mutex::new(None),
             reported_problems: Mutex::new(None),
             node_problem: Mutex::new(None),
+            leading: Mutex::new(None),
         })
     }
 
@@ -267,7 +272,15 @@ impl Den {
     async fn tick(self: &Arc<Self>, full: bool) -> StoreResult<()> {
         let s = &self.settings;
         if full {
-            self.housekeeping().await?;
+            // A store call that never answers must not stop the claiming: past the stale
+            // window the others count this node dead anyway, and the next tick tries again.
+            match tokio::time::timeout(s.heartbeat_stale, self.housekeeping()).await {
+                Ok(done) => done?,
+                Err(_) => warn!(
+                    limit_secs = s.heartbeat_stale.as_secs_f64(),
+                    "heartbeat and recovery took longer than heartbeat_stale; trying again next tick"
+                ),
+            }
         }
         let all = self.store.queues().await?;
         let ready = self.queues.refresh(&*self.store, &self.runner, all, full).await;
@@ -405,6 +418,9 @@ impl Den {
         if self.in_outage.load(Ordering::SeqCst) {
             *self.outage_ended.lock().unwrap_or_else(|e| e.into_inner()) = Some(tokio::time::Instant::now());
         }
+        if !self.lead().await? {
+            return Ok(());
+        }
         let since_outage = *self.outage_ended.lock().unwrap_or_else(|e| e.into_inner());
         if since_outage.is_some_and(|t| t.elapsed() < s.heartbeat_stale) {
             // Right after an outage every other node's heartbeat looks stale too.
@@ -422,6 +438,25 @@ impl Den {
             warn!(count = recovered.requeued.len(), tasks = ?recovered.requeued, "requeued tasks of a dead node (-2)");
         }
         Ok(())
+    }
+
+    /// Takes or renews the leader lease; whether this node leads now. Cluster-wide duties
+    /// (the orphan sweep) run on the leader only, and only while its lease has not lapsed.
+    async fn lead(&self) -> StoreResult<bool> {
+        let s = &self.settings;
+        let lease = self.store.lead(&s.node, s.heartbeat_stale).await?;
+        let leads = lease.held_by(&s.node, DateTime::now());
+        let token = leads.then_some(lease.token);
+        let before = std::mem::replace(&mut *self.leading.lock().unwrap_or_else(|e| e.into_inner()), token);
+        match (before, token) {
+            (None, Some(t)) => info!(
+                token = t,
+                "this node leads the cluster now (the orphan sweep runs here)"
+            ),
+            (Some(_), None) => warn!(leader = %lease.node, "this node no longer leads the cluster"),
+            _ => {}
+        }
+        Ok(leads)
     }
 
     /// Follows the store's notifications of queued tasks, waking the loop for each; when

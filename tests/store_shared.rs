@@ -99,6 +99,8 @@ on_both_stores!(
 
 #[path = "store_shared/keys.rs"]
 mod keys;
+#[path = "store_shared/leader.rs"]
+mod leader;
 #[path = "store_shared/lifecycle.rs"]
 mod lifecycle;
 #[path = "store_shared/restarts.rs"]

@@ -182,7 +182,7 @@ pub(super) fn node_age(n: &Node, now: DateTime) -> f64 {
     ((now.timestamp_millis() - n.timestamp.timestamp_millis()).max(0)) as f64 / 1000.0
 }
 
-/// A node: `{id, _id, node, timestamp, maxthreads, age_secs, fresh, process}`.
+/// A node: `{id, _id, node, timestamp, maxthreads, age_secs, fresh, process}` (the routes add `leader`).
 pub(super) fn node(n: &Node, now: DateTime) -> Value {
     let age = node_age(n, now);
     json!({

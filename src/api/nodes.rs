@@ -22,17 +22,32 @@ async fn find(state: &Shared, key: &str) -> Result<Node, ApiError> {
         .ok_or_else(|| ApiError::NotFound(format!("no node {key:?}")))
 }
 
-/// `GET /nodes`: every node, fresh or stale.
-pub(super) async fn list(State(state): State<Shared>) -> Result<Json<Value>, ApiError> {
+/// The node's JSON with `leader`: whether it holds the leader lease now.
+async fn shown(state: &Shared, nodes: &[Node]) -> Result<Vec<Value>, ApiError> {
     let now = DateTime::now();
+    let lease = state.store.leader().await?;
+    let leader = lease.as_ref().and_then(|l| l.holder(now));
+    Ok(nodes
+        .iter()
+        .map(|n| {
+            let mut v = json::node(n, now);
+            v["leader"] = Value::Bool(leader == Some(n.node.as_str()));
+            v
+        })
+        .collect())
+}
+
+/// `GET /nodes`: every node, fresh or stale; `leader: true` on the one leading the cluster.
+pub(super) async fn list(State(state): State<Shared>) -> Result<Json<Value>, ApiError> {
     let nodes = state.store.nodes().await?;
-    Ok(Json(Value::Array(nodes.iter().map(|n| json::node(n, now)).collect())))
+    Ok(Json(Value::Array(shown(&state, &nodes).await?)))
 }
 
 /// `GET /nodes/{node}`.
 pub(super) async fn one(State(state): State<Shared>, PathKey(key): PathKey) -> Result<Json<Value>, ApiError> {
     let node = find(&state, &key).await?;
-    Ok(Json(json::node(&node, DateTime::now())))
+    let mut shown = shown(&state, std::slice::from_ref(&node)).await?;
+    Ok(Json(shown.remove(0)))
 }
 
 /// `POST /nodes/{node} {"maxthreads": n|null}`: the node's limit (null = no limit).

@@ -23,6 +23,7 @@ mod connect;
 mod counts;
 mod documents;
 mod errors;
+mod leader;
 mod lifecycle;
 mod plugins;
 mod queues;
@@ -389,6 +390,14 @@ impl Store for MongoStore {
 
     async fn renew_slot(&self, slot: &Slot, node: &str, lease: Duration) -> StoreResult<bool> {
         self.renew_one_slot(slot, node, lease).await
+    }
+
+    async fn lead(&self, node: &str, ttl: Duration) -> StoreResult<crate::store::Leader> {
+        self.take_lead(node, ttl).await
+    }
+
+    async fn leader(&self) -> StoreResult<Option<crate::store::Leader>> {
+        self.read_lead().await
     }
 
     /// A change stream on `tasks`: inserts of queued tasks and updates that set a task's

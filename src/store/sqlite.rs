@@ -18,6 +18,7 @@
 //!   is left out of the list with a warning).
 //! - `nodes(id, node UNIQUE, timestamp, maxthreads)`.
 //! - `slots(queue, n, holder, expires)`: the queue slot leases, same rules as MongoDB's.
+//! - `leases(name, node, token, expires)`: the leader lease, same rules as MongoDB's.
 //! - `output_files(id, task, filename, length, upload_date, data)`: large outputs, the
 //!   GridFS files of the MongoDB store (`files`: written again in place, discarded when
 //!   unused).
@@ -30,6 +31,7 @@
 //! connection from a small pool.
 
 mod files;
+mod leader;
 mod lifecycle;
 mod plugins;
 mod recovery;
@@ -128,6 +130,12 @@ CREATE TABLE IF NOT EXISTS slots (
     PRIMARY KEY (queue, n)
 );
 CREATE INDEX IF NOT EXISTS slots_holder ON slots (holder);
+CREATE TABLE IF NOT EXISTS leases (
+    name TEXT PRIMARY KEY NOT NULL,
+    node TEXT NOT NULL,
+    token INTEGER NOT NULL,
+    expires INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS output_files (
     id TEXT PRIMARY KEY NOT NULL,
     task TEXT NOT NULL,
@@ -772,6 +780,25 @@ impl Store for SqliteStore {
             Ok(n == 1)
         })
         .await
+    }
+
+    async fn lead(&self, node: &str, ttl: Duration) -> StoreResult<crate::store::Leader> {
+        let node = node.to_owned();
+        // Not `write`: a lease renewal is no change of tasks for their watchers.
+        self.with(move |conn| {
+            let err = db_err("take the leader lease");
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(&err)?;
+            let lease = leader::lead(&tx, &node, ttl)?;
+            tx.commit().map_err(&err)?;
+            Ok(lease)
+        })
+        .await
+    }
+
+    async fn leader(&self) -> StoreResult<Option<crate::store::Leader>> {
+        self.with(|conn| leader::read(conn)).await
     }
 
     async fn watch_queued(&self) -> StoreResult<Option<super::QueuedEvents>> {

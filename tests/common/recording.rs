@@ -89,6 +89,12 @@ impl Store for Recording {
     async fn renew_slot(&self, slot: &Slot, node: &str, lease: Duration) -> StoreResult<bool> {
         self.inner.renew_slot(slot, node, lease).await
     }
+    async fn lead(&self, node: &str, ttl: Duration) -> StoreResult<disbatch::store::Leader> {
+        self.inner.lead(node, ttl).await
+    }
+    async fn leader(&self) -> StoreResult<Option<disbatch::store::Leader>> {
+        self.inner.leader().await
+    }
     async fn has_queued(&self, queue: ObjectId) -> StoreResult<bool> {
         self.inner.has_queued(queue).await
     }

@@ -1,0 +1,215 @@
+//! The values the [`Store`](super::Store) boundary takes and gives: new queues and tasks,
+//! searches and pages, leases, and what recovery did.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use bson::oid::ObjectId;
+use bson::{DateTime, Document};
+
+use super::{StoreError, StoreResult};
+use crate::model::{Sort, StopRequest};
+
+/// How a finishing task's stdout or stderr is to be stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OutputValue {
+    /// In the task document.
+    Inline(String),
+    /// Already written as a file with [`super::Store::write_output_file`].
+    File(ObjectId),
+}
+
+/// What an orphan sweep did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Recovery {
+    /// Tasks set to orphaned (-6).
+    pub orphaned: Vec<ObjectId>,
+    /// Tasks put back in their queue (-2, node null).
+    pub requeued: Vec<ObjectId>,
+    /// Tasks to run again later by their queue's `retry` policy (-7 or -2, node null).
+    pub retried: Vec<ObjectId>,
+}
+
+/// A lease on one of a queue's `threads` slots.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Slot {
+    /// The queue.
+    pub queue: ObjectId,
+    /// Slot number, `0..threads`.
+    pub n: i64,
+}
+
+/// A new queue.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewQueue {
+    /// Unique name.
+    pub name: String,
+    /// Plugin name.
+    pub plugin: String,
+    /// Concurrency limit (None pauses).
+    pub threads: Option<i64>,
+    /// Claim order.
+    pub sort: Sort,
+    /// Extra fields stored as given (`sandbox`, `on_orphan`, …), already validated.
+    pub extra: Document,
+}
+
+/// Fields of a queue to change; `None` leaves a field as it is.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct QueueUpdate {
+    /// New name.
+    pub name: Option<String>,
+    /// New plugin.
+    pub plugin: Option<String>,
+    /// New threads (`Some(None)` sets null).
+    pub threads: Option<Option<i64>>,
+    /// New sort.
+    pub sort: Option<Sort>,
+    /// Other fields to set (`sandbox`, `on_orphan`), already validated.
+    pub extra: Document,
+}
+
+/// A task search on indexed fields only.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TaskFilter {
+    /// Only this task.
+    pub id: Option<ObjectId>,
+    /// Only these tasks.
+    pub ids: Option<Vec<ObjectId>>,
+    /// Only this queue.
+    pub queue: Option<ObjectId>,
+    /// Only these statuses.
+    pub status: Option<Vec<i32>>,
+    /// Only this node (`Some(None)` = unclaimed).
+    pub node: Option<Option<String>>,
+    /// Only the task with this key.
+    pub key: Option<String>,
+    /// Only tasks created after this one (`_id` greater).
+    pub newer_than: Option<ObjectId>,
+    /// Only tasks created before this one (`_id` less): the cursor of the next page.
+    pub older_than: Option<ObjectId>,
+}
+
+/// The stderr of a task that was asked to be killed while its DEN shut down
+/// ([`super::Store::requeue_own`] ends it failed instead of putting it back).
+pub const KILLED_AT_SHUTDOWN: &str =
+    "[disbatch: killed; its DEN stopped the plugin before it could store a result (the task's `stop` field says who asked and why)]\n";
+
+/// A task to insert ([`super::Store::insert_tasks`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewTask {
+    /// Its `_id`.
+    pub id: ObjectId,
+    /// Its params.
+    pub params: Document,
+    /// When it becomes due: until then it is scheduled (-7), not queued (-2). `None` or a
+    /// time already past queues it at once (the time is kept as `run_at` either way).
+    pub run_at: Option<DateTime>,
+    /// Claim priority within the queue: higher first (0 when not given).
+    pub priority: i64,
+    /// A key unique within the queue ([`super::Store::insert_keyed`]).
+    pub key: Option<String>,
+}
+
+impl NewTask {
+    /// A task queued at once, at priority 0.
+    pub fn queued(id: ObjectId, params: Document) -> NewTask {
+        NewTask {
+            id,
+            params,
+            run_at: None,
+            priority: 0,
+            key: None,
+        }
+    }
+
+    /// The status it is inserted with at `now`.
+    pub fn initial_status(&self, now: DateTime) -> i32 {
+        match self.run_at {
+            Some(t) if t > now => crate::model::status::SCHEDULED,
+            _ => crate::model::status::QUEUED,
+        }
+    }
+}
+
+impl StopRequest {
+    /// Refuses a request of another action than `want` (a caller's mistake).
+    pub(crate) fn expect(&self, want: crate::model::StopAction) -> StoreResult<()> {
+        if self.action == want {
+            return Ok(());
+        }
+        Err(StoreError::Invalid(format!(
+            "a {} request cannot be used to {}",
+            self.action.as_str(),
+            want.as_str()
+        )))
+    }
+}
+
+/// The tasks a cancel or kill is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TaskTarget {
+    /// One task.
+    Task(ObjectId),
+    /// Every task of a queue that the action applies to.
+    Queue(ObjectId),
+}
+
+/// Paging of a task search: newest first unless `oldest_first`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Page {
+    /// Skip this many.
+    pub skip: u64,
+    /// Return at most this many.
+    pub limit: u64,
+    /// Oldest first (by `_id`), as a follower of new tasks reads them.
+    pub oldest_first: bool,
+}
+
+/// The pieces of a stored output's text, in order ([`super::Store::output_stream`]).
+pub type OutputStream = futures::stream::BoxStream<'static, StoreResult<String>>;
+
+/// An [`OutputStream`] of one piece.
+pub fn one_piece(text: String) -> OutputStream {
+    Box::pin(futures::stream::once(async move { Ok(text) }))
+}
+
+/// Signals that tasks may have become claimable (inserted or put back as queued).
+pub type QueuedEvents = futures::stream::BoxStream<'static, StoreResult<()>>;
+
+/// Changes of tasks ([`super::Store::watch_tasks`]): `Some(id)` when task `id` changed, `None`
+/// when some tasks may have (look again at those of interest).
+pub type TaskEvents = futures::stream::BoxStream<'static, StoreResult<Option<ObjectId>>>;
+
+/// Number of tasks per status code, for one queue.
+pub type StatusCounts = BTreeMap<i32, u64>;
+
+/// The cluster's leader lease ([`super::Store::lead`]): one DEN at a time holds it, until
+/// `expires` unless it renews; `token` grows at every change of holder (a fencing token).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Leader {
+    /// The node holding (or that last held) the lease.
+    pub node: String,
+    /// Grows by one each time the lease is taken (not when it is renewed).
+    pub token: i64,
+    /// When the lease ends unless renewed.
+    pub expires: DateTime,
+}
+
+impl Leader {
+    /// Whether `node` holds the lease at `now`.
+    pub fn held_by(&self, node: &str, now: DateTime) -> bool {
+        self.node == node && self.expires > now
+    }
+
+    /// The holder at `now`, if the lease has not lapsed.
+    pub fn holder(&self, now: DateTime) -> Option<&str> {
+        (self.expires > now).then_some(self.node.as_str())
+    }
+
+    /// A lease's end: `ttl` after `now`.
+    pub fn end(now: DateTime, ttl: Duration) -> DateTime {
+        let millis = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
+        DateTime::from_millis(now.timestamp_millis().saturating_add(millis))
+    }
+}

@@ -1,0 +1,52 @@
+//! The leader lease: one holder at a time, renewed by its holder with the same token, taken
+//! by another node once it lapses with a greater token, and one winner among many
+//! contenders at once.
+
+use super::*;
+
+on_both_stores!(
+    one_leader_at_a_time_and_a_lapsed_lease_passes_on,
+    contenders_at_once_agree_on_one_leader,
+);
+
+async fn one_leader_at_a_time_and_a_lapsed_lease_passes_on(s: Stores) {
+    assert_eq!(s.a.leader().await.unwrap(), None, "no lease before anyone takes it");
+    let first = s.a.lead("n1", LEASE).await.unwrap();
+    assert_eq!((first.node.as_str(), first.token), ("n1", 1));
+    // Held: another node gets the lease as it stands, not the lease.
+    let other = s.b.lead("n2", LEASE).await.unwrap();
+    assert_eq!(other, first);
+    // Renewed by its holder: same token, later end.
+    let renewed = s.b.lead("n1", LEASE).await.unwrap();
+    assert_eq!((renewed.node.as_str(), renewed.token), ("n1", 1));
+    assert!(renewed.expires >= first.expires);
+    assert_eq!(s.a.leader().await.unwrap(), Some(renewed));
+    // A lease of no length lapses at once: the next node takes it with a greater token.
+    let lapsed = s.a.lead("n1", Duration::ZERO).await.unwrap();
+    assert!(!lapsed.held_by("n1", DateTime::now()));
+    let taken = s.b.lead("n2", LEASE).await.unwrap();
+    assert_eq!((taken.node.as_str(), taken.token), ("n2", 2));
+    assert!(taken.held_by("n2", DateTime::now()));
+    // Its former holder, back, does not take it.
+    assert_eq!(s.a.lead("n1", LEASE).await.unwrap().node, "n2");
+    // A holder whose own lease lapsed takes it again with a new token.
+    s.b.lead("n2", Duration::ZERO).await.unwrap();
+    let again = s.a.lead("n2", LEASE).await.unwrap();
+    assert_eq!((again.node.as_str(), again.token), ("n2", 3));
+}
+
+async fn contenders_at_once_agree_on_one_leader(s: Stores) {
+    let mut tries = Vec::new();
+    for i in 0..16 {
+        let store = if i % 2 == 0 { s.a.clone() } else { s.b.clone() };
+        tries.push(tokio::spawn(async move { store.lead(&format!("n{i}"), LEASE).await }));
+    }
+    let mut holders = HashSet::new();
+    for t in tries {
+        holders.insert(t.await.unwrap().unwrap().node);
+    }
+    assert_eq!(holders.len(), 1, "every contender sees the same leader: {holders:?}");
+    let lease = s.a.leader().await.unwrap().unwrap();
+    assert!(holders.contains(&lease.node));
+    assert_eq!(lease.token, 1, "taken once");
+}
