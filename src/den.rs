@@ -10,12 +10,14 @@
 //! 3. processes each queue that is active here, whose plugin is allowed and loadable and
 //!    whose sandbox settings are valid: while the node's `maxthreads` allows, it takes a
 //!    lease on one of the queue's `threads` slots and claims a task with the spec's
-//!    `findOneAndUpdate`, then hands both to a worker.
+//!    `findOneAndUpdate`, then hands both to a worker. When every slot is held it asks the
+//!    node holding the most (at least two more than this one) for one, reserved for it for
+//!    three ticks.
 //!
 //! A worker runs its task in the sandbox (on a blocking thread), writes the result back in
 //! one update fenced on `{_id, node}`, and claims the queue's next task with the same slot
-//! while the queue still allows it, so a busy queue costs three round trips per task
-//! (claim, start, finish).
+//! while the queue still allows it and no other node asked for the slot, so a busy queue
+//! costs three round trips per task (claim, start, finish) plus the slot's renewal.
 //!
 //! `threads` holds across DENs through the slot leases; `maxthreads` holds per node because
 //! only this process claims for its node name.
@@ -293,6 +295,9 @@ impl Den {
                     break;
                 }
                 let Some(slot) = self.store.acquire_slot(&q.queue, &s.node, s.heartbeat_stale).await? else {
+                    if full {
+                        self.ask_for_slot(&q.queue).await;
+                    }
                     break;
                 };
                 match self.claim(&q.queue).await {
@@ -314,6 +319,17 @@ impl Den {
             }
         }
         Ok(())
+    }
+
+    /// With room here and tasks queued but every slot of `queue` held, asks the node holding
+    /// the most for one ([`Store::want_slot`]); it is reserved for this node for three ticks.
+    async fn ask_for_slot(&self, queue: &Queue) {
+        let ask = self.settings.tick.saturating_mul(3);
+        match self.store.want_slot(queue, &self.settings.node, ask).await {
+            Ok(Some(from)) => debug!(queue = %queue.name, from = %from, "asked for a share of the queue's slots"),
+            Ok(None) => {}
+            Err(e) => debug!(queue = %queue.name, error = %e, "cannot ask for a slot"),
+        }
     }
 
     /// The spec's claim, its duration recorded when it got a task.

@@ -139,18 +139,27 @@ pub trait Store: PluginStore + Send + Sync + 'static {
 
     // ---- claiming and running (the DEN) ------------------------------------------------
 
-    /// Takes a lease on a free slot of `queue` (slot numbers `0..threads`, free when
-    /// unheld, or when its lease expired and its holder has no claimed or running task
-    /// left in the queue: a slot is freed only with or after the recovery of its tasks) for `node` until now + `lease`. Returns None when all
-    /// `threads` slots are taken, or while slots numbered `threads` or above are still held
-    /// (the queue's limit was lowered and it is still over it). This is what makes
-    /// `threads` hold across DENs.
+    /// Takes a lease on a free slot of `queue` for `node` until now + `lease`. Slot numbers
+    /// run `0..threads`; a slot is free when unheld (and not reserved for another node by
+    /// its [ask](Store::want_slot)), or when its lease expired and its holder has no claimed
+    /// or running task left in the queue: a slot is freed only with or after the recovery of
+    /// its tasks. Returns None when all `threads` slots are taken, or while slots numbered
+    /// `threads` or above are still held (the queue's limit was lowered and it is still over
+    /// it). This is what makes `threads` hold across DENs.
     async fn acquire_slot(&self, queue: &Queue, node: &str, lease: Duration) -> StoreResult<Option<Slot>>;
     /// Gives a slot back (only if `node` still holds it).
     async fn release_slot(&self, slot: &Slot, node: &str) -> StoreResult<()>;
-    /// Re-validates a slot lease before a claim: renews it until now + `lease` and returns
-    /// true when `node` still holds the slot, false when it lost it.
-    async fn renew_slot(&self, slot: &Slot, node: &str, lease: Duration) -> StoreResult<bool>;
+    /// Re-validates a slot lease before a claim: renews it until now + `lease` while `node`
+    /// holds it and no other node asked for it; gives it up, reserved for the asker until
+    /// its ask ends, when one did ([`Store::want_slot`]).
+    async fn renew_slot(&self, slot: &Slot, node: &str, lease: Duration) -> StoreResult<SlotRenewal>;
+    /// Asks for a fair share of `queue`'s slots when `node` found none free: marks, for
+    /// `ask`, one slot of the node holding the most of them, if that is at least two more
+    /// than `node` holds. Its holder gives the slot up before its next claim (see
+    /// [`Store::renew_slot`]) and only `node` may take it until the ask ends. Without this a
+    /// DEN that joins a busy queue late (or comes back from a pause) would wait for as long
+    /// as the others keep finding tasks. Answers the node asked, if any.
+    async fn want_slot(&self, queue: &Queue, node: &str, ask: Duration) -> StoreResult<Option<String>>;
     /// Takes the cluster's leader lease for `node` until now + `ttl` when it is free or has
     /// lapsed (its token grows by one), or renews it when `node` holds it; answers the
     /// lease as it stands after the attempt, whoever holds it.
@@ -338,5 +347,45 @@ pub trait Store: PluginStore + Send + Sync + 'static {
     /// A corrupt file ends the stream with an error after the pieces read so far.
     async fn output_stream(&self, output: &Output) -> StoreResult<OutputStream> {
         Ok(one_piece(self.read_output(output).await?))
+    }
+}
+
+/// The node a slot should be asked from ([`Store::want_slot`]): of the holders of a queue's
+/// live slots (one name per slot), the one holding the most, when that is at least two more
+/// than `node` holds (so a slot moving never leaves the asker holding more than the giver,
+/// and two nodes never pass a slot back and forth). Ties go to the first name in order.
+pub(crate) fn fair_share_donor<'a>(holders: impl Iterator<Item = &'a str>, node: &str) -> Option<String> {
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    for h in holders {
+        *counts.entry(h).or_default() += 1;
+    }
+    let mine = counts.remove(node).unwrap_or(0);
+    let (most, held) = counts
+        .into_iter()
+        .fold(None, |best: Option<(&str, usize)>, (h, n)| match best {
+            Some((_, m)) if m >= n => best,
+            _ => Some((h, n)),
+        })?;
+    (held >= mine + 2).then(|| most.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fair_share_donor;
+
+    #[test]
+    fn a_slot_is_asked_from_the_node_holding_the_most() {
+        let ask = |held: &[&str], node| fair_share_donor(held.iter().copied(), node);
+        assert_eq!(ask(&["a", "b", "b", "c", "c", "c"], "d").as_deref(), Some("c"));
+        assert_eq!(
+            ask(&["a", "a", "b", "b"], "d").as_deref(),
+            Some("a"),
+            "ties go to the first name"
+        );
+        assert_eq!(ask(&["a", "a", "d"], "d"), None, "one more is fair enough");
+        assert_eq!(ask(&["a", "a", "a", "d"], "d").as_deref(), Some("a"));
+        assert_eq!(ask(&["d", "d", "d"], "d"), None, "never from itself");
+        assert_eq!(ask(&[], "d"), None);
+        assert_eq!(ask(&["a"], "d"), None, "a single slot stays where it is");
     }
 }

@@ -18,7 +18,7 @@ use disbatch::model::{status, NodeProcess, NodeStats, OnOrphan, Output, Queue, S
 use disbatch::runner::Sandbox;
 use disbatch::store::mongo::MongoStore;
 use disbatch::store::sqlite::SqliteStore;
-use disbatch::store::{NewQueue, OutputValue, Page, QueueUpdate, Store, StoreError, TaskFilter};
+use disbatch::store::{NewQueue, OutputValue, Page, QueueUpdate, SlotRenewal, Store, StoreError, TaskFilter};
 use tokio_util::sync::CancellationToken;
 
 use common::wait_for;
@@ -97,6 +97,8 @@ on_both_stores!(
     three_dens_hold_threads_and_maxthreads,
 );
 
+#[path = "store_shared/fair_slots.rs"]
+mod fair_slots;
 #[path = "store_shared/keys.rs"]
 mod keys;
 #[path = "store_shared/leader.rs"]

@@ -13,7 +13,7 @@ use super::result::{Stop, TaskResult};
 use super::Den;
 use crate::model::{status, Task};
 use crate::runner::{Failure, Outcome, RunControl, StopReason};
-use crate::store::Slot;
+use crate::store::{Slot, SlotRenewal};
 
 /// How long a worker waits, past its plugin's timeout or stop, for a host call that does not
 /// return before it abandons the plugin's thread.
@@ -61,15 +61,20 @@ impl Den {
                 _ => return Some(slot),
             }
             // Re-validate the slot lease before claiming: a slot lost (freed by recovery
-            // while this DEN was paused) must not be used for another task.
+            // while this DEN was paused) must not be used for another task, and one another
+            // node asked for goes to it.
             match self
                 .store
                 .renew_slot(&slot, &self.settings.node, self.settings.heartbeat_stale)
                 .await
             {
-                Ok(true) => {}
-                Ok(false) => {
+                Ok(SlotRenewal::Held) => {}
+                Ok(SlotRenewal::Lost) => {
                     warn!(queue = %queue.queue.name, "slot lease lost; not claiming more with it");
+                    return None;
+                }
+                Ok(SlotRenewal::Yielded { to }) => {
+                    debug!(queue = %queue.queue.name, to = %to, "gave a slot to a node holding fewer of the queue's");
                     return None;
                 }
                 Err(e) => {

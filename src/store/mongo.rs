@@ -52,7 +52,7 @@ use self::errors::{db_err, is_duplicate_key};
 use super::gridfs;
 use super::{
     FinishExtra, HandRetry, NewQueue, NewTask, OutputStream, OutputValue, Page, QueueUpdate, Recovery, Slot,
-    StatusCounts, Store, StoreError, StoreResult, TaskFilter, TaskTarget,
+    SlotRenewal, StatusCounts, Store, StoreError, StoreResult, TaskFilter, TaskTarget,
 };
 use crate::model::{
     status, Node, NodeProcess, NodeStats, Output, Queue, RetryAt, Sort, StopRequest, Task, TaskProgress,
@@ -388,8 +388,12 @@ impl Store for MongoStore {
         self.give_back_slot(slot, node).await
     }
 
-    async fn renew_slot(&self, slot: &Slot, node: &str, lease: Duration) -> StoreResult<bool> {
+    async fn renew_slot(&self, slot: &Slot, node: &str, lease: Duration) -> StoreResult<SlotRenewal> {
         self.renew_one_slot(slot, node, lease).await
+    }
+
+    async fn want_slot(&self, queue: &Queue, node: &str, ask: Duration) -> StoreResult<Option<String>> {
+        self.ask_for_slot(queue, node, ask).await
     }
 
     async fn lead(&self, node: &str, ttl: Duration) -> StoreResult<crate::store::Leader> {

@@ -17,7 +17,8 @@
 //!   leniency as MongoDB's (an unknown `sort` is `default`; a queue with a malformed field
 //!   is left out of the list with a warning).
 //! - `nodes(id, node UNIQUE, timestamp, maxthreads)`.
-//! - `slots(queue, n, holder, expires)`: the queue slot leases, same rules as MongoDB's.
+//! - `slots(queue, n, holder, expires, want, want_until, reserved, reserved_until)`: the
+//!   queue slot leases, same rules as MongoDB's (see `slots`).
 //! - `leases(name, node, token, expires)`: the leader lease, same rules as MongoDB's.
 //! - `output_files(id, task, filename, length, upload_date, data)`: large outputs, the
 //!   GridFS files of the MongoDB store (`files`: written again in place, discarded when
@@ -37,6 +38,7 @@ mod plugins;
 mod recovery;
 mod retries;
 mod rows;
+mod slots;
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -50,8 +52,8 @@ use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use self::rows::{bson_bytes, db_err, lease_end, queue_from, read_bson, sort_str, task_from_row, TASK_COLUMNS};
 use super::{
-    FinishExtra, HandRetry, NewQueue, NewTask, OutputValue, Page, QueueUpdate, Recovery, Slot, StatusCounts, Store,
-    StoreError, StoreResult, TaskFilter, TaskTarget,
+    FinishExtra, HandRetry, NewQueue, NewTask, OutputValue, Page, QueueUpdate, Recovery, Slot, SlotRenewal,
+    StatusCounts, Store, StoreError, StoreResult, TaskFilter, TaskTarget,
 };
 use crate::model::{
     status, Node, NodeProcess, NodeStats, Output, Queue, RetryAt, Sort, StopRequest, Task, TaskProgress,
@@ -377,7 +379,8 @@ impl Store for SqliteStore {
         self.with(|conn| {
             conn.execute_batch(SCHEMA).map_err(db_err("create schema"))?;
             conn.execute_batch(plugins::SCHEMA).map_err(db_err("create schema"))?;
-            lifecycle::migrate(conn)
+            lifecycle::migrate(conn)?;
+            slots::migrate(conn)
         })
         .await
     }
@@ -694,92 +697,20 @@ impl Store for SqliteStore {
 
     // ---- claiming and running (the DEN) ------------------------------------------------
 
-    /// Refuses while a slot at or above `threads` is held and unexpired, else takes the
-    /// lowest free slot below it, all in one transaction.
     async fn acquire_slot(&self, queue: &Queue, node: &str, lease: Duration) -> StoreResult<Option<Slot>> {
-        let threads = queue.threads.unwrap_or(0);
-        if threads <= 0 {
-            return Ok(None);
-        }
-        let queue_id = queue.id;
-        let node = node.to_string();
-        self.write("acquire slot", move |tx| {
-            let err = db_err("acquire slot");
-            let q = queue_id.to_hex();
-            let now = DateTime::now();
-            let millis = now.timestamp_millis();
-            let mut insert = tx
-                .prepare_cached("INSERT OR IGNORE INTO slots (queue, n, holder, expires) VALUES (?1, ?2, NULL, 0)")
-                .map_err(&err)?;
-            for n in 0..threads {
-                insert.execute(params![q, n]).map_err(&err)?;
-            }
-            let over: bool = tx
-                .query_row(
-                    "SELECT EXISTS (SELECT 1 FROM slots
-                     WHERE queue = ?1 AND n >= ?2 AND holder IS NOT NULL AND expires > ?3)",
-                    params![q, threads, millis],
-                    |r| r.get(0),
-                )
-                .map_err(&err)?;
-            if over {
-                return Ok(None);
-            }
-            let n: Option<i64> = tx
-                .query_row(
-                    "UPDATE slots SET holder = ?1, expires = ?2
-                     WHERE queue = ?3 AND n = (SELECT n FROM slots
-                         WHERE queue = ?3 AND n < ?4
-                           AND (holder IS NULL
-                                OR (expires < ?5 AND NOT EXISTS (SELECT 1 FROM tasks
-                                    WHERE tasks.queue = ?3 AND tasks.node = slots.holder
-                                      AND tasks.status IN (?6, ?7))))
-                         ORDER BY holder IS NOT NULL, n LIMIT 1)
-                     RETURNING n",
-                    params![
-                        node,
-                        lease_end(now, lease),
-                        q,
-                        threads,
-                        millis,
-                        status::CLAIMED,
-                        status::RUNNING
-                    ],
-                    |r| r.get(0),
-                )
-                .optional()
-                .map_err(&err)?;
-            Ok(n.map(|n| Slot { queue: queue_id, n }))
-        })
-        .await
+        self.take_slot(queue, node, lease).await
     }
 
     async fn release_slot(&self, slot: &Slot, node: &str) -> StoreResult<()> {
-        let (q, n, node) = (slot.queue.to_hex(), slot.n, node.to_string());
-        self.with(move |conn| {
-            conn.execute(
-                "UPDATE slots SET holder = NULL WHERE queue = ?1 AND n = ?2 AND holder = ?3",
-                params![q, n, node],
-            )
-            .map_err(db_err("release slot"))?;
-            Ok(())
-        })
-        .await
+        self.give_back_slot(slot, node).await
     }
 
-    async fn renew_slot(&self, slot: &Slot, node: &str, lease: Duration) -> StoreResult<bool> {
-        let (q, n, node) = (slot.queue.to_hex(), slot.n, node.to_string());
-        self.with(move |conn| {
-            let until = lease_end(DateTime::now(), lease);
-            let n = conn
-                .execute(
-                    "UPDATE slots SET expires = ?1 WHERE queue = ?2 AND n = ?3 AND holder = ?4",
-                    params![until, q, n, node],
-                )
-                .map_err(db_err("renew slot lease"))?;
-            Ok(n == 1)
-        })
-        .await
+    async fn renew_slot(&self, slot: &Slot, node: &str, lease: Duration) -> StoreResult<SlotRenewal> {
+        self.renew_one_slot(slot, node, lease).await
+    }
+
+    async fn want_slot(&self, queue: &Queue, node: &str, ask: Duration) -> StoreResult<Option<String>> {
+        self.ask_for_slot(queue, node, ask).await
     }
 
     async fn lead(&self, node: &str, ttl: Duration) -> StoreResult<crate::store::Leader> {

@@ -39,6 +39,21 @@ pub struct Slot {
     pub n: i64,
 }
 
+/// What re-validating a slot lease before a claim found ([`super::Store::renew_slot`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SlotRenewal {
+    /// Still held by this node; the lease runs on.
+    Held,
+    /// Held by another node now (recovered while this node was paused or cut off).
+    Lost,
+    /// Another node asked for a share of the queue's slots: this node gave the slot up,
+    /// reserved for that node for a while.
+    Yielded {
+        /// The node the slot is reserved for.
+        to: String,
+    },
+}
+
 /// A new queue.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewQueue {

@@ -70,6 +70,8 @@ try {
 
   await page.click("#nav-nodes");
   await page.waitForSelector("#nodes");
+  // The only DEN leads the cluster, and the page says so.
+  await page.waitForSelector('tr[data-node="ui-node"] .state.leader');
   const maxthreads = page.locator(".edit-maxthreads").first();
   await maxthreads.fill("3");
   await maxthreads.press("Enter");

@@ -86,8 +86,11 @@ impl Store for Recording {
     async fn release_slot(&self, slot: &Slot, node: &str) -> StoreResult<()> {
         self.inner.release_slot(slot, node).await
     }
-    async fn renew_slot(&self, slot: &Slot, node: &str, lease: Duration) -> StoreResult<bool> {
+    async fn renew_slot(&self, slot: &Slot, node: &str, lease: Duration) -> StoreResult<SlotRenewal> {
         self.inner.renew_slot(slot, node, lease).await
+    }
+    async fn want_slot(&self, queue: &Queue, node: &str, ask: Duration) -> StoreResult<Option<String>> {
+        self.inner.want_slot(queue, node, ask).await
     }
     async fn lead(&self, node: &str, ttl: Duration) -> StoreResult<disbatch::store::Leader> {
         self.inner.lead(node, ttl).await

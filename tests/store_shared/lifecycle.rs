@@ -418,8 +418,8 @@ async fn higher_priorities_are_claimed_first_then_the_queue_order(s: Stores) {
     }
 }
 
-/// A database file made before `run_at` and `stop` existed opens, gains the columns, and
-/// its tasks read as before.
+/// A database file made before `run_at`, `stop` and the slot asks existed opens, gains the
+/// columns, and its tasks read as before.
 #[tokio::test]
 async fn an_embedded_database_from_before_gains_the_new_columns() {
     let dir = tempfile::tempdir().unwrap();
@@ -429,7 +429,9 @@ async fn an_embedded_database_from_before_gains_the_new_columns() {
         conn.execute_batch(
             "CREATE TABLE tasks (id TEXT PRIMARY KEY NOT NULL, queue TEXT NOT NULL, ctime INTEGER NOT NULL,
                  mtime INTEGER NOT NULL, node TEXT, status INTEGER NOT NULL, params BLOB NOT NULL,
-                 stdout TEXT, stdout_file TEXT, stderr TEXT, stderr_file TEXT);",
+                 stdout TEXT, stdout_file TEXT, stderr TEXT, stderr_file TEXT);
+             CREATE TABLE slots (queue TEXT NOT NULL, n INTEGER NOT NULL, holder TEXT,
+                 expires INTEGER NOT NULL, PRIMARY KEY (queue, n));",
         )
         .unwrap();
         let mut params = Vec::new();
@@ -459,4 +461,9 @@ async fn an_embedded_database_from_before_gains_the_new_columns() {
         (status::QUEUED, None, None)
     );
     assert_eq!(store.promote_due(DateTime::now()).await.unwrap(), 0);
+    let q = queue(&store, "old-slots", 2, Sort::Fifo).await;
+    for _ in 0..2 {
+        store.acquire_slot(&q, "a", LEASE).await.unwrap().expect("slot");
+    }
+    assert_eq!(store.want_slot(&q, "b", LEASE).await.unwrap().as_deref(), Some("a"));
 }

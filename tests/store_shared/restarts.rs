@@ -68,17 +68,21 @@ async fn an_expired_slot_stays_held_while_its_holder_has_tasks(s: Stores) {
 async fn a_slot_lease_is_revalidated_by_its_holder_only(s: Stores) {
     let q = queue(&*s.a, "renew", 1, Sort::Fifo).await;
     let slot = s.a.acquire_slot(&q, "holder", LEASE).await.unwrap().expect("slot");
-    assert!(!s.b.renew_slot(&slot, "someone-else", LEASE).await.unwrap());
+    assert_eq!(
+        s.b.renew_slot(&slot, "someone-else", LEASE).await.unwrap(),
+        SlotRenewal::Lost
+    );
     // The holder renews for a short time, then stops (a stale node's slot is freed once
     // its lease has run out).
     let short = Duration::from_millis(50);
     s.a.heartbeat("holder", LEASE).await.unwrap();
-    assert!(s.a.renew_slot(&slot, "holder", short).await.unwrap());
+    assert_eq!(s.a.renew_slot(&slot, "holder", short).await.unwrap(), SlotRenewal::Held);
     tokio::time::sleep(short * 2).await;
     let future = DateTime::from_millis(DateTime::now().timestamp_millis() + 1000);
     s.b.recover_orphans(ago(3_600_000), future).await.unwrap();
-    assert!(
-        !s.a.renew_slot(&slot, "holder", LEASE).await.unwrap(),
+    assert_eq!(
+        s.a.renew_slot(&slot, "holder", LEASE).await.unwrap(),
+        SlotRenewal::Lost,
         "a slot freed by recovery is lost to its old holder"
     );
 }

@@ -135,7 +135,7 @@ async function showNodes() {
       <td>${esc(n.node)}<br><small>${esc(n.id)}</small></td>
       <td><input class="edit-maxthreads" type="number" min="0" data-node="${esc(n.node)}" value="${n.maxthreads ?? ""}" placeholder="no limit"></td>
       <td>${plain(n.timestamp)} (${Math.round(n.age_secs)} s ago)</td>
-      <td><span class="state ${n.fresh ? "fresh" : "stale"}">${n.fresh ? "fresh" : "stale"}</span></td>
+      <td><span class="state ${n.fresh ? "fresh" : "stale"}">${n.fresh ? "fresh" : "stale"}</span>${n.leader ? ' <span class="state leader" title="holds the leader lease: the orphan sweep runs here">leader</span>' : ""}</td>
       <td><a href="#/tasks?node=${encodeURIComponent(n.node)}">tasks</a></td>
     </tr>`).join("");
   $("#view").innerHTML = `<table id="nodes"><thead><tr><th>Node</th><th>Maxthreads</th><th>Heartbeat</th><th>State</th><th></th></tr></thead>

@@ -4,6 +4,11 @@
 //! A queue has one document `{queue, n, holder, expires}` per slot `n` in `0..threads`,
 //! created on first use. A slot is taken with one conditional update when it is unheld or
 //! its lease has expired, renewed by its holder's heartbeat, and given back by its holder.
+//!
+//! A node that finds no free slot asks for one by setting `want` (its name) and
+//! `want_until` on a slot of the node holding the most; that holder, before its next claim
+//! with the slot, gives it up with `reserved` and `reserved_until` copied from the ask, so
+//! only the asker takes it until then.
 
 use std::time::Duration;
 
@@ -14,7 +19,7 @@ use mongodb::options::ReturnDocument;
 use super::documents::as_int;
 use super::{db_err, is_duplicate_key, MongoStore, SLOTS};
 use crate::model::{status, Queue};
-use crate::store::{Slot, StoreError, StoreResult};
+use crate::store::{Slot, SlotRenewal, StoreError, StoreResult};
 
 /// A lease's end as a BSON date.
 pub(super) fn lease_end(now: DateTime, lease: Duration) -> DateTime {
@@ -74,8 +79,13 @@ impl MongoStore {
         let mut taken = self
             .slots
             .find_one_and_update(
-                doc! { "queue": queue.id, "n": { "$lt": threads }, "holder": null },
-                doc! { "$set": { "holder": node, "expires": lease_until } },
+                doc! {
+                    "queue": queue.id,
+                    "n": { "$lt": threads },
+                    "holder": null,
+                    "$or": [{ "reserved": null }, { "reserved": node }, { "reserved_until": { "$lt": now } }],
+                },
+                doc! { "$set": { "holder": node, "expires": lease_until, "reserved": null } },
             )
             .sort(doc! { "n": 1 })
             .return_document(ReturnDocument::After)
@@ -155,17 +165,85 @@ impl MongoStore {
     }
 
     /// [`Store::renew_slot`](crate::store::Store::renew_slot): renews the lease when
-    /// `node` still holds the slot.
-    pub(super) async fn renew_one_slot(&self, slot: &Slot, node: &str, lease: Duration) -> StoreResult<bool> {
-        let result = self
+    /// `node` still holds the slot and nobody asked for it; gives it up to an asker.
+    pub(super) async fn renew_one_slot(&self, slot: &Slot, node: &str, lease: Duration) -> StoreResult<SlotRenewal> {
+        let err = db_err("renew slot lease");
+        let now = DateTime::now();
+        let mine = doc! { "queue": slot.queue, "n": slot.n, "holder": node };
+        let mut unasked = mine.clone();
+        unasked.insert(
+            "$or",
+            vec![doc! { "want": null }, doc! { "want_until": { "$lt": now } }],
+        );
+        let renew = doc! { "$set": { "expires": lease_end(now, lease) } };
+        if self
+            .slots
+            .update_one(unasked, renew.clone())
+            .await
+            .map_err(&err)?
+            .matched_count
+            == 1
+        {
+            return Ok(SlotRenewal::Held);
+        }
+        let Some(current) = self.slots.find_one(mine.clone()).await.map_err(&err)? else {
+            return Ok(SlotRenewal::Lost);
+        };
+        if let (Ok(to), Ok(until)) = (current.get_str("want"), current.get_datetime("want_until")) {
+            let mut asked = mine.clone();
+            asked.insert("want", to);
+            let give = doc! {
+                "$set": { "holder": null, "reserved": to, "reserved_until": until, "want": null, "want_until": null },
+            };
+            if self.slots.update_one(asked, give).await.map_err(&err)?.matched_count == 1 {
+                return Ok(SlotRenewal::Yielded { to: to.to_string() });
+            }
+        }
+        // The ask ended or changed meanwhile: keep the slot if it is still ours.
+        let held = self.slots.update_one(mine, renew).await.map_err(&err)?.matched_count == 1;
+        Ok(if held { SlotRenewal::Held } else { SlotRenewal::Lost })
+    }
+
+    /// [`Store::want_slot`](crate::store::Store::want_slot).
+    pub(super) async fn ask_for_slot(&self, queue: &Queue, node: &str, ask: Duration) -> StoreResult<Option<String>> {
+        let threads = queue.threads.unwrap_or(0);
+        if threads <= 0 {
+            return Ok(None);
+        }
+        let err = db_err("ask for a slot");
+        let now = DateTime::now();
+        let held: Vec<Document> = self
+            .slots
+            .find(doc! {
+                "queue": queue.id,
+                "n": { "$lt": threads },
+                "holder": { "$ne": null },
+                "expires": { "$gt": now },
+            })
+            .projection(doc! { "holder": 1 })
+            .await
+            .map_err(&err)?
+            .try_collect()
+            .await
+            .map_err(&err)?;
+        let holders = held.iter().filter_map(|d| d.get_str("holder").ok());
+        let Some(most) = crate::store::fair_share_donor(holders, node) else {
+            return Ok(None);
+        };
+        let asked = self
             .slots
             .update_one(
-                doc! { "queue": slot.queue, "n": slot.n, "holder": node },
-                doc! { "$set": { "expires": lease_end(DateTime::now(), lease) } },
+                doc! {
+                    "queue": queue.id,
+                    "n": { "$lt": threads },
+                    "holder": &most,
+                    "$or": [{ "want": null }, { "want_until": { "$lt": now } }, { "want": node }],
+                },
+                doc! { "$set": { "want": node, "want_until": lease_end(now, ask) } },
             )
             .await
-            .map_err(db_err("renew slot lease"))?;
-        Ok(result.matched_count == 1)
+            .map_err(&err)?;
+        Ok((asked.matched_count == 1).then_some(most))
     }
 
     /// [`Store::release_slot`](crate::store::Store::release_slot), fenced on the holder.

@@ -7,7 +7,7 @@ use bson::oid::ObjectId;
 use bson::DateTime;
 use rusqlite::{params, Connection};
 
-use super::rows::{bson_bytes, db_err, read_bson};
+use super::rows::{add_columns, bson_bytes, db_err, read_bson};
 use super::SqliteStore;
 use crate::model::{status, StopAction, StopRequest, TaskProgress};
 use crate::store::{StoreResult, TaskTarget};
@@ -29,24 +29,7 @@ const ADDED_COLUMNS: &[(&str, &str)] = &[
 /// Adds the columns a database file created by an earlier release lacks, and their index.
 pub(super) fn migrate(conn: &Connection) -> StoreResult<()> {
     let err = db_err("upgrade schema");
-    let mut stmt = conn
-        .prepare("SELECT name FROM pragma_table_info('tasks')")
-        .map_err(&err)?;
-    let present: Vec<String> = stmt
-        .query_map([], |r| r.get(0))
-        .map_err(&err)?
-        .collect::<Result<_, _>>()
-        .map_err(&err)?;
-    for (name, ty) in ADDED_COLUMNS {
-        if !present.iter().any(|p| p == name) {
-            match conn.execute(&format!("ALTER TABLE tasks ADD COLUMN {name} {ty}"), []) {
-                Ok(_) => {}
-                // Another process opening the same file added it first.
-                Err(e) if e.to_string().contains("duplicate column name") => {}
-                Err(e) => return Err(err(e)),
-            }
-        }
-    }
+    add_columns(conn, "tasks", ADDED_COLUMNS)?;
     conn.execute_batch(
         "CREATE INDEX IF NOT EXISTS tasks_scheduled ON tasks (status, run_at);
          CREATE UNIQUE INDEX IF NOT EXISTS tasks_key ON tasks (queue, key) WHERE key IS NOT NULL;

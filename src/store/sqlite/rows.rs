@@ -46,6 +46,31 @@ pub(super) fn is_transient(e: &rusqlite::Error) -> bool {
 }
 
 /// A lease's end in milliseconds since the epoch.
+/// Adds to `table` those of `columns` (name, type) it lacks: a database file created by an
+/// earlier release gets them on open.
+pub(super) fn add_columns(conn: &rusqlite::Connection, table: &str, columns: &[(&str, &str)]) -> StoreResult<()> {
+    let err = db_err("upgrade schema");
+    let mut stmt = conn
+        .prepare(&format!("SELECT name FROM pragma_table_info('{table}')"))
+        .map_err(&err)?;
+    let present: Vec<String> = stmt
+        .query_map([], |r| r.get(0))
+        .map_err(&err)?
+        .collect::<Result<_, _>>()
+        .map_err(&err)?;
+    for (name, ty) in columns {
+        if !present.iter().any(|p| p == name) {
+            match conn.execute(&format!("ALTER TABLE {table} ADD COLUMN {name} {ty}"), []) {
+                Ok(_) => {}
+                // Another process opening the same file added it first.
+                Err(e) if e.to_string().contains("duplicate column name") => {}
+                Err(e) => return Err(err(e)),
+            }
+        }
+    }
+    Ok(())
+}
+
 pub(super) fn lease_end(now: DateTime, lease: Duration) -> i64 {
     let millis = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
     now.timestamp_millis().saturating_add(millis)

@@ -1,0 +1,180 @@
+//! Queue slot leases in the embedded store: `slots(queue, n, holder, expires)` with the
+//! asks of [`Store::want_slot`](crate::store::Store::want_slot) (`want`, `want_until`) and the
+//! reservations they leave (`reserved`, `reserved_until`), by the same rules as MongoDB's
+//! `slots` collection, each operation one transaction.
+
+use std::time::Duration;
+
+use bson::DateTime;
+use rusqlite::{params, Connection, OptionalExtension};
+
+use super::rows::{add_columns, db_err, lease_end};
+use super::SqliteStore;
+use crate::model::{status, Queue};
+use crate::store::{fair_share_donor, Slot, SlotRenewal, StoreResult};
+
+/// Columns added to `slots` after its first release.
+const ADDED_COLUMNS: &[(&str, &str)] = &[
+    ("want", "TEXT"),
+    ("want_until", "INTEGER"),
+    ("reserved", "TEXT"),
+    ("reserved_until", "INTEGER"),
+];
+
+/// Adds the columns a database file created by an earlier release lacks.
+pub(super) fn migrate(conn: &Connection) -> StoreResult<()> {
+    add_columns(conn, "slots", ADDED_COLUMNS)
+}
+
+impl SqliteStore {
+    /// [`Store::acquire_slot`](crate::store::Store::acquire_slot): refuses while a slot at
+    /// or above `threads` is held and unexpired, else takes the lowest free slot below it.
+    pub(super) async fn take_slot(&self, queue: &Queue, node: &str, lease: Duration) -> StoreResult<Option<Slot>> {
+        let threads = queue.threads.unwrap_or(0);
+        if threads <= 0 {
+            return Ok(None);
+        }
+        let queue_id = queue.id;
+        let node = node.to_string();
+        self.write("acquire slot", move |tx| {
+            let err = db_err("acquire slot");
+            let q = queue_id.to_hex();
+            let now = DateTime::now();
+            let millis = now.timestamp_millis();
+            let mut insert = tx
+                .prepare_cached("INSERT OR IGNORE INTO slots (queue, n, holder, expires) VALUES (?1, ?2, NULL, 0)")
+                .map_err(&err)?;
+            for n in 0..threads {
+                insert.execute(params![q, n]).map_err(&err)?;
+            }
+            let over: bool = tx
+                .query_row(
+                    "SELECT EXISTS (SELECT 1 FROM slots
+                     WHERE queue = ?1 AND n >= ?2 AND holder IS NOT NULL AND expires > ?3)",
+                    params![q, threads, millis],
+                    |r| r.get(0),
+                )
+                .map_err(&err)?;
+            if over {
+                return Ok(None);
+            }
+            let n: Option<i64> = tx
+                .query_row(
+                    "UPDATE slots SET holder = ?1, expires = ?2, reserved = NULL
+                     WHERE queue = ?3 AND n = (SELECT n FROM slots
+                         WHERE queue = ?3 AND n < ?4
+                           AND ((holder IS NULL
+                                 AND (reserved IS NULL OR reserved = ?1 OR reserved_until < ?5))
+                                OR (holder IS NOT NULL AND expires < ?5 AND NOT EXISTS (SELECT 1 FROM tasks
+                                    WHERE tasks.queue = ?3 AND tasks.node = slots.holder
+                                      AND tasks.status IN (?6, ?7))))
+                         ORDER BY holder IS NOT NULL, n LIMIT 1)
+                     RETURNING n",
+                    params![
+                        node,
+                        lease_end(now, lease),
+                        q,
+                        threads,
+                        millis,
+                        status::CLAIMED,
+                        status::RUNNING
+                    ],
+                    |r| r.get(0),
+                )
+                .optional()
+                .map_err(&err)?;
+            Ok(n.map(|n| Slot { queue: queue_id, n }))
+        })
+        .await
+    }
+
+    /// [`Store::release_slot`](crate::store::Store::release_slot), fenced on the holder.
+    pub(super) async fn give_back_slot(&self, slot: &Slot, node: &str) -> StoreResult<()> {
+        let (q, n, node) = (slot.queue.to_hex(), slot.n, node.to_string());
+        self.with(move |conn| {
+            conn.execute(
+                "UPDATE slots SET holder = NULL WHERE queue = ?1 AND n = ?2 AND holder = ?3",
+                params![q, n, node],
+            )
+            .map_err(db_err("release slot"))?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// [`Store::renew_slot`](crate::store::Store::renew_slot): renews the lease when `node`
+    /// still holds the slot and nobody asked for it; gives it up to an asker.
+    pub(super) async fn renew_one_slot(&self, slot: &Slot, node: &str, lease: Duration) -> StoreResult<SlotRenewal> {
+        let (q, n, node) = (slot.queue.to_hex(), slot.n, node.to_string());
+        self.write("renew slot lease", move |tx| {
+            let err = db_err("renew slot lease");
+            let now = DateTime::now();
+            let renewed = tx
+                .execute(
+                    "UPDATE slots SET expires = ?1 WHERE queue = ?2 AND n = ?3 AND holder = ?4
+                       AND (want IS NULL OR want_until < ?5)",
+                    params![lease_end(now, lease), q, n, node, now.timestamp_millis()],
+                )
+                .map_err(&err)?;
+            if renewed == 1 {
+                return Ok(SlotRenewal::Held);
+            }
+            let to: Option<String> = tx
+                .query_row(
+                    "UPDATE slots SET holder = NULL, reserved = want, reserved_until = want_until,
+                         want = NULL, want_until = NULL
+                     WHERE queue = ?1 AND n = ?2 AND holder = ?3
+                     RETURNING reserved",
+                    params![q, n, node],
+                    |r| r.get(0),
+                )
+                .optional()
+                .map_err(&err)?;
+            Ok(match to {
+                Some(to) => SlotRenewal::Yielded { to },
+                None => SlotRenewal::Lost,
+            })
+        })
+        .await
+    }
+
+    /// [`Store::want_slot`](crate::store::Store::want_slot).
+    pub(super) async fn ask_for_slot(&self, queue: &Queue, node: &str, ask: Duration) -> StoreResult<Option<String>> {
+        let threads = queue.threads.unwrap_or(0);
+        if threads <= 0 {
+            return Ok(None);
+        }
+        let (q, node) = (queue.id.to_hex(), node.to_string());
+        self.write("ask for a slot", move |tx| {
+            let err = db_err("ask for a slot");
+            let now = DateTime::now();
+            let millis = now.timestamp_millis();
+            let mut stmt = tx
+                .prepare_cached(
+                    "SELECT holder FROM slots
+                     WHERE queue = ?1 AND n < ?2 AND holder IS NOT NULL AND expires > ?3",
+                )
+                .map_err(&err)?;
+            let holders: Vec<String> = stmt
+                .query_map(params![q, threads, millis], |r| r.get(0))
+                .map_err(&err)?
+                .collect::<Result<_, _>>()
+                .map_err(&err)?;
+            let Some(most) = fair_share_donor(holders.iter().map(String::as_str), &node) else {
+                return Ok(None);
+            };
+            let asked = tx
+                .execute(
+                    "UPDATE slots SET want = ?1, want_until = ?2
+                     WHERE queue = ?3 AND n = (SELECT n FROM slots
+                         WHERE queue = ?3 AND n < ?4 AND holder = ?5
+                           AND (want IS NULL OR want = ?1 OR want_until < ?6)
+                         ORDER BY n LIMIT 1)",
+                    params![node, lease_end(now, ask), q, threads, most, millis],
+                )
+                .map_err(&err)?;
+            Ok((asked == 1).then_some(most))
+        })
+        .await
+    }
+}
