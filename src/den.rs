@@ -286,6 +286,8 @@ impl Den {
         }
         let all = self.store.queues().await?;
         let ready = self.queues.refresh(&*self.store, &self.runner, all, full).await;
+        // Asks for slots held elsewhere, at most one per task this node has room for.
+        let mut asked = 0;
         for q in ready {
             if self.stopping.is_cancelled() {
                 break;
@@ -295,8 +297,8 @@ impl Den {
                     break;
                 }
                 let Some(slot) = self.store.acquire_slot(&q.queue, &s.node, s.heartbeat_stale).await? else {
-                    if full {
-                        self.ask_for_slot(&q.queue).await;
+                    if full && asked < self.room() && self.ask_for_slot(&q.queue).await {
+                        asked += 1;
                     }
                     break;
                 };
@@ -323,12 +325,19 @@ impl Den {
 
     /// With room here and tasks queued but every slot of `queue` held, asks the node holding
     /// the most for one ([`Store::want_slot`]); it is reserved for this node for three ticks.
-    async fn ask_for_slot(&self, queue: &Queue) {
+    /// Whether it asked.
+    async fn ask_for_slot(&self, queue: &Queue) -> bool {
         let ask = self.settings.tick.saturating_mul(3);
         match self.store.want_slot(queue, &self.settings.node, ask).await {
-            Ok(Some(from)) => debug!(queue = %queue.name, from = %from, "asked for a share of the queue's slots"),
-            Ok(None) => {}
-            Err(e) => debug!(queue = %queue.name, error = %e, "cannot ask for a slot"),
+            Ok(Some(from)) => {
+                debug!(queue = %queue.name, from = %from, "asked for a share of the queue's slots");
+                true
+            }
+            Ok(None) => false,
+            Err(e) => {
+                debug!(queue = %queue.name, error = %e, "cannot ask for a slot");
+                false
+            }
         }
     }
 
@@ -434,7 +443,21 @@ impl Den {
         if self.in_outage.load(Ordering::SeqCst) {
             *self.outage_ended.lock().unwrap_or_else(|e| e.into_inner()) = Some(tokio::time::Instant::now());
         }
-        if !self.lead().await? {
+        let leads = match self.lead().await {
+            Ok(leads) => leads,
+            Err(e) => {
+                // A lease that cannot be read or written (an outage, a document someone
+                // broke) stops this node's cluster duties, never its claiming.
+                let was = self.leading.lock().unwrap_or_else(|e| e.into_inner()).take();
+                if was.is_some() {
+                    warn!(error = %e, "cannot renew the leader lease; not leading until it can");
+                } else {
+                    debug!(error = %e, "cannot take the leader lease");
+                }
+                false
+            }
+        };
+        if !leads {
             return Ok(());
         }
         let since_outage = *self.outage_ended.lock().unwrap_or_else(|e| e.into_inner());
@@ -454,6 +477,11 @@ impl Den {
             warn!(count = recovered.requeued.len(), tasks = ?recovered.requeued, "requeued tasks of a dead node (-2)");
         }
         Ok(())
+    }
+
+    /// Whether this node held the leader lease at its last tick.
+    fn leads(&self) -> bool {
+        self.leading.lock().unwrap_or_else(|e| e.into_inner()).is_some()
     }
 
     /// Takes or renews the leader lease; whether this node leads now. Cluster-wide duties
@@ -509,9 +537,17 @@ impl Den {
 
     /// Whether this node may start one more task.
     fn has_room(&self) -> bool {
+        self.room() > 0
+    }
+
+    /// How many more tasks this node may run now (`max_instances`, `maxthreads`).
+    fn room(&self) -> i64 {
         let running = self.running() as i64;
         let max = *self.maxthreads.lock().unwrap_or_else(|e| e.into_inner());
-        running < i64::from(self.settings.max_instances) && max.is_none_or(|m| running < m)
+        let limit = max.map_or(i64::from(self.settings.max_instances), |m| {
+            m.min(i64::from(self.settings.max_instances))
+        });
+        limit - running
     }
 }
 

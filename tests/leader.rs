@@ -10,9 +10,10 @@ use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
 use disbatch::api::{router, ApiState};
+use disbatch::model::{status, Sort};
 use disbatch::store::mongo::MongoStore;
 use disbatch::store::sqlite::SqliteStore;
-use disbatch::store::{Leader, Store};
+use disbatch::store::{Leader, NewQueue, NewTask, Store};
 use serde_json::Value;
 
 use common::http::get;
@@ -84,6 +85,32 @@ async fn a_killed_leader_is_replaced(store: Arc<dyn Store>, start: impl Fn(&str)
     );
     // Within heartbeat_stale + a tick, with room for a loaded machine.
     assert!(took < Duration::from_secs(STALE + 1 + 3), "replaced after {took:?}");
+
+    // The new leader queues scheduled tasks when they are due (a duty of the leader).
+    let q = store
+        .create_queue(NewQueue {
+            name: "after-takeover".into(),
+            plugin: "demo".into(),
+            threads: Some(1),
+            sort: Sort::Fifo,
+            extra: bson::Document::new(),
+        })
+        .await
+        .unwrap();
+    let due = bson::DateTime::from_millis(bson::DateTime::now().timestamp_millis() + 300);
+    let task = NewTask {
+        run_at: Some(due),
+        ..NewTask::queued(bson::oid::ObjectId::new(), bson::doc! {"message": "due"})
+    };
+    let id = task.id;
+    store.insert_tasks(q.id, vec![task]).await.unwrap();
+    assert_eq!(store.task(id).await.unwrap().unwrap().status, status::SCHEDULED);
+    wait_for(Duration::from_secs(30), "the scheduled task to run", || async {
+        store.task(id).await.unwrap().unwrap().status == status::SUCCEEDED
+    })
+    .await;
+    let ran = store.task(id).await.unwrap().unwrap();
+    assert_eq!(ran.node.as_deref(), Some(survivor.0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -3,8 +3,10 @@
 //!
 //! Both run every [`LIFECYCLE_TICK`], so a due task is queued, and a killed plugin
 //! interrupted, within about that much (plus the claim, or the next epoch tick). Queueing
-//! due tasks is one indexed update, whatever the number of tasks still scheduled; looking
-//! for kill requests is one indexed query, made only while this DEN runs tasks.
+//! due tasks is a duty of the cluster's leader: one indexed update, whatever the number of
+//! tasks still scheduled (while no node leads, after a leader died, due tasks wait for the
+//! next one). Looking for kill requests is one indexed query, made only while this DEN
+//! runs tasks.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,13 +33,15 @@ impl Den {
                 _ = stop.cancelled() => return,
                 _ = interval.tick() => {}
             }
-            match self.store.promote_due(DateTime::now()).await {
-                Ok(0) => {}
-                Ok(n) => {
-                    debug!(count = n, "queued scheduled tasks that are due");
-                    self.wake.notify_one();
+            if self.leads() {
+                match self.store.promote_due(DateTime::now()).await {
+                    Ok(0) => {}
+                    Ok(n) => {
+                        debug!(count = n, "queued scheduled tasks that are due");
+                        self.wake.notify_one();
+                    }
+                    Err(e) => debug!(error = %e, "cannot queue due scheduled tasks"),
                 }
-                Err(e) => debug!(error = %e, "cannot queue due scheduled tasks"),
             }
             self.carry_out_kills().await;
         }

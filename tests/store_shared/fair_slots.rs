@@ -8,6 +8,7 @@ on_both_stores!(
     a_fair_share_is_not_asked_for,
     an_unanswered_ask_and_an_untaken_reservation_end,
     a_den_that_joins_a_busy_queue_gets_its_share,
+    an_ask_moves_along_the_donors_slots_and_waits_while_over_the_limit,
 );
 
 /// Renews each of `slots` for `node`; answers what each renewal found.
@@ -86,6 +87,47 @@ async fn a_fair_share_is_not_asked_for(s: Stores) {
     let single = queue(&*s.a, "single", 1, Sort::Fifo).await;
     s.a.acquire_slot(&single, "one", LEASE).await.unwrap().expect("slot");
     assert_eq!(s.b.want_slot(&single, "two", LEASE).await.unwrap(), None);
+}
+
+async fn an_ask_moves_along_the_donors_slots_and_waits_while_over_the_limit(s: Stores) {
+    let q = queue(&*s.a, "moving", 3, Sort::Fifo).await;
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(s.a.acquire_slot(&q, "busy", LEASE).await.unwrap().expect("a free slot"));
+    }
+    // Asked twice: the ask moved (a slot busy with a long task does not hold the asker up),
+    // and only one is live, so one slot is given up.
+    for _ in 0..2 {
+        assert_eq!(s.b.want_slot(&q, "late", LEASE).await.unwrap().as_deref(), Some("busy"));
+    }
+    let found = renew_all(&*s.a, &held, "busy").await;
+    let yielded: Vec<usize> = (0..3).filter(|i| found[*i] != SlotRenewal::Held).collect();
+    assert_eq!(yielded.len(), 1, "one live ask: {found:?}");
+    assert_ne!(
+        held[yielded[0]].n, 0,
+        "the second ask moved off the first slot: {found:?}"
+    );
+    // The asker takes it; an ask it left behind does not follow the slot to its new holder.
+    let taken =
+        s.b.acquire_slot(&q, "late", LEASE)
+            .await
+            .unwrap()
+            .expect("the reserved slot");
+    assert_eq!(s.b.renew_slot(&taken, "late", LEASE).await.unwrap(), SlotRenewal::Held);
+    // The queue's limit is lowered below what is held: no ask, since a slot given up now
+    // could not be taken by anyone.
+    let lowered =
+        s.a.update_queue(
+            q.id,
+            QueueUpdate {
+                threads: Some(Some(1)),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap()
+        .expect("the queue");
+    assert_eq!(s.b.want_slot(&lowered, "third", LEASE).await.unwrap(), None);
 }
 
 async fn an_unanswered_ask_and_an_untaken_reservation_end(s: Stores) {

@@ -85,7 +85,7 @@ impl MongoStore {
                     "holder": null,
                     "$or": [{ "reserved": null }, { "reserved": node }, { "reserved_until": { "$lt": now } }],
                 },
-                doc! { "$set": { "holder": node, "expires": lease_until, "reserved": null } },
+                doc! { "$set": { "holder": node, "expires": lease_until, "reserved": null, "want": null, "want_until": null } },
             )
             .sort(doc! { "n": 1 })
             .return_document(ReturnDocument::After)
@@ -152,7 +152,7 @@ impl MongoStore {
                 .slots
                 .find_one_and_update(
                     doc! { "_id": id, "holder": holder, "expires": { "$lt": now } },
-                    doc! { "$set": { "holder": node, "expires": lease_until } },
+                    doc! { "$set": { "holder": node, "expires": lease_until, "want": null, "want_until": null } },
                 )
                 .return_document(ReturnDocument::After)
                 .await
@@ -204,7 +204,10 @@ impl MongoStore {
         Ok(if held { SlotRenewal::Held } else { SlotRenewal::Lost })
     }
 
-    /// [`Store::want_slot`](crate::store::Store::want_slot).
+    /// [`Store::want_slot`](crate::store::Store::want_slot). Not while the queue is over
+    /// its limit (a slot given up then could not be taken). One live ask per node and
+    /// queue, moved to the donor's next slot at each ask, so a slot busy with a long task
+    /// does not hold the asker up.
     pub(super) async fn ask_for_slot(&self, queue: &Queue, node: &str, ask: Duration) -> StoreResult<Option<String>> {
         let threads = queue.threads.unwrap_or(0);
         if threads <= 0 {
@@ -212,30 +215,53 @@ impl MongoStore {
         }
         let err = db_err("ask for a slot");
         let now = DateTime::now();
-        let held: Vec<Document> = self
+        let live: Vec<Document> = self
             .slots
-            .find(doc! {
-                "queue": queue.id,
-                "n": { "$lt": threads },
-                "holder": { "$ne": null },
-                "expires": { "$gt": now },
-            })
-            .projection(doc! { "holder": 1 })
+            .find(doc! { "queue": queue.id, "holder": { "$ne": null }, "expires": { "$gt": now } })
+            .projection(doc! { "holder": 1, "n": 1, "want": 1, "want_until": 1 })
             .await
             .map_err(&err)?
             .try_collect()
             .await
             .map_err(&err)?;
-        let holders = held.iter().filter_map(|d| d.get_str("holder").ok());
+        let n_of = |d: &Document| d.get("n").and_then(as_int).unwrap_or(i64::MAX);
+        if live.iter().any(|d| n_of(d) >= threads) {
+            return Ok(None);
+        }
+        let holders = live.iter().filter_map(|d| d.get_str("holder").ok());
         let Some(most) = crate::store::fair_share_donor(holders, node) else {
             return Ok(None);
         };
+        // The donor's slot after the one asked last (in slot order, round).
+        let askable = |d: &Document| match d.get_str("want") {
+            Ok(w) => w == node || d.get_datetime("want_until").map_or(true, |u| *u < now),
+            Err(_) => true,
+        };
+        let mut theirs: Vec<(i64, bool)> = live
+            .iter()
+            .filter(|d| d.get_str("holder") == Ok(most.as_str()) && askable(d))
+            .map(|d| (n_of(d), d.get_str("want") == Ok(node)))
+            .collect();
+        if theirs.is_empty() {
+            // Every slot of the donor is asked for by others already.
+            return Ok(None);
+        }
+        theirs.sort_unstable();
+        let last = theirs.iter().position(|(_, mine)| *mine);
+        let (n, _) = theirs[last.map_or(0, |i| (i + 1) % theirs.len())];
+        self.slots
+            .update_many(
+                doc! { "queue": queue.id, "want": node, "n": { "$ne": n } },
+                doc! { "$set": { "want": null, "want_until": null } },
+            )
+            .await
+            .map_err(&err)?;
         let asked = self
             .slots
             .update_one(
                 doc! {
                     "queue": queue.id,
-                    "n": { "$lt": threads },
+                    "n": n,
                     "holder": &most,
                     "$or": [{ "want": null }, { "want_until": { "$lt": now } }, { "want": node }],
                 },
@@ -251,7 +277,7 @@ impl MongoStore {
         self.slots
             .update_one(
                 doc! { "queue": slot.queue, "n": slot.n, "holder": node },
-                doc! { "$set": { "holder": null } },
+                doc! { "$set": { "holder": null, "want": null, "want_until": null } },
             )
             .await
             .map_err(db_err("release slot"))?;
@@ -278,7 +304,10 @@ impl MongoStore {
             filter.insert("expires", doc! { "$lt": t });
         }
         self.slots
-            .update_many(filter, doc! { "$set": { "holder": null } })
+            .update_many(
+                filter,
+                doc! { "$set": { "holder": null, "want": null, "want_until": null } },
+            )
             .await
             .map_err(db_err("free slots of stale nodes"))?;
         Ok(())

@@ -119,7 +119,7 @@ pub(super) fn recover_orphans(tx: &Transaction<'_>, claimed_before: i64, stale_b
     )?;
     let recovery = recover_tasks(tx, found)?;
     tx.execute(
-        "UPDATE slots SET holder = NULL
+        "UPDATE slots SET holder = NULL, want = NULL, want_until = NULL
          WHERE holder IS NOT NULL AND holder NOT IN (SELECT node FROM nodes WHERE timestamp >= ?1)
            AND holder IN (SELECT node FROM nodes)",
         [stale_before],
@@ -137,7 +137,10 @@ pub(super) fn recover_node(tx: &Transaction<'_>, node: &str) -> StoreResult<Reco
         params![node, status::CLAIMED, status::RUNNING],
     )?;
     let recovery = recover_tasks(tx, found)?;
-    tx.execute("UPDATE slots SET holder = NULL WHERE holder = ?1", [node])
-        .map_err(db_err("free the slots of a restarted node"))?;
+    tx.execute(
+        "UPDATE slots SET holder = NULL, want = NULL, want_until = NULL WHERE holder = ?1",
+        [node],
+    )
+    .map_err(db_err("free the slots of a restarted node"))?;
     Ok(recovery)
 }

@@ -60,7 +60,7 @@ impl SqliteStore {
             }
             let n: Option<i64> = tx
                 .query_row(
-                    "UPDATE slots SET holder = ?1, expires = ?2, reserved = NULL
+                    "UPDATE slots SET holder = ?1, expires = ?2, reserved = NULL, want = NULL, want_until = NULL
                      WHERE queue = ?3 AND n = (SELECT n FROM slots
                          WHERE queue = ?3 AND n < ?4
                            AND ((holder IS NULL
@@ -93,7 +93,8 @@ impl SqliteStore {
         let (q, n, node) = (slot.queue.to_hex(), slot.n, node.to_string());
         self.with(move |conn| {
             conn.execute(
-                "UPDATE slots SET holder = NULL WHERE queue = ?1 AND n = ?2 AND holder = ?3",
+                "UPDATE slots SET holder = NULL, want = NULL, want_until = NULL
+                 WHERE queue = ?1 AND n = ?2 AND holder = ?3",
                 params![q, n, node],
             )
             .map_err(db_err("release slot"))?;
@@ -138,7 +139,9 @@ impl SqliteStore {
         .await
     }
 
-    /// [`Store::want_slot`](crate::store::Store::want_slot).
+    /// [`Store::want_slot`](crate::store::Store::want_slot), by the rules of MongoDB's
+    /// (not while over the limit; one live ask per node and queue, moved to the donor's
+    /// next slot at each ask).
     pub(super) async fn ask_for_slot(&self, queue: &Queue, node: &str, ask: Duration) -> StoreResult<Option<String>> {
         let threads = queue.threads.unwrap_or(0);
         if threads <= 0 {
@@ -151,26 +154,42 @@ impl SqliteStore {
             let millis = now.timestamp_millis();
             let mut stmt = tx
                 .prepare_cached(
-                    "SELECT holder FROM slots
-                     WHERE queue = ?1 AND n < ?2 AND holder IS NOT NULL AND expires > ?3",
+                    "SELECT n, holder, want IS NOT NULL AND want <> ?3 AND want_until >= ?2, want IS ?3
+                     FROM slots WHERE queue = ?1 AND holder IS NOT NULL AND expires > ?2 ORDER BY n",
                 )
                 .map_err(&err)?;
-            let holders: Vec<String> = stmt
-                .query_map(params![q, threads, millis], |r| r.get(0))
+            let live: Vec<(i64, String, bool, bool)> = stmt
+                .query_map(params![q, millis, node], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+                })
                 .map_err(&err)?
                 .collect::<Result<_, _>>()
                 .map_err(&err)?;
-            let Some(most) = fair_share_donor(holders.iter().map(String::as_str), &node) else {
+            if live.iter().any(|(n, ..)| *n >= threads) {
+                return Ok(None);
+            }
+            let Some(most) = fair_share_donor(live.iter().map(|(_, h, ..)| h.as_str()), &node) else {
                 return Ok(None);
             };
+            let theirs: Vec<(i64, bool)> = live
+                .iter()
+                .filter(|(_, h, others, _)| *h == most && !others)
+                .map(|(n, _, _, mine)| (*n, *mine))
+                .collect();
+            if theirs.is_empty() {
+                return Ok(None);
+            }
+            let last = theirs.iter().position(|(_, mine)| *mine);
+            let (n, _) = theirs[last.map_or(0, |i| (i + 1) % theirs.len())];
+            tx.execute(
+                "UPDATE slots SET want = NULL, want_until = NULL WHERE queue = ?1 AND want = ?2 AND n <> ?3",
+                params![q, node, n],
+            )
+            .map_err(&err)?;
             let asked = tx
                 .execute(
-                    "UPDATE slots SET want = ?1, want_until = ?2
-                     WHERE queue = ?3 AND n = (SELECT n FROM slots
-                         WHERE queue = ?3 AND n < ?4 AND holder = ?5
-                           AND (want IS NULL OR want = ?1 OR want_until < ?6)
-                         ORDER BY n LIMIT 1)",
-                    params![node, lease_end(now, ask), q, threads, most, millis],
+                    "UPDATE slots SET want = ?1, want_until = ?2 WHERE queue = ?3 AND n = ?4 AND holder = ?5",
+                    params![node, lease_end(now, ask), q, n, most],
                 )
                 .map_err(&err)?;
             Ok((asked == 1).then_some(most))
