@@ -19,6 +19,7 @@
 //! a collection), `ui` (embedded HTML/JS/CSS) and `openapi`.
 
 mod auth;
+mod batches;
 mod body;
 mod create;
 mod error;
@@ -126,6 +127,7 @@ impl std::fmt::Debug for ApiState {
 /// Every route of the API as `(method, path)`, in axum's path syntax; the OpenAPI
 /// document lists exactly these.
 pub const ROUTES: &[(&str, &str)] = &[
+    ("GET", "/batches/{id}"),
     ("GET", "/info"),
     ("GET", "/nodes"),
     ("GET", "/nodes/{node}"),
@@ -163,6 +165,7 @@ pub fn router(state: ApiState) -> Router {
     let cors = cors_layer(&state.cors_origins);
     let shared = Arc::new(state);
     let api = Router::new()
+        .route("/batches/{id}", get(batches::show))
         .route("/info", get(status::info))
         .route("/nodes", get(nodes::list))
         .route("/nodes/{node}", get(nodes::one).post(nodes::set_maxthreads))

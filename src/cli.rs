@@ -5,6 +5,7 @@
 //! Parts: `client` (HTTP + errors), `table` (text tables), `web` (the server verb), `dev`
 //! (a DEN and the DCI in one process, for trying Disbatch on one machine).
 
+mod batches;
 pub mod client;
 pub mod dev;
 mod lifecycle;
@@ -19,6 +20,7 @@ use std::io::Read as _;
 use clap::{Parser, Subcommand};
 use serde_json::{json, Map, Value};
 
+use self::batches::{batch_text, BatchArgs};
 use self::client::{encode, Client};
 use self::lifecycle::{absolute_run_at, lifecycle_lines, stop_tasks, RetryArgs, StopArgs};
 use self::table::{cell, render};
@@ -221,6 +223,8 @@ pub enum Command {
         /// Then wait for it to end, as `wait` does.
         #[arg(long)]
         wait: bool,
+        #[command(flatten)]
+        batch: BatchArgs,
         /// Queue id or name.
         queue: String,
         /// Pairs of param name and value.
@@ -238,6 +242,8 @@ pub enum Command {
         /// Create one task per document of this collection.
         #[arg(long)]
         collection: Option<String>,
+        #[command(flatten)]
+        batch: BatchArgs,
         /// Queue id or name.
         queue: String,
         /// The JSON (array of params, or `{filter, params}` with --collection).
@@ -252,6 +258,11 @@ pub enum Command {
     /// One task with its stdout and stderr.
     Task {
         /// Task id.
+        id: String,
+    },
+    /// A batch: its tasks' counts by status and whether it is complete.
+    Batch {
+        /// Batch id.
         id: String,
     },
     /// Cancel tasks that have not started (queued or scheduled): `cancel <id>…`, or
@@ -337,6 +348,7 @@ pub async fn run(cli: &Cli) -> Result<(), CliError> {
             key,
             resubmit,
             wait,
+            batch,
             queue,
             pairs,
         } => {
@@ -350,6 +362,9 @@ pub async fn run(cli: &Cli) -> Result<(), CliError> {
             }
             if let Some(t) = run_at {
                 body["run_at"] = json!(absolute_run_at(t));
+            }
+            if let Some(m) = body.as_object_mut() {
+                batch.add_to(m);
             }
             let v = client.post("/tasks", &body).await?;
             if *wait {
@@ -371,6 +386,7 @@ pub async fn run(cli: &Cli) -> Result<(), CliError> {
             run_at,
             priority,
             collection,
+            batch,
             queue,
             tasks: text,
         } => {
@@ -390,6 +406,7 @@ pub async fn run(cli: &Cli) -> Result<(), CliError> {
                     if let Some(p) = priority {
                         body.insert("priority".into(), json!(p));
                     }
+                    batch.add_to(&mut body);
                     Output::new(client.post("/tasks", &Value::Object(body)).await?, created)
                 }
                 None => {
@@ -405,6 +422,7 @@ pub async fn run(cli: &Cli) -> Result<(), CliError> {
                     if let Some(p) = priority {
                         extra.insert("priority".into(), json!(p));
                     }
+                    batch.add_to(&mut extra);
                     Output::new(create_in_batches(&client, queue, list, &extra).await?, created)
                 }
             }
@@ -436,6 +454,7 @@ pub async fn run(cli: &Cli) -> Result<(), CliError> {
             }
         }
         Command::Task { id } => Output::new(client.get(&format!("/tasks/{}?output=1", encode(id))).await?, task_text),
+        Command::Batch { id } => Output::new(client.get(&format!("/batches/{}", encode(id))).await?, batch_text),
         Command::Nodes => Output::new(client.get("/nodes").await?, nodes_table),
         Command::SetMaxthreads { node, maxthreads } => {
             let value = match maxthreads.as_str() {
@@ -693,5 +712,9 @@ async fn create_in_batches(
         let q = client.get(&format!("/queues/{}", encode(queue))).await?;
         queue_id = q["id"].clone();
     }
-    Ok(json!({"queue": queue_id, "count": ids.len(), "ids": ids}))
+    let mut answer = json!({"queue": queue_id, "count": ids.len(), "ids": ids});
+    if let Some(b) = extra.get("batch") {
+        answer["batch"] = b.clone();
+    }
+    Ok(answer)
 }

@@ -470,6 +470,8 @@ pub struct Task {
     pub attempts: Vec<Attempt>,
     /// Its key, unique within its queue (`key`), when it was created with one.
     pub key: Option<String>,
+    /// The batch it was submitted in (`batch`), if any.
+    pub batch: Option<String>,
     /// Set when it was submitted again while it ran: it runs once more when this run ends.
     pub rerun: bool,
 }

@@ -136,6 +136,14 @@ pub trait Store: PluginStore + Send + Sync + 'static {
     async fn delete_queue(&self, id: ObjectId) -> StoreResult<bool>;
     /// Task counts by status for each queue.
     async fn queue_counts(&self) -> StoreResult<BTreeMap<ObjectId, StatusCounts>>;
+    /// Records batch `id` at its first submission, with `size` when given (a batch recorded
+    /// without a size takes the first size given later). Answers the batch as recorded,
+    /// whose size may differ from `size`: the caller refuses such a submission.
+    async fn open_batch(&self, id: &str, size: Option<i64>) -> StoreResult<Batch>;
+    /// A batch as recorded, if any.
+    async fn batch(&self, id: &str) -> StoreResult<Option<Batch>>;
+    /// Counts by status of the tasks of batch `id` (an index walk over its tasks).
+    async fn batch_counts(&self, id: &str) -> StoreResult<StatusCounts>;
 
     // ---- claiming and running (the DEN) ------------------------------------------------
 

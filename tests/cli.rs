@@ -44,6 +44,27 @@ async fn queues_tasks_and_nodes_through_the_cli() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(String::from_utf8_lossy(&out.stdout).contains("created 1 tasks"));
 
+    // A batch of three from two commands (in a queue of its own); the report says how far
+    // it is.
+    web.json(&["create-queue", "side", "demo", "--threads", "0"]);
+    let t = web.json(&[
+        "create-tasks",
+        "--batch",
+        "b1",
+        "--batch-size",
+        "3",
+        "side",
+        r#"[{"n":1},{"n":2}]"#,
+    ]);
+    assert_eq!((t["count"].as_i64(), t["batch"].as_str()), (Some(2), Some("b1")));
+    let t = web.json(&["create-task", "--batch", "b1", "side", "n", "3"]);
+    assert_eq!(t["batch"], "b1");
+    assert_eq!(
+        web.ok(&["batch", "b1"]),
+        "batch b1: 3 of 3 tasks, 0 ended, not complete\n  queued 3\n"
+    );
+    assert_eq!(web.json(&["batch", "b1"])["total"], 3);
+
     db.db
         .collection::<Document>("people")
         .insert_many([doc! {"name": "ann"}, doc! {"name": "bob"}])

@@ -43,15 +43,18 @@ pub(super) async fn create(State(state): State<Shared>, JsonBody(body): JsonBody
             "resubmit",
             "collection",
             "filter",
+            "batch",
+            "batch_size",
         ]
         .contains(&k.as_str())
         {
             return Err(ApiError::bad(format!(
-                "unknown field {k:?}: expected queue and params (or tasks), optionally run_at, priority and \
-                 resubmit, and for tasks from documents collection and filter"
+                "unknown field {k:?}: expected queue and params (or tasks), optionally run_at, priority, \
+                 resubmit, batch and batch_size, and for tasks from documents collection and filter"
             )));
         }
     }
+    let batch = super::batches::parse(&body)?;
     let resubmit = match body.get("resubmit") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
@@ -119,6 +122,10 @@ pub(super) async fn create(State(state): State<Shared>, JsonBody(body): JsonBody
     }
     let queue = queues::find(&state, &key).await?;
     let total = params.len();
+    if let Some((id, size)) = &batch {
+        super::batches::admit(&state, id, *size, total).await?;
+    }
+    let batch = batch.map(|(id, _)| id);
     let mut rest: Vec<NewTask> = params
         .into_iter()
         .enumerate()
@@ -130,13 +137,14 @@ pub(super) async fn create(State(state): State<Shared>, JsonBody(body): JsonBody
                 run_at: own_time.or(run_at),
                 priority: own_priority.unwrap_or(priority),
                 key,
+                batch: batch.clone(),
             }
         })
         .collect();
     if rest.iter().any(|t| t.key.is_some()) {
         return super::keys::create_keyed(&state, queue.id, rest, resubmit)
             .await
-            .map(Json);
+            .map(|v| Json(with_batch(v, &batch)));
     }
     let mut created = Vec::with_capacity(total);
     while !rest.is_empty() {
@@ -154,7 +162,15 @@ pub(super) async fn create(State(state): State<Shared>, JsonBody(body): JsonBody
         }
         created.extend(ids);
     }
-    Ok(Json(super::json::created(queue.id, &created)))
+    Ok(Json(with_batch(super::json::created(queue.id, &created), &batch)))
+}
+
+/// A `POST /tasks` answer with the batch its tasks went to, if any.
+fn with_batch(mut answer: Value, batch: &Option<String>) -> Value {
+    if let (Some(b), Some(m)) = (batch, answer.as_object_mut()) {
+        m.insert("batch".into(), Value::String(b.clone()));
+    }
+    answer
 }
 
 /// Largest BSON size of one task's params: the database's 16 MiB document limit less room

@@ -84,6 +84,9 @@ pub(super) fn task(t: &Task, view: &TaskView) -> Value {
     if let Some(k) = &t.key {
         m.insert("key".into(), json!(k));
     }
+    if let Some(b) = &t.batch {
+        m.insert("batch".into(), json!(b));
+    }
     if t.rerun {
         m.insert("rerun".into(), json!(true));
     }

@@ -115,9 +115,16 @@ async fn filter(state: &Shared, pairs: &Map<String, Value>) -> Result<TaskFilter
             "id" | "_id" => {
                 f.id = Some(object_id(v).ok_or_else(|| ApiError::bad(format!("filter {k:?} must be a task id")))?)
             }
+            "batch" => {
+                f.batch = Some(
+                    v.as_str()
+                        .ok_or_else(|| ApiError::bad(format!("filter \"batch\" must be a batch id, got {}", kind(v))))?
+                        .to_owned(),
+                )
+            }
             other => {
                 return Err(ApiError::bad(format!(
-                    "cannot filter on {other:?}: only the indexed fields queue, status, node and id"
+                    "cannot filter on {other:?}: only the indexed fields queue, status, node, id and batch"
                 )))
             }
         }
@@ -141,7 +148,7 @@ fn reply(value: Value, pretty: bool) -> Response {
     ([(header::CONTENT_TYPE, "application/json")], text).into_response()
 }
 
-/// `GET /tasks?queue=&status=&node=&id=&filter={json}&limit=&skip=&count=&fields=&epoch=&terse=&full=&pretty=`:
+/// `GET /tasks?queue=&status=&node=&id=&batch=&filter={json}&limit=&skip=&count=&fields=&epoch=&terse=&full=&pretty=`:
 /// tasks newest first, or `{"count": n}`. A query without a filter needs a limit. `terse`
 /// replaces inline stdout/stderr with `"[terse mode]"`; `full` reads file-backed ones back
 /// as text (limit at most [`MAX_FULL_LIMIT`]); `pretty` indents the JSON.

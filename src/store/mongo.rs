@@ -19,6 +19,7 @@
 //! (orphan recovery), `lifecycle` (scheduled tasks, cancel and kill), `errors` (driver errors as transient or permanent store errors),
 //! `counts` (task counts per queue and status).
 
+mod batches;
 mod connect;
 mod counts;
 mod documents;
@@ -51,7 +52,7 @@ use self::documents::{node_from, opt_int_bson, output_bson, task_filter_doc, tas
 use self::errors::{db_err, is_duplicate_key};
 use super::gridfs;
 use super::{
-    FinishExtra, HandRetry, NewQueue, NewTask, OutputStream, OutputValue, Page, QueueUpdate, Recovery, Slot,
+    Batch, FinishExtra, HandRetry, NewQueue, NewTask, OutputStream, OutputValue, Page, QueueUpdate, Recovery, Slot,
     SlotRenewal, StatusCounts, Store, StoreError, StoreResult, TaskFilter, TaskTarget,
 };
 use crate::model::{
@@ -177,6 +178,14 @@ impl Store for MongoStore {
                     .options(
                         IndexOptions::builder()
                             .partial_filter_expression(doc! { "key": { "$type": "string" } })
+                            .build(),
+                    )
+                    .build(),
+                IndexModel::builder()
+                    .keys(doc! { "batch": 1, "status": 1 })
+                    .options(
+                        IndexOptions::builder()
+                            .partial_filter_expression(doc! { "batch": { "$type": "string" } })
                             .build(),
                     )
                     .build(),
@@ -379,6 +388,18 @@ impl Store for MongoStore {
     }
 
     // ---- claiming and running (the DEN) ------------------------------------------------
+
+    async fn open_batch(&self, id: &str, size: Option<i64>) -> StoreResult<Batch> {
+        self.record_batch(id, size).await
+    }
+
+    async fn batch(&self, id: &str) -> StoreResult<Option<Batch>> {
+        self.read_batch(id).await
+    }
+
+    async fn batch_counts(&self, id: &str) -> StoreResult<StatusCounts> {
+        self.count_batch(id).await
+    }
 
     async fn acquire_slot(&self, queue: &Queue, node: &str, lease: Duration) -> StoreResult<Option<Slot>> {
         self.take_slot(queue, node, lease).await
@@ -673,6 +694,9 @@ impl Store for MongoStore {
             }
             if let Some(k) = &t.key {
                 d.insert("key", k);
+            }
+            if let Some(b) = &t.batch {
+                d.insert("batch", b);
             }
             d
         });

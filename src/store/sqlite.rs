@@ -31,6 +31,7 @@
 //! SQLite calls block, so each operation runs on [`tokio::task::spawn_blocking`] with a
 //! connection from a small pool.
 
+mod batches;
 mod files;
 mod leader;
 mod lifecycle;
@@ -52,7 +53,7 @@ use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use self::rows::{bson_bytes, db_err, lease_end, queue_from, read_bson, sort_str, task_from_row, TASK_COLUMNS};
 use super::{
-    FinishExtra, HandRetry, NewQueue, NewTask, OutputValue, Page, QueueUpdate, Recovery, Slot, SlotRenewal,
+    Batch, FinishExtra, HandRetry, NewQueue, NewTask, OutputValue, Page, QueueUpdate, Recovery, Slot, SlotRenewal,
     StatusCounts, Store, StoreError, StoreResult, TaskFilter, TaskTarget,
 };
 use crate::model::{
@@ -342,6 +343,10 @@ fn filter_sql(filter: &TaskFilter) -> (String, Vec<rusqlite::types::Value>) {
         clauses.push("key = ?".to_string());
         args.push(Value::Text(key.clone()));
     }
+    if let Some(batch) = &filter.batch {
+        clauses.push("batch = ?".to_string());
+        args.push(Value::Text(batch.clone()));
+    }
     if let Some(id) = filter.newer_than {
         clauses.push("id > ?".to_string());
         args.push(Value::Text(id.to_hex()));
@@ -379,6 +384,7 @@ impl Store for SqliteStore {
         self.with(|conn| {
             conn.execute_batch(SCHEMA).map_err(db_err("create schema"))?;
             conn.execute_batch(plugins::SCHEMA).map_err(db_err("create schema"))?;
+            conn.execute_batch(batches::SCHEMA).map_err(db_err("create schema"))?;
             lifecycle::migrate(conn)?;
             slots::migrate(conn)
         })
@@ -697,6 +703,18 @@ impl Store for SqliteStore {
 
     // ---- claiming and running (the DEN) ------------------------------------------------
 
+    async fn open_batch(&self, id: &str, size: Option<i64>) -> StoreResult<Batch> {
+        self.record_batch(id, size).await
+    }
+
+    async fn batch(&self, id: &str) -> StoreResult<Option<Batch>> {
+        self.read_batch(id).await
+    }
+
+    async fn batch_counts(&self, id: &str) -> StoreResult<StatusCounts> {
+        self.count_batch(id).await
+    }
+
     async fn acquire_slot(&self, queue: &Queue, node: &str, lease: Duration) -> StoreResult<Option<Slot>> {
         self.take_slot(queue, node, lease).await
     }
@@ -967,6 +985,7 @@ impl Store for SqliteStore {
                         run_at,
                         t.priority,
                         t.key.clone(),
+                        t.batch.clone(),
                     )
                 })
             })
@@ -976,11 +995,11 @@ impl Store for SqliteStore {
             let q = queue.to_hex();
             let mut stmt = tx
                 .prepare_cached(
-                    "INSERT INTO tasks (id, queue, ctime, mtime, node, status, params, run_at, priority, key)
-                     VALUES (?1, ?2, ?3, ?3, NULL, ?4, ?5, ?6, ?7, ?8)",
+                    "INSERT INTO tasks (id, queue, ctime, mtime, node, status, params, run_at, priority, key, batch)
+                     VALUES (?1, ?2, ?3, ?3, NULL, ?4, ?5, ?6, ?7, ?8, ?9)",
                 )
                 .map_err(&err)?;
-            for (id, bytes, status, run_at, priority, key) in encoded {
+            for (id, bytes, status, run_at, priority, key, batch) in encoded {
                 match stmt.execute(params![
                     id,
                     q,
@@ -989,7 +1008,8 @@ impl Store for SqliteStore {
                     bytes,
                     run_at,
                     priority,
-                    key
+                    key,
+                    batch
                 ]) {
                     Ok(_) => {}
                     Err(rusqlite::Error::SqliteFailure(e, _))

@@ -39,6 +39,18 @@ pub struct Slot {
     pub n: i64,
 }
 
+/// A batch of tasks as recorded at its first submission ([`super::Store::open_batch`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Batch {
+    /// Its id, chosen by whoever submits it.
+    pub id: String,
+    /// How many tasks it will have, when that was given: it is complete once it has that
+    /// many and all have ended.
+    pub size: Option<i64>,
+    /// When its first tasks were submitted.
+    pub ctime: DateTime,
+}
+
 /// What re-validating a slot lease before a claim found ([`super::Store::renew_slot`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SlotRenewal {
@@ -99,6 +111,8 @@ pub struct TaskFilter {
     pub node: Option<Option<String>>,
     /// Only the task with this key.
     pub key: Option<String>,
+    /// Only the tasks of this batch.
+    pub batch: Option<String>,
     /// Only tasks created after this one (`_id` greater).
     pub newer_than: Option<ObjectId>,
     /// Only tasks created before this one (`_id` less): the cursor of the next page.
@@ -124,6 +138,8 @@ pub struct NewTask {
     pub priority: i64,
     /// A key unique within the queue ([`super::Store::insert_keyed`]).
     pub key: Option<String>,
+    /// The batch it belongs to ([`super::Store::open_batch`]).
+    pub batch: Option<String>,
 }
 
 impl NewTask {
@@ -135,6 +151,7 @@ impl NewTask {
             run_at: None,
             priority: 0,
             key: None,
+            batch: None,
         }
     }
 

@@ -80,6 +80,15 @@ impl Store for Recording {
     async fn queue_counts(&self) -> StoreResult<BTreeMap<ObjectId, StatusCounts>> {
         self.inner.queue_counts().await
     }
+    async fn open_batch(&self, id: &str, size: Option<i64>) -> StoreResult<Batch> {
+        self.inner.open_batch(id, size).await
+    }
+    async fn batch(&self, id: &str) -> StoreResult<Option<Batch>> {
+        self.inner.batch(id).await
+    }
+    async fn batch_counts(&self, id: &str) -> StoreResult<StatusCounts> {
+        self.inner.batch_counts(id).await
+    }
     async fn acquire_slot(&self, queue: &Queue, node: &str, lease: Duration) -> StoreResult<Option<Slot>> {
         self.inner.acquire_slot(queue, node, lease).await
     }

@@ -36,6 +36,7 @@ async fn scheduled_tasks_are_not_claimed_before_their_time(s: Stores) {
                 run_at: Some(later(hour)),
                 priority: 0,
                 key: None,
+                batch: None,
             },
             NewTask {
                 id: due,
@@ -43,6 +44,7 @@ async fn scheduled_tasks_are_not_claimed_before_their_time(s: Stores) {
                 run_at: Some(ago(1000)),
                 priority: 0,
                 key: None,
+                batch: None,
             },
         ],
     )
@@ -83,6 +85,7 @@ async fn cancel_ends_only_tasks_that_have_not_started(s: Stores) {
             run_at: Some(later(3_600_000)),
             priority: 0,
             key: None,
+            batch: None,
         }],
     )
     .await
@@ -206,6 +209,7 @@ async fn a_den_runs_a_scheduled_task_once_it_is_due(s: Stores) {
             run_at: Some(run_at),
             priority: 0,
             key: None,
+            batch: None,
         }],
     )
     .await

@@ -114,6 +114,9 @@ pub(super) fn task_filter_doc(filter: &TaskFilter) -> Document {
     if let Some(key) = &filter.key {
         q.insert("key", key);
     }
+    if let Some(batch) = &filter.batch {
+        q.insert("batch", batch);
+    }
     // Id bounds join the other conditions on `_id` rather than replace them.
     let mut bounds = Document::new();
     if let Some(id) = filter.newer_than {
@@ -287,6 +290,7 @@ pub(super) fn task_from(doc: &Document) -> StoreResult<Task> {
         progress: task_progress(&f),
         attempts: crate::model::Attempt::list_from(f.get("attempts")),
         key: f.get("key").and_then(|k| k.as_str()).map(str::to_owned),
+        batch: f.get("batch").and_then(|k| k.as_str()).map(str::to_owned),
         rerun: f.get("rerun") == Some(&Bson::Boolean(true)),
     })
 }
@@ -343,6 +347,7 @@ pub(super) fn task_or_problem(doc: &Document) -> Option<Task> {
         progress: task_progress(&f),
         attempts: crate::model::Attempt::list_from(f.get("attempts")),
         key: f.get("key").and_then(|k| k.as_str()).map(str::to_owned),
+        batch: f.get("batch").and_then(|k| k.as_str()).map(str::to_owned),
         rerun: f.get("rerun") == Some(&Bson::Boolean(true)),
     })
 }

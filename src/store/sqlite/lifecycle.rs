@@ -24,6 +24,7 @@ const ADDED_COLUMNS: &[(&str, &str)] = &[
     ("avoid_until", "INTEGER"),
     ("key", "TEXT"),
     ("rerun", "INTEGER"),
+    ("batch", "TEXT"),
 ];
 
 /// Adds the columns a database file created by an earlier release lacks, and their index.
@@ -33,7 +34,8 @@ pub(super) fn migrate(conn: &Connection) -> StoreResult<()> {
     conn.execute_batch(
         "CREATE INDEX IF NOT EXISTS tasks_scheduled ON tasks (status, run_at);
          CREATE UNIQUE INDEX IF NOT EXISTS tasks_key ON tasks (queue, key) WHERE key IS NOT NULL;
-         CREATE INDEX IF NOT EXISTS tasks_key_only ON tasks (key) WHERE key IS NOT NULL;",
+         CREATE INDEX IF NOT EXISTS tasks_key_only ON tasks (key) WHERE key IS NOT NULL;
+         CREATE INDEX IF NOT EXISTS tasks_batch ON tasks (batch, status) WHERE batch IS NOT NULL;",
     )
     .map_err(&err)?;
     Ok(())

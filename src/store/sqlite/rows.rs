@@ -15,7 +15,7 @@ use crate::store::{OutputValue, StoreError, StoreResult};
 
 /// The columns of a task row, in the order [`task_from_row`] reads them.
 pub(super) const TASK_COLUMNS: &str =
-    "id, queue, ctime, mtime, node, status, params, stdout, stdout_file, stderr, stderr_file, run_at, stop, progress, priority, attempts, key, rerun";
+    "id, queue, ctime, mtime, node, status, params, stdout, stdout_file, stderr, stderr_file, run_at, stop, progress, priority, attempts, key, rerun, batch";
 
 /// Largest integer a Double represents exactly (2^53).
 const MAX_EXACT_DOUBLE: f64 = 9_007_199_254_740_992.0;
@@ -139,6 +139,7 @@ pub(super) fn task_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(String, 
     let attempts: Option<Vec<u8>> = r.get(15)?;
     let key: Option<String> = r.get(16)?;
     let rerun: Option<i64> = r.get(17)?;
+    let batch: Option<String> = r.get(18)?;
     let malformed = |reason: String| StoreError::Malformed {
         collection: "tasks",
         id: id.clone(),
@@ -178,6 +179,7 @@ pub(super) fn task_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(String, 
                 .map(|d| crate::model::TaskProgress::from_document(&d)),
             attempts: super::retries::read_attempts(&id, attempts.as_deref()),
             key,
+            batch,
             rerun: rerun.is_some_and(|r| r != 0),
         })
     })();

@@ -1,0 +1,114 @@
+//! Batches: the `batches` collection records each batch at its first submission
+//! (`{_id: <batch id>, size, ctime}`); its tasks carry `batch`, counted by status through
+//! the `{batch, status}` index.
+
+use bson::{doc, DateTime, Document};
+use futures::TryStreamExt;
+use mongodb::options::ReturnDocument;
+
+use super::documents::{as_date, as_int};
+use super::{db_err, is_duplicate_key, MongoStore};
+use crate::store::{Batch, StatusCounts, StoreError, StoreResult};
+
+/// Collection of batches.
+pub const BATCHES: &str = "batches";
+
+/// A batch document as a [`Batch`].
+fn batch_from(d: &Document) -> StoreResult<Batch> {
+    let id = d.get_str("_id").map_err(|_| StoreError::Malformed {
+        collection: BATCHES,
+        id: d.get("_id").map_or("?".into(), ToString::to_string),
+        reason: "field `_id` must be a string".into(),
+    })?;
+    Ok(Batch {
+        id: id.to_string(),
+        size: d.get("size").and_then(as_int),
+        ctime: d.get("ctime").and_then(as_date).unwrap_or(DateTime::from_millis(0)),
+    })
+}
+
+impl MongoStore {
+    fn batches(&self) -> mongodb::Collection<Document> {
+        self.db.collection(BATCHES)
+    }
+
+    /// [`Store::open_batch`](crate::store::Store::open_batch).
+    pub(super) async fn record_batch(&self, id: &str, size: Option<i64>) -> StoreResult<Batch> {
+        let err = db_err("record the batch");
+        let insert = doc! { "$setOnInsert": { "size": size, "ctime": DateTime::now() } };
+        let mut found = None;
+        for _ in 0..2 {
+            match self
+                .batches()
+                .find_one_and_update(doc! { "_id": id }, insert.clone())
+                .upsert(true)
+                .return_document(ReturnDocument::After)
+                .await
+            {
+                Ok(d) => {
+                    found = d;
+                    break;
+                }
+                // Two first submissions raced; the other one inserted it.
+                Err(e) if is_duplicate_key(&e) => continue,
+                Err(e) => return Err(err(e)),
+            }
+        }
+        let mut batch = match found {
+            Some(d) => batch_from(&d)?,
+            None => self.read_batch(id).await?.ok_or_else(|| StoreError::Malformed {
+                collection: BATCHES,
+                id: id.to_string(),
+                reason: "the batch vanished while it was recorded".into(),
+            })?,
+        };
+        if let (None, Some(n)) = (batch.size, size) {
+            let set = self
+                .batches()
+                .find_one_and_update(doc! { "_id": id, "size": null }, doc! { "$set": { "size": n } })
+                .return_document(ReturnDocument::After)
+                .await
+                .map_err(&err)?;
+            batch = match set {
+                Some(d) => batch_from(&d)?,
+                None => self.read_batch(id).await?.unwrap_or(batch),
+            };
+        }
+        Ok(batch)
+    }
+
+    /// [`Store::batch`](crate::store::Store::batch).
+    pub(super) async fn read_batch(&self, id: &str) -> StoreResult<Option<Batch>> {
+        let d = self
+            .batches()
+            .find_one(doc! { "_id": id })
+            .await
+            .map_err(db_err("read the batch"))?;
+        d.as_ref().map(batch_from).transpose()
+    }
+
+    /// [`Store::batch_counts`](crate::store::Store::batch_counts).
+    pub(super) async fn count_batch(&self, id: &str) -> StoreResult<StatusCounts> {
+        let err = db_err("count the tasks of a batch");
+        let mut cursor = self
+            .tasks
+            .aggregate([
+                doc! { "$match": { "batch": id } },
+                doc! { "$group": { "_id": "$status", "n": { "$sum": 1 } } },
+            ])
+            .await
+            .map_err(&err)?;
+        let mut counts = StatusCounts::new();
+        while let Some(group) = cursor.try_next().await.map_err(&err)? {
+            let code = group.get("_id").and_then(as_int).and_then(|s| i32::try_from(s).ok());
+            let n = group.get("n").and_then(as_int).and_then(|n| u64::try_from(n).ok());
+            match (code, n) {
+                (Some(c), Some(n)) => *counts.entry(c).or_default() += n,
+                _ => self.warn_once(format!(
+                    "tasks of batch {id:?} with a malformed status are not counted: {group}"
+                )),
+            }
+        }
+        Ok(counts)
+    }
+}

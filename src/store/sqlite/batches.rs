@@ -1,0 +1,83 @@
+//! Batches in the embedded store: `batches(id, size, ctime)`, recorded at a batch's first
+//! submission, by the rules of MongoDB's `batches` collection; its tasks carry `batch`,
+//! counted by status through the `tasks_batch` index.
+
+use bson::DateTime;
+use rusqlite::{params, OptionalExtension};
+
+use super::rows::db_err;
+use super::SqliteStore;
+use crate::store::{Batch, StatusCounts, StoreResult};
+
+/// The `batches` table.
+pub(super) const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS batches (
+    id TEXT PRIMARY KEY NOT NULL,
+    size INTEGER,
+    ctime INTEGER NOT NULL
+);";
+
+fn read(conn: &rusqlite::Connection, id: &str) -> StoreResult<Option<Batch>> {
+    conn.query_row("SELECT id, size, ctime FROM batches WHERE id = ?1", [id], |r| {
+        Ok(Batch {
+            id: r.get(0)?,
+            size: r.get(1)?,
+            ctime: DateTime::from_millis(r.get(2)?),
+        })
+    })
+    .optional()
+    .map_err(db_err("read the batch"))
+}
+
+impl SqliteStore {
+    /// [`Store::open_batch`](crate::store::Store::open_batch), in one transaction.
+    pub(super) async fn record_batch(&self, id: &str, size: Option<i64>) -> StoreResult<Batch> {
+        let id = id.to_string();
+        self.write("record the batch", move |tx| {
+            let err = db_err("record the batch");
+            tx.execute(
+                "INSERT OR IGNORE INTO batches (id, size, ctime) VALUES (?1, ?2, ?3)",
+                params![id, size, DateTime::now().timestamp_millis()],
+            )
+            .map_err(&err)?;
+            if let Some(n) = size {
+                tx.execute(
+                    "UPDATE batches SET size = ?2 WHERE id = ?1 AND size IS NULL",
+                    params![id, n],
+                )
+                .map_err(&err)?;
+            }
+            read(tx, &id)?.ok_or_else(|| err(rusqlite::Error::QueryReturnedNoRows))
+        })
+        .await
+    }
+
+    /// [`Store::batch`](crate::store::Store::batch).
+    pub(super) async fn read_batch(&self, id: &str) -> StoreResult<Option<Batch>> {
+        let id = id.to_string();
+        self.with(move |conn| read(conn, &id)).await
+    }
+
+    /// [`Store::batch_counts`](crate::store::Store::batch_counts).
+    pub(super) async fn count_batch(&self, id: &str) -> StoreResult<StatusCounts> {
+        let id = id.to_string();
+        self.with(move |conn| {
+            let err = db_err("count the tasks of a batch");
+            let mut stmt = conn
+                .prepare_cached("SELECT status, COUNT(*) FROM tasks WHERE batch = ?1 GROUP BY status")
+                .map_err(&err)?;
+            let rows = stmt
+                .query_map([&id], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)))
+                .map_err(&err)?;
+            let mut counts = StatusCounts::new();
+            for row in rows {
+                let (status, n) = row.map_err(&err)?;
+                if let (Ok(s), Ok(n)) = (i32::try_from(status), u64::try_from(n)) {
+                    *counts.entry(s).or_default() += n;
+                }
+            }
+            Ok(counts)
+        })
+        .await
+    }
+}
