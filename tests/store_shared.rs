@@ -126,6 +126,15 @@ async fn queue(s: &dyn Store, name: &str, threads: i64, sort: Sort) -> Queue {
     s.create_queue(new_queue(name, Some(threads), sort)).await.unwrap()
 }
 
+/// Sets `q`'s `threads` to `threads`; the queue as updated.
+async fn set_threads(s: &dyn Store, q: &Queue, threads: i64) -> Queue {
+    let update = QueueUpdate {
+        threads: Some(Some(threads)),
+        ..Default::default()
+    };
+    s.update_queue(q.id, update).await.unwrap().expect("the queue")
+}
+
 async fn task(s: &dyn Store, id: ObjectId) -> disbatch::model::Task {
     s.task(id).await.unwrap().expect("task exists")
 }
@@ -335,17 +344,7 @@ async fn lowering_threads_blocks_while_higher_slots_are_held(s: Stores) {
         held.push(s.a.acquire_slot(&q, node, LEASE).await.unwrap().expect("slot"));
     }
     held.sort_by_key(|s| s.n);
-    let q =
-        s.a.update_queue(
-            q.id,
-            QueueUpdate {
-                threads: Some(Some(1)),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap()
-        .expect("queue");
+    let q = set_threads(&*s.a, &q, 1).await;
     assert_eq!(q.threads, Some(1));
     s.a.release_slot(&held[0], "a").await.unwrap();
     assert!(

@@ -18,20 +18,18 @@ pub const MAX_BATCH_ID: usize = 200;
 pub(super) fn parse(body: &Map<String, Value>) -> Result<Option<(String, Option<i64>)>, ApiError> {
     let size = match body.get("batch_size") {
         None | Some(Value::Null) => None,
-        Some(Value::Number(n)) => match n.as_i64() {
-            Some(n) if n >= 1 => Some(n),
-            _ => {
+        Some(v) => match v.as_i64().filter(|n| *n >= 1) {
+            Some(n) => Some(n),
+            None => {
+                let got = match v {
+                    Value::Number(n) => n.to_string(),
+                    other => kind(other).to_string(),
+                };
                 return Err(ApiError::bad(format!(
-                    "field \"batch_size\" must be a whole number of at least 1, got {n}"
-                )))
+                    "field \"batch_size\" must be a whole number of at least 1, got {got}"
+                )));
             }
         },
-        Some(other) => {
-            return Err(ApiError::bad(format!(
-                "field \"batch_size\" must be a whole number of at least 1, got {}",
-                kind(other)
-            )))
-        }
     };
     let id = match body.get("batch") {
         None | Some(Value::Null) if size.is_some() => {

@@ -116,17 +116,7 @@ async fn an_ask_moves_along_the_donors_slots_and_waits_while_over_the_limit(s: S
     assert_eq!(s.b.renew_slot(&taken, "late", LEASE).await.unwrap(), SlotRenewal::Held);
     // The queue's limit is lowered below what is held: no ask, since a slot given up now
     // could not be taken by anyone.
-    let lowered =
-        s.a.update_queue(
-            q.id,
-            QueueUpdate {
-                threads: Some(Some(1)),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap()
-        .expect("the queue");
+    let lowered = set_threads(&*s.a, &q, 1).await;
     assert_eq!(s.b.want_slot(&lowered, "third", LEASE).await.unwrap(), None);
 }
 

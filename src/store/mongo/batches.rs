@@ -36,24 +36,18 @@ impl MongoStore {
     pub(super) async fn record_batch(&self, id: &str, size: Option<i64>) -> StoreResult<Batch> {
         let err = db_err("record the batch");
         let insert = doc! { "$setOnInsert": { "size": size, "ctime": DateTime::now() } };
-        let mut found = None;
-        for _ in 0..2 {
-            match self
-                .batches()
-                .find_one_and_update(doc! { "_id": id }, insert.clone())
-                .upsert(true)
-                .return_document(ReturnDocument::After)
-                .await
-            {
-                Ok(d) => {
-                    found = d;
-                    break;
-                }
-                // Two first submissions raced; the other one inserted it.
-                Err(e) if is_duplicate_key(&e) => continue,
-                Err(e) => return Err(err(e)),
-            }
-        }
+        let found = match self
+            .batches()
+            .find_one_and_update(doc! { "_id": id }, insert)
+            .upsert(true)
+            .return_document(ReturnDocument::After)
+            .await
+        {
+            Ok(d) => d,
+            // Two first submissions raced; the other one inserted it: read it below.
+            Err(e) if is_duplicate_key(&e) => None,
+            Err(e) => return Err(err(e)),
+        };
         let mut batch = match found {
             Some(d) => batch_from(&d)?,
             None => self.read_batch(id).await?.ok_or_else(|| StoreError::Malformed {
