@@ -18,6 +18,7 @@
 //! `status` (info, monitoring, metrics), `source` ([`DocumentSource`] for `POST /tasks` from
 //! a collection), `ui` (embedded HTML/JS/CSS) and `openapi`.
 
+mod after;
 mod auth;
 mod batches;
 mod body;

@@ -30,7 +30,8 @@ pub mod status {
     pub const ORPHANED: i32 = -6;
     /// Cancelled (formerly defined; blocks claiming).
     pub const CANCELLED: i32 = -5;
-    /// Blocked (formerly defined; blocks claiming).
+    /// Blocked: waiting for the tasks it was submitted `after` (Disbatch 4 defines the
+    /// code and never claims it).
     pub const BLOCKED: i32 = -4;
     /// Terminated (formerly defined; blocks claiming).
     pub const TERMINATED: i32 = -3;
@@ -474,6 +475,15 @@ pub struct Task {
     pub batch: Option<String>,
     /// Set when it was submitted again while it ran: it runs once more when this run ends.
     pub rerun: bool,
+    /// What it was submitted to wait for (`after`): task ids in hex, `batch:<id>` for a
+    /// batch.
+    pub after: Vec<String>,
+    /// Of those, what it still waits for while blocked (`pending`).
+    pub pending: Vec<String>,
+    /// Whether it runs anyway when what it waits for fails (`after_failure: "run"`).
+    pub after_failure_runs: bool,
+    /// Whether blocked tasks may wait for it (`dependents`), until its end released them.
+    pub dependents: bool,
 }
 
 impl Task {

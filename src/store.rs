@@ -8,6 +8,7 @@
 //! Disbatch 4 data model; each store maps them onto its own storage, and the shared test
 //! suite (`tests/store_shared.rs`) holds both to the same behaviour.
 
+pub mod deps;
 pub mod gridfs;
 pub mod keys;
 pub mod mongo;
@@ -144,6 +145,30 @@ pub trait Store: PluginStore + Send + Sync + 'static {
     async fn batch(&self, id: &str) -> StoreResult<Option<Batch>>;
     /// Counts by status of the tasks of batch `id` (an index walk over its tasks).
     async fn batch_counts(&self, id: &str) -> StoreResult<StatusCounts>;
+
+    // ---- dependencies (see [`deps`]) ----------------------------------------------------
+
+    /// Marks tasks and batches as waited for by blocked tasks (`dependents`), so that their
+    /// end is settled ([`deps::settle`]) even when the DEN that ended them died first.
+    async fn mark_dependents(&self, deps: &[Dependency]) -> StoreResult<()>;
+    /// Up to `limit` blocked (-4) tasks still waiting for `dep` (an index walk).
+    async fn blocked_on(&self, dep: &Dependency, limit: usize) -> StoreResult<Vec<ObjectId>>;
+    /// Resolves what blocked task `task` waits for, now that `dep` ended: it succeeded
+    /// (`failed` is None), or it did not and `task` is cancelled with `failed` as its
+    /// `stop` — unless `task` runs anyway (`after_failure: "run"`), which resolves it as
+    /// met. A task left waiting for nothing is queued (scheduled when its `run_at` is to
+    /// come). Atomic per task: of two dependencies resolved at once, neither is lost.
+    async fn resolve_dependency(
+        &self,
+        task: ObjectId,
+        dep: &Dependency,
+        failed: Option<&StopRequest>,
+    ) -> StoreResult<Resolved>;
+    /// Clears `dependents` of an ended task (or a complete batch): its end was settled.
+    async fn settled(&self, dep: &Dependency) -> StoreResult<()>;
+    /// Up to `limit` ended tasks, and batches, still marked `dependents`: ends not yet
+    /// settled, for the leader's sweep.
+    async fn unsettled(&self, limit: usize) -> StoreResult<Vec<Dependency>>;
 
     // ---- claiming and running (the DEN) ------------------------------------------------
 

@@ -45,15 +45,19 @@ pub(super) async fn create(State(state): State<Shared>, JsonBody(body): JsonBody
             "filter",
             "batch",
             "batch_size",
+            "after",
+            "after_failure",
         ]
         .contains(&k.as_str())
         {
             return Err(ApiError::bad(format!(
                 "unknown field {k:?}: expected queue and params (or tasks), optionally run_at, priority, \
-                 resubmit, batch and batch_size, and for tasks from documents collection and filter"
+                 resubmit, batch, batch_size, after and after_failure, and for tasks from documents \
+                 collection and filter"
             )));
         }
     }
+    let shared_after = super::after::parse(&body, "")?;
     let batch = super::batches::parse(&body)?;
     let resubmit = match body.get("resubmit") {
         None | Some(Value::Null) => false,
@@ -87,6 +91,7 @@ pub(super) async fn create(State(state): State<Shared>, JsonBody(body): JsonBody
         _ => return Err(ApiError::bad("field \"queue\" is required (a queue id or name)")),
     };
     let mut each: Vec<(Option<bson::DateTime>, Option<i64>, Option<String>)> = Vec::new();
+    let mut own_after: Vec<super::after::After> = Vec::new();
     let params = if body.contains_key("tasks") {
         if body.contains_key("params") || body.contains_key("collection") {
             return Err(ApiError::bad(
@@ -95,6 +100,7 @@ pub(super) async fn create(State(state): State<Shared>, JsonBody(body): JsonBody
         }
         let entries = super::lifecycle::task_entries(body.get("tasks"), now)?;
         each = entries.iter().map(|e| (e.run_at, e.priority, e.key.clone())).collect();
+        own_after = entries.iter().map(|e| e.after.clone()).collect();
         entries.into_iter().map(|e| e.params).collect()
     } else if body.contains_key("collection") {
         from_collection(&state, &body).await?
@@ -138,9 +144,22 @@ pub(super) async fn create(State(state): State<Shared>, JsonBody(body): JsonBody
                 priority: own_priority.unwrap_or(priority),
                 key,
                 batch: batch.clone(),
+                after: Vec::new(),
+                after_failure_runs: false,
+                dependents: false,
             }
         })
         .collect();
+    if !shared_after.refs.is_empty() || own_after.iter().any(|a| !a.refs.is_empty()) {
+        if resubmit {
+            return Err(ApiError::bad(
+                "field \"resubmit\" cannot be used with \"after\": a task submitted again keeps what it waits for",
+            ));
+        }
+        return super::after::create(&state, queue.id, rest, &shared_after, &own_after)
+            .await
+            .map(|v| Json(with_batch(v, &batch)));
+    }
     if rest.iter().any(|t| t.key.is_some()) {
         return super::keys::create_keyed(&state, queue.id, rest, resubmit)
             .await

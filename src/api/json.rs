@@ -90,6 +90,16 @@ pub(super) fn task(t: &Task, view: &TaskView) -> Value {
     if t.rerun {
         m.insert("rerun".into(), json!(true));
     }
+    if !t.after.is_empty() {
+        m.insert("after".into(), json!(t.after));
+        m.insert("pending".into(), json!(t.pending));
+        if t.after_failure_runs {
+            m.insert("after_failure".into(), json!("run"));
+        }
+    }
+    if t.dependents {
+        m.insert("dependents".into(), json!(true));
+    }
     if !t.attempts.is_empty() {
         let list: Vec<Value> = t
             .attempts

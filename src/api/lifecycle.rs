@@ -64,6 +64,7 @@ pub(super) struct Entry {
     pub run_at: Option<DateTime>,
     pub priority: Option<i64>,
     pub key: Option<String>,
+    pub after: super::after::After,
 }
 
 /// Longest task `key`.
@@ -83,7 +84,7 @@ pub(super) fn priority(v: &Value) -> Result<i64, String> {
     })
 }
 
-/// The `tasks` list of `POST /tasks`: `[{params, run_at, priority, key}, …]`.
+/// The `tasks` list of `POST /tasks`: `[{params, run_at, priority, key, after, after_failure}, …]`.
 pub(super) fn task_entries(v: Option<&Value>, now: DateTime) -> Result<Vec<Entry>, ApiError> {
     let list = match v {
         Some(Value::Array(a)) => a,
@@ -105,12 +106,13 @@ pub(super) fn task_entries(v: Option<&Value>, now: DateTime) -> Result<Vec<Entry
         };
         if let Some(k) = m
             .keys()
-            .find(|k| !["params", "run_at", "priority", "key"].contains(&k.as_str()))
+            .find(|k| !["params", "run_at", "priority", "key", "after", "after_failure"].contains(&k.as_str()))
         {
             return Err(ApiError::bad(format!(
-                "field \"tasks[{i}]\": unknown field {k:?}: expected params, run_at, priority and key"
+                "field \"tasks[{i}]\": unknown field {k:?}: expected params, run_at, priority, key, after and after_failure"
             )));
         }
+        let after = super::after::parse(m, &format!("tasks[{i}]."))?;
         let key = match m.get("key") {
             None | Some(Value::Null) => None,
             Some(Value::String(k)) if !k.is_empty() && k.len() <= MAX_KEY => Some(k.clone()),
@@ -144,6 +146,7 @@ pub(super) fn task_entries(v: Option<&Value>, now: DateTime) -> Result<Vec<Entry
             run_at,
             priority,
             key,
+            after,
         });
     }
     Ok(entries)

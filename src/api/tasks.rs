@@ -122,9 +122,18 @@ async fn filter(state: &Shared, pairs: &Map<String, Value>) -> Result<TaskFilter
                         .to_owned(),
                 )
             }
+            "after" => {
+                let text = v
+                    .as_str()
+                    .map(str::to_owned)
+                    .or_else(|| object_id(v).map(|o| o.to_hex()));
+                f.after = Some(text.as_deref().and_then(crate::store::Dependency::parse).ok_or_else(|| {
+                    ApiError::bad("filter \"after\" must be a task id or batch:<batch id> (lists the tasks waiting for it)")
+                })?)
+            }
             other => {
                 return Err(ApiError::bad(format!(
-                    "cannot filter on {other:?}: only the indexed fields queue, status, node, id and batch"
+                    "cannot filter on {other:?}: only the indexed fields queue, status, node, id, batch and after"
                 )))
             }
         }
@@ -148,7 +157,7 @@ fn reply(value: Value, pretty: bool) -> Response {
     ([(header::CONTENT_TYPE, "application/json")], text).into_response()
 }
 
-/// `GET /tasks?queue=&status=&node=&id=&batch=&filter={json}&limit=&skip=&count=&fields=&epoch=&terse=&full=&pretty=`:
+/// `GET /tasks?queue=&status=&node=&id=&batch=&after=&filter={json}&limit=&skip=&count=&fields=&epoch=&terse=&full=&pretty=`:
 /// tasks newest first, or `{"count": n}`. A query without a filter needs a limit. `terse`
 /// replaces inline stdout/stderr with `"[terse mode]"`; `full` reads file-backed ones back
 /// as text (limit at most [`MAX_FULL_LIMIT`]); `pretty` indents the JSON.

@@ -1,5 +1,6 @@
 //! The DEN's part in a task's life beyond Disbatch 4's: queueing scheduled tasks when
-//! they are due, and stopping the plugins of tasks someone asked to kill.
+//! they are due, settling ends of tasks that others wait for (see `store::deps`), and
+//! stopping the plugins of tasks someone asked to kill.
 //!
 //! Both run every [`LIFECYCLE_TICK`], so a due task is queued, and a killed plugin
 //! interrupted, within about that much (plus the claim, or the next epoch tick). Queueing
@@ -23,12 +24,18 @@ use crate::runner::StopReason;
 /// How often due tasks are queued and kill requests are looked for.
 pub(super) const LIFECYCLE_TICK: Duration = Duration::from_millis(200);
 
+/// Every how many ticks the leader settles ends of tasks waited for that no DEN settled
+/// (about once a second): a task cancelled or orphaned, a DEN that died before it could.
+const SETTLE_EVERY: u64 = 5;
+
 impl Den {
     /// Queues due scheduled tasks and carries out kill requests until `stop`.
     pub(super) async fn lifecycle(self: Arc<Self>, stop: CancellationToken) {
         let mut interval = tokio::time::interval(LIFECYCLE_TICK);
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut ticks: u64 = 0;
         loop {
+            ticks += 1;
             tokio::select! {
                 _ = stop.cancelled() => return,
                 _ = interval.tick() => {}
@@ -41,6 +48,20 @@ impl Den {
                         self.wake.notify_one();
                     }
                     Err(e) => debug!(error = %e, "cannot queue due scheduled tasks"),
+                }
+                if ticks.is_multiple_of(SETTLE_EVERY) {
+                    match crate::store::deps::sweep(self.store.as_ref()).await {
+                        Ok(d) if d.released + d.cancelled > 0 => {
+                            debug!(
+                                released = d.released,
+                                cancelled = d.cancelled,
+                                "settled ends of tasks waited for"
+                            );
+                            self.wake.notify_one();
+                        }
+                        Ok(_) => {}
+                        Err(e) => debug!(error = %e, "cannot settle ends of tasks waited for"),
+                    }
                 }
             }
             self.carry_out_kills().await;

@@ -92,7 +92,7 @@ impl Den {
             })
             .await;
         match written {
-            Ok(true) => {}
+            Ok(true) => self.settle_end(task, result.status).await,
             Ok(false) => {
                 warn!(task = %task.id, "task was recovered by another node meanwhile; result not written");
                 self.discard_files(task.id, files).await;
@@ -103,6 +103,22 @@ impl Den {
             }
             Err(Stop::GaveUp) => {
                 error!(task = %task.id, "result lost: the database stayed unreachable past the shutdown")
+            }
+        }
+    }
+
+    /// Releases (or cancels) the tasks waiting for `task`, which ended with `code`, and
+    /// for its batch if that completed; what fails here is left to the leader's sweep.
+    async fn settle_end(&self, task: &Task, code: i32) {
+        if !task.dependents && task.batch.is_none() {
+            return;
+        }
+        let store = self.store.as_ref();
+        match crate::store::deps::task_ended(store, task.id, code, task.dependents, task.batch.as_deref()).await {
+            Ok(done) if done.released > 0 => self.wake.notify_one(),
+            Ok(_) => {}
+            Err(e) => {
+                warn!(task = %task.id, error = %e, "cannot release the tasks waiting for it; the leader's sweep will")
             }
         }
     }

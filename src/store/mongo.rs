@@ -22,6 +22,7 @@
 mod batches;
 mod connect;
 mod counts;
+mod deps;
 mod documents;
 mod errors;
 mod leader;
@@ -52,8 +53,8 @@ use self::documents::{node_from, opt_int_bson, output_bson, task_filter_doc, tas
 use self::errors::{db_err, is_duplicate_key};
 use super::gridfs;
 use super::{
-    Batch, FinishExtra, HandRetry, NewQueue, NewTask, OutputStream, OutputValue, Page, QueueUpdate, Recovery, Slot,
-    SlotRenewal, StatusCounts, Store, StoreError, StoreResult, TaskFilter, TaskTarget,
+    Batch, Dependency, FinishExtra, HandRetry, NewQueue, NewTask, OutputStream, OutputValue, Page, QueueUpdate,
+    Recovery, Resolved, Slot, SlotRenewal, StatusCounts, Store, StoreError, StoreResult, TaskFilter, TaskTarget,
 };
 use crate::model::{
     status, Node, NodeProcess, NodeStats, Output, Queue, RetryAt, Sort, StopRequest, Task, TaskProgress,
@@ -186,6 +187,30 @@ impl Store for MongoStore {
                     .options(
                         IndexOptions::builder()
                             .partial_filter_expression(doc! { "batch": { "$type": "string" } })
+                            .build(),
+                    )
+                    .build(),
+                IndexModel::builder()
+                    .keys(doc! { "pending": 1 })
+                    .options(
+                        IndexOptions::builder()
+                            .partial_filter_expression(doc! { "pending": { "$type": "string" } })
+                            .build(),
+                    )
+                    .build(),
+                IndexModel::builder()
+                    .keys(doc! { "after": 1 })
+                    .options(
+                        IndexOptions::builder()
+                            .partial_filter_expression(doc! { "after": { "$type": "string" } })
+                            .build(),
+                    )
+                    .build(),
+                IndexModel::builder()
+                    .keys(doc! { "dependents": 1 })
+                    .options(
+                        IndexOptions::builder()
+                            .partial_filter_expression(doc! { "dependents": { "$type": "bool" } })
                             .build(),
                     )
                     .build(),
@@ -399,6 +424,31 @@ impl Store for MongoStore {
 
     async fn batch_counts(&self, id: &str) -> StoreResult<StatusCounts> {
         self.count_batch(id).await
+    }
+
+    async fn mark_dependents(&self, deps: &[Dependency]) -> StoreResult<()> {
+        self.mark_waited(deps).await
+    }
+
+    async fn blocked_on(&self, dep: &Dependency, limit: usize) -> StoreResult<Vec<ObjectId>> {
+        self.find_blocked(dep, limit).await
+    }
+
+    async fn resolve_dependency(
+        &self,
+        task: ObjectId,
+        dep: &Dependency,
+        failed: Option<&StopRequest>,
+    ) -> StoreResult<Resolved> {
+        self.resolve(task, dep, failed).await
+    }
+
+    async fn settled(&self, dep: &Dependency) -> StoreResult<()> {
+        self.clear_waited(dep).await
+    }
+
+    async fn unsettled(&self, limit: usize) -> StoreResult<Vec<Dependency>> {
+        self.find_unsettled(limit).await
     }
 
     async fn acquire_slot(&self, queue: &Queue, node: &str, lease: Duration) -> StoreResult<Option<Slot>> {
@@ -697,6 +747,17 @@ impl Store for MongoStore {
             }
             if let Some(b) = &t.batch {
                 d.insert("batch", b);
+            }
+            if !t.after.is_empty() {
+                let keys: Vec<String> = t.after.iter().map(Dependency::key).collect();
+                d.insert("after", keys.clone());
+                d.insert("pending", keys);
+                if t.after_failure_runs {
+                    d.insert("after_failure", "run");
+                }
+            }
+            if t.dependents {
+                d.insert("dependents", true);
             }
             d
         });

@@ -32,6 +32,7 @@
 //! connection from a small pool.
 
 mod batches;
+mod deps;
 mod files;
 mod leader;
 mod lifecycle;
@@ -51,10 +52,12 @@ use bson::oid::ObjectId;
 use bson::{Bson, DateTime, Document};
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
-use self::rows::{bson_bytes, db_err, lease_end, queue_from, read_bson, sort_str, task_from_row, TASK_COLUMNS};
+use self::rows::{
+    bson_bytes, db_err, lease_end, queue_from, read_bson, sort_str, task_from_row, CLAIMED_COLUMNS, TASK_COLUMNS,
+};
 use super::{
-    Batch, FinishExtra, HandRetry, NewQueue, NewTask, OutputValue, Page, QueueUpdate, Recovery, Slot, SlotRenewal,
-    StatusCounts, Store, StoreError, StoreResult, TaskFilter, TaskTarget,
+    Batch, Dependency, FinishExtra, HandRetry, NewQueue, NewTask, OutputValue, Page, QueueUpdate, Recovery, Resolved,
+    Slot, SlotRenewal, StatusCounts, Store, StoreError, StoreResult, TaskFilter, TaskTarget,
 };
 use crate::model::{
     status, Node, NodeProcess, NodeStats, Output, Queue, RetryAt, Sort, StopRequest, Task, TaskProgress,
@@ -347,6 +350,10 @@ fn filter_sql(filter: &TaskFilter) -> (String, Vec<rusqlite::types::Value>) {
         clauses.push("batch = ?".to_string());
         args.push(Value::Text(batch.clone()));
     }
+    if let Some(dep) = &filter.after {
+        clauses.push("id IN (SELECT child FROM task_deps WHERE dep = ?)".to_string());
+        args.push(Value::Text(dep.key()));
+    }
     if let Some(id) = filter.newer_than {
         clauses.push("id > ?".to_string());
         args.push(Value::Text(id.to_hex()));
@@ -385,7 +392,9 @@ impl Store for SqliteStore {
             conn.execute_batch(SCHEMA).map_err(db_err("create schema"))?;
             conn.execute_batch(plugins::SCHEMA).map_err(db_err("create schema"))?;
             conn.execute_batch(batches::SCHEMA).map_err(db_err("create schema"))?;
+            conn.execute_batch(deps::SCHEMA).map_err(db_err("create schema"))?;
             lifecycle::migrate(conn)?;
+            deps::migrate(conn)?;
             slots::migrate(conn)
         })
         .await
@@ -715,6 +724,31 @@ impl Store for SqliteStore {
         self.count_batch(id).await
     }
 
+    async fn mark_dependents(&self, deps: &[Dependency]) -> StoreResult<()> {
+        self.mark_waited(deps).await
+    }
+
+    async fn blocked_on(&self, dep: &Dependency, limit: usize) -> StoreResult<Vec<ObjectId>> {
+        self.find_blocked(dep, limit).await
+    }
+
+    async fn resolve_dependency(
+        &self,
+        task: ObjectId,
+        dep: &Dependency,
+        failed: Option<&StopRequest>,
+    ) -> StoreResult<Resolved> {
+        self.resolve(task, dep, failed).await
+    }
+
+    async fn settled(&self, dep: &Dependency) -> StoreResult<()> {
+        self.clear_waited(dep).await
+    }
+
+    async fn unsettled(&self, limit: usize) -> StoreResult<Vec<Dependency>> {
+        self.find_unsettled(limit).await
+    }
+
     async fn acquire_slot(&self, queue: &Queue, node: &str, lease: Duration) -> StoreResult<Option<Slot>> {
         self.take_slot(queue, node, lease).await
     }
@@ -816,7 +850,7 @@ impl Store for SqliteStore {
             "UPDATE tasks SET node = ?1, status = ?2, mtime = ?3
              WHERE id = (SELECT id FROM tasks WHERE queue = ?4 AND status = ?5 AND node IS NULL
                          AND (avoid_node IS NULL OR avoid_node <> ?1 OR avoid_until <= ?3) {order} LIMIT 1)
-             RETURNING {TASK_COLUMNS}"
+             RETURNING {CLAIMED_COLUMNS}"
         );
         let (q, node) = (queue.id.to_hex(), node.to_string());
         self.write("claim task", move |tx| {
@@ -986,6 +1020,7 @@ impl Store for SqliteStore {
                         t.priority,
                         t.key.clone(),
                         t.batch.clone(),
+                        (t.after.clone(), t.after_failure_runs, t.dependents),
                     )
                 })
             })
@@ -995,11 +1030,13 @@ impl Store for SqliteStore {
             let q = queue.to_hex();
             let mut stmt = tx
                 .prepare_cached(
-                    "INSERT INTO tasks (id, queue, ctime, mtime, node, status, params, run_at, priority, key, batch)
-                     VALUES (?1, ?2, ?3, ?3, NULL, ?4, ?5, ?6, ?7, ?8, ?9)",
+                    "INSERT INTO tasks (id, queue, ctime, mtime, node, status, params, run_at, priority, key, batch,
+                                        after, after_failure, dependents)
+                     VALUES (?1, ?2, ?3, ?3, NULL, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
                 )
                 .map_err(&err)?;
-            for (id, bytes, status, run_at, priority, key, batch) in encoded {
+            for (id, bytes, status, run_at, priority, key, batch, (after, runs_anyway, dependents)) in encoded {
+                deps::insert_deps(tx, &id, &after)?;
                 match stmt.execute(params![
                     id,
                     q,
@@ -1009,7 +1046,10 @@ impl Store for SqliteStore {
                     run_at,
                     priority,
                     key,
-                    batch
+                    batch,
+                    deps::after_column(&after),
+                    runs_anyway.then_some(1),
+                    dependents.then_some(1)
                 ]) {
                     Ok(_) => {}
                     Err(rusqlite::Error::SqliteFailure(e, _))

@@ -49,6 +49,8 @@ pub struct Batch {
     pub size: Option<i64>,
     /// When its first tasks were submitted.
     pub ctime: DateTime,
+    /// Whether tasks wait for it to complete (`after` naming it).
+    pub dependents: bool,
 }
 
 /// What re-validating a slot lease before a claim found ([`super::Store::renew_slot`]).
@@ -113,6 +115,8 @@ pub struct TaskFilter {
     pub key: Option<String>,
     /// Only the tasks of this batch.
     pub batch: Option<String>,
+    /// Only the tasks submitted after this task or batch (its children).
+    pub after: Option<Dependency>,
     /// Only tasks created after this one (`_id` greater).
     pub newer_than: Option<ObjectId>,
     /// Only tasks created before this one (`_id` less): the cursor of the next page.
@@ -140,6 +144,14 @@ pub struct NewTask {
     pub key: Option<String>,
     /// The batch it belongs to ([`super::Store::open_batch`]).
     pub batch: Option<String>,
+    /// What it waits for (`after`): it is inserted blocked (-4) until each has succeeded.
+    pub after: Vec<Dependency>,
+    /// Whether it runs anyway once what it waits for ended without succeeding
+    /// (`after_failure: "run"`), rather than being cancelled.
+    pub after_failure_runs: bool,
+    /// Whether tasks inserted with it wait for it (`dependents`), so the DEN that ends it
+    /// releases them at once.
+    pub dependents: bool,
 }
 
 impl NewTask {
@@ -152,16 +164,84 @@ impl NewTask {
             priority: 0,
             key: None,
             batch: None,
+            after: Vec::new(),
+            after_failure_runs: false,
+            dependents: false,
         }
     }
 
-    /// The status it is inserted with at `now`.
+    /// The status it is inserted with at `now`: blocked while it waits for other tasks.
     pub fn initial_status(&self, now: DateTime) -> i32 {
-        match self.run_at {
-            Some(t) if t > now => crate::model::status::SCHEDULED,
-            _ => crate::model::status::QUEUED,
+        if !self.after.is_empty() {
+            return crate::model::status::BLOCKED;
+        }
+        due_status(self.run_at, now)
+    }
+}
+
+/// The status of a task that may run once `run_at` (if any) has come: scheduled (-7)
+/// before, queued (-2) after.
+pub fn due_status(run_at: Option<DateTime>, now: DateTime) -> i32 {
+    match run_at {
+        Some(t) if t > now => crate::model::status::SCHEDULED,
+        _ => crate::model::status::QUEUED,
+    }
+}
+
+/// What a blocked task waits for: another task to succeed, or a batch to complete with
+/// every task succeeded. Stored as a string key: a task's id in hex, `batch:<id>` for a
+/// batch.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Dependency {
+    /// A task.
+    Task(ObjectId),
+    /// A batch ([`super::Store::open_batch`]).
+    Batch(String),
+}
+
+impl Dependency {
+    /// Its stored key.
+    pub fn key(&self) -> String {
+        match self {
+            Dependency::Task(id) => id.to_hex(),
+            Dependency::Batch(b) => format!("batch:{b}"),
         }
     }
+
+    /// The dependency a stored key names, if it names one.
+    pub fn parse(key: &str) -> Option<Dependency> {
+        match key.strip_prefix("batch:") {
+            Some(b) => Some(Dependency::Batch(b.to_string())),
+            None => ObjectId::parse_str(key).ok().map(Dependency::Task),
+        }
+    }
+}
+
+impl std::fmt::Display for Dependency {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Dependency::Task(id) => write!(f, "task {id}"),
+            Dependency::Batch(b) => write!(f, "batch {b:?}"),
+        }
+    }
+}
+
+/// What resolving one dependency of a blocked task did ([`super::Store::resolve_dependency`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resolved {
+    /// It waits for more.
+    Waiting,
+    /// It waited for nothing more: queued (or scheduled, when its `run_at` is to come).
+    Released,
+    /// What it waited for failed: it is cancelled.
+    Cancelled {
+        /// Whether tasks wait for it in turn.
+        dependents: bool,
+        /// Its batch, which may be complete now.
+        batch: Option<String>,
+    },
+    /// It is no longer blocked on this (resolved before, or cancelled by hand).
+    Gone,
 }
 
 impl StopRequest {

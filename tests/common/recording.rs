@@ -89,6 +89,26 @@ impl Store for Recording {
     async fn batch_counts(&self, id: &str) -> StoreResult<StatusCounts> {
         self.inner.batch_counts(id).await
     }
+    async fn mark_dependents(&self, deps: &[Dependency]) -> StoreResult<()> {
+        self.inner.mark_dependents(deps).await
+    }
+    async fn blocked_on(&self, dep: &Dependency, limit: usize) -> StoreResult<Vec<ObjectId>> {
+        self.inner.blocked_on(dep, limit).await
+    }
+    async fn resolve_dependency(
+        &self,
+        task: ObjectId,
+        dep: &Dependency,
+        failed: Option<&StopRequest>,
+    ) -> StoreResult<Resolved> {
+        self.inner.resolve_dependency(task, dep, failed).await
+    }
+    async fn settled(&self, dep: &Dependency) -> StoreResult<()> {
+        self.inner.settled(dep).await
+    }
+    async fn unsettled(&self, limit: usize) -> StoreResult<Vec<Dependency>> {
+        self.inner.unsettled(limit).await
+    }
     async fn acquire_slot(&self, queue: &Queue, node: &str, lease: Duration) -> StoreResult<Option<Slot>> {
         self.inner.acquire_slot(queue, node, lease).await
     }

@@ -37,6 +37,9 @@ async fn scheduled_tasks_are_not_claimed_before_their_time(s: Stores) {
                 priority: 0,
                 key: None,
                 batch: None,
+                after: Vec::new(),
+                after_failure_runs: false,
+                dependents: false,
             },
             NewTask {
                 id: due,
@@ -45,6 +48,9 @@ async fn scheduled_tasks_are_not_claimed_before_their_time(s: Stores) {
                 priority: 0,
                 key: None,
                 batch: None,
+                after: Vec::new(),
+                after_failure_runs: false,
+                dependents: false,
             },
         ],
     )
@@ -86,6 +92,9 @@ async fn cancel_ends_only_tasks_that_have_not_started(s: Stores) {
             priority: 0,
             key: None,
             batch: None,
+            after: Vec::new(),
+            after_failure_runs: false,
+            dependents: false,
         }],
     )
     .await
@@ -210,6 +219,9 @@ async fn a_den_runs_a_scheduled_task_once_it_is_due(s: Stores) {
             priority: 0,
             key: None,
             batch: None,
+            after: Vec::new(),
+            after_failure_runs: false,
+            dependents: false,
         }],
     )
     .await

@@ -24,6 +24,7 @@ fn batch_from(d: &Document) -> StoreResult<Batch> {
         id: id.to_string(),
         size: d.get("size").and_then(as_int),
         ctime: d.get("ctime").and_then(as_date).unwrap_or(DateTime::from_millis(0)),
+        dependents: d.get_bool("dependents").unwrap_or(false),
     })
 }
 

@@ -117,6 +117,9 @@ pub(super) fn task_filter_doc(filter: &TaskFilter) -> Document {
     if let Some(batch) = &filter.batch {
         q.insert("batch", batch);
     }
+    if let Some(dep) = &filter.after {
+        q.insert("after", dep.key());
+    }
     // Id bounds join the other conditions on `_id` rather than replace them.
     let mut bounds = Document::new();
     if let Some(id) = filter.newer_than {
@@ -292,7 +295,19 @@ pub(super) fn task_from(doc: &Document) -> StoreResult<Task> {
         key: f.get("key").and_then(|k| k.as_str()).map(str::to_owned),
         batch: f.get("batch").and_then(|k| k.as_str()).map(str::to_owned),
         rerun: f.get("rerun") == Some(&Bson::Boolean(true)),
+        after: strings(f.get("after")),
+        pending: strings(f.get("pending")),
+        after_failure_runs: f.get("after_failure").and_then(Bson::as_str) == Some("run"),
+        dependents: f.get("dependents") == Some(&Bson::Boolean(true)),
     })
+}
+
+/// The strings of an array field (`after`, `pending`); anything else reads as none.
+fn strings(v: Option<&Bson>) -> Vec<String> {
+    match v {
+        Some(Bson::Array(a)) => a.iter().filter_map(Bson::as_str).map(str::to_owned).collect(),
+        _ => Vec::new(),
+    }
 }
 
 /// The `progress` sub-document, if it is one (anything else is not a progress report).
@@ -349,6 +364,10 @@ pub(super) fn task_or_problem(doc: &Document) -> Option<Task> {
         key: f.get("key").and_then(|k| k.as_str()).map(str::to_owned),
         batch: f.get("batch").and_then(|k| k.as_str()).map(str::to_owned),
         rerun: f.get("rerun") == Some(&Bson::Boolean(true)),
+        after: strings(f.get("after")),
+        pending: strings(f.get("pending")),
+        after_failure_runs: f.get("after_failure").and_then(Bson::as_str) == Some("run"),
+        dependents: f.get("dependents") == Some(&Bson::Boolean(true)),
     })
 }
 

@@ -85,7 +85,7 @@ impl MongoStore {
     pub(super) async fn cancel(&self, target: TaskTarget, stop: &StopRequest) -> StoreResult<Vec<ObjectId>> {
         stop.expect(StopAction::Cancel)?;
         let fence = doc! {
-            "status": { "$in": [status::QUEUED, status::SCHEDULED] },
+            "status": { "$in": [status::QUEUED, status::SCHEDULED, status::BLOCKED] },
             "node": super::unclaimed(),
         };
         self.stop_where(

@@ -18,13 +18,18 @@ CREATE TABLE IF NOT EXISTS batches (
 );";
 
 fn read(conn: &rusqlite::Connection, id: &str) -> StoreResult<Option<Batch>> {
-    conn.query_row("SELECT id, size, ctime FROM batches WHERE id = ?1", [id], |r| {
-        Ok(Batch {
-            id: r.get(0)?,
-            size: r.get(1)?,
-            ctime: DateTime::from_millis(r.get(2)?),
-        })
-    })
+    conn.query_row(
+        "SELECT id, size, ctime, dependents FROM batches WHERE id = ?1",
+        [id],
+        |r| {
+            Ok(Batch {
+                id: r.get(0)?,
+                size: r.get(1)?,
+                ctime: DateTime::from_millis(r.get(2)?),
+                dependents: r.get::<_, Option<i64>>(3)?.is_some_and(|d| d != 0),
+            })
+        },
+    )
     .optional()
     .map_err(db_err("read the batch"))
 }

@@ -25,6 +25,9 @@ const ADDED_COLUMNS: &[(&str, &str)] = &[
     ("key", "TEXT"),
     ("rerun", "INTEGER"),
     ("batch", "TEXT"),
+    ("after", "TEXT"),
+    ("after_failure", "INTEGER"),
+    ("dependents", "INTEGER"),
 ];
 
 /// Adds the columns a database file created by an earlier release lacks, and their index.
@@ -35,7 +38,8 @@ pub(super) fn migrate(conn: &Connection) -> StoreResult<()> {
         "CREATE INDEX IF NOT EXISTS tasks_scheduled ON tasks (status, run_at);
          CREATE UNIQUE INDEX IF NOT EXISTS tasks_key ON tasks (queue, key) WHERE key IS NOT NULL;
          CREATE INDEX IF NOT EXISTS tasks_key_only ON tasks (key) WHERE key IS NOT NULL;
-         CREATE INDEX IF NOT EXISTS tasks_batch ON tasks (batch, status) WHERE batch IS NOT NULL;",
+         CREATE INDEX IF NOT EXISTS tasks_batch ON tasks (batch, status) WHERE batch IS NOT NULL;
+         CREATE INDEX IF NOT EXISTS tasks_dependents ON tasks (dependents) WHERE dependents = 1;",
     )
     .map_err(&err)?;
     Ok(())
@@ -78,23 +82,22 @@ impl SqliteStore {
         op: &'static str,
         target: TaskTarget,
         stop: &StopRequest,
-        statuses: [i32; 2],
+        statuses: &[i32],
         fence: &str,
         set: &str,
     ) -> StoreResult<Vec<ObjectId>> {
         let record = bson_bytes(&stop.to_document())?;
         let (clause, key) = target_clause(target);
         let sql = format!(
-            "UPDATE tasks SET stop = ?1, mtime = ?2{set} WHERE {clause} AND status IN (?4, ?5) AND {fence} RETURNING id"
+            "UPDATE tasks SET stop = ?1, mtime = ?2{set} WHERE {clause} AND status IN ({}) AND {fence} RETURNING id",
+            statuses.iter().map(i32::to_string).collect::<Vec<_>>().join(", ")
         );
         let list = self
             .write(op, move |tx| {
                 let mut stmt = tx.prepare(&sql).map_err(db_err(op))?;
                 let now = DateTime::now().timestamp_millis();
                 let rows = stmt
-                    .query_map(params![record, now, key, statuses[0], statuses[1]], |r| {
-                        r.get::<_, String>(0)
-                    })
+                    .query_map(params![record, now, key], |r| r.get::<_, String>(0))
                     .map_err(db_err(op))?;
                 rows.collect::<Result<Vec<_>, _>>().map_err(db_err(op))
             })
@@ -106,8 +109,8 @@ impl SqliteStore {
     pub(super) async fn cancel(&self, target: TaskTarget, stop: &StopRequest) -> StoreResult<Vec<ObjectId>> {
         stop.expect(StopAction::Cancel)?;
         let set = format!(", status = {}", status::CANCELLED);
-        let waiting = [status::QUEUED, status::SCHEDULED];
-        self.stop_where("cancel tasks", target, stop, waiting, "node IS NULL", &set)
+        let waiting = [status::QUEUED, status::SCHEDULED, status::BLOCKED];
+        self.stop_where("cancel tasks", target, stop, &waiting, "node IS NULL", &set)
             .await
     }
 
@@ -115,7 +118,7 @@ impl SqliteStore {
     pub(super) async fn kill(&self, target: TaskTarget, stop: &StopRequest) -> StoreResult<Vec<ObjectId>> {
         stop.expect(StopAction::Kill)?;
         let busy = [status::CLAIMED, status::RUNNING];
-        self.stop_where("ask to kill tasks", target, stop, busy, "stop IS NULL", "")
+        self.stop_where("ask to kill tasks", target, stop, &busy, "stop IS NULL", "")
             .await
     }
 

@@ -15,7 +15,11 @@ use crate::store::{OutputValue, StoreError, StoreResult};
 
 /// The columns of a task row, in the order [`task_from_row`] reads them.
 pub(super) const TASK_COLUMNS: &str =
-    "id, queue, ctime, mtime, node, status, params, stdout, stdout_file, stderr, stderr_file, run_at, stop, progress, priority, attempts, key, rerun, batch";
+    "id, queue, ctime, mtime, node, status, params, stdout, stdout_file, stderr, stderr_file, run_at, stop, progress, priority, attempts, key, rerun, batch, after, after_failure, dependents, (SELECT json_group_array(dep) FROM task_deps WHERE task_deps.child = tasks.id AND task_deps.met IS NULL)";
+
+/// [`TASK_COLUMNS`] of a task just claimed, which waits for nothing (a `RETURNING` clause).
+pub(super) const CLAIMED_COLUMNS: &str =
+    "id, queue, ctime, mtime, node, status, params, stdout, stdout_file, stderr, stderr_file, run_at, stop, progress, priority, attempts, key, rerun, batch, after, after_failure, dependents, NULL";
 
 /// Largest integer a Double represents exactly (2^53).
 const MAX_EXACT_DOUBLE: f64 = 9_007_199_254_740_992.0;
@@ -140,6 +144,10 @@ pub(super) fn task_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(String, 
     let key: Option<String> = r.get(16)?;
     let rerun: Option<i64> = r.get(17)?;
     let batch: Option<String> = r.get(18)?;
+    let after: Option<String> = r.get(19)?;
+    let after_failure: Option<i64> = r.get(20)?;
+    let dependents: Option<i64> = r.get(21)?;
+    let pending: Option<String> = r.get(22)?;
     let malformed = |reason: String| StoreError::Malformed {
         collection: "tasks",
         id: id.clone(),
@@ -181,6 +189,10 @@ pub(super) fn task_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(String, 
             key,
             batch,
             rerun: rerun.is_some_and(|r| r != 0),
+            after: super::deps::keys_of(after.as_deref()),
+            pending: super::deps::keys_of(pending.as_deref()),
+            after_failure_runs: after_failure.is_some_and(|r| r != 0),
+            dependents: dependents.is_some_and(|r| r != 0),
         })
     })();
     Ok((id.clone(), task))

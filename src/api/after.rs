@@ -1,0 +1,495 @@
+//! Dependencies in `POST /tasks`: `after` (top level, for every task of the request, or
+//! per entry of `tasks`) lists what a task waits for, and `after_failure` (`"cancel"`, the
+//! default, or `"run"`) what happens when one of them fails. A reference is
+//!
+//! - a task id (`"<24 hex digits>"` or `{"$oid": …}`, `{"id": …}`), of any queue;
+//! - a key (`"<key>"`, `{"key": …}`): an entry of this request with that key, else the
+//!   task of the request's queue with it; `{"key": …, "queue": <name or id>}` another
+//!   queue's;
+//! - `{"ref": n}`: entry `n` (from 0) of this request's `tasks`;
+//! - `{"batch": <id>}`: a batch, met once it is complete with every task succeeded.
+//!
+//! References between entries make a DAG; a request with a cycle, or naming a task, key or
+//! batch that does not exist, is refused whole (400) before anything is created. Entries
+//! are inserted parents first, so a request cut short never leaves a task waiting for an
+//! entry that was not created.
+
+use std::collections::{BTreeSet, HashMap};
+
+use bson::oid::ObjectId;
+use serde_json::{Map, Value};
+
+use super::body::kind;
+use super::tasks::object_id;
+use super::{queues, ApiError, Shared};
+use crate::store::{Dependency, NewTask};
+
+/// Most references one task may wait for.
+pub const MAX_AFTER: usize = 1000;
+
+/// One reference of an `after` list, as written.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Ref {
+    Id(ObjectId),
+    Key { key: String, queue: Option<String> },
+    Entry(usize),
+    Batch(String),
+}
+
+/// What a request's `after` / `after_failure` say (at the top level or in one entry).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(super) struct After {
+    pub refs: Vec<Ref>,
+    pub runs_anyway: Option<bool>,
+}
+
+/// Reads `after` and `after_failure` of `m` (named `field` in errors: "" at the top level,
+/// "tasks[3]." in an entry).
+pub(super) fn parse(m: &Map<String, Value>, field: &str) -> Result<After, ApiError> {
+    let runs_anyway = match m.get("after_failure") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) if s == "cancel" => Some(false),
+        Some(Value::String(s)) if s == "run" => Some(true),
+        Some(other) => {
+            return Err(ApiError::bad(format!(
+                "field \"{field}after_failure\" must be \"cancel\" or \"run\", got {}",
+                short(other)
+            )))
+        }
+    };
+    let list = match m.get("after") {
+        None | Some(Value::Null) => {
+            return Ok(After {
+                refs: Vec::new(),
+                runs_anyway,
+            })
+        }
+        Some(Value::Array(a)) => a.clone(),
+        Some(one @ (Value::String(_) | Value::Object(_))) => vec![one.clone()],
+        Some(other) => {
+            return Err(ApiError::bad(format!(
+                "field \"{field}after\" must be a list of task ids, keys, {{\"ref\": n}} or {{\"batch\": id}}, got {}",
+                kind(other)
+            )))
+        }
+    };
+    if list.len() > MAX_AFTER {
+        return Err(ApiError::bad(format!(
+            "field \"{field}after\" lists {} references; a task may wait for at most {MAX_AFTER}",
+            list.len()
+        )));
+    }
+    let refs = list
+        .iter()
+        .enumerate()
+        .map(|(i, v)| one(v).map_err(|e| ApiError::bad(format!("field \"{field}after[{i}]\" {e}"))))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(After { refs, runs_anyway })
+}
+
+fn short(v: &Value) -> String {
+    match v {
+        Value::String(s) => format!("{s:?}"),
+        other => kind(other).to_string(),
+    }
+}
+
+fn one(v: &Value) -> Result<Ref, String> {
+    let text = |v: Option<&Value>, what: &str| match v {
+        Some(Value::String(s)) if !s.is_empty() => Ok(s.clone()),
+        _ => Err(format!("must give {what} as a non-empty string")),
+    };
+    match v {
+        Value::String(s) if s.is_empty() => Err("must not be empty".into()),
+        Value::String(s) => Ok(ObjectId::parse_str(s).map_or_else(
+            |_| Ref::Key {
+                key: s.clone(),
+                queue: None,
+            },
+            Ref::Id,
+        )),
+        Value::Object(m) if m.contains_key("$oid") => {
+            object_id(v).map(Ref::Id).ok_or_else(|| "is not a task id".into())
+        }
+        Value::Object(m) => {
+            let only = |allowed: &[&str]| match m.keys().find(|k| !allowed.contains(&k.as_str())) {
+                Some(k) => Err(format!("has unknown field {k:?}")),
+                None => Ok(()),
+            };
+            if let Some(n) = m.get("ref") {
+                only(&["ref"])?;
+                let n = n
+                    .as_u64()
+                    .and_then(|n| usize::try_from(n).ok())
+                    .ok_or("must give \"ref\" as the index of an entry of \"tasks\" (from 0)")?;
+                Ok(Ref::Entry(n))
+            } else if m.contains_key("batch") {
+                only(&["batch"])?;
+                Ok(Ref::Batch(text(m.get("batch"), "\"batch\"")?))
+            } else if m.contains_key("key") {
+                only(&["key", "queue"])?;
+                let queue = match m.get("queue") {
+                    None | Some(Value::Null) => None,
+                    q => Some(text(q, "\"queue\" (a name or id)")?),
+                };
+                Ok(Ref::Key {
+                    key: text(m.get("key"), "\"key\"")?,
+                    queue,
+                })
+            } else if let Some(id) = m.get("id") {
+                only(&["id"])?;
+                let id = id
+                    .as_str()
+                    .and_then(|s| ObjectId::parse_str(s).ok())
+                    .or_else(|| object_id(id));
+                id.map(Ref::Id).ok_or_else(|| "must give \"id\" as a task id".into())
+            } else {
+                Err("must be a task id, a key, {\"ref\": n}, {\"key\", \"queue\"} or {\"batch\": id}".into())
+            }
+        }
+        other => Err(format!(
+            "must be a task id, a key, {{\"ref\": n}} or {{\"batch\": id}}, got {}",
+            kind(other)
+        )),
+    }
+}
+
+/// A request's tasks with their dependencies resolved: `tasks` in the order to insert
+/// them (parents first), each waiting for its resolved `after`; `external` what they wait
+/// for that existed before the request (to mark and settle once they are inserted).
+pub(super) struct Planned {
+    pub tasks: Vec<NewTask>,
+    pub external: Vec<Dependency>,
+}
+
+/// Resolves each task's references (`own[i]` after `shared`), checks them, and orders
+/// the tasks parents first. `tasks[i].id` is the id entry `i` will have.
+pub(super) async fn plan(
+    state: &Shared,
+    queue: ObjectId,
+    mut tasks: Vec<NewTask>,
+    shared: &After,
+    own: &[After],
+) -> Result<Planned, ApiError> {
+    let n = tasks.len();
+    let by_key: HashMap<&str, usize> = tasks
+        .iter()
+        .enumerate()
+        .rev()
+        .filter_map(|(i, t)| t.key.as_deref().map(|k| (k, i)))
+        .collect();
+    let mut edges: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); n];
+    let mut resolved: Vec<Vec<Dependency>> = vec![Vec::new(); n];
+    let mut external: BTreeSet<Dependency> = BTreeSet::new();
+    // What an existing key or id resolves to, looked up once per request.
+    let mut looked: HashMap<(String, Option<String>), Dependency> = HashMap::new();
+    for i in 0..n {
+        let entry = own.get(i).cloned().unwrap_or_default();
+        let field = |j: usize, from_shared: bool| {
+            if from_shared {
+                format!("field \"after[{j}]\"")
+            } else {
+                format!("field \"tasks[{i}].after[{}]\"", j)
+            }
+        };
+        let refs = shared
+            .refs
+            .iter()
+            .enumerate()
+            .map(|(j, r)| (field(j, true), r))
+            .chain(entry.refs.iter().enumerate().map(|(j, r)| (field(j, false), r)));
+        for (name, r) in refs {
+            let dep = match r {
+                Ref::Entry(e) if *e >= n => {
+                    return Err(ApiError::bad(format!(
+                        "{name} names entry {e}, but \"tasks\" has {n} entries"
+                    )))
+                }
+                Ref::Entry(e) => match taken_key(state, queue, &tasks[*e]).await? {
+                    Some(d) => d,
+                    None => {
+                        edges[i].insert(*e);
+                        continue;
+                    }
+                },
+                Ref::Key { key, queue: None } if by_key.contains_key(key.as_str()) => {
+                    let e = by_key[key.as_str()];
+                    match taken_key(state, queue, &tasks[e]).await? {
+                        Some(d) => d,
+                        None => {
+                            edges[i].insert(e);
+                            continue;
+                        }
+                    }
+                }
+                Ref::Key { key, queue: q } => {
+                    let k = (key.clone(), q.clone());
+                    if let Some(d) = looked.get(&k) {
+                        d.clone()
+                    } else {
+                        let d = existing_key(state, queue, key, q.as_deref(), &name).await?;
+                        looked.insert(k, d.clone());
+                        d
+                    }
+                }
+                Ref::Id(id) => {
+                    let k = (id.to_hex(), Some(String::new()));
+                    if let Some(d) = looked.get(&k) {
+                        d.clone()
+                    } else {
+                        if state.store.task(*id).await?.is_none() {
+                            return Err(ApiError::bad(format!("{name} names task {id}, which does not exist")));
+                        }
+                        looked.insert(k, Dependency::Task(*id));
+                        Dependency::Task(*id)
+                    }
+                }
+                Ref::Batch(b) => {
+                    if tasks[i].batch.as_deref() == Some(b.as_str()) {
+                        return Err(ApiError::bad(format!(
+                            "{name}: a task of batch {b:?} cannot wait for its own batch"
+                        )));
+                    }
+                    if state.store.batch(b).await?.is_none() {
+                        return Err(ApiError::bad(format!("{name} names batch {b:?}, which does not exist")));
+                    }
+                    Dependency::Batch(b.clone())
+                }
+            };
+            if !resolved[i].contains(&dep) {
+                resolved[i].push(dep.clone());
+            }
+            external.insert(dep);
+        }
+    }
+    let order = parents_first(&edges)?;
+    for (i, deps) in resolved.iter_mut().enumerate() {
+        let entry = own.get(i).cloned().unwrap_or_default();
+        deps.extend(edges[i].iter().map(|e| Dependency::Task(tasks[*e].id)));
+        tasks[i].after = std::mem::take(deps);
+        tasks[i].after_failure_runs = entry.runs_anyway.or(shared.runs_anyway).unwrap_or(false);
+        if tasks[i].after.len() > MAX_AFTER {
+            return Err(ApiError::bad(format!(
+                "field \"tasks[{i}]\" waits for {} tasks with the request's \"after\"; at most {MAX_AFTER}",
+                tasks[i].after.len()
+            )));
+        }
+    }
+    for e in edges.iter().flatten() {
+        tasks[*e].dependents = true;
+    }
+    let mut slots: Vec<Option<NewTask>> = tasks.into_iter().map(Some).collect();
+    let tasks = order.iter().filter_map(|i| slots[*i].take()).collect();
+    Ok(Planned {
+        tasks,
+        external: external.into_iter().collect(),
+    })
+}
+
+/// The task that already has entry `task`'s key, if any: the entry will not be created
+/// (`POST /tasks` answers the existing task for a key taken), so what waits for the entry
+/// waits for that task.
+async fn taken_key(state: &Shared, queue: ObjectId, task: &NewTask) -> Result<Option<Dependency>, ApiError> {
+    let Some(key) = &task.key else { return Ok(None) };
+    let found = crate::store::keys::by_key(state.store.as_ref(), Some(queue), key).await?;
+    Ok(found.first().map(|t| Dependency::Task(t.id)))
+}
+
+/// Creates `tasks` of `queue` with their dependencies (see the module): answers as
+/// `POST /tasks` does, `ids` in the request's order.
+pub(super) async fn create(
+    state: &Shared,
+    queue: ObjectId,
+    tasks: Vec<NewTask>,
+    shared: &After,
+    own: &[After],
+) -> Result<Value, ApiError> {
+    let request_order: Vec<ObjectId> = tasks.iter().map(|t| t.id).collect();
+    let keyed = tasks.iter().any(|t| t.key.is_some());
+    let planned = plan(state, queue, tasks, shared, own).await?;
+    // Marked before and after the insert: an end settled in between (finding no task yet)
+    // is settled again below, and one that this request's settling misses (a database
+    // error) by the leader's sweep.
+    if !planned.external.is_empty() {
+        state.store.mark_dependents(&planned.external).await?;
+    }
+    let answer = if keyed {
+        let order: Vec<ObjectId> = planned.tasks.iter().map(|t| t.id).collect();
+        let mut v = super::keys::create_keyed(state, queue, planned.tasks, false).await?;
+        // Back to the request's order: entry i was inserted at position p.
+        if let Some(Value::Array(ids)) = v.get("ids").cloned() {
+            let at: HashMap<ObjectId, usize> = order.iter().enumerate().map(|(p, id)| (*id, p)).collect();
+            let sorted: Vec<Value> = request_order
+                .iter()
+                .filter_map(|id| at.get(id).and_then(|p| ids.get(*p)).cloned())
+                .collect();
+            v["ids"] = Value::Array(sorted);
+        }
+        v
+    } else {
+        let total = planned.tasks.len();
+        let mut created = Vec::with_capacity(total);
+        let mut rest = planned.tasks;
+        while !rest.is_empty() {
+            let tail = rest.split_off(rest.len().min(super::create::INSERT_BATCH));
+            let part = std::mem::replace(&mut rest, tail);
+            let ids: Vec<ObjectId> = part.iter().map(|t| t.id).collect();
+            if let Err(error) = state.store.insert_tasks(queue, part).await {
+                return Err(ApiError::PartlyCreated(Box::new(super::error::PartlyCreated {
+                    error,
+                    queue,
+                    total,
+                    created,
+                    unconfirmed: ids,
+                })));
+            }
+            created.extend(ids);
+        }
+        super::json::created(queue, &request_order)
+    };
+    if let Err(e) = crate::store::deps::submitted(state.store.as_ref(), &planned.external).await {
+        tracing::warn!(error = %e, "cannot settle what new tasks wait for now; the leader's sweep will");
+    }
+    Ok(answer)
+}
+
+/// The task a key names in `queue` (or in the queue named `other`).
+async fn existing_key(
+    state: &Shared,
+    queue: ObjectId,
+    key: &str,
+    other: Option<&str>,
+    name: &str,
+) -> Result<Dependency, ApiError> {
+    let (q, qname) = match other {
+        Some(o) => {
+            let found = queues::find(state, o)
+                .await
+                .map_err(|_| ApiError::bad(format!("{name} names queue {o:?}, which does not exist")))?;
+            (found.id, found.name)
+        }
+        None => (queue, "the request's queue".to_string()),
+    };
+    let found = crate::store::keys::by_key(state.store.as_ref(), Some(q), key).await?;
+    match found.first() {
+        Some(t) => Ok(Dependency::Task(t.id)),
+        None => Err(ApiError::bad(format!(
+            "{name} names key {key:?}, which no entry of this request and no task of {qname} has"
+        ))),
+    }
+}
+
+/// The entries in an order where each comes after those it waits for, or the error naming
+/// a cycle.
+fn parents_first(edges: &[BTreeSet<usize>]) -> Result<Vec<usize>, ApiError> {
+    // 0 = not seen, 1 = on the current path, 2 = placed.
+    let mut mark = vec![0u8; edges.len()];
+    let mut order = Vec::with_capacity(edges.len());
+    for start in 0..edges.len() {
+        if mark[start] != 0 {
+            continue;
+        }
+        // An explicit stack of (entry, its parents still to visit), so a long chain cannot
+        // overflow the thread's stack.
+        let mut stack: Vec<(usize, Vec<usize>)> = vec![(start, edges[start].iter().copied().collect())];
+        mark[start] = 1;
+        while let Some((node, rest)) = stack.last_mut() {
+            let node = *node;
+            match rest.pop() {
+                Some(p) if mark[p] == 1 => {
+                    let path: Vec<usize> = stack.iter().map(|(e, _)| *e).collect();
+                    let from = path.iter().position(|e| *e == p).unwrap_or(0);
+                    let cycle: Vec<String> = path[from..]
+                        .iter()
+                        .chain(std::iter::once(&p))
+                        .map(|e| format!("tasks[{e}]"))
+                        .collect();
+                    return Err(ApiError::bad(format!(
+                        "field \"tasks\" has a cycle of dependencies: {} (each waits for the next)",
+                        cycle.join(" → ")
+                    )));
+                }
+                Some(p) if mark[p] == 0 => {
+                    mark[p] = 1;
+                    stack.push((p, edges[p].iter().copied().collect()));
+                }
+                Some(_) => {}
+                None => {
+                    mark[node] = 2;
+                    order.push(node);
+                    stack.pop();
+                }
+            }
+        }
+    }
+    Ok(order)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn edges(list: &[&[usize]]) -> Vec<BTreeSet<usize>> {
+        list.iter().map(|l| l.iter().copied().collect()).collect()
+    }
+
+    #[test]
+    fn entries_are_ordered_parents_first() {
+        let order = parents_first(&edges(&[&[1, 2], &[2], &[], &[0]])).unwrap();
+        let at = |e| order.iter().position(|x| *x == e).unwrap();
+        assert!(at(2) < at(1) && at(1) < at(0) && at(0) < at(3), "{order:?}");
+    }
+
+    #[test]
+    fn a_cycle_is_named() {
+        let e = parents_first(&edges(&[&[1], &[2], &[0]])).unwrap_err().to_string();
+        assert!(
+            e.contains("cycle") && e.contains("tasks[0] → tasks[1] → tasks[2] → tasks[0]"),
+            "{e}"
+        );
+        let e = parents_first(&edges(&[&[0]])).unwrap_err().to_string();
+        assert!(e.contains("tasks[0] → tasks[0]"), "{e}");
+    }
+
+    #[test]
+    fn a_long_chain_does_not_overflow() {
+        let chain: Vec<BTreeSet<usize>> = (0..200_000usize)
+            .map(|i| if i == 0 { BTreeSet::new() } else { [i - 1].into() })
+            .collect();
+        let order = parents_first(&chain).unwrap();
+        assert_eq!(order.first(), Some(&0));
+    }
+
+    #[test]
+    fn references_parse() {
+        let m = |v: Value| -> Map<String, Value> { serde_json::from_value(v).unwrap() };
+        let a = parse(
+            &m(
+                json!({"after": ["5f0000000000000000000001", "build", {"ref": 2}, {"batch": "b"},
+                {"key": "k", "queue": "q"}], "after_failure": "run"}),
+            ),
+            "",
+        )
+        .unwrap();
+        assert_eq!(a.runs_anyway, Some(true));
+        assert_eq!(
+            a.refs[1],
+            Ref::Key {
+                key: "build".into(),
+                queue: None
+            }
+        );
+        assert_eq!(a.refs[2], Ref::Entry(2));
+        assert_eq!(a.refs[3], Ref::Batch("b".into()));
+        let bad = |v: Value| parse(&m(v), "tasks[1].").unwrap_err().to_string();
+        assert!(bad(json!({"after": [{"ref": -1}]})).contains("tasks[1].after[0]"));
+        assert!(
+            bad(json!({"after": [7]})).contains("got a number"),
+            "{}",
+            bad(json!({"after": [7]}))
+        );
+        assert!(bad(json!({"after": [{"bogus": 1}]})).contains("after[0]"));
+        assert!(bad(json!({"after_failure": "maybe"})).contains("\"cancel\" or \"run\""));
+    }
+}

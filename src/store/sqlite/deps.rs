@@ -1,0 +1,218 @@
+//! Dependencies in the embedded store, by the rules of MongoDB's (see its `deps`): a
+//! blocked task's `after` column holds what it was submitted after (a JSON array of
+//! keys), and `task_deps(child, dep, met)` one row per dependency, `met` null while it
+//! waits for it, found by dependency through `task_deps_dep` (which also lists a task's
+//! children); `dependents` marks a task (or, in `batches`, a
+//! batch) waited for until its end is settled. Each resolution is one transaction.
+
+use bson::oid::ObjectId;
+use bson::DateTime;
+use rusqlite::{params, OptionalExtension, Transaction};
+
+use super::rows::{add_columns, bson_bytes, db_err};
+use super::SqliteStore;
+use crate::model::{status, StopRequest};
+use crate::store::{due_status, Dependency, Resolved, StoreResult};
+
+/// The `task_deps` table.
+pub(super) const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS task_deps (
+    child TEXT NOT NULL,
+    dep TEXT NOT NULL,
+    met INTEGER,
+    PRIMARY KEY (child, dep)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS task_deps_dep ON task_deps (dep);";
+
+/// SQL of the ended statuses of `tasks.status`.
+const ENDED: &str = "(status > 0 OR status IN (-6, -5, -3))";
+
+/// A blocked task's `run_at`, `after_failure`, `dependents` and `batch`.
+type BlockedRow = (Option<i64>, Option<i64>, Option<i64>, Option<String>);
+
+/// Adds `batches.dependents` to a database file created before it.
+pub(super) fn migrate(conn: &rusqlite::Connection) -> StoreResult<()> {
+    add_columns(conn, "batches", &[("dependents", "INTEGER")])
+}
+
+/// Records, in the transaction that inserts task `child`, what it waits for.
+pub(super) fn insert_deps(tx: &Transaction<'_>, child: &str, deps: &[Dependency]) -> StoreResult<()> {
+    let mut stmt = tx
+        .prepare_cached("INSERT OR IGNORE INTO task_deps (child, dep) VALUES (?1, ?2)")
+        .map_err(db_err("create tasks"))?;
+    for d in deps {
+        stmt.execute(params![child, d.key()]).map_err(db_err("create tasks"))?;
+    }
+    Ok(())
+}
+
+/// The `after` column of a task waiting for `deps`: their keys as a JSON array.
+pub(super) fn after_column(deps: &[Dependency]) -> Option<String> {
+    (!deps.is_empty())
+        .then(|| serde_json::Value::from(deps.iter().map(Dependency::key).collect::<Vec<_>>()).to_string())
+}
+
+/// The keys of an `after` column (or of the pending list read beside it).
+pub(super) fn keys_of(json: Option<&str>) -> Vec<String> {
+    json.and_then(|j| serde_json::from_str::<Vec<Option<String>>>(j).ok())
+        .map(|v| v.into_iter().flatten().collect())
+        .unwrap_or_default()
+}
+
+impl SqliteStore {
+    /// [`Store::mark_dependents`](crate::store::Store::mark_dependents).
+    pub(super) async fn mark_waited(&self, deps: &[Dependency]) -> StoreResult<()> {
+        let deps = deps.to_vec();
+        self.write("mark tasks waited for", move |tx| {
+            let err = db_err("mark tasks waited for");
+            for d in &deps {
+                match d {
+                    Dependency::Task(id) => tx.execute("UPDATE tasks SET dependents = 1 WHERE id = ?1", [id.to_hex()]),
+                    Dependency::Batch(b) => tx.execute("UPDATE batches SET dependents = 1 WHERE id = ?1", [b]),
+                }
+                .map_err(&err)?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    /// [`Store::blocked_on`](crate::store::Store::blocked_on).
+    pub(super) async fn find_blocked(&self, dep: &Dependency, limit: usize) -> StoreResult<Vec<ObjectId>> {
+        let key = dep.key();
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.with(move |conn| {
+            let err = db_err("find tasks blocked on another");
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT d.child FROM task_deps d JOIN tasks t ON t.id = d.child
+                     WHERE d.dep = ?1 AND d.met IS NULL AND t.status = ?2 LIMIT ?3",
+                )
+                .map_err(&err)?;
+            let rows = stmt
+                .query_map(params![key, status::BLOCKED, limit], |r| r.get::<_, String>(0))
+                .map_err(&err)?;
+            let ids = rows.collect::<Result<Vec<_>, _>>().map_err(&err)?;
+            Ok(ids.iter().filter_map(|s| ObjectId::parse_str(s).ok()).collect())
+        })
+        .await
+    }
+
+    /// [`Store::resolve_dependency`](crate::store::Store::resolve_dependency).
+    pub(super) async fn resolve(
+        &self,
+        task: ObjectId,
+        dep: &Dependency,
+        failed: Option<&StopRequest>,
+    ) -> StoreResult<Resolved> {
+        let key = dep.key();
+        let stop = failed.map(|s| bson_bytes(&s.to_document())).transpose()?;
+        let (resolved, released) = self
+            .write("release a blocked task", move |tx| {
+                let err = db_err("release a blocked task");
+                let id = task.to_hex();
+                let row: Option<BlockedRow> = tx
+                    .query_row(
+                        "SELECT run_at, after_failure, dependents, batch FROM tasks WHERE id = ?1 AND status = ?2",
+                        params![id, status::BLOCKED],
+                        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+                    )
+                    .optional()
+                    .map_err(&err)?;
+                let Some((run_at, runs_anyway, dependents, batch)) = row else {
+                    return Ok((Resolved::Gone, false));
+                };
+                let now = DateTime::now().timestamp_millis();
+                let waits: bool = tx
+                    .query_row(
+                        "SELECT EXISTS (SELECT 1 FROM task_deps WHERE child = ?1 AND dep = ?2 AND met IS NULL)",
+                        params![id, key],
+                        |r| r.get(0),
+                    )
+                    .map_err(&err)?;
+                if let (Some(stop), true, false) = (&stop, waits, runs_anyway.is_some_and(|r| r != 0)) {
+                    tx.execute(
+                        "UPDATE tasks SET status = ?1, stop = ?2, mtime = ?3 WHERE id = ?4",
+                        params![status::CANCELLED, stop, now, id],
+                    )
+                    .map_err(&err)?;
+                    let resolved = Resolved::Cancelled {
+                        dependents: dependents.is_some_and(|d| d != 0),
+                        batch,
+                    };
+                    return Ok((resolved, false));
+                }
+                tx.execute(
+                    "UPDATE task_deps SET met = 1 WHERE child = ?1 AND dep = ?2",
+                    params![id, key],
+                )
+                .map_err(&err)?;
+                let left: i64 = tx
+                    .query_row(
+                        "SELECT COUNT(*) FROM task_deps WHERE child = ?1 AND met IS NULL",
+                        [&id],
+                        |r| r.get(0),
+                    )
+                    .map_err(&err)?;
+                if left > 0 {
+                    return Ok((if waits { Resolved::Waiting } else { Resolved::Gone }, false));
+                }
+                let due = due_status(run_at.map(DateTime::from_millis), DateTime::from_millis(now));
+                tx.execute(
+                    "UPDATE tasks SET status = ?1, mtime = ?2 WHERE id = ?3",
+                    params![due, now, id],
+                )
+                .map_err(&err)?;
+                Ok((Resolved::Released, due == status::QUEUED))
+            })
+            .await?;
+        if released {
+            self.signal_queued();
+        }
+        Ok(resolved)
+    }
+
+    /// [`Store::settled`](crate::store::Store::settled).
+    pub(super) async fn clear_waited(&self, dep: &Dependency) -> StoreResult<()> {
+        let dep = dep.clone();
+        self.write("mark a dependency settled", move |tx| {
+            match &dep {
+                Dependency::Task(id) => tx.execute(
+                    &format!("UPDATE tasks SET dependents = NULL WHERE id = ?1 AND {ENDED}"),
+                    [id.to_hex()],
+                ),
+                Dependency::Batch(b) => tx.execute("UPDATE batches SET dependents = NULL WHERE id = ?1", [b]),
+            }
+            .map_err(db_err("mark a dependency settled"))?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// [`Store::unsettled`](crate::store::Store::unsettled).
+    pub(super) async fn find_unsettled(&self, limit: usize) -> StoreResult<Vec<Dependency>> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.with(move |conn| {
+            let err = db_err("find unsettled dependencies");
+            let mut out = Vec::new();
+            let mut stmt = conn
+                .prepare_cached(&format!(
+                    "SELECT id FROM tasks WHERE dependents = 1 AND {ENDED} LIMIT ?1"
+                ))
+                .map_err(&err)?;
+            for id in stmt.query_map([limit], |r| r.get::<_, String>(0)).map_err(&err)? {
+                if let Ok(id) = ObjectId::parse_str(id.map_err(&err)?) {
+                    out.push(Dependency::Task(id));
+                }
+            }
+            let mut stmt = conn
+                .prepare_cached("SELECT id FROM batches WHERE dependents = 1 LIMIT ?1")
+                .map_err(&err)?;
+            for b in stmt.query_map([limit], |r| r.get::<_, String>(0)).map_err(&err)? {
+                out.push(Dependency::Batch(b.map_err(&err)?));
+            }
+            Ok(out)
+        })
+        .await
+    }
+}
