@@ -5,6 +5,7 @@
 //! Parts: `client` (HTTP + errors), `table` (text tables), `web` (the server verb), `dev`
 //! (a DEN and the DCI in one process, for trying Disbatch on one machine).
 
+mod after;
 mod batches;
 pub mod client;
 pub mod dev;
@@ -20,6 +21,7 @@ use std::io::Read as _;
 use clap::{Parser, Subcommand};
 use serde_json::{json, Map, Value};
 
+use self::after::AfterArgs;
 use self::batches::{batch_text, BatchArgs};
 use self::client::{encode, Client};
 use self::lifecycle::{absolute_run_at, lifecycle_lines, stop_tasks, RetryArgs, StopArgs};
@@ -225,6 +227,8 @@ pub enum Command {
         wait: bool,
         #[command(flatten)]
         batch: BatchArgs,
+        #[command(flatten)]
+        after: AfterArgs,
         /// Queue id or name.
         queue: String,
         /// Pairs of param name and value.
@@ -244,9 +248,21 @@ pub enum Command {
         collection: Option<String>,
         #[command(flatten)]
         batch: BatchArgs,
+        #[command(flatten)]
+        after: AfterArgs,
         /// Queue id or name.
         queue: String,
         /// The JSON (array of params, or `{filter, params}` with --collection).
+        #[arg(value_name = "JSON")]
+        tasks: String,
+    },
+    /// Create a DAG of tasks in one request: a JSON array (inline, `@file` or `-`) of
+    /// `{params, key, after: [{"ref": n} | key | id | {"batch": id}], after_failure}`;
+    /// refused whole when it has a cycle or names what does not exist.
+    CreateDag {
+        /// Queue id or name.
+        queue: String,
+        /// The JSON array of entries.
         #[arg(value_name = "JSON")]
         tasks: String,
     },
@@ -349,6 +365,7 @@ pub async fn run(cli: &Cli) -> Result<(), CliError> {
             resubmit,
             wait,
             batch,
+            after,
             queue,
             pairs,
         } => {
@@ -365,6 +382,7 @@ pub async fn run(cli: &Cli) -> Result<(), CliError> {
             }
             if let Some(m) = body.as_object_mut() {
                 batch.add_to(m);
+                after.add_to(m);
             }
             let v = client.post("/tasks", &body).await?;
             if *wait {
@@ -387,6 +405,7 @@ pub async fn run(cli: &Cli) -> Result<(), CliError> {
             priority,
             collection,
             batch,
+            after,
             queue,
             tasks: text,
         } => {
@@ -407,6 +426,7 @@ pub async fn run(cli: &Cli) -> Result<(), CliError> {
                         body.insert("priority".into(), json!(p));
                     }
                     batch.add_to(&mut body);
+                    after.add_to(&mut body);
                     Output::new(client.post("/tasks", &Value::Object(body)).await?, created)
                 }
                 None => {
@@ -423,9 +443,19 @@ pub async fn run(cli: &Cli) -> Result<(), CliError> {
                         extra.insert("priority".into(), json!(p));
                     }
                     batch.add_to(&mut extra);
+                    after.add_to(&mut extra);
                     Output::new(create_in_batches(&client, queue, list, &extra).await?, created)
                 }
             }
+        }
+        Command::CreateDag { queue, tasks: text } => {
+            let Value::Array(list) = read_json(text)? else {
+                return Err(CliError::Usage(
+                    "the DAG must be a JSON array of {params, key, after} entries".into(),
+                ));
+            };
+            let body = json!({"queue": queue, "tasks": list});
+            Output::new(client.post("/tasks", &body).await?, created)
         }
         Command::Tasks { filter } => {
             let mut q = Vec::new();

@@ -65,6 +65,34 @@ async fn queues_tasks_and_nodes_through_the_cli() {
     );
     assert_eq!(web.json(&["batch", "b1"])["total"], 3);
 
+    // Dependencies: a DAG in one request, a task after a batch and one after a task.
+    let dag = web.json(&[
+        "create-dag",
+        "side",
+        r#"[{"params":{"n":1},"key":"first"},{"params":{"n":2},"after":[{"ref":0}]},{"params":{"n":3},"after":["first"]}]"#,
+    ]);
+    let first = dag["ids"][0].as_str().unwrap().to_owned();
+    let second = dag["ids"][1].as_str().unwrap().to_owned();
+    assert_eq!(web.json(&["task", &second])["status"], -4, "{dag}");
+    let t = web.json(&[
+        "create-task",
+        "--after",
+        "batch:b1",
+        "--after",
+        &first,
+        "--after-failure",
+        "run",
+        "side",
+    ]);
+    let fan_in = web.json(&["task", t["ids"][0].as_str().unwrap()]);
+    assert_eq!(fan_in["after"], json!(["batch:b1", first]), "{fan_in}");
+    assert_eq!(fan_in["after_failure"], "run");
+    let children = web.json(&["tasks", &format!(r#"{{"after": "{first}"}}"#)]);
+    assert_eq!(children.as_array().map(Vec::len), Some(3), "{children}");
+    let cycle = web.run_with(&["create-dag", "side", r#"[{"after":[{"ref":0}]}]"#], None, &[]);
+    assert!(!cycle.status.success());
+    assert!(stderr(&cycle).contains("cycle"), "{}", stderr(&cycle));
+
     db.db
         .collection::<Document>("people")
         .insert_many([doc! {"name": "ann"}, doc! {"name": "bob"}])

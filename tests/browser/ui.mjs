@@ -1,7 +1,7 @@
 // Drives the Disbatch web UI in headless Chromium: creates a queue, edits its threads,
 // submits a task and follows it until the DEN has run it, edits a node's maxthreads and
 // opens a finished task's GridFS-backed output, cancels a scheduled task, kills a
-// running one and retries it, uploads a plugin component. Screenshots go to OUT_DIR.
+// running one and retries it, uploads a plugin component, shows a DAG around a task. Screenshots go to OUT_DIR.
 // Usage: node ui.mjs <base-url> <finished-task-id> <expected-stdout-snippet> <out-dir> <component.wasm>
 import { chromium } from "playwright-core";
 import { mkdtempSync, rmSync } from "node:fs";
@@ -141,6 +141,31 @@ try {
   const again = await api("/tasks/" + long);
   if (again.status > 0 || again.attempts.length !== 1) throw new Error("retried task: " + JSON.stringify(again));
   await shot("task-retried");
+
+  // A DAG: a → (b, c) → d. b's page lists what it waits for and what waits for it, and
+  // draws them; once a succeeded the graph shows it so.
+  const dag = (await post("/tasks", { queue: "browser-q", tasks: [
+    { params: { message: "a", sleep_ms: 1500 } },
+    { params: { message: "b" }, after: [{ ref: 0 }] },
+    { params: { message: "c" }, after: [{ ref: 0 }] },
+    { params: { message: "d" }, after: [{ ref: 1 }, { ref: 2 }] },
+  ] })).ids;
+  await page.goto(base + "/#/task/" + dag[1]);
+  await page.waitForSelector("#task-graph .node.self");
+  const graph = await page.evaluate(() => ({
+    parents: [...document.querySelectorAll("#task-graph .node.parent")].map((n) => n.textContent),
+    children: [...document.querySelectorAll("#task-graph .node.child")].map((n) => n.textContent),
+    listed: [...document.querySelectorAll("#task-parents a")].map((a) => a.getAttribute("href")),
+    waiting: document.querySelector("#task-parents")?.textContent || "",
+  }));
+  if (graph.parents.length !== 1 || !graph.parents[0].startsWith(dag[0].slice(0, 20))) throw new Error("graph parents: " + JSON.stringify(graph));
+  if (graph.children.length !== 1 || !graph.children[0].startsWith(dag[3].slice(0, 20))) throw new Error("graph children: " + JSON.stringify(graph));
+  if (graph.listed[0] !== "#/task/" + dag[0] || !graph.waiting.includes("waiting for it")) throw new Error("parents list: " + JSON.stringify(graph));
+  if (!(await page.textContent("#task-status")).includes("blocked")) throw new Error("b's status: " + (await page.textContent("#task-status")));
+  await shot("task-dag-blocked");
+  await page.waitForFunction(() => (document.querySelector("#task-status")?.textContent || "").includes("succeeded"), null, { timeout: 30000 });
+  await page.waitForSelector('#task-graph .node.parent[data-status="1"]');
+  await shot("task-dag-done");
   if (errors.length) throw new Error("page errors: " + errors.join("; "));
   console.log(JSON.stringify({ ok: true, screenshots: step, submitted }));
 } catch (e) {

@@ -274,7 +274,7 @@ async function showTask(id, refresh) {
   const text = (k) => isFile(k) ? "" : esc(t[k] ?? "");
   // Cancel before it starts, kill while it runs (a kill already asked is shown, not
   // offered), retry once it has finished.
-  const waiting = t.status === -2 || t.status === -7;
+  const waiting = t.status === -2 || t.status === -7 || t.status === -4;
   const running = (t.status === -1 || t.status === 0) && !t.stop;
   const finished = t.status > 0 || [-6, -5, -3].includes(t.status);
   const actions = waiting ? `<button id="task-cancel">Cancel</button>`
@@ -295,8 +295,9 @@ async function showTask(id, refresh) {
       <dt>Queue</dt><dd><a href="#/tasks?queue=${esc(t.queue.$oid)}">${esc(t.queue.$oid)}</a></dd>
       <dt>Node</dt><dd>${esc(t.node ?? "-")}</dd>
       <dt>Created</dt><dd>${plain(t.ctime)}</dd>
-      <dt>Modified</dt><dd>${plain(t.mtime)}</dd>
+      <dt>Modified</dt><dd>${plain(t.mtime)}</dd>${t.batch ? `<dt>Batch</dt><dd id="task-batch"><a href="/batches/${encodeURIComponent(t.batch)}" target="_blank">${esc(t.batch)}</a></dd>` : ""}
     </dl>
+    <div id="task-deps"></div>
     ${attemptList}
     <h3>Params</h3><pre id="task-params">${esc(JSON.stringify(t.params, null, 2))}</pre>
     <h3>stdout${file("stdout")}</h3><pre id="task-stdout">${text("stdout")}</pre>
@@ -316,11 +317,53 @@ async function showTask(id, refresh) {
   if ($("#task-cancel")) $("#task-cancel").onclick = act("cancel", "task cancelled");
   if ($("#task-kill")) $("#task-kill").onclick = act("kill", "kill asked; its DEN stops the plugin");
   if ($("#task-retry")) $("#task-retry").onclick = act("retry", "task queued again");
+  showDeps(t).catch((e) => { $("#task-deps").textContent = "cannot read the task's dependencies: " + e.message; });
   for (const k of ["stdout", "stderr"]) {
     const pre = $("#task-" + k);
     if (isFile(k)) streamInto(pre, raw(k)).catch((e) => { pre.append("\n[cannot read the output: " + e.message + "]"); });
     else pre.dataset.complete = "1";
   }
+}
+
+// Status colours of the dependency graph.
+const STATUS_COLOUR = { 1: "var(--ok)", 2: "var(--bad)", "-5": "var(--warn)", "-6": "var(--bad)", "-4": "var(--muted)" };
+
+// The task's place in its DAG: what it waits for (and which of those it still waits
+// for), the tasks waiting for it, and a graph of both around it.
+async function showDeps(t) {
+  const box = $("#task-deps");
+  const children = await api("GET", "/tasks?after=" + encodeURIComponent(t.id) + "&limit=200&fields=status");
+  const after = t.after ?? [];
+  if (!after.length && !children.length) return;
+  const pending = new Set(t.pending ?? []);
+  const parents = await Promise.all(after.map(async (k) => {
+    if (k.startsWith("batch:")) return { key: k, label: "batch " + k.slice(6), href: "/batches/" + encodeURIComponent(k.slice(6)), status: null };
+    const found = await api("GET", "/tasks?id=" + encodeURIComponent(k) + "&fields=status").catch(() => []);
+    return { key: k, label: k, href: "#/task/" + k, status: found.length ? found[0].status : null };
+  }));
+  const kids = children.map((c) => ({ key: c.id, label: c.id, href: "#/task/" + c.id, status: c.status }));
+  const item = (n) => `<li><a href="${n.href}">${esc(n.label)}</a> ${n.status === null ? "" : `<span class="state" style="background:${STATUS_COLOUR[n.status] ?? "var(--accent)"}">${n.status}</span>`}${pending.has(n.key) ? " <small>(waiting for it)</small>" : ""}</li>`;
+  const failure = t.after_failure === "run" ? " <small>(runs even if one fails)</small>" : "";
+  box.innerHTML = `
+    ${parents.length ? `<h3>Waits for${failure}</h3><ul id="task-parents">${parents.map(item).join("")}</ul>` : ""}
+    ${kids.length ? `<h3>Waited for by</h3><ul id="task-children">${kids.map(item).join("")}</ul>` : ""}
+    <h3>Graph</h3>${depGraph(parents, { key: t.id, label: t.id, status: t.status }, kids)}`;
+}
+
+// An SVG of parents → task → children, each node a link coloured by its status.
+function depGraph(parents, self, kids) {
+  const W = 220, H = 26, GAP = 10, COL = 300;
+  const rows = Math.max(parents.length, kids.length, 1);
+  const height = rows * (H + GAP) + GAP;
+  const y = (i, n) => GAP + (height - GAP - n * (H + GAP)) / 2 + i * (H + GAP);
+  const node = (n, x, yy, cls) => `<a href="${n.href ?? "#/task/" + n.key}"><g class="node ${cls}" data-status="${n.status ?? ""}"><rect x="${x}" y="${yy}" width="${W}" height="${H}" rx="5" fill="${STATUS_COLOUR[n.status] ?? "var(--accent)"}"></rect><text x="${x + 8}" y="${yy + 17}" fill="#fff">${esc(n.label.length > 30 ? n.label.slice(0, 29) + "…" : n.label)}</text></g></a>`;
+  const sy = y(0, 1);
+  const edge = (x1, y1, x2, y2) => `<line x1="${x1}" y1="${y1 + H / 2}" x2="${x2}" y2="${y2 + H / 2}" stroke="var(--muted)"></line>`;
+  let out = "";
+  parents.forEach((p, i) => { out += edge(W, y(i, parents.length), COL, sy) + node(p, 0, y(i, parents.length), "parent"); });
+  kids.forEach((c, i) => { out += edge(COL + W, sy, 2 * COL, y(i, kids.length)) + node(c, 2 * COL, y(i, kids.length), "child"); });
+  out += node(self, COL, sy, "self");
+  return `<svg id="task-graph" role="img" aria-label="dependencies of this task" width="${2 * COL + W}" height="${height}" viewBox="0 0 ${2 * COL + W} ${height}">${out}</svg>`;
 }
 
 // Shows at most this much of a streamed output; the raw link has all of it.
