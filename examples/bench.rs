@@ -12,6 +12,8 @@
 //! each scenario with one line `RESULT <scenario> key=value …`. `--n`, `--deep`, `--claims`,
 //! `--rounds` and `--threads` set the sizes; `docs/performance.md` explains the figures.
 
+#[path = "bench/dag.rs"]
+mod dag;
 #[path = "../tests/common/plugins.rs"]
 #[allow(dead_code)]
 mod plugins;
@@ -41,7 +43,7 @@ use tokio_util::sync::CancellationToken;
 #[derive(Parser)]
 #[command(about = "Disbatch benchmarks")]
 struct Args {
-    /// sandbox, ceiling, throughput, latency, depth, memory or all.
+    /// sandbox, ceiling, throughput, latency, depth, memory, schedule, dag or all.
     scenario: String,
     /// Smaller sizes and fewer rounds, so `all` takes a few minutes.
     #[arg(long)]
@@ -284,6 +286,11 @@ impl Bench {
     }
 
     fn den(&self, db: &Database, node: &str) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+        self.den_on(Arc::new(MongoStore::from_database(db.clone())), node)
+    }
+
+    /// A DEN on `store` running the `demo` plugin, stopped by the token.
+    fn den_on(&self, store: Arc<dyn Store>, node: &str) -> (CancellationToken, tokio::task::JoinHandle<()>) {
         let settings = DenSettings {
             node: node.into(),
             plugin_dir: self.plugins.clone(),
@@ -299,11 +306,7 @@ impl Bench {
             max_instances: 256,
             protected: Vec::new(),
         };
-        let den = Den::new(
-            Arc::new(MongoStore::from_database(db.clone())),
-            self.runner.clone(),
-            settings,
-        );
+        let den = Den::new(store, self.runner.clone(), settings);
         let stop = CancellationToken::new();
         let handle = tokio::spawn({
             let stop = stop.clone();
@@ -780,6 +783,7 @@ async fn main() {
         "depth",
         "memory",
         "schedule",
+        "dag",
         "all",
     ];
     if !known.contains(&args.scenario.as_str()) {
@@ -858,6 +862,9 @@ async fn main() {
     }
     if wants("schedule") {
         bench.schedule().await;
+    }
+    if wants("dag") {
+        bench.dag().await;
     }
     println!("\n(bench took {:.0} s)", started.elapsed().as_secs_f64());
 }

@@ -22,6 +22,7 @@
 //! `threads` holds across DENs through the slot leases; `maxthreads` holds per node because
 //! only this process claims for its node name.
 
+mod chain;
 mod lease;
 mod lifecycle;
 mod output;

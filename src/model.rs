@@ -129,6 +129,9 @@ pub struct Queue {
     /// How long a running task may go without reporting progress before it is killed as
     /// stuck (`activity_timeout`).
     pub activity_timeout: Option<std::time::Duration>,
+    /// The queue (name or id) each succeeded task's result goes to as a new task
+    /// (`next_queue`), if any.
+    pub next_queue: Option<String>,
 }
 
 /// A queue's optional `sandbox` sub-document; unset fields take the DEN's defaults.

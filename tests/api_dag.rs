@@ -191,7 +191,41 @@ async fn dag(store: Arc<dyn Store>, start_den: impl Fn() -> DenProcess) {
         .await,
         "\"after_failure\"",
     );
+    assert_bad(
+        &post(
+            &app,
+            "/tasks",
+            json!({"queue": "q", "tasks": [{"key": "k1"}, {"key": "k1"}, {"after": [{"ref": 1}]}]}),
+        )
+        .await,
+        "key \"k1\" is also the key of tasks[0]",
+    );
     assert_eq!(get(&app, "/tasks?count=1").await.json(), before, "nothing was created");
+    // Batches never wait for each other in a circle: a task that waits cannot join a batch
+    // that tasks wait for.
+    let r = post(
+        &app,
+        "/tasks",
+        json!({"queue": "q", "params": [{}], "batch": "ring", "batch_size": 3}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let waiter = create(
+        &app,
+        json!({"queue": "q", "params": [{}], "batch": "ring2", "after": [{"batch": "ring"}]}),
+    )
+    .await;
+    assert_bad(
+        &post(
+            &app,
+            "/tasks",
+            json!({"queue": "q", "params": [{}], "batch": "ring", "after": [{"batch": "ring2"}]}),
+        )
+        .await,
+        "tasks wait for batch \"ring\"",
+    );
+    let r = post(&app, &format!("/tasks/{}/cancel", waiter[0]), json!({})).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
 
     // The DEN runs it all.
     let r = post(&app, "/queues/q", json!({"threads": 3})).await;
@@ -251,7 +285,73 @@ async fn dag(store: Arc<dyn Store>, start_den: impl Fn() -> DenProcess) {
         status(&app, &late[0]).await == 1
     })
     .await;
+    chains(&app).await;
     drop(den);
+}
+
+/// A queue's `next_queue`: each succeeded task's last stdout line becomes a task of the
+/// next queue, waiting for it; a loop or a queue that does not exist is refused.
+async fn chains(app: &Router) {
+    let r = post(
+        app,
+        "/queues",
+        json!({"name": "second", "plugin": "demo", "threads": 2}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let r = post(
+        app,
+        "/queues",
+        json!({"name": "first", "plugin": "demo", "threads": 2, "next_queue": "second"}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(r.json()["next_queue"], "second");
+    assert_bad(
+        &post(app, "/queues/second", json!({"next_queue": "first"})).await,
+        "loop: second → first → second",
+    );
+    assert_bad(
+        &post(app, "/queues/second", json!({"next_queue": "second"})).await,
+        "loop: second → second",
+    );
+    assert_bad(
+        &post(
+            app,
+            "/queues",
+            json!({"name": "x", "plugin": "demo", "next_queue": "nowhere"}),
+        )
+        .await,
+        "\"nowhere\", which does not exist",
+    );
+    let ok = create(
+        app,
+        json!({"queue": "first", "params": [{"message": "{\"message\": \"hi from first\"}"}]}),
+    )
+    .await;
+    let bad = create(app, json!({"queue": "first", "params": [{"status": 2}]})).await;
+    let follow = |id: String| async move {
+        let r = get(app, &format!("/tasks?after={id}&limit=5")).await.json();
+        r.as_array().unwrap().clone()
+    };
+    wait_for(Duration::from_secs(30), "the follow-up to run", || async {
+        follow(ok[0].clone()).await.first().is_some_and(|t| t["status"] == 1)
+    })
+    .await;
+    let next = follow(ok[0].clone()).await;
+    assert_eq!(next.len(), 1, "one follow-up: {next:?}");
+    assert_eq!(next[0]["params"], json!({"message": "hi from first"}));
+    assert_eq!(next[0]["stdout"], "hi from first\n");
+    assert_eq!(next[0]["key"], format!("chain:{}", ok[0]));
+    assert_eq!(next[0]["after"], json!([ok[0].clone()]));
+    wait_for(Duration::from_secs(30), "the failing task to end", || async {
+        status(app, &bad[0]).await == 2
+    })
+    .await;
+    assert!(
+        follow(bad[0].clone()).await.is_empty(),
+        "a failed task has no follow-up"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

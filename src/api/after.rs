@@ -27,6 +27,9 @@ use crate::store::{Dependency, NewTask};
 /// Most references one task may wait for.
 pub const MAX_AFTER: usize = 1000;
 
+/// Most references one request may make, over all its tasks.
+pub const MAX_REFERENCES: usize = 100_000;
+
 /// One reference of an `after` list, as written.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) enum Ref {
@@ -172,12 +175,39 @@ pub(super) async fn plan(
     own: &[After],
 ) -> Result<Planned, ApiError> {
     let n = tasks.len();
-    let by_key: HashMap<&str, usize> = tasks
-        .iter()
-        .enumerate()
-        .rev()
-        .filter_map(|(i, t)| t.key.as_deref().map(|k| (k, i)))
-        .collect();
+    let total: usize = own.iter().map(|a| a.refs.len()).sum::<usize>() + shared.refs.len().saturating_mul(n);
+    if total > MAX_REFERENCES {
+        return Err(ApiError::bad(format!(
+            "the request's tasks wait for {total} references in all; at most {MAX_REFERENCES} per request"
+        )));
+    }
+    let mut by_key: HashMap<&str, usize> = HashMap::new();
+    for (i, t) in tasks.iter().enumerate() {
+        if let Some(k) = t.key.as_deref() {
+            if let Some(first) = by_key.insert(k, i) {
+                return Err(ApiError::bad(format!(
+                    "field \"tasks[{i}].key\": key {k:?} is also the key of tasks[{first}]; a request with \"after\" gives each key once"
+                )));
+            }
+        }
+    }
+    // A task that waits for something may not join a batch that tasks wait for: every
+    // cycle through batches needs such a task.
+    if let Some(b) = tasks.first().and_then(|t| t.batch.clone()) {
+        let waited = state.store.batch(&b).await?.is_some_and(|r| r.dependents)
+            || !state
+                .store
+                .blocked_on(&Dependency::Batch(b.clone()), 1)
+                .await?
+                .is_empty();
+        if waited {
+            return Err(ApiError::bad(format!(
+                "field \"batch\": tasks wait for batch {b:?}, so tasks that wait for others cannot join it (it could never complete)"
+            )));
+        }
+    }
+    // Whether a keyed entry's key is taken already, looked up once per entry.
+    let mut taken: HashMap<usize, Option<Dependency>> = HashMap::new();
     let mut edges: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); n];
     let mut resolved: Vec<Vec<Dependency>> = vec![Vec::new(); n];
     let mut external: BTreeSet<Dependency> = BTreeSet::new();
@@ -198,30 +228,38 @@ pub(super) async fn plan(
             .enumerate()
             .map(|(j, r)| (field(j, true), r))
             .chain(entry.refs.iter().enumerate().map(|(j, r)| (field(j, false), r)));
+        let mut seen: std::collections::HashSet<Dependency> = std::collections::HashSet::new();
         for (name, r) in refs {
-            let dep = match r {
+            let entry = match r {
                 Ref::Entry(e) if *e >= n => {
                     return Err(ApiError::bad(format!(
                         "{name} names entry {e}, but \"tasks\" has {n} entries"
                     )))
                 }
-                Ref::Entry(e) => match taken_key(state, queue, &tasks[*e]).await? {
-                    Some(d) => d,
-                    None => {
-                        edges[i].insert(*e);
-                        continue;
-                    }
-                },
-                Ref::Key { key, queue: None } if by_key.contains_key(key.as_str()) => {
-                    let e = by_key[key.as_str()];
-                    match taken_key(state, queue, &tasks[e]).await? {
-                        Some(d) => d,
-                        None => {
-                            edges[i].insert(e);
-                            continue;
+                Ref::Entry(e) => Some(*e),
+                Ref::Key { key, queue: None } => by_key.get(key.as_str()).copied(),
+                _ => None,
+            };
+            if let Some(e) = entry {
+                if let std::collections::hash_map::Entry::Vacant(v) = taken.entry(e) {
+                    v.insert(taken_key(state, queue, &tasks[e]).await?);
+                }
+                match taken[&e].clone() {
+                    // Its key is taken: the entry will be that task.
+                    Some(d) => {
+                        if seen.insert(d.clone()) {
+                            resolved[i].push(d.clone());
                         }
+                        external.insert(d);
+                    }
+                    None => {
+                        edges[i].insert(e);
                     }
                 }
+                continue;
+            }
+            let dep = match r {
+                Ref::Entry(_) => continue,
                 Ref::Key { key, queue: q } => {
                     let k = (key.clone(), q.clone());
                     if let Some(d) = looked.get(&k) {
@@ -250,13 +288,17 @@ pub(super) async fn plan(
                             "{name}: a task of batch {b:?} cannot wait for its own batch"
                         )));
                     }
-                    if state.store.batch(b).await?.is_none() {
-                        return Err(ApiError::bad(format!("{name} names batch {b:?}, which does not exist")));
+                    let k = (format!("batch:{b}"), Some(String::new()));
+                    if let std::collections::hash_map::Entry::Vacant(v) = looked.entry(k) {
+                        if state.store.batch(b).await?.is_none() {
+                            return Err(ApiError::bad(format!("{name} names batch {b:?}, which does not exist")));
+                        }
+                        v.insert(Dependency::Batch(b.clone()));
                     }
                     Dependency::Batch(b.clone())
                 }
             };
-            if !resolved[i].contains(&dep) {
+            if seen.insert(dep.clone()) {
                 resolved[i].push(dep.clone());
             }
             external.insert(dep);
@@ -296,8 +338,22 @@ async fn taken_key(state: &Shared, queue: ObjectId, task: &NewTask) -> Result<Op
 }
 
 /// Creates `tasks` of `queue` with their dependencies (see the module): answers as
-/// `POST /tasks` does, `ids` in the request's order.
+/// `POST /tasks` does, `ids` in the request's order. Runs to its end even when the client
+/// goes away, so what the new tasks wait for is always settled.
 pub(super) async fn create(
+    state: &Shared,
+    queue: ObjectId,
+    tasks: Vec<NewTask>,
+    shared: &After,
+    own: &[After],
+) -> Result<Value, ApiError> {
+    let (state, shared, own) = (state.clone(), shared.clone(), own.to_vec());
+    tokio::spawn(async move { create_now(&state, queue, tasks, &shared, &own).await })
+        .await
+        .map_err(|e| ApiError::Unavailable(format!("creating the tasks stopped: {e}")))?
+}
+
+async fn create_now(
     state: &Shared,
     queue: ObjectId,
     tasks: Vec<NewTask>,
@@ -308,49 +364,78 @@ pub(super) async fn create(
     let keyed = tasks.iter().any(|t| t.key.is_some());
     let planned = plan(state, queue, tasks, shared, own).await?;
     // Marked before and after the insert: an end settled in between (finding no task yet)
-    // is settled again below, and one that this request's settling misses (a database
-    // error) by the leader's sweep.
+    // is settled again below, on success and on failure alike.
     if !planned.external.is_empty() {
         state.store.mark_dependents(&planned.external).await?;
     }
     let answer = if keyed {
         let order: Vec<ObjectId> = planned.tasks.iter().map(|t| t.id).collect();
-        let mut v = super::keys::create_keyed(state, queue, planned.tasks, false).await?;
-        // Back to the request's order: entry i was inserted at position p.
-        if let Some(Value::Array(ids)) = v.get("ids").cloned() {
-            let at: HashMap<ObjectId, usize> = order.iter().enumerate().map(|(p, id)| (*id, p)).collect();
-            let sorted: Vec<Value> = request_order
-                .iter()
-                .filter_map(|id| at.get(id).and_then(|p| ids.get(*p)).cloned())
-                .collect();
-            v["ids"] = Value::Array(sorted);
+        let waited: Vec<bool> = planned.tasks.iter().map(|t| t.dependents).collect();
+        let made = super::keys::create_keyed(state, queue, planned.tasks, false).await;
+        if let Ok(v) = &made {
+            not_created(state, &order, &waited, v).await;
         }
-        v
+        made.map(|mut v| {
+            // Back to the request's order: entry i was inserted at position p.
+            if let Some(Value::Array(ids)) = v.get("ids").cloned() {
+                let at: HashMap<ObjectId, usize> = order.iter().enumerate().map(|(p, id)| (*id, p)).collect();
+                let sorted: Vec<Value> = request_order
+                    .iter()
+                    .filter_map(|id| at.get(id).and_then(|p| ids.get(*p)).cloned())
+                    .collect();
+                v["ids"] = Value::Array(sorted);
+            }
+            v
+        })
     } else {
         let total = planned.tasks.len();
         let mut created = Vec::with_capacity(total);
         let mut rest = planned.tasks;
+        let mut failed = None;
         while !rest.is_empty() {
             let tail = rest.split_off(rest.len().min(super::create::INSERT_BATCH));
             let part = std::mem::replace(&mut rest, tail);
             let ids: Vec<ObjectId> = part.iter().map(|t| t.id).collect();
             if let Err(error) = state.store.insert_tasks(queue, part).await {
-                return Err(ApiError::PartlyCreated(Box::new(super::error::PartlyCreated {
+                failed = Some(ApiError::PartlyCreated(Box::new(super::error::PartlyCreated {
                     error,
                     queue,
                     total,
-                    created,
+                    created: created.clone(),
                     unconfirmed: ids,
                 })));
+                break;
             }
             created.extend(ids);
         }
-        super::json::created(queue, &request_order)
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(super::json::created(queue, &request_order)),
+        }
     };
     if let Err(e) = crate::store::deps::submitted(state.store.as_ref(), &planned.external).await {
         tracing::warn!(error = %e, "cannot settle what new tasks wait for now; the leader's sweep will");
     }
-    Ok(answer)
+    answer
+}
+
+/// Entries with a key taken meanwhile (by another request, after this one was planned)
+/// were not created: the tasks planned to wait for them are cancelled, saying so.
+async fn not_created(state: &Shared, order: &[ObjectId], waited: &[bool], answer: &Value) {
+    let Some(ids) = answer.get("ids").and_then(Value::as_array) else {
+        return;
+    };
+    for ((planned, waited), got) in order.iter().zip(waited).zip(ids) {
+        let got = got.as_str().unwrap_or_default();
+        if !waited || got == planned.to_hex() {
+            continue;
+        }
+        let why = format!("task {planned} was not created: its key was taken by task {got} meanwhile");
+        let outcome = crate::store::deps::Outcome::Failed(why);
+        if let Err(e) = crate::store::deps::settle(state.store.as_ref(), Dependency::Task(*planned), outcome).await {
+            tracing::warn!(error = %e, task = %planned, "cannot cancel the tasks waiting for an entry not created");
+        }
+    }
 }
 
 /// The task a key names in `queue` (or in the queue named `other`).

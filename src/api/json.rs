@@ -157,6 +157,7 @@ pub(super) fn queue(q: &Queue, counts: Option<&StatusCounts>) -> Value {
         "sandbox": serde_json::to_value(&q.sandbox).unwrap_or(Value::Null),
         "retry": q.retry.as_ref().map(|r| serde_json::to_value(r).unwrap_or(Value::Null)),
         "activity_timeout": q.activity_timeout.map(|d| humantime::format_duration(d).to_string()),
+        "next_queue": q.next_queue,
         "queued": queued,
         "running": running,
         "completed": completed,
@@ -178,12 +179,20 @@ pub(super) fn unreadable_queue(q: &UnreadableQueue, counts: Option<&StatusCounts
             on_orphan: Default::default(),
             retry: None,
             activity_timeout: None,
+            next_queue: None,
         },
         counts,
     );
     value["name"] = json!(q.name);
     value["plugin"] = json!(q.plugin);
-    for field in ["sort", "sandbox", "on_orphan", "retry", "activity_timeout"] {
+    for field in [
+        "sort",
+        "sandbox",
+        "on_orphan",
+        "retry",
+        "activity_timeout",
+        "next_queue",
+    ] {
         value[field] = Value::Null;
     }
     value["problem"] = json!(q.problem);

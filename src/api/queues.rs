@@ -135,7 +135,7 @@ struct Fields {
     extra: Document,
 }
 
-const QUEUE_FIELDS: &str = "name, plugin, threads, sort, sandbox, on_orphan, retry, activity_timeout";
+const QUEUE_FIELDS: &str = "name, plugin, threads, sort, sandbox, on_orphan, retry, activity_timeout, next_queue";
 
 fn fields(state: &Shared, body: &Map<String, Value>) -> Result<Fields, ApiError> {
     let mut f = Fields::default();
@@ -184,6 +184,20 @@ fn fields(state: &Shared, body: &Map<String, Value>) -> Result<Fields, ApiError>
                     },
                 );
             }
+            "next_queue" => match v {
+                Value::Null => {
+                    f.extra.insert("next_queue", bson::Bson::Null);
+                }
+                Value::String(s) if !s.is_empty() => {
+                    f.extra.insert("next_queue", s.as_str());
+                }
+                other => {
+                    return Err(ApiError::bad(format!(
+                        "field \"next_queue\" must be a queue name or id, or null, got {}",
+                        kind(other)
+                    )))
+                }
+            },
             "retry" | "activity_timeout" if v.is_null() => {
                 f.extra.insert(k.as_str(), bson::Bson::Null);
             }
@@ -310,6 +324,42 @@ async fn check_pin(state: &Shared, plugin: &str) -> Result<(), ApiError> {
     )))
 }
 
+/// Refuses a `next_queue` that does not exist or leads back to the queue (`id`, named
+/// `name`): a chain that loops would make tasks for ever.
+async fn check_next(state: &Shared, extra: &bson::Document, id: Option<ObjectId>, name: &str) -> Result<(), ApiError> {
+    let Ok(next) = extra.get_str("next_queue") else {
+        return Ok(());
+    };
+    let queues = state.store.queues().await?;
+    let find = |key: &str| {
+        queues
+            .iter()
+            .find(|q| q.name == key || ObjectId::parse_str(key).is_ok_and(|o| o == q.id))
+    };
+    let mut at = match find(next) {
+        Some(q) => q,
+        None => {
+            return Err(ApiError::bad(format!(
+                "field \"next_queue\" names queue {next:?}, which does not exist"
+            )))
+        }
+    };
+    let mut path = vec![name.to_string()];
+    loop {
+        path.push(at.name.clone());
+        if at.name == name || Some(at.id) == id {
+            return Err(ApiError::bad(format!(
+                "field \"next_queue\" makes a loop: {} (each succeeded task would make another for ever)",
+                path.join(" → ")
+            )));
+        }
+        match at.next_queue.as_deref().and_then(find) {
+            Some(q) if path.len() <= queues.len() + 1 => at = q,
+            _ => return Ok(()),
+        }
+    }
+}
+
 /// `POST /queues {name, plugin[, threads, sort, sandbox, on_orphan]}`: creates a queue.
 pub(super) async fn create(State(state): State<Shared>, JsonBody(body): JsonBody) -> Result<Json<Value>, ApiError> {
     let f = fields(&state, &body)?;
@@ -319,6 +369,7 @@ pub(super) async fn create(State(state): State<Shared>, JsonBody(body): JsonBody
     if ObjectId::parse_str(&name).is_ok() {
         return Err(ApiError::bad("field \"name\" must not look like an ObjectId"));
     }
+    check_next(&state, &f.extra, None, &name).await?;
     let queue = state
         .store
         .create_queue(NewQueue {
@@ -351,6 +402,18 @@ pub(super) async fn update(
         }
     }
     let id = find_any(&state, &key).await?.id();
+    let own = match &f.name {
+        Some(n) => n.clone(),
+        None => state
+            .store
+            .queues()
+            .await?
+            .into_iter()
+            .find(|q| q.id == id)
+            .map(|q| q.name)
+            .unwrap_or_default(),
+    };
+    check_next(&state, &f.extra, Some(id), &own).await?;
     let update = QueueUpdate {
         name: f.name,
         plugin: f.plugin,

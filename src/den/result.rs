@@ -15,7 +15,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use bson::oid::ObjectId;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::output::{self, OutputFiles};
 use super::Den;
@@ -52,8 +52,30 @@ impl Den {
     /// Stores `result` for `task`: outputs (files as needed), then the finishing update,
     /// each retried through transient errors. A refused write fails the task with the
     /// reason; files of a result that was not stored are deleted.
-    pub(super) async fn write_result(&self, task: &Task, result: TaskResult) {
+    pub(super) async fn write_result(&self, task: &Task, queue: &crate::model::Queue, result: TaskResult) {
         let node = &self.settings.node;
+        // A chain's follow-up goes in first, waiting for this task (see `chain`).
+        let mut chained = false;
+        if result.status == status::SUCCEEDED && queue.next_queue.is_some() {
+            match self
+                .retry("create the follow-up", || {
+                    super::chain::follow_up(self.store.as_ref(), queue, task, &result.stdout)
+                })
+                .await
+            {
+                Ok(Some(next)) => {
+                    debug!(task = %task.id, next = %next, "follow-up in the next queue");
+                    chained = true;
+                }
+                Ok(None) => {}
+                Err(Stop::Refused(e)) => {
+                    error!(task = %task.id, error = %e, "cannot create the follow-up in the next queue")
+                }
+                Err(Stop::GaveUp) => {
+                    error!(task = %task.id, "follow-up not created: the database stayed unreachable past the shutdown")
+                }
+            }
+        }
         let files = OutputFiles::new();
         let params_len = bson::to_vec(&task.params).map(|v| v.len()).unwrap_or(0);
         let outputs = self
@@ -92,7 +114,7 @@ impl Den {
             })
             .await;
         match written {
-            Ok(true) => self.settle_end(task, result.status).await,
+            Ok(true) => self.settle_end(task, chained).await,
             Ok(false) => {
                 warn!(task = %task.id, "task was recovered by another node meanwhile; result not written");
                 self.discard_files(task.id, files).await;
@@ -107,14 +129,15 @@ impl Den {
         }
     }
 
-    /// Releases (or cancels) the tasks waiting for `task`, which ended with `code`, and
-    /// for its batch if that completed; what fails here is left to the leader's sweep.
-    async fn settle_end(&self, task: &Task, code: i32) {
-        if !task.dependents && task.batch.is_none() {
+    /// Releases (or cancels) the tasks waiting for `task`, whose result was just written,
+    /// and for its batch if that completed; what fails here is left to the leader's sweep.
+    async fn settle_end(&self, task: &Task, chained: bool) {
+        let dependents = task.dependents || chained;
+        if !dependents && task.batch.is_none() {
             return;
         }
         let store = self.store.as_ref();
-        match crate::store::deps::task_ended(store, task.id, code, task.dependents, task.batch.as_deref()).await {
+        match crate::store::deps::task_ended(store, task.id, dependents, task.batch.as_deref()).await {
             Ok(done) if done.released > 0 => self.wake.notify_one(),
             Ok(_) => {}
             Err(e) => {

@@ -177,6 +177,7 @@ impl Den {
         };
         self.write_result(
             task,
+            &queue.queue,
             TaskResult {
                 status,
                 stdout,

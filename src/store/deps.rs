@@ -155,27 +155,31 @@ pub async fn settle<S: Store + ?Sized>(store: &S, dep: Dependency, outcome: Outc
     Ok(done)
 }
 
-/// The outcome of batch `b` when tasks wait for it and it is complete.
+/// The outcome of batch `b` when tasks wait for it (marked, or blocked on it: a mark
+/// cleared by a settle that raced with the batch gaining tasks) and it is complete.
 async fn waited_batch_outcome<S: Store + ?Sized>(store: &S, b: &str) -> StoreResult<Option<Outcome>> {
+    let dep = Dependency::Batch(b.to_string());
     match store.batch(b).await? {
-        Some(batch) if batch.dependents => batch_outcome(store, b).await,
+        Some(batch) if batch.dependents || !store.blocked_on(&dep, 1).await?.is_empty() => {
+            batch_outcome(store, b).await
+        }
         _ => Ok(None),
     }
 }
 
 /// Settles what a task's end means for the tasks waiting on it: called by the DEN that
-/// ended task `id` with `code`. `dependents` is the task's mark as claimed; `batch` its
-/// batch, whose completion this end may bring.
+/// wrote task `id`'s result. `dependents` is the task's mark as claimed; `batch` its
+/// batch, whose completion this end may bring. The status is read back, not taken from
+/// the result: a task submitted again while it ran was queued once more instead.
 pub async fn task_ended<S: Store + ?Sized>(
     store: &S,
     id: ObjectId,
-    code: i32,
     dependents: bool,
     batch: Option<&str>,
 ) -> StoreResult<Settled> {
     let mut done = Settled::default();
     if dependents {
-        if let Some(o) = task_outcome(id, code) {
+        if let Some(o) = outcome(store, &Dependency::Task(id)).await? {
             done = settle(store, Dependency::Task(id), o).await?;
         }
     }
@@ -209,15 +213,27 @@ pub async fn submitted<S: Store + ?Sized>(store: &S, deps: &[Dependency]) -> Sto
     Ok(done)
 }
 
-/// The leader's sweep: settles ends left unsettled (see the module).
+/// The leader's sweep: settles ends left unsettled (see the module). An end that fails
+/// to settle is left for the next sweep; the others are settled all the same.
 pub async fn sweep<S: Store + ?Sized>(store: &S) -> StoreResult<Settled> {
     let mut done = Settled::default();
+    let mut failed = None;
     for dep in store.unsettled(SWEEP).await? {
-        if let Some(o) = outcome(store, &dep).await? {
-            let more = settle(store, dep, o).await?;
-            done.released += more.released;
-            done.cancelled += more.cancelled;
+        let settled = match outcome(store, &dep).await {
+            Ok(Some(o)) => settle(store, dep, o).await,
+            Ok(None) => Ok(Settled::default()),
+            Err(e) => Err(e),
+        };
+        match settled {
+            Ok(more) => {
+                done.released += more.released;
+                done.cancelled += more.cancelled;
+            }
+            Err(e) => failed = Some(e),
         }
     }
-    Ok(done)
+    match failed {
+        Some(e) if done.released + done.cancelled == 0 => Err(e),
+        _ => Ok(done),
+    }
 }

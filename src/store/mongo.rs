@@ -207,7 +207,7 @@ impl Store for MongoStore {
                     )
                     .build(),
                 IndexModel::builder()
-                    .keys(doc! { "dependents": 1 })
+                    .keys(doc! { "dependents": 1, "status": 1 })
                     .options(
                         IndexOptions::builder()
                             .partial_filter_expression(doc! { "dependents": { "$type": "bool" } })

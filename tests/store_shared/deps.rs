@@ -14,6 +14,7 @@ on_both_stores!(
     parents_ending_at_once_release_their_child_once,
     the_sweep_settles_ends_no_den_settled,
     a_batch_releases_its_fan_in_when_complete,
+    a_parent_submitted_again_while_it_runs_holds_its_children,
 );
 
 fn after(id: ObjectId, deps: &[Dependency], dependents: bool) -> NewTask {
@@ -32,7 +33,7 @@ async fn run_to(s: &dyn Store, q: &Queue, id: ObjectId, code: i32) {
     assert!(s.start(t.id, "n").await.unwrap());
     let out = OutputValue::Inline(String::new());
     assert!(s.finish(t.id, "n", code, out.clone(), out).await.unwrap());
-    deps::task_ended(s, t.id, code, t.dependents, t.batch.as_deref())
+    deps::task_ended(s, t.id, t.dependents, t.batch.as_deref())
         .await
         .unwrap();
 }
@@ -169,7 +170,7 @@ async fn the_sweep_settles_ends_no_den_settled(s: Stores) {
     s.a.start(p, "n").await.unwrap();
     let out = OutputValue::Inline(String::new());
     assert!(s.a.finish(p, "n", 1, out.clone(), out).await.unwrap());
-    deps::task_ended(&*s.a, p, 1, claimed.dependents, None).await.unwrap();
+    deps::task_ended(&*s.a, p, claimed.dependents, None).await.unwrap();
     assert_eq!(task(&*s.b, c).await.status, status::BLOCKED, "the DEN did not know");
     assert_eq!(s.b.unsettled(10).await.unwrap(), vec![Dependency::Task(p)]);
     let swept = deps::sweep(&*s.b).await.unwrap();
@@ -234,4 +235,23 @@ async fn a_batch_releases_its_fan_in_when_complete(s: Stores) {
     run_to(&*s.b, &q, last_id, 1).await;
     assert_eq!(task(&*s.a, fan_in).await.status, status::QUEUED, "the batch completed");
     assert!(!s.a.batch("nightly").await.unwrap().unwrap().dependents);
+}
+
+async fn a_parent_submitted_again_while_it_runs_holds_its_children(s: Stores) {
+    let q = queue(&*s.a, "rerun", 4, Sort::Fifo).await;
+    let (p, c) = (ObjectId::new(), ObjectId::new());
+    s.a.insert_tasks(q.id, vec![after(p, &[], true), after(c, &[Dependency::Task(p)], false)])
+        .await
+        .unwrap();
+    let t = s.a.claim(&q, "n").await.unwrap().unwrap();
+    assert!(s.a.start(t.id, "n").await.unwrap());
+    assert!(s.b.request_rerun(p).await.unwrap(), "submitted again while it runs");
+    // This run fails, but the task runs once more: its child neither runs nor is cancelled.
+    let out = OutputValue::Inline(String::new());
+    assert!(s.a.finish(p, "n", status::FAILED, out.clone(), out).await.unwrap());
+    deps::task_ended(&*s.a, p, t.dependents, None).await.unwrap();
+    assert_eq!(task(&*s.b, p).await.status, status::QUEUED, "queued for its next run");
+    assert_eq!(task(&*s.b, c).await.status, status::BLOCKED);
+    run_to(&*s.a, &q, p, status::SUCCEEDED).await;
+    assert_eq!(task(&*s.b, c).await.status, status::QUEUED, "its last run succeeded");
 }

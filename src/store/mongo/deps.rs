@@ -16,7 +16,7 @@ use crate::model::{status, StopRequest};
 use crate::store::{due_status, Dependency, Resolved, StoreResult};
 
 /// How often a compare-and-set on `pending` is tried before it is left to the next settle.
-const CAS_TRIES: usize = 16;
+const CAS_TRIES: usize = 64;
 
 /// The statuses of an ended task, as a query on `status`.
 pub(super) fn ended() -> Document {
@@ -153,7 +153,11 @@ impl MongoStore {
                 return Ok(Resolved::Released);
             }
         }
-        Ok(Resolved::Waiting)
+        // Others kept changing the list: an error, so the end is not marked settled and
+        // the next settle (the leader's sweep) tries again.
+        Err(crate::store::StoreError::Database(format!(
+            "task {task}: its list of what it waits for kept changing; {key} is resolved later"
+        )))
     }
 
     /// [`Store::settled`](crate::store::Store::settled).

@@ -428,6 +428,11 @@ pub(super) fn queue_from(doc: &Document) -> StoreResult<(Queue, Vec<String>)> {
         on_orphan,
         retry,
         activity_timeout,
+        next_queue: match f.get("next_queue") {
+            None | Some(Bson::Null) => None,
+            Some(Bson::String(s)) if !s.is_empty() => Some(s.clone()),
+            Some(_) => return Err(f.malformed("next_queue", "a queue name or id")),
+        },
     };
     Ok((queue, problems))
 }

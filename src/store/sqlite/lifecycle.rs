@@ -39,7 +39,7 @@ pub(super) fn migrate(conn: &Connection) -> StoreResult<()> {
          CREATE UNIQUE INDEX IF NOT EXISTS tasks_key ON tasks (queue, key) WHERE key IS NOT NULL;
          CREATE INDEX IF NOT EXISTS tasks_key_only ON tasks (key) WHERE key IS NOT NULL;
          CREATE INDEX IF NOT EXISTS tasks_batch ON tasks (batch, status) WHERE batch IS NOT NULL;
-         CREATE INDEX IF NOT EXISTS tasks_dependents ON tasks (dependents) WHERE dependents = 1;",
+         CREATE INDEX IF NOT EXISTS tasks_dependents ON tasks (dependents, status) WHERE dependents = 1;",
     )
     .map_err(&err)?;
     Ok(())

@@ -284,6 +284,11 @@ pub(super) fn queue_from(d: &Document) -> StoreResult<(Queue, Vec<String>)> {
         on_orphan,
         retry,
         activity_timeout,
+        next_queue: match get(d, "next_queue") {
+            None | Some(Bson::Null) => None,
+            Some(Bson::String(s)) if !s.is_empty() => Some(s.clone()),
+            Some(_) => return Err(malformed(d, "next_queue", "a queue name or id")),
+        },
     };
     Ok((queue, problems))
 }
