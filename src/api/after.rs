@@ -391,30 +391,9 @@ async fn create_now(
             v
         })
     } else {
-        let total = planned.tasks.len();
-        let mut created = Vec::with_capacity(total);
-        let mut rest = planned.tasks;
-        let mut failed = None;
-        while !rest.is_empty() {
-            let tail = rest.split_off(rest.len().min(super::create::INSERT_BATCH));
-            let part = std::mem::replace(&mut rest, tail);
-            let ids: Vec<ObjectId> = part.iter().map(|t| t.id).collect();
-            if let Err(error) = state.store.insert_tasks(queue, part).await {
-                failed = Some(ApiError::PartlyCreated(Box::new(super::error::PartlyCreated {
-                    error,
-                    queue,
-                    total,
-                    created: created.clone(),
-                    unconfirmed: ids,
-                })));
-                break;
-            }
-            created.extend(ids);
-        }
-        match failed {
-            Some(e) => Err(e),
-            None => Ok(super::json::created(queue, &request_order)),
-        }
+        super::create::insert_in_parts(state, queue, planned.tasks)
+            .await
+            .map(|_| super::json::created(queue, &request_order))
     };
     if let Err(e) = crate::store::deps::submitted(state.store.as_ref(), &planned.external).await {
         tracing::warn!(error = %e, "cannot settle what new tasks wait for now; the leader's sweep will");

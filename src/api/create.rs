@@ -132,7 +132,7 @@ pub(super) async fn create(State(state): State<Shared>, JsonBody(body): JsonBody
         super::batches::admit(&state, id, *size, total).await?;
     }
     let batch = batch.map(|(id, _)| id);
-    let mut rest: Vec<NewTask> = params
+    let rest: Vec<NewTask> = params
         .into_iter()
         .enumerate()
         .map(|(i, params)| {
@@ -165,15 +165,27 @@ pub(super) async fn create(State(state): State<Shared>, JsonBody(body): JsonBody
             .await
             .map(|v| Json(with_batch(v, &batch)));
     }
+    let created = insert_in_parts(&state, queue.id, rest).await?;
+    Ok(Json(with_batch(super::json::created(queue.id, &created), &batch)))
+}
+
+/// Inserts `tasks` in order, [`INSERT_BATCH`] per store call; their ids, or the error with
+/// what was created before it ([`ApiError::PartlyCreated`]).
+pub(super) async fn insert_in_parts(
+    state: &Shared,
+    queue: ObjectId,
+    mut rest: Vec<NewTask>,
+) -> Result<Vec<ObjectId>, ApiError> {
+    let total = rest.len();
     let mut created = Vec::with_capacity(total);
     while !rest.is_empty() {
         let tail = rest.split_off(rest.len().min(INSERT_BATCH));
-        let batch = std::mem::replace(&mut rest, tail);
-        let ids: Vec<ObjectId> = batch.iter().map(|t| t.id).collect();
-        if let Err(error) = state.store.insert_tasks(queue.id, batch).await {
+        let part = std::mem::replace(&mut rest, tail);
+        let ids: Vec<ObjectId> = part.iter().map(|t| t.id).collect();
+        if let Err(error) = state.store.insert_tasks(queue, part).await {
             return Err(ApiError::PartlyCreated(Box::new(PartlyCreated {
                 error,
-                queue: queue.id,
+                queue,
                 total,
                 created,
                 unconfirmed: ids,
@@ -181,7 +193,7 @@ pub(super) async fn create(State(state): State<Shared>, JsonBody(body): JsonBody
         }
         created.extend(ids);
     }
-    Ok(Json(with_batch(super::json::created(queue.id, &created), &batch)))
+    Ok(created)
 }
 
 /// A `POST /tasks` answer with the batch its tasks went to, if any.
