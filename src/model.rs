@@ -134,6 +134,16 @@ pub struct Queue {
     pub next_queue: Option<String>,
 }
 
+impl Queue {
+    /// The queue of `queues` that `key` names: by `_id` (hex), else by name.
+    pub fn find<'a>(queues: &'a [Queue], key: &str) -> Option<&'a Queue> {
+        let by_id = ObjectId::parse_str(key)
+            .ok()
+            .and_then(|id| queues.iter().find(|q| q.id == id));
+        by_id.or_else(|| queues.iter().find(|q| q.name == key))
+    }
+}
+
 /// A queue's optional `sandbox` sub-document; unset fields take the DEN's defaults.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -56,14 +56,8 @@ async fn find_any(state: &Shared, key: &str) -> Result<Found, ApiError> {
 
 /// The readable queue with this `_id` (hex) or name.
 pub(super) async fn find(state: &Shared, key: &str) -> Result<Queue, ApiError> {
-    let id = ObjectId::parse_str(key).ok();
     let queues = state.store.queues().await?;
-    let found = match id {
-        Some(id) => queues.iter().find(|q| q.id == id),
-        None => None,
-    }
-    .or_else(|| queues.iter().find(|q| q.name == key));
-    found
+    Queue::find(&queues, key)
         .cloned()
         .ok_or_else(|| ApiError::NotFound(format!("no queue {key:?}")))
 }
@@ -331,11 +325,7 @@ async fn check_next(state: &Shared, extra: &bson::Document, id: Option<ObjectId>
         return Ok(());
     };
     let queues = state.store.queues().await?;
-    let find = |key: &str| {
-        queues
-            .iter()
-            .find(|q| q.name == key || ObjectId::parse_str(key).is_ok_and(|o| o == q.id))
-    };
+    let find = |key: &str| Queue::find(&queues, key);
     let mut at = match find(next) {
         Some(q) => q,
         None => {

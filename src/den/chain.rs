@@ -49,10 +49,7 @@ pub(crate) async fn follow_up<S: Store + ?Sized>(
         return Ok(None);
     };
     let queues = store.queues().await?;
-    let Some(target) = queues
-        .iter()
-        .find(|q| &q.name == next || ObjectId::parse_str(next).is_ok_and(|o| o == q.id))
-    else {
+    let Some(target) = Queue::find(&queues, next) else {
         return Err(StoreError::Invalid(format!(
             "queue {:?} names next_queue {next:?}, which does not exist",
             queue.name
