@@ -37,12 +37,13 @@ async fn status(app: &Router, id: &str) -> i64 {
     task(app, id).await["status"].as_i64().unwrap()
 }
 
-/// A task's `mtime` (ISO 8601 in UTC, milliseconds: ordered as text).
-fn mtime(t: &Value) -> String {
-    t["mtime"]["$date"]
-        .as_str()
-        .unwrap_or_else(|| panic!("mtime of {t}"))
-        .to_string()
+/// A task's `mtime` in milliseconds (the API gives it as RFC 3339 text, whose fraction has
+/// no fixed width, so it is parsed rather than compared as text).
+fn mtime(t: &Value) -> i64 {
+    let text = t["mtime"]["$date"].as_str().unwrap_or_else(|| panic!("mtime of {t}"));
+    bson::DateTime::parse_rfc3339_str(text)
+        .unwrap_or_else(|e| panic!("mtime {text:?}: {e}"))
+        .timestamp_millis()
 }
 
 async fn dag(store: Arc<dyn Store>, start_den: impl Fn() -> DenProcess) {
