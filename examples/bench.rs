@@ -305,6 +305,7 @@ impl Bench {
             tick: Duration::from_secs(1),
             max_instances: 256,
             protected: Vec::new(),
+            balance: Default::default(),
         };
         let den = Den::new(store, self.runner.clone(), settings);
         let stop = CancellationToken::new();

@@ -5,7 +5,7 @@
 //! (see `docs/api.md`): `GET /info`, `GET /nodes`, `GET|POST /nodes/{node}`, `GET|POST /plugins`,
 //! `GET|DELETE /plugins/{name}`,
 //! `GET|POST /queues`, `GET|POST|DELETE /queues/{queue}`, `GET|POST /tasks`,
-//! `GET /tasks/{id}`, `GET /monitoring`, plus `GET /metrics` (Prometheus text),
+//! `GET /tasks/{id}`, `GET /monitoring`, `GET|POST /balance`, plus `GET /metrics` (Prometheus text),
 //! `GET /openapi.json` and the web UI at `/`.
 //!
 //! Every error is a JSON object `{"error": "…"}`: 400 naming the offending field for bad
@@ -20,6 +20,7 @@
 
 mod after;
 mod auth;
+mod balance;
 mod batches;
 mod body;
 mod create;
@@ -77,6 +78,9 @@ pub struct ApiState {
     pub database: Option<String>,
     /// Whether `GET /monitoring` checks the nodes (the config's `monitoring`).
     pub monitoring: bool,
+    /// The config's QueueBalance settings (`balance`), shown by `GET /balance` and
+    /// checked by `GET /monitoring`.
+    pub balance: crate::config::Balance,
     /// Largest request body in bytes.
     pub body_limit: usize,
     /// Origins allowed by CORS; empty (the default) sends no CORS headers at all.
@@ -101,6 +105,7 @@ impl ApiState {
             documents: None,
             database: None,
             monitoring: true,
+            balance: crate::config::Balance::default(),
             body_limit: DEFAULT_BODY_LIMIT,
             cors_origins: Vec::new(),
             watch: Arc::default(),
@@ -118,6 +123,7 @@ impl std::fmt::Debug for ApiState {
             .field("documents", &self.documents.is_some())
             .field("database", &self.database)
             .field("monitoring", &self.monitoring)
+            .field("balance", &self.balance)
             .field("body_limit", &self.body_limit)
             .field("cors_origins", &self.cors_origins)
             .field("checker", &self.checker.is_some())
@@ -128,6 +134,8 @@ impl std::fmt::Debug for ApiState {
 /// Every route of the API as `(method, path)`, in axum's path syntax; the OpenAPI
 /// document lists exactly these.
 pub const ROUTES: &[(&str, &str)] = &[
+    ("GET", "/balance"),
+    ("POST", "/balance"),
     ("GET", "/batches/{id}"),
     ("GET", "/info"),
     ("GET", "/nodes"),
@@ -166,6 +174,7 @@ pub fn router(state: ApiState) -> Router {
     let cors = cors_layer(&state.cors_origins);
     let shared = Arc::new(state);
     let api = Router::new()
+        .route("/balance", get(balance::show).post(balance::update))
         .route("/batches/{id}", get(batches::show))
         .route("/info", get(status::info))
         .route("/nodes", get(nodes::list))

@@ -22,6 +22,7 @@
 //! `threads` holds across DENs through the slot leases; `maxthreads` holds per node because
 //! only this process claims for its node name.
 
+mod balance;
 mod chain;
 mod lease;
 mod lifecycle;
@@ -113,6 +114,8 @@ pub struct DenSettings {
     /// Host files no queue's grant may reach, besides the component cache and the plugin
     /// directory: the config file and the embedded database, when there are ones.
     pub protected: Vec<PathBuf>,
+    /// QueueBalance settings: whether this DEN balances the queues while it leads.
+    pub balance: crate::config::Balance,
 }
 
 impl DenSettings {
@@ -132,6 +135,7 @@ impl DenSettings {
             tick: DEFAULT_TICK,
             max_instances: config.max_instances,
             protected: Vec::new(),
+            balance: config.balance.clone(),
         }
     }
 }

@@ -248,6 +248,7 @@ pub fn api_state(config: &Config, store: &OpenStore) -> ApiState {
     state.documents = store.documents.clone();
     state.database = Some(store.database.clone());
     state.monitoring = config.monitoring;
+    state.balance = config.balance.clone();
     state.checker = match Runner::new(&EngineOptions {
         cache_dir: config.cache_dir.clone().or_else(crate::runner::default_cache_dir),
         max_instances: 1,

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::runner::Sandbox;
 
+pub mod balance;
 mod lifecycle;
 mod retry;
 pub use self::lifecycle::{StopAction, StopRequest, TaskProgress};
@@ -132,15 +133,66 @@ pub struct Queue {
     /// The queue (name or id) each succeeded task's result goes to as a new task
     /// (`next_queue`), if any.
     pub next_queue: Option<String>,
+    /// The QueueBalance's current share of this queue (`maxthreads`, written by the
+    /// leader): while set, at most this many of its tasks are claimed or running at once,
+    /// cluster-wide, whatever `threads` allows. `None` outside the balance.
+    pub maxthreads: Option<i64>,
 }
 
 impl Queue {
+    /// How many of this queue's tasks may be claimed or running at once: `threads`,
+    /// lowered to `maxthreads` while the QueueBalance limits the queue. 0 claims nothing.
+    pub fn limit(&self) -> i64 {
+        let threads = self.threads.unwrap_or(0).max(0);
+        self.maxthreads.map_or(threads, |m| threads.min(m.max(0)))
+    }
+
+    /// Reads a queue's `maxthreads` leniently: a number (or a number written as a string,
+    /// as Disbatch 4's tools do) that is not negative; anything else is noted in
+    /// `problems` and read as unset.
+    pub fn read_maxthreads(value: Option<&bson::Bson>, problems: &mut Vec<String>) -> Option<i64> {
+        let value = value.filter(|v| !matches!(v, bson::Bson::Null))?;
+        match lenient_int(value) {
+            Some(n) if n >= 0 => Some(n),
+            _ => {
+                problems.push(format!(
+                    "field `maxthreads` is {value}, not a non-negative integer; the queue is not limited by it"
+                ));
+                None
+            }
+        }
+    }
+
     /// The queue of `queues` that `key` names: by `_id` (hex), else by name.
     pub fn find<'a>(queues: &'a [Queue], key: &str) -> Option<&'a Queue> {
         let by_id = ObjectId::parse_str(key)
             .ok()
             .and_then(|id| queues.iter().find(|q| q.id == id));
         by_id.or_else(|| queues.iter().find(|q| q.name == key))
+    }
+}
+
+/// Largest integer a Double represents exactly (2^53).
+const MAX_EXACT_DOUBLE: f64 = 9_007_199_254_740_992.0;
+
+/// An integer as other clients write it: Int32, Int64, an integral Double or a string
+/// holding a decimal integer (Perl writes form values as strings).
+pub fn lenient_int(value: &bson::Bson) -> Option<i64> {
+    use bson::Bson;
+    match value {
+        Bson::Int32(n) => Some(i64::from(*n)),
+        Bson::Int64(n) => Some(*n),
+        Bson::Double(f) if f.fract() == 0.0 && f.abs() <= MAX_EXACT_DOUBLE => Some(*f as i64),
+        Bson::String(s) => {
+            let s = s.trim();
+            s.parse::<i64>().ok().or_else(|| {
+                s.parse::<f64>()
+                    .ok()
+                    .filter(|f| f.is_finite())
+                    .and_then(|f| lenient_int(&Bson::Double(f)))
+            })
+        }
+        _ => None,
     }
 }
 

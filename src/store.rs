@@ -199,6 +199,15 @@ pub trait Store: PluginStore + Send + Sync + 'static {
     async fn lead(&self, node: &str, ttl: Duration) -> StoreResult<Leader>;
     /// The leader lease as stored (possibly lapsed), if any DEN ever took it.
     async fn leader(&self) -> StoreResult<Option<Leader>>;
+    /// How many of `queue`'s slots are in use: held and unexpired, or expired while their
+    /// holder still has a claimed or running task of the queue. No more of its tasks are
+    /// claimed or running than this (each runs under a slot).
+    async fn slots_in_use(&self, queue: ObjectId) -> StoreResult<i64>;
+    /// The QueueBalance document (Disbatch 4's `balance` collection), if one was written.
+    /// A permanent error when the collection holds more than one document.
+    async fn balance(&self) -> StoreResult<Option<Document>>;
+    /// Sets `fields` in the QueueBalance document, creating it when there is none.
+    async fn set_balance(&self, fields: Document) -> StoreResult<()>;
     /// Whether `queue` has a claimable task (`{node: null, status: -2, queue}`): a cheap
     /// probe so an idle DEN does not take slot leases for empty queues.
     async fn has_queued(&self, queue: ObjectId) -> StoreResult<bool>;

@@ -40,6 +40,7 @@ fn settings(node: &str) -> DenSettings {
         tick: Duration::from_millis(200),
         max_instances: 64,
         protected: Vec::new(),
+        balance: Default::default(),
     }
 }
 

@@ -39,6 +39,7 @@ fn settings(node: &str, gfs: Gfs) -> DenSettings {
         tick: Duration::from_millis(200),
         max_instances: 8,
         protected: Vec::new(),
+        balance: Default::default(),
     }
 }
 

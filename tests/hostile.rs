@@ -69,6 +69,7 @@ impl Fixture {
             tick: Duration::from_millis(100),
             max_instances: 32,
             protected: Vec::new(),
+            balance: Default::default(),
         };
         let den = Den::new(Arc::new(t.store.clone()), common::shared_runner(), settings);
         let shutdown = CancellationToken::new();

@@ -850,6 +850,7 @@ fn settings(node: &str) -> DenSettings {
         tick: Duration::from_millis(100),
         max_instances: 64,
         protected: Vec::new(),
+        balance: Default::default(),
     }
 }
 

@@ -158,6 +158,7 @@ pub(super) fn queue(q: &Queue, counts: Option<&StatusCounts>) -> Value {
         "retry": q.retry.as_ref().map(|r| serde_json::to_value(r).unwrap_or(Value::Null)),
         "activity_timeout": q.activity_timeout.map(|d| humantime::format_duration(d).to_string()),
         "next_queue": q.next_queue,
+        "maxthreads": q.maxthreads,
         "queued": queued,
         "running": running,
         "completed": completed,
@@ -180,6 +181,7 @@ pub(super) fn unreadable_queue(q: &UnreadableQueue, counts: Option<&StatusCounts
             retry: None,
             activity_timeout: None,
             next_queue: None,
+            maxthreads: None,
         },
         counts,
     );

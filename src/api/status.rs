@@ -32,8 +32,10 @@ pub(super) async fn info(State(state): State<Shared>) -> Json<Value> {
 /// WARNING when some node is stale.
 pub(super) async fn monitoring(State(state): State<Shared>) -> Json<Value> {
     if !state.monitoring {
-        return Json(json!({ "disbatch": { "status": "OK", "message": "monitoring is disabled" } }));
+        let off = json!({ "status": "OK", "message": "monitoring is disabled" });
+        return Json(json!({ "disbatch": off, "queuebalance": off }));
     }
+    let queuebalance = super::balance::check(&state).await;
     let nodes = match state.store.nodes().await {
         Ok(n) => n,
         Err(e) => {
@@ -41,7 +43,7 @@ pub(super) async fn monitoring(State(state): State<Shared>) -> Json<Value> {
                 "status": "CRITICAL",
                 "message": format!("cannot read nodes: {e}"),
                 "nodes": { "fresh": [], "stale": [] },
-            }}))
+            }, "queuebalance": queuebalance }))
         }
     };
     let now = DateTime::now();
@@ -59,7 +61,7 @@ pub(super) async fn monitoring(State(state): State<Shared>) -> Json<Value> {
         "status": level,
         "message": message,
         "nodes": { "fresh": fresh, "stale": stale },
-    }}))
+    }, "queuebalance": queuebalance }))
 }
 
 /// A Prometheus label value, escaped.

@@ -50,6 +50,11 @@ impl Den {
                     Err(e) => debug!(error = %e, "cannot queue due scheduled tasks"),
                 }
                 if ticks.is_multiple_of(SETTLE_EVERY) {
+                    if self.settings.balance.enabled {
+                        self.balance_queues().await;
+                    } else {
+                        self.lift_leftover_shares().await;
+                    }
                     match crate::store::deps::sweep(self.store.as_ref()).await {
                         Ok(d) if d.released + d.cancelled > 0 => {
                             debug!(

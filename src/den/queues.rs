@@ -25,7 +25,7 @@ pub(crate) struct QueueState {
 impl QueueState {
     /// Whether a worker holding `slot` may claim another task of this queue.
     pub fn allows_slot(&self, slot: &Slot) -> bool {
-        slot.queue == self.queue.id && self.queue.threads.unwrap_or(0) > slot.n
+        slot.queue == self.queue.id && self.queue.limit() > slot.n
     }
 }
 

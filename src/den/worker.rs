@@ -60,6 +60,18 @@ impl Den {
                 Some(q) if q.allows_slot(&slot) && !self.over_node_limit() => queue = q,
                 _ => return Some(slot),
             }
+            // A queue the QueueBalance lowered gives slots back as its tasks end, whichever
+            // slots they are, so a priority lane waits for the first of them, not for one.
+            if queue.queue.maxthreads.is_some() {
+                match self.store.slots_in_use(queue.queue.id).await {
+                    Ok(n) if n > queue.queue.limit() => return Some(slot),
+                    Ok(_) => {}
+                    Err(e) => {
+                        debug!(error = %e, "cannot count the queue's slots in use");
+                        return Some(slot);
+                    }
+                }
+            }
             // Re-validate the slot lease before claiming: a slot lost (freed by recovery
             // while this DEN was paused) must not be used for another task, and one another
             // node asked for goes to it.

@@ -19,6 +19,7 @@
 //! (orphan recovery), `lifecycle` (scheduled tasks, cancel and kill), `errors` (driver errors as transient or permanent store errors),
 //! `counts` (task counts per queue and status).
 
+mod balance;
 mod batches;
 mod connect;
 mod counts;
@@ -473,6 +474,18 @@ impl Store for MongoStore {
 
     async fn leader(&self) -> StoreResult<Option<crate::store::Leader>> {
         self.read_lead().await
+    }
+
+    async fn slots_in_use(&self, queue: ObjectId) -> StoreResult<i64> {
+        self.occupied_slots(queue).await
+    }
+
+    async fn balance(&self) -> StoreResult<Option<Document>> {
+        self.read_balance().await
+    }
+
+    async fn set_balance(&self, fields: Document) -> StoreResult<()> {
+        self.write_balance(fields).await
     }
 
     /// A change stream on `tasks`: inserts of queued tasks and updates that set a task's

@@ -31,6 +31,7 @@
 //! SQLite calls block, so each operation runs on [`tokio::task::spawn_blocking`] with a
 //! connection from a small pool.
 
+mod balance;
 mod batches;
 mod deps;
 mod files;
@@ -136,6 +137,10 @@ CREATE TABLE IF NOT EXISTS slots (
     PRIMARY KEY (queue, n)
 );
 CREATE INDEX IF NOT EXISTS slots_holder ON slots (holder);
+CREATE TABLE IF NOT EXISTS balance (
+    id INTEGER PRIMARY KEY NOT NULL CHECK (id = 1),
+    doc BLOB NOT NULL
+);
 CREATE TABLE IF NOT EXISTS leases (
     name TEXT PRIMARY KEY NOT NULL,
     node TEXT NOT NULL,
@@ -782,6 +787,20 @@ impl Store for SqliteStore {
 
     async fn leader(&self) -> StoreResult<Option<crate::store::Leader>> {
         self.with(|conn| leader::read(conn)).await
+    }
+
+    async fn slots_in_use(&self, queue: ObjectId) -> StoreResult<i64> {
+        let q = queue.to_hex();
+        self.with(move |conn| slots::occupied(conn, &q)).await
+    }
+
+    async fn balance(&self) -> StoreResult<Option<Document>> {
+        self.with(|conn| balance::read(conn)).await
+    }
+
+    async fn set_balance(&self, fields: Document) -> StoreResult<()> {
+        // Not `write`: the balance is no change of tasks for their watchers.
+        self.with(move |conn| balance::set(conn, &fields)).await
     }
 
     async fn watch_queued(&self) -> StoreResult<Option<super::QueuedEvents>> {

@@ -127,6 +127,15 @@ impl Store for Recording {
     async fn leader(&self) -> StoreResult<Option<disbatch::store::Leader>> {
         self.inner.leader().await
     }
+    async fn slots_in_use(&self, queue: ObjectId) -> StoreResult<i64> {
+        self.inner.slots_in_use(queue).await
+    }
+    async fn balance(&self) -> StoreResult<Option<bson::Document>> {
+        self.inner.balance().await
+    }
+    async fn set_balance(&self, fields: bson::Document) -> StoreResult<()> {
+        self.inner.set_balance(fields).await
+    }
     async fn has_queued(&self, queue: ObjectId) -> StoreResult<bool> {
         self.inner.has_queued(queue).await
     }

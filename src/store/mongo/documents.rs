@@ -17,24 +17,9 @@ use crate::store::{OutputValue, StoreError, StoreResult, TaskFilter};
 /// Largest integer a Double represents exactly (2^53).
 const MAX_EXACT_DOUBLE: f64 = 9_007_199_254_740_992.0;
 
-/// An integer as other clients write it: Int32, Int64, an integral Double or a string
-/// holding a decimal integer (Perl writes form values as strings).
+/// An integer as other clients write it (see [`crate::model::lenient_int`]).
 pub(super) fn as_int(value: &Bson) -> Option<i64> {
-    match value {
-        Bson::Int32(n) => Some(i64::from(*n)),
-        Bson::Int64(n) => Some(*n),
-        Bson::Double(f) if f.fract() == 0.0 && f.abs() <= MAX_EXACT_DOUBLE => Some(*f as i64),
-        Bson::String(s) => {
-            let s = s.trim();
-            s.parse::<i64>().ok().or_else(|| {
-                s.parse::<f64>()
-                    .ok()
-                    .filter(|f| f.is_finite())
-                    .and_then(|f| as_int(&Bson::Double(f)))
-            })
-        }
-        _ => None,
-    }
+    crate::model::lenient_int(value)
 }
 
 /// Epoch numbers below this are seconds, at or above it milliseconds (10^11 s is the
@@ -433,6 +418,7 @@ pub(super) fn queue_from(doc: &Document) -> StoreResult<(Queue, Vec<String>)> {
             Some(Bson::String(s)) if !s.is_empty() => Some(s.clone()),
             Some(_) => return Err(f.malformed("next_queue", "a queue name or id")),
         },
+        maxthreads: Queue::read_maxthreads(f.get("maxthreads"), &mut problems),
     };
     Ok((queue, problems))
 }

@@ -55,7 +55,7 @@ impl MongoStore {
     /// [`Store::acquire_slot`](crate::store::Store::acquire_slot): refuses while a slot at
     /// or above `threads` is held and unexpired, else takes the lowest free slot below it.
     pub(super) async fn take_slot(&self, queue: &Queue, node: &str, lease: Duration) -> StoreResult<Option<Slot>> {
-        let threads = queue.threads.unwrap_or(0);
+        let threads = queue.limit();
         if threads <= 0 {
             return Ok(None);
         }
@@ -102,7 +102,77 @@ impl MongoStore {
             id: taken.get("_id").map_or("?".to_string(), ToString::to_string),
             reason: "field `n` must be an integer".to_string(),
         })?;
-        Ok(Some(Slot { queue: queue.id, n }))
+        self.confirm_slot(Slot { queue: queue.id, n }, node, threads).await
+    }
+
+    /// Keeps a slot just taken under the caller's view of the queue's limit (`seen`) only
+    /// if the limit as stored now allows it: a DEN whose copy of the queue is older than a
+    /// lowered `threads` or `maxthreads` (the leader's QueueBalance) gives the slot back
+    /// before it claims anything with it. When the stored limit is lower than `seen`, the
+    /// check for slots held above it is made again under the stored limit.
+    async fn confirm_slot(&self, slot: Slot, node: &str, seen: i64) -> StoreResult<Option<Slot>> {
+        let err = db_err("read the queue's limit");
+        let stored = self
+            .queues
+            .find_one(doc! { "_id": slot.queue })
+            .await
+            .map_err(&err)?
+            .and_then(|d| super::documents::queue_from(&d).ok())
+            .map_or(0, |(q, _)| q.limit());
+        let keep = slot.n < stored
+            && (stored >= seen
+                || self
+                    .slots
+                    .count_documents(doc! {
+                        "queue": slot.queue,
+                        "n": { "$gte": stored },
+                        "holder": { "$ne": null },
+                        "expires": { "$gt": DateTime::now() },
+                    })
+                    .limit(1)
+                    .await
+                    .map_err(&err)?
+                    == 0);
+        if keep {
+            return Ok(Some(slot));
+        }
+        self.give_back_slot(&slot, node).await?;
+        Ok(None)
+    }
+
+    /// [`Store::slots_in_use`](crate::store::Store::slots_in_use).
+    pub(super) async fn occupied_slots(&self, queue: bson::oid::ObjectId) -> StoreResult<i64> {
+        let err = db_err("count the queue's slots in use");
+        let now = DateTime::now();
+        let held: Vec<Document> = self
+            .slots
+            .find(doc! { "queue": queue, "holder": { "$ne": null } })
+            .projection(doc! { "holder": 1, "expires": 1 })
+            .await
+            .map_err(&err)?
+            .try_collect()
+            .await
+            .map_err(&err)?;
+        let mut in_use = 0;
+        for slot in held {
+            let live = slot.get_datetime("expires").is_ok_and(|e| *e > now);
+            let busy = || async {
+                let holder = slot.get("holder").cloned().unwrap_or(bson::Bson::Null);
+                self.tasks
+                    .count_documents(doc! {
+                        "queue": queue,
+                        "node": holder,
+                        "status": { "$in": [status::CLAIMED, status::RUNNING] },
+                    })
+                    .limit(1)
+                    .await
+                    .map_err(&err)
+            };
+            if live || busy().await? > 0 {
+                in_use += 1;
+            }
+        }
+        Ok(in_use)
     }
 
     /// Takes a slot whose lease expired, but only from a holder that has no claimed or
@@ -209,7 +279,7 @@ impl MongoStore {
     /// queue, moved to the donor's next slot at each ask, so a slot busy with a long task
     /// does not hold the asker up.
     pub(super) async fn ask_for_slot(&self, queue: &Queue, node: &str, ask: Duration) -> StoreResult<Option<String>> {
-        let threads = queue.threads.unwrap_or(0);
+        let threads = queue.limit();
         if threads <= 0 {
             return Ok(None);
         }

@@ -289,6 +289,7 @@ pub(super) fn queue_from(d: &Document) -> StoreResult<(Queue, Vec<String>)> {
             Some(Bson::String(s)) if !s.is_empty() => Some(s.clone()),
             Some(_) => return Err(malformed(d, "next_queue", "a queue name or id")),
         },
+        maxthreads: Queue::read_maxthreads(get(d, "maxthreads"), &mut problems),
     };
     Ok((queue, problems))
 }

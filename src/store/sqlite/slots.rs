@@ -8,8 +8,8 @@ use std::time::Duration;
 use bson::DateTime;
 use rusqlite::{params, Connection, OptionalExtension};
 
-use super::rows::{add_columns, db_err, lease_end};
-use super::SqliteStore;
+use super::rows::{add_columns, db_err, lease_end, queue_from};
+use super::{queue_doc, SqliteStore};
 use crate::model::{status, Queue};
 use crate::store::{fair_share_donor, Slot, SlotRenewal, StoreResult};
 
@@ -28,10 +28,11 @@ pub(super) fn migrate(conn: &Connection) -> StoreResult<()> {
 
 impl SqliteStore {
     /// [`Store::acquire_slot`](crate::store::Store::acquire_slot): refuses while a slot at
-    /// or above `threads` is held and unexpired, else takes the lowest free slot below it.
+    /// or above the queue's limit is held and unexpired, else takes the lowest free slot
+    /// below it. The limit is read in the same transaction (not taken from `queue`, which
+    /// may be older), so a lowered `threads` or `maxthreads` holds at once.
     pub(super) async fn take_slot(&self, queue: &Queue, node: &str, lease: Duration) -> StoreResult<Option<Slot>> {
-        let threads = queue.threads.unwrap_or(0);
-        if threads <= 0 {
+        if queue.limit() <= 0 {
             return Ok(None);
         }
         let queue_id = queue.id;
@@ -39,6 +40,10 @@ impl SqliteStore {
         self.write("acquire slot", move |tx| {
             let err = db_err("acquire slot");
             let q = queue_id.to_hex();
+            let threads = stored_limit(tx, &q)?;
+            if threads <= 0 {
+                return Ok(None);
+            }
             let now = DateTime::now();
             let millis = now.timestamp_millis();
             let mut insert = tx
@@ -143,7 +148,7 @@ impl SqliteStore {
     /// (not while over the limit; one live ask per node and queue, moved to the donor's
     /// next slot at each ask).
     pub(super) async fn ask_for_slot(&self, queue: &Queue, node: &str, ask: Duration) -> StoreResult<Option<String>> {
-        let threads = queue.threads.unwrap_or(0);
+        let threads = queue.limit();
         if threads <= 0 {
             return Ok(None);
         }
@@ -196,4 +201,30 @@ impl SqliteStore {
         })
         .await
     }
+}
+
+/// The limit of the queue `q` (hex id) as stored: 0 when it is gone or cannot be read.
+fn stored_limit(conn: &Connection, q: &str) -> StoreResult<i64> {
+    let bytes: Option<Vec<u8>> = conn
+        .query_row("SELECT doc FROM queues WHERE id = ?1", params![q], |r| r.get(0))
+        .optional()
+        .map_err(db_err("read the queue's limit"))?;
+    Ok(bytes
+        .and_then(|b| queue_doc("queues", q, &b).ok())
+        .and_then(|d| queue_from(&d).ok())
+        .map_or(0, |(queue, _)| queue.limit()))
+}
+
+/// Slots of the queue `q` (hex id) in use: held and unexpired, or expired while their
+/// holder still has a claimed or running task of the queue (such a slot is freed only
+/// with the recovery of that task).
+pub(super) fn occupied(conn: &Connection, q: &str) -> StoreResult<i64> {
+    conn.query_row(
+        "SELECT COUNT(*) FROM slots WHERE queue = ?1 AND holder IS NOT NULL
+           AND (expires > ?2 OR EXISTS (SELECT 1 FROM tasks
+                WHERE tasks.queue = ?1 AND tasks.node = slots.holder AND tasks.status IN (?3, ?4)))",
+        params![q, DateTime::now().timestamp_millis(), status::CLAIMED, status::RUNNING],
+        |r| r.get(0),
+    )
+    .map_err(db_err("count the queue's slots in use"))
 }
