@@ -6,6 +6,7 @@
 //! (a DEN and the DCI in one process, for trying Disbatch on one machine).
 
 mod after;
+mod balance;
 mod batches;
 pub mod client;
 pub mod dev;
@@ -302,8 +303,17 @@ pub enum Command {
         /// A non-negative number or `null`.
         maxthreads: String,
     },
-    /// The monitoring check (OK, WARNING or CRITICAL).
+    /// The monitoring check (OK, WARNING or CRITICAL), with the QueueBalance's.
     Monitoring,
+    /// The QueueBalance: its limit now, lanes and `max_tasks` entries.
+    Balance,
+    /// Set the QueueBalance: `{"max_tasks": {"* 07:00": 5, …}, "queues": [["bulk"],
+    /// ["urgent"]], "disabled": null}` as JSON text, `@file` or `-` (standard input).
+    SetBalance {
+        /// The balance as JSON.
+        #[arg(value_name = "JSON")]
+        balance: String,
+    },
 }
 
 /// Runs a client verb (everything but `web`) and prints its result.
@@ -499,9 +509,21 @@ pub async fn run(cli: &Cli) -> Result<(), CliError> {
             Output::new(v, |v| nodes_table(&Value::Array(vec![v.clone()])))
         }
         Command::Monitoring => Output::new(client.get("/monitoring").await?, |v| {
-            let d = &v["disbatch"];
-            format!("{}: {}\n", cell(&d["status"]), cell(&d["message"]))
+            let (d, b) = (&v["disbatch"], &v["queuebalance"]);
+            let mut out = format!("{}: {}\n", cell(&d["status"]), cell(&d["message"]));
+            if b.is_object() {
+                out.push_str(&format!(
+                    "queuebalance {}: {}\n",
+                    cell(&b["status"]),
+                    cell(&b["message"])
+                ));
+            }
+            out
         }),
+        Command::Balance => Output::new(client.get("/balance").await?, balance::balance_text),
+        Command::SetBalance { balance: text } => {
+            Output::new(client.post("/balance", &read_json(text)?).await?, balance::set_text)
+        }
     };
     if cli.json {
         println!("{}", serde_json::to_string_pretty(&out.value).unwrap_or_default());

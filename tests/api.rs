@@ -478,6 +478,11 @@ async fn monitoring_fresh_and_stale() {
     let (db, app) = setup("api_monitoring", |_| {}).await;
     let m = get(&app, "/monitoring").await.json();
     assert_eq!(m["disbatch"]["status"], "CRITICAL", "{m}");
+    assert_eq!(
+        m["queuebalance"],
+        json!({"status": "OK", "message": "queuebalance disabled"}),
+        "the config does not enable it: {m}"
+    );
     db.store.heartbeat("alive", Duration::from_secs(30)).await.unwrap();
     let m = get(&app, "/monitoring").await.json();
     assert_eq!(m["disbatch"]["status"], "OK", "{m}");

@@ -129,7 +129,23 @@ async fn queues_tasks_and_nodes_through_the_cli() {
     assert_eq!(n["maxthreads"], 3);
     let n = web.json(&["set-maxthreads", "node-a", "null"]);
     assert_eq!(n["maxthreads"], Value::Null);
-    assert!(web.ok(&["monitoring"]).starts_with("OK"));
+    let m = web.ok(&["monitoring"]);
+    assert!(m.starts_with("OK") && m.contains("queuebalance OK"), "{m}");
+
+    assert!(web.ok(&["balance"]).contains("balance document not found"));
+    let set = web.ok(&[
+        "set-balance",
+        r#"{"max_tasks": {"* 07:00": "5", "5 19:00": 8}, "queues": [["jobs"]]}"#,
+    ]);
+    assert!(set.contains("success: queuebalance modified"), "{set}");
+    let b = web.ok(&["balance"]);
+    assert!(
+        b.contains("default lane 0: jobs") && b.contains("from * 07:00: 5") && b.contains("from 5 19:00: 8"),
+        "{b}"
+    );
+    let out = web.run(&["set-balance", r#"{"max_tasks": {}, "queues": [["nope"]]}"#]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("\"nope\""), "{}", stderr(&out));
 
     assert!(web.ok(&["delete-queue", "jobs"]).contains("deleted queue jobs"));
     assert!(!web.ok(&["queues"]).contains("jobs"));

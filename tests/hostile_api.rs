@@ -1290,7 +1290,12 @@ async fn wrong_methods_are_405_and_unknown_routes_404() {
             "no route /queues/q/tasks",
         ),
         (Method::GET, "/tasks/a/b", StatusCode::NOT_FOUND, "no route /tasks/a/b"),
-        (Method::POST, "/balance", StatusCode::NOT_FOUND, "no route /balance"),
+        (
+            Method::PUT,
+            "/balance",
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method not allowed",
+        ),
         (Method::GET, "/%2e%2e/etc/passwd", StatusCode::NOT_FOUND, "no route"),
         (
             Method::DELETE,
