@@ -1,7 +1,7 @@
 //! The web UI in Debian's headless Chromium, driven by playwright-core (npm), with a real
 //! `den` process running the tasks: create a queue, edit its threads, submit a task and
 //! watch it finish, edit a node's maxthreads and open a finished task's GridFS-backed
-//! output. Screenshots are saved under `target/browser-artifacts/`.
+//! output, set the QueueBalance and see the leader's share. Screenshots are saved under `target/browser-artifacts/`.
 //!
 //! Needs `/usr/bin/chromium` (`apt-get install -y chromium`) and npm; playwright-core is
 //! installed by the test into `target/browser-test/` from `tests/browser/package-lock.json`.
@@ -97,9 +97,10 @@ async fn ui_creates_a_queue_submits_a_task_edits_limits_and_shows_output() {
         .await
         .unwrap());
 
-    let _den = common::DenProcess::start(&db.uri, &db.name, "ui-node", json!({}));
+    let balance = json!({"balance": {"enabled": true}});
+    let _den = common::DenProcess::start(&db.uri, &db.name, "ui-node", balance.clone());
 
-    let web = common::Web::start(&db.uri, &db.name, json!({}));
+    let web = common::Web::start(&db.uri, &db.name, balance);
     let url = web.url.clone();
 
     let artifacts = target_dir().join("browser-artifacts");

@@ -166,6 +166,33 @@ try {
   await page.waitForFunction(() => (document.querySelector("#task-status")?.textContent || "").includes("succeeded"), null, { timeout: 30000 });
   await page.waitForSelector('#task-graph .node.parent[data-status="1"]');
   await shot("task-dag-done");
+
+  // QueueBalance from its page: a refusal is shown; once saved, the leader's share of the
+  // queue and the limit in force show there and on the queues page.
+  await post("/tasks", { queue: "browser-q", params: [{ sleep_ms: 4000 }, { sleep_ms: 4000 }, { sleep_ms: 4000 }] });
+  await page.click("#nav-balance");
+  await page.waitForSelector("#balance-edit");
+  await page.fill("#balance-edit", JSON.stringify({ max_tasks: { "* 00:00": 2 }, queues: [["nope"]] }));
+  await page.click("#balance-save");
+  await page.waitForFunction(() => document.querySelector("#message").textContent.includes('"nope"'));
+  await page.fill("#balance-edit", JSON.stringify({ max_tasks: { "* 00:00": 2 }, queues: [["browser-q"]] }));
+  await page.click("#balance-save");
+  await page.waitForFunction(() => document.querySelector("#message").textContent.includes("QueueBalance saved"));
+  for (let tries = 0; ; tries++) {
+    await page.reload();
+    await page.waitForSelector("#balance-lanes");
+    const seen = await page.evaluate(() => ({
+      share: document.querySelector('.lane-queue[data-queue="browser-q"] .share')?.textContent.trim(),
+      limit: document.querySelector("#balance-limit")?.textContent.trim(),
+    }));
+    if (seen.share === "2" && seen.limit === "2") break;
+    if (tries > 60) throw new Error("the balance page never showed the leader's share: " + JSON.stringify(seen));
+    await page.waitForTimeout(500);
+  }
+  await shot("balance");
+  await page.click("#nav-queues");
+  await page.waitForSelector('tr[data-queue="browser-q"] .share');
+  if (!(await page.textContent('tr[data-queue="browser-q"] .share')).includes("balance share")) throw new Error("queues page share");
   if (errors.length) throw new Error("page errors: " + errors.join("; "));
   console.log(JSON.stringify({ ok: true, screenshots: step, submitted }));
 } catch (e) {

@@ -49,7 +49,8 @@ async function showQueues() {
         `<div class="problem">cannot be read: ${esc(q.problem)}</div>` : ""}${(q.problems || []).map((p) =>
         `<div class="problem">cannot run on ${esc(p.node)}: ${esc(p.reason)}</div>`).join("")}</td>
       <td><select class="edit-plugin" data-id="${esc(q.id)}">${pluginOptions(q.plugin)}</select></td>
-      <td><input class="edit-threads" type="number" min="0" data-id="${esc(q.id)}" value="${q.threads ?? ""}" placeholder="paused"></td>
+      <td><input class="edit-threads" type="number" min="0" data-id="${esc(q.id)}" value="${q.threads ?? ""}" placeholder="paused">${q.maxthreads != null ?
+        `<br><small class="share" title="the QueueBalance's share of this queue now">balance share ${q.maxthreads}</small>` : ""}</td>
       <td>${esc(q.sort)}</td>
       <td class="num queued">${q.queued}</td><td class="num running">${q.running}</td><td class="num completed">${q.completed}</td>
       <td><a href="#/tasks?queue=${encodeURIComponent(q.name)}">tasks</a>
@@ -394,6 +395,43 @@ async function streamInto(pre, url) {
   pre.dataset.complete = "1";
 }
 
+// ---- balance ------------------------------------------------------------------------------
+
+async function showBalance() {
+  const [b, queues] = await Promise.all([api("GET", "/balance"), api("GET", "/queues")]);
+  const byName = Object.fromEntries(queues.map((q) => [q.name, q]));
+  const lanes = (b.queues || []).map((lane, i) => `
+    <tr data-lane="${i}"><td>${i === 0 ? "default" : "priority " + i}</td><td>${lane.map((name) => {
+      const q = byName[name] || {};
+      return `<span class="lane-queue" data-queue="${esc(name)}">${esc(name)}: share <b class="share">${esc(q.maxthreads ?? "-")}</b>
+        of ${esc(q.threads ?? "paused")}, ${q.running ?? 0} running, ${q.queued ?? 0} queued</span>`;
+    }).join("<br>")}</td></tr>`).join("");
+  const settings = { max_tasks: b.max_tasks || {}, queues: b.queues || [] };
+  if (b.disabled) settings.disabled = b.disabled;
+  $("#view").innerHTML = `
+    <p id="balance-status">${b.notice ? esc(b.notice) : `QueueBalance <span class="badge ${esc(b.status)}">${esc(b.status ?? "not run")}</span>
+      ${esc(b.message ?? "")}${b.max_tasks_now != null ? ` — limit now <b id="balance-limit">${b.max_tasks_now}</b>` : ""}`}
+      ${b.settings && !b.settings.enabled ? " (not enabled in this server's config)" : ""}</p>
+    <table id="balance-lanes"><thead><tr><th>Lane</th><th>Queues</th></tr></thead>
+      <tbody>${lanes || '<tr><td colspan="2">No queues are balanced.</td></tr>'}</tbody></table>
+    <h2>Settings</h2>
+    <p><small>max_tasks: "&lt;day&gt; &lt;HH:MM&gt;" (day 0-6, 0 = Sunday, or *) → most running tasks from then on;
+      queues: lanes of queue names, the first the default lane; disabled: epoch seconds or null.
+      Known queues: ${esc((b.known_queues || []).join(", "))}.</small></p>
+    <textarea id="balance-edit" rows="10" cols="60" spellcheck="false">${esc(JSON.stringify(settings, null, 2))}</textarea>
+    <div class="toolbar"><button id="balance-save">Save</button></div>`;
+  $("#balance-save").onclick = async () => {
+    let body;
+    try {
+      body = JSON.parse($("#balance-edit").value);
+    } catch (err) {
+      say("the balance is not valid JSON: " + err.message, "error");
+      return;
+    }
+    await write(() => api("POST", "/balance", body), "QueueBalance saved");
+  };
+}
+
 // ---- shell --------------------------------------------------------------------------------
 
 async function render(refresh = false) {
@@ -405,13 +443,15 @@ async function render(refresh = false) {
     else if (path === "/nodes") await showNodes();
     else if (path === "/tasks") await showTasks(new URLSearchParams(query || ""));
     else if (path === "/plugins") await showPlugins();
+    else if (path === "/balance") await showBalance();
     else await showQueues();
   } catch (e) {
     say(e.message, "error");
   }
   api("GET", "/monitoring").then((m) => {
     const h = $("#health");
-    h.textContent = m.disbatch.status + ": " + m.disbatch.message;
+    h.textContent = m.disbatch.status + ": " + m.disbatch.message +
+      (m.queuebalance && !/disabled$/.test(m.queuebalance.message) ? " · balance " + m.queuebalance.status : "");
     h.className = "badge " + m.disbatch.status;
   }).catch(() => {});
 }
@@ -420,7 +460,9 @@ function schedule() {
   clearInterval(refreshTimer);
   if ($("#autorefresh").checked) {
     refreshTimer = setInterval(() => {
-      if (!editing() && !$("#new-queue-dialog").open && !$("#new-task-dialog").open) render(true);
+      const draft = $("#balance-edit");
+      const dirty = draft && draft.value !== draft.defaultValue;
+      if (!editing() && !dirty && !$("#new-queue-dialog").open && !$("#new-task-dialog").open) render(true);
     }, 5000);
   }
 }
