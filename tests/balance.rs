@@ -2,12 +2,13 @@
 //! Disbatch 4 serves them, the limit on running tasks held across DENs and queues (the
 //! database never shows more running), a priority lane served before the default lane's
 //! backlog, `disabled` lifting the limits, and the `queuebalance` check of `/monitoring`.
+//! The limit also holds while the leader is paused past its lease and another takes over.
 //! A slot taken under an older view of a queue is given back.
 
 mod common;
 
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -106,17 +107,8 @@ async fn balance(store: Arc<dyn Store>, start_den: impl Fn(&str) -> DenProcess) 
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
 
     // Sample what the database shows running for as long as the DENs work.
-    let peak = Arc::new(AtomicU64::new(0));
     let done = Arc::new(AtomicBool::new(false));
-    let sampler = {
-        let (store, peak, done) = (store.clone(), peak.clone(), done.clone());
-        tokio::spawn(async move {
-            while !done.load(Ordering::SeqCst) {
-                peak.fetch_max(running(&*store).await, Ordering::SeqCst);
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        })
-    };
+    let sampler = sample_peak(store.clone(), done.clone());
     let dens = [start_den("balance-a"), start_den("balance-b")];
     wait_for(
         Duration::from_secs(60),
@@ -149,8 +141,7 @@ async fn balance(store: Arc<dyn Store>, start_den: impl Fn(&str) -> DenProcess) 
     })
     .await;
     done.store(true, Ordering::SeqCst);
-    sampler.await.unwrap();
-    let peak = peak.load(Ordering::SeqCst);
+    let peak = sampler.await.unwrap();
     assert_eq!(
         peak, MAX,
         "the database showed {peak} tasks running at once; the limit is {MAX}"
@@ -190,6 +181,103 @@ async fn balance(store: Arc<dyn Store>, start_den: impl Fn(&str) -> DenProcess) 
     for den in &dens {
         assert!(!den.log().contains("panicked"), "{}", den.log());
     }
+}
+
+/// Samples the tasks at -1/0 every 5 ms until `done`; answers the most seen at once.
+fn sample_peak(store: Arc<dyn Store>, done: Arc<AtomicBool>) -> tokio::task::JoinHandle<u64> {
+    tokio::spawn(async move {
+        let mut peak = 0;
+        while !done.load(Ordering::SeqCst) {
+            peak = peak.max(running(&*store).await);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        peak
+    })
+}
+
+/// The leader is paused (SIGSTOP) past its lease while its tasks run, then resumed: the
+/// other DEN leads and balances, the paused one's tasks are recovered and run again, and
+/// the database never shows more than the limit running.
+async fn paused_leader(store: Arc<dyn Store>, start_den: impl Fn(&str) -> DenProcess) {
+    let mut state = ApiState::new(store.clone(), vec!["demo".into()]);
+    state.balance.enabled = true;
+    let app = router(state);
+    let r = post(
+        &app,
+        "/queues",
+        json!({"name": "work", "plugin": "demo", "threads": 10, "on_orphan": "requeue"}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let r = post(
+        &app,
+        "/balance",
+        json!({"max_tasks": {"* 00:00": MAX}, "queues": [["work"]]}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let params: Vec<Value> = (0..30)
+        .map(|i| json!({"message": format!("w{i}"), "sleep_ms": 400}))
+        .collect();
+    let r = post(&app, "/tasks", json!({"queue": "work", "params": params})).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let work = queue(&app, "work").await;
+    let done = Arc::new(AtomicBool::new(false));
+    let sampler = sample_peak(store.clone(), done.clone());
+    let dens = [start_den("paused-a"), start_den("paused-b")];
+    let leader = || async {
+        let nodes = get(&app, "/nodes").await.json();
+        nodes
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["leader"] == true)
+            .map(|n| n["node"].as_str().unwrap().to_string())
+    };
+    wait_for(Duration::from_secs(60), "tasks to run on the leader", || async {
+        let Some(name) = leader().await else { return false };
+        let filter = TaskFilter {
+            node: Some(Some(name)),
+            status: Some(vec![status::RUNNING]),
+            ..TaskFilter::default()
+        };
+        store.count_tasks(&filter).await.unwrap() > 0
+    })
+    .await;
+    let name = leader().await.unwrap();
+    let paused = if name == "paused-a" { &dens[0] } else { &dens[1] };
+    paused.pause();
+    wait_for(Duration::from_secs(30), "the other DEN to lead", || async {
+        leader().await.is_some_and(|l| l != name)
+    })
+    .await;
+    paused.resume();
+    wait_for(Duration::from_secs(120), "every task to succeed", || async {
+        count(&*store, &work, status::SUCCEEDED).await == 30
+    })
+    .await;
+    done.store(true, Ordering::SeqCst);
+    let peak = sampler.await.unwrap();
+    assert!(
+        peak <= MAX,
+        "the database showed {peak} tasks running at once; the limit is {MAX}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_paused_leader_keeps_the_limit_on_mongodb() {
+    let t = common::test_db("balance_paused").await;
+    let store: Arc<dyn Store> = Arc::new(t.store.clone());
+    paused_leader(store, |node| DenProcess::start(&t.uri, &t.name, node, den_config())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_paused_leader_keeps_the_limit_on_the_embedded_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.db");
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&file).await.unwrap());
+    let file: &Path = &file;
+    paused_leader(store, |node| DenProcess::start_embedded(file, node, den_config())).await;
 }
 
 fn den_config() -> Value {

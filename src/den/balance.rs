@@ -192,6 +192,7 @@ impl Den {
     /// Lowers the shares that must go down, counts the slots in use again, then raises
     /// shares, in priority order, while the budget holds them. Whether any share changed.
     async fn apply_shares(&self, members: &mut [Member], budget: i64) -> StoreResult<bool> {
+        let token = *self.leading.lock().unwrap_or_else(|e| e.into_inner());
         let mut changed = false;
         for m in members.iter_mut().filter(|m| m.target < m.limit) {
             self.set_share(&m.queue, Some(m.target), m.limit).await?;
@@ -202,6 +203,10 @@ impl Den {
         let mut in_use = Vec::with_capacity(members.len());
         for m in members.iter() {
             in_use.push(self.store.slots_in_use(m.queue.id).await?);
+        }
+        if !self.still_leads(token).await? {
+            warn!("QueueBalance: the leader lease passed on during the pass; raising no share");
+            return Ok(changed);
         }
         let mut bound: i64 = members.iter().zip(&in_use).map(|(m, u)| m.limit.max(*u)).sum();
         for (m, used) in members.iter_mut().zip(&in_use) {
@@ -216,6 +221,21 @@ impl Den {
             }
         }
         Ok(changed)
+    }
+
+    /// Whether this node still holds the leader lease it held as `token`, with at least a
+    /// quarter of `heartbeat_stale` left: shares are raised only then, so a leader paused in
+    /// the middle of a pass past its lease raises nothing on counts its successor has moved
+    /// on from.
+    async fn still_leads(&self, token: Option<i64>) -> StoreResult<bool> {
+        let Some(token) = token else { return Ok(false) };
+        let margin = self.settings.heartbeat_stale / 4;
+        let soon = crate::store::Leader::end(DateTime::now(), margin);
+        Ok(self
+            .store
+            .leader()
+            .await?
+            .is_some_and(|l| l.token == token && l.held_by(&self.settings.node, soon)))
     }
 
     /// With the QueueBalance not enabled here, clears the shares a balance left on queues,
