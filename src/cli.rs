@@ -2,33 +2,38 @@
 //! to a DCI (`--url`, default `http://localhost:8080`, env `DISBATCH_URL`) with the
 //! Disbatch 4 CLI's verbs. Output is a human table, or the API's JSON with `--json`.
 //!
-//! Parts: `client` (HTTP + errors), `table` (text tables), `web` (the server verb), `dev`
-//! (a DEN and the DCI in one process, for trying Disbatch on one machine).
+//! Parts: `command` (the verbs and their arguments), `client` (HTTP + errors), `input`
+//! (pairs and JSON arguments), `output` and `table` (what a person reads), `web` (the
+//! server verb), `dev` (a DEN and the DCI in one process, for trying Disbatch on one
+//! machine).
 
 mod after;
 mod balance;
 mod batches;
 pub mod client;
+mod command;
 pub mod dev;
+mod input;
 mod lifecycle;
+mod output;
 pub mod plugins;
 pub mod scaffold;
 pub mod table;
 mod wait;
 pub mod web;
 
-use std::io::Read as _;
-
-use clap::{Parser, Subcommand};
+use clap::Parser;
 use serde_json::{json, Map, Value};
 
-use self::after::AfterArgs;
-use self::batches::{batch_text, BatchArgs};
+use self::batches::batch_text;
 use self::client::{encode, Client};
-use self::lifecycle::{absolute_run_at, lifecycle_lines, stop_tasks, RetryArgs, StopArgs};
-use self::table::{cell, render};
+pub use self::command::Command;
+use self::input::{queue_fields, read_json, task_params};
+use self::lifecycle::{absolute_run_at, stop_tasks};
+use self::output::{created, lines, nodes_table, pretty, queues_table, task_text, tasks_table, Output};
+use self::table::cell;
 use self::wait::{wait_for_tasks, WaitArgs};
-use crate::launch::{StartError, StoreArgs};
+use crate::launch::StartError;
 
 /// Tasks sent per `POST /tasks` when creating tasks from a list.
 pub const TASK_BATCH: usize = 1000;
@@ -135,185 +140,6 @@ pub struct Cli {
     /// The verb.
     #[command(subcommand)]
     pub command: Command,
-}
-
-/// The verbs.
-#[derive(Debug, Subcommand)]
-pub enum Command {
-    /// Serve the DCI (REST API and web UI) for a config file, or for an embedded store.
-    Web {
-        /// The config and the store.
-        #[command(flatten)]
-        store: StoreArgs,
-        /// Address to listen on (default: the config's `bind`, 127.0.0.1:8080).
-        #[arg(long)]
-        bind: Option<String>,
-    },
-    /// Try Disbatch on one machine: an embedded store (or MongoDB), a `demo` queue, a DEN
-    /// and the web UI in one process.
-    Dev(dev::DevArgs),
-    /// Server information.
-    Info,
-    /// The allowed plugins; with --full, every allowed or stored plugin and its newest
-    /// stored version.
-    Plugins {
-        /// Show sources, versions and digests.
-        #[arg(long)]
-        full: bool,
-    },
-    /// Upload a plugin component to the store; every DEN whose config allows the name
-    /// runs it.
-    PushPlugin(plugins::PushArgs),
-    /// Create a new plugin project from the templates (`--lang rust|python|js`); needs no
-    /// server.
-    NewPlugin(scaffold::NewPluginArgs),
-    /// The stored versions of a plugin, newest first.
-    PluginVersions {
-        /// Plugin name.
-        name: String,
-    },
-    /// Delete every stored version of a plugin.
-    DeletePlugin {
-        /// Plugin name.
-        name: String,
-    },
-    /// Queues with their queued/running/completed counts.
-    #[command(alias = "status")]
-    Queues,
-    /// Create a queue.
-    CreateQueue {
-        /// Queue name.
-        name: String,
-        /// Plugin name (one of `disbatch plugins`).
-        plugin: String,
-        /// Concurrency limit across all nodes.
-        #[arg(long)]
-        threads: Option<i64>,
-        /// Claim order: fifo, lifo or default.
-        #[arg(long)]
-        sort: Option<String>,
-    },
-    /// Change a queue: `update-queue <queue> threads 4 plugin demo …`.
-    UpdateQueue {
-        /// Queue id or name.
-        queue: String,
-        /// Pairs of field and value (name, plugin, threads, sort, sandbox, on_orphan).
-        #[arg(required = true, num_args = 2..)]
-        pairs: Vec<String>,
-    },
-    /// Delete a queue (its tasks stay).
-    DeleteQueue {
-        /// Queue id or name.
-        queue: String,
-    },
-    /// Create one task: `create-task <queue> key value …` (values parsed as JSON when they can be).
-    CreateTask {
-        /// Run it at this time (RFC 3339) or after this delay (`10m`); until then it is
-        /// scheduled (-7).
-        #[arg(long, value_name = "TIME|DELAY")]
-        run_at: Option<String>,
-        /// Claim priority within the queue: higher first (default 0).
-        #[arg(long, allow_hyphen_values = true)]
-        priority: Option<i64>,
-        /// A key unique within the queue: when it is taken, the task that has it is the
-        /// answer and nothing is created.
-        #[arg(long)]
-        key: Option<String>,
-        /// With `--key`: submit the task that has the key again (new params if it waits or
-        /// has finished, once more after its run if it is running).
-        #[arg(long, requires = "key")]
-        resubmit: bool,
-        /// Then wait for it to end, as `wait` does.
-        #[arg(long)]
-        wait: bool,
-        #[command(flatten)]
-        batch: BatchArgs,
-        #[command(flatten)]
-        after: AfterArgs,
-        /// Queue id or name.
-        queue: String,
-        /// Pairs of param name and value.
-        pairs: Vec<String>,
-    },
-    /// Create tasks from a JSON array of params (inline, `@file` or `-` for stdin), or with
-    /// `--collection` one per document: `{"filter": {…}, "params": {"k": "document.field"}}`.
-    CreateTasks {
-        /// Schedule every task: a time (RFC 3339) or a delay (`10m`).
-        #[arg(long, value_name = "TIME|DELAY")]
-        run_at: Option<String>,
-        /// Claim priority of every task: higher first (default 0).
-        #[arg(long, allow_hyphen_values = true)]
-        priority: Option<i64>,
-        /// Create one task per document of this collection.
-        #[arg(long)]
-        collection: Option<String>,
-        #[command(flatten)]
-        batch: BatchArgs,
-        #[command(flatten)]
-        after: AfterArgs,
-        /// Queue id or name.
-        queue: String,
-        /// The JSON (array of params, or `{filter, params}` with --collection).
-        #[arg(value_name = "JSON")]
-        tasks: String,
-    },
-    /// Create a DAG of tasks in one request: a JSON array (inline, `@file` or `-`) of
-    /// `{params, key, after: [{"ref": n} | key | id | {"batch": id}], after_failure}`;
-    /// refused whole when it has a cycle or names what does not exist.
-    CreateDag {
-        /// Queue id or name.
-        queue: String,
-        /// The JSON array of entries.
-        #[arg(value_name = "JSON")]
-        tasks: String,
-    },
-    /// Search tasks: `tasks '{"queue":"q","status":-2}'` (indexed fields only).
-    Tasks {
-        /// JSON filter on queue, status, node, id.
-        filter: Option<String>,
-    },
-    /// One task with its stdout and stderr.
-    Task {
-        /// Task id.
-        id: String,
-    },
-    /// A batch: its tasks' counts by status and whether it is complete.
-    Batch {
-        /// Batch id.
-        id: String,
-    },
-    /// Cancel tasks that have not started (queued or scheduled): `cancel <id>…`, or
-    /// `cancel --queue <queue>` for all of a queue's.
-    Cancel(StopArgs),
-    /// Kill running tasks: their plugins are stopped within a second and the tasks end
-    /// failed. `kill <id>…`, or `kill --queue <queue>` for all of a queue's.
-    Kill(StopArgs),
-    /// Queue finished tasks again (succeeded, failed, orphaned, cancelled); each keeps its
-    /// last run in its `attempts` list.
-    Retry(RetryArgs),
-    /// Wait for tasks to end, showing progress on a terminal: exit 0 when all succeeded,
-    /// 4 when one did not, 5 at `--timeout`.
-    Wait(WaitArgs),
-    /// Nodes (DENs) with their heartbeat and maxthreads.
-    Nodes,
-    /// Set a node's maxthreads (`null` for no limit).
-    SetMaxthreads {
-        /// Node id or name.
-        node: String,
-        /// A non-negative number or `null`.
-        maxthreads: String,
-    },
-    /// The monitoring check (OK, WARNING or CRITICAL), with the QueueBalance's.
-    Monitoring,
-    /// The QueueBalance: its limit now, lanes and `max_tasks` entries.
-    Balance,
-    /// Set the QueueBalance: `{"max_tasks": {"* 07:00": 5, …}, "queues": [["bulk"],
-    /// ["urgent"]], "disabled": null}` as JSON text, `@file` or `-` (standard input).
-    SetBalance {
-        /// The balance as JSON.
-        #[arg(value_name = "JSON")]
-        balance: String,
-    },
 }
 
 /// Runs a client verb (everything but `web`) and prints its result.
@@ -531,181 +357,6 @@ pub async fn run(cli: &Cli) -> Result<(), CliError> {
         print!("{}", (out.human)(&out.value));
     }
     out.outcome.map_or(Ok(()), Err)
-}
-
-/// A verb's answer and how to show it to a person, and for `wait` the outcome that sets
-/// the exit code once it is shown.
-struct Output {
-    value: Value,
-    human: fn(&Value) -> String,
-    outcome: Option<CliError>,
-}
-
-impl Output {
-    fn new(value: Value, human: fn(&Value) -> String) -> Output {
-        Output {
-            value,
-            human,
-            outcome: None,
-        }
-    }
-}
-
-fn pretty(v: &Value) -> String {
-    serde_json::to_string_pretty(v).unwrap_or_default() + "\n"
-}
-
-fn lines(v: &Value) -> String {
-    v.as_array()
-        .map(|a| a.iter().map(|x| cell(x) + "\n").collect())
-        .unwrap_or_default()
-}
-
-fn created(v: &Value) -> String {
-    let ids = v["ids"].as_array().map(Vec::len).unwrap_or(0);
-    // With keys, `created` counts the new tasks; the others were already there.
-    let mut s = match v.get("created") {
-        Some(n) => {
-            let count = |k: &str| v[k].as_array().map(Vec::len).unwrap_or(0);
-            let mut line = format!("created {} tasks", cell(n));
-            for (k, what) in [("existing", "already there"), ("resubmitted", "submitted again")] {
-                if count(k) > 0 {
-                    line.push_str(&format!(", {} {what}", count(k)));
-                }
-            }
-            line + "\n"
-        }
-        None => format!("created {} tasks\n", cell(&v["count"])),
-    };
-    if ids == 1 {
-        s.push_str(&format!("{}\n", cell(&v["ids"][0])));
-    }
-    s
-}
-
-fn rows(v: &Value, f: impl Fn(&Value) -> Vec<String>) -> Vec<Vec<String>> {
-    v.as_array().map(|a| a.iter().map(f).collect()).unwrap_or_default()
-}
-
-fn queues_table(v: &Value) -> String {
-    let rows = rows(v, |q| {
-        ["id", "name", "plugin", "threads", "queued", "running", "completed"]
-            .iter()
-            .map(|k| cell(&q[*k]))
-            .collect()
-    });
-    let mut out = render(
-        &["id", "name", "plugin", "threads", "queued", "running", "completed"],
-        &rows,
-    );
-    // Why nodes cannot run a queue, under the table.
-    for q in v.as_array().map(Vec::as_slice).unwrap_or_default() {
-        if let Some(problem) = q["problem"].as_str() {
-            out.push_str(&format!("queue {} cannot be read: {problem}\n", cell(&q["id"])));
-        }
-        for p in q["problems"].as_array().map(Vec::as_slice).unwrap_or_default() {
-            out.push_str(&format!(
-                "queue {} cannot run on {}: {}\n",
-                cell(&q["name"]),
-                cell(&p["node"]),
-                cell(&p["reason"])
-            ));
-        }
-    }
-    out
-}
-
-fn nodes_table(v: &Value) -> String {
-    let rows = rows(v, |n| {
-        vec![
-            cell(&n["id"]),
-            cell(&n["node"]),
-            cell(&n["maxthreads"]),
-            format!("{:.0}s", n["age_secs"].as_f64().unwrap_or(0.0)),
-            if n["fresh"] == true { "fresh" } else { "stale" }.into(),
-        ]
-    });
-    render(&["id", "node", "maxthreads", "heartbeat", "state"], &rows)
-}
-
-fn tasks_table(v: &Value) -> String {
-    let rows = rows(v, |t| {
-        vec![
-            cell(&t["id"]),
-            cell(&t["queue"]),
-            format!("{} ({})", cell(&t["status"]), cell(&t["status_name"])),
-            cell(&t["node"]),
-            cell(&t["mtime"]),
-            t.get("params").map(|p| p.to_string()).unwrap_or_default(),
-        ]
-    });
-    render(&["id", "queue", "status", "node", "mtime", "params"], &rows)
-}
-
-fn task_text(t: &Value) -> String {
-    let mut s = String::new();
-    for k in ["id", "queue", "status", "status_name", "node", "ctime", "mtime"] {
-        s.push_str(&format!("{k:<12}{}\n", cell(&t[k])));
-    }
-    s.push_str(&lifecycle_lines(t));
-    s.push_str(&format!("{:<12}{}\n", "params", t["params"]));
-    for k in ["stdout", "stderr"] {
-        s.push_str(&format!("--- {k} ---\n{}", cell(&t[k])));
-        if !s.ends_with('\n') {
-            s.push('\n');
-        }
-    }
-    s
-}
-
-/// `key value …` pairs → a JSON object; each value is JSON when it parses, else a string.
-fn pairs_object(pairs: &[String]) -> Result<Map<String, Value>, CliError> {
-    if !pairs.len().is_multiple_of(2) {
-        return Err(CliError::Usage(format!(
-            "expected pairs of key and value, got an odd number of words: {}",
-            pairs.join(" ")
-        )));
-    }
-    Ok(pairs
-        .chunks(2)
-        .map(|kv| {
-            let v = serde_json::from_str::<Value>(&kv[1]).unwrap_or_else(|_| Value::String(kv[1].clone()));
-            (kv[0].clone(), v)
-        })
-        .collect())
-}
-
-fn task_params(pairs: &[String]) -> Result<Value, CliError> {
-    pairs_object(pairs).map(Value::Object)
-}
-
-/// Queue fields from pairs: `name`, `plugin`, `sort` and `on_orphan` stay strings; `threads`
-/// is a number or null; `sandbox` is JSON.
-fn queue_fields(pairs: &[String]) -> Result<Value, CliError> {
-    let mut m = pairs_object(pairs)?;
-    for kv in pairs.chunks(2) {
-        if matches!(kv[0].as_str(), "name" | "plugin" | "sort" | "on_orphan") {
-            m.insert(kv[0].clone(), Value::String(kv[1].clone()));
-        }
-    }
-    Ok(Value::Object(m))
-}
-
-/// JSON given inline, as `@file`, or `-` for stdin.
-fn read_json(arg: &str) -> Result<Value, CliError> {
-    let (text, source) = if arg == "-" {
-        let mut s = String::new();
-        std::io::stdin()
-            .read_to_string(&mut s)
-            .map_err(|e| CliError::Usage(format!("cannot read stdin: {e}")))?;
-        (s, "stdin".to_owned())
-    } else if let Some(path) = arg.strip_prefix('@') {
-        let text = std::fs::read_to_string(path).map_err(|e| CliError::Usage(format!("cannot read {path}: {e}")))?;
-        (text, format!("file {path}"))
-    } else {
-        (arg.to_owned(), "the tasks argument".to_owned())
-    };
-    serde_json::from_str(&text).map_err(|e| CliError::Usage(format!("invalid JSON in {source}: {e}")))
 }
 
 /// Posts `list` in batches of [`TASK_BATCH`], with a progress bar on a terminal when there
