@@ -23,6 +23,7 @@ mod quota;
 mod sandbox;
 mod shape;
 mod special;
+mod submit;
 mod waits;
 
 use std::collections::HashMap;
@@ -53,6 +54,7 @@ pub use output::{escape_controls, human_bytes, truncation_marker, Captured, PLUG
 pub use quota::{DEFAULT_FILE_QUOTA, DEFAULT_WRITE_QUOTA};
 pub use sandbox::{DirGrant, Sandbox, DEFAULT_MEMORY, DEFAULT_OUTPUT_CAP, DEFAULT_TIMEOUT, MAX_MEMORY};
 pub use shape::{Shape, MAX_COMPONENT_BYTES, MAX_TOTAL_LOCALS};
+pub use submit::{Submission, DEFAULT_SUBMIT_MAX, MAX_SUBMIT_MAX, MAX_SUBMIT_PARAMS, MAX_SUBMIT_TOTAL};
 
 use bindings::{disbatch::plugin::host, PluginPre};
 use output::CappedOutput;
@@ -107,7 +109,7 @@ impl Plugin {
         &self.hash
     }
 
-    /// Version of the `disbatch:plugin` interface the component imports (`0.1.0`), when it
+    /// Version of the `disbatch:plugin` interface the component imports (`0.2.0`), when it
     /// imports one: a plugin that never reports progress imports none.
     pub fn wit_version(&self) -> Option<&str> {
         self.wit.as_deref()
@@ -163,6 +165,8 @@ struct TaskState {
     control: RunControl,
     progress: Vec<Progress>,
     sink: Option<ProgressSink>,
+    /// The follow-up tasks the plugin submitted.
+    submits: submit::TaskSubmits,
 }
 
 impl TaskState {
@@ -253,6 +257,10 @@ impl host::Host for TaskState {
         }
         self.progress.push(p);
     }
+
+    fn submit(&mut self, queue: String, params: String) -> Result<(), String> {
+        self.submits.submit(queue, &params)
+    }
 }
 
 impl Runner {
@@ -266,6 +274,7 @@ impl Runner {
             .map_err(|e| RunnerError::Engine(e.to_string()))?;
         bindings::Plugin::add_to_linker::<TaskState, HasSelf<TaskState>>(&mut linker, |s| s)
             .map_err(|e| RunnerError::Engine(e.to_string()))?;
+        submit::add_v01_to_linker(&mut linker).map_err(|e| RunnerError::Engine(e.to_string()))?;
         clock::add_to_linker(&mut linker).map_err(|e| RunnerError::Engine(e.to_string()))?;
         special::add_to_linker(&mut linker).map_err(|e| RunnerError::Engine(e.to_string()))?;
         waits::add_to_linker(&mut linker).map_err(|e| RunnerError::Engine(e.to_string()))?;
@@ -402,6 +411,7 @@ impl Runner {
                 control: control.clone(),
                 progress: Vec::new(),
                 sink,
+                submits: submit::TaskSubmits::new(sandbox),
             },
         );
         store.limiter(|s| &mut s.limiter);
@@ -417,6 +427,8 @@ impl Runner {
         let state = store.into_data();
         let (status, failure) = classify(result, sandbox, state.limiter.refused, control.reason());
         drop(state.wasi);
+        let mut sandbox_notes = state.http.hooks.take_notes();
+        sandbox_notes.extend(state.submits.note());
         Outcome {
             status,
             stdout: stdout.take(),
@@ -424,7 +436,8 @@ impl Runner {
             duration,
             progress: state.progress,
             failure,
-            sandbox_notes: state.http.hooks.take_notes(),
+            sandbox_notes,
+            submitted: state.submits.accepted,
         }
     }
 

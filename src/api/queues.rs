@@ -276,6 +276,18 @@ fn check_sandbox(s: &QueueSandbox) -> Result<(), ApiError> {
     if s.http_max_body_mib.is_some_and(|m| m.checked_mul(1 << 20).is_none()) {
         return Err(bad("http_max_body_mib", "is too large".into()));
     }
+    if let Some(n) = s.submit_max.filter(|n| *n > crate::runner::MAX_SUBMIT_MAX) {
+        return Err(bad(
+            "submit_max",
+            format!("must be at most {}, got {n}", crate::runner::MAX_SUBMIT_MAX),
+        ));
+    }
+    if let Some(i) = s.submit.iter().position(|q| q.trim().is_empty()) {
+        return Err(bad(
+            &format!("submit[{i}]"),
+            "must be a queue name or id, not empty".into(),
+        ));
+    }
     Ok(())
 }
 
