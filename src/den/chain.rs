@@ -8,12 +8,18 @@
 //! exactly once whatever happens to the write: a task run again (recovered, retried) meets
 //! its existing follow-up, which is released when the task succeeds and cancelled when it
 //! ends otherwise, like any dependent.
+//!
+//! The follow-ups a plugin submitted through the `submit` host import are created the
+//! same way, when the task succeeded: keyed `submit:<task id>:<n>` (n the 0-based index of
+//! the accepted call) in the queue each names, waiting for the task. A queue that does not
+//! exist (any more) is a permanent error: the worker fails the task with it.
 
 use bson::oid::ObjectId;
 use bson::Document;
 
 use crate::model::{Queue, Task};
-use crate::store::{Dependency, NewTask, Store, StoreError, StoreResult};
+use crate::runner::Submission;
+use crate::store::{Dependency, Keyed, NewTask, Store, StoreError, StoreResult};
 
 /// The params of the follow-up of a task whose stdout is `stdout`.
 pub(crate) fn follow_up_params(stdout: &str) -> Document {
@@ -55,17 +61,72 @@ pub(crate) async fn follow_up<S: Store + ?Sized>(
             queue.name
         )));
     };
-    let new = NewTask {
-        key: Some(follow_up_key(task.id)),
-        after: vec![Dependency::Task(task.id)],
-        ..NewTask::queued(ObjectId::new(), follow_up_params(stdout))
-    };
     store.mark_dependents(&[Dependency::Task(task.id)]).await?;
-    let id = match store.insert_keyed(target.id, new.clone(), false).await? {
-        crate::store::Keyed::Created => new.id,
-        crate::store::Keyed::Existing(t) | crate::store::Keyed::Resubmitted(t) => t.id,
-    };
+    let id = create_after(
+        store,
+        target.id,
+        task.id,
+        follow_up_key(task.id),
+        follow_up_params(stdout),
+    )
+    .await?;
     Ok(Some(id))
+}
+
+/// The key of the follow-up `task` submitted in its `n`-th accepted `submit` call.
+pub(crate) fn submitted_key(task: ObjectId, n: usize) -> String {
+    format!("submit:{task}:{n}")
+}
+
+/// Creates (once each) the follow-ups `task`, which succeeded, submitted, in call order,
+/// and marks `task` as waited for. A queue that does not exist ends it with
+/// [`StoreError::Invalid`] naming the queue; the follow-ups created before it stay, waiting
+/// for `task`, and are cancelled when it ends failed.
+pub(crate) async fn submitted<S: Store + ?Sized>(store: &S, task: &Task, submitted: &[Submission]) -> StoreResult<()> {
+    if submitted.is_empty() {
+        return Ok(());
+    }
+    let queues = store.queues().await?;
+    store.mark_dependents(&[Dependency::Task(task.id)]).await?;
+    for (n, s) in submitted.iter().enumerate() {
+        let Some(target) = Queue::find(&queues, &s.queue) else {
+            return Err(StoreError::Invalid(format!(
+                "follow-up {n} names queue {:?}, which does not exist (retrying cannot help; create the queue or change sandbox.submit)",
+                s.queue
+            )));
+        };
+        let params = match bson::Bson::try_from(serde_json::Value::Object(s.params.clone())) {
+            Ok(bson::Bson::Document(d)) => d,
+            _ => {
+                return Err(StoreError::Invalid(format!(
+                    "follow-up {n} to queue {:?} has params that cannot be stored",
+                    s.queue
+                )))
+            }
+        };
+        create_after(store, target.id, task.id, submitted_key(task.id, n), params).await?;
+    }
+    Ok(())
+}
+
+/// Creates, unless a task keyed `key` already exists in queue `target`, a task of `target`
+/// with `params` waiting for `parent`; returns the id of the task that has the key.
+async fn create_after<S: Store + ?Sized>(
+    store: &S,
+    target: ObjectId,
+    parent: ObjectId,
+    key: String,
+    params: Document,
+) -> StoreResult<ObjectId> {
+    let new = NewTask {
+        key: Some(key),
+        after: vec![Dependency::Task(parent)],
+        ..NewTask::queued(ObjectId::new(), params)
+    };
+    Ok(match store.insert_keyed(target, new.clone(), false).await? {
+        Keyed::Created => new.id,
+        Keyed::Existing(t) | Keyed::Resubmitted(t) => t.id,
+    })
 }
 
 #[cfg(test)]

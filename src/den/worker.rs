@@ -184,6 +184,7 @@ impl Den {
                 stderr,
                 progress,
                 attempt,
+                submitted: outcome.submitted,
             },
         )
         .await;
