@@ -37,7 +37,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run a plugin once with the given params, as the DEN would run a task.
-    Exec(ExecArgs),
+    Exec(Box<ExecArgs>),
     /// Check that a file is a loadable plugin (and cache its compiled form).
     Check {
         /// The plugin component (.wasm).
@@ -117,7 +117,7 @@ fn main() {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Exec(args) => exec(args),
+        Command::Exec(args) => exec(*args),
         Command::Check { plugin } => check(&plugin),
     };
     let code = match result {
