@@ -85,6 +85,7 @@ impl TaskSubmits {
                 self.bytes + params.len()
             ));
         }
+        let text_len = params.len();
         let params = match serde_json::from_str::<serde_json::Value>(params) {
             Ok(serde_json::Value::Object(m)) => m,
             Ok(other) => {
@@ -103,7 +104,7 @@ impl TaskSubmits {
                 "follow-up params cannot be stored as a task's params: the key {k:?} contains a NUL byte"
             ));
         }
-        self.bytes += params_len(&params);
+        self.bytes += text_len;
         self.accepted.push(Submission { queue, params });
         Ok(())
     }
@@ -119,10 +120,6 @@ impl TaskSubmits {
             )
         })
     }
-}
-
-fn params_len(params: &serde_json::Map<String, serde_json::Value>) -> usize {
-    serde_json::to_string(params).map(|s| s.len()).unwrap_or(0)
 }
 
 /// A key, at any depth, holding a NUL byte (BSON cannot store it).
