@@ -280,7 +280,25 @@ async fn follow_ups_on(store: Arc<dyn Store>, start_den: impl Fn() -> DenProcess
             json!({"name": "x", "plugin": "submit", "sandbox": {"submit_max": 10001}}),
         )
         .await,
-        "sandbox.submit_max",
+        "field \"sandbox.submit_max\" must be an integer from 0 to 10000, got 10001",
+    );
+    assert_bad(
+        &post(
+            &app,
+            "/queues",
+            json!({"name": "x", "plugin": "submit", "sandbox": {"submit": "b"}}),
+        )
+        .await,
+        "field \"sandbox.submit\" must be a list of queue names or ids",
+    );
+    assert_bad(
+        &post(
+            &app,
+            "/queues",
+            json!({"name": "x", "plugin": "submit", "sandbox": {"submit": ["b", 7]}}),
+        )
+        .await,
+        "field \"sandbox.submit[1]\" must be a queue name or id",
     );
     for q in [
         json!({"name": "a", "plugin": "submit", "threads": 2, "sandbox": {"submit": ["b", "gone"], "submit_max": 3}}),

@@ -131,7 +131,7 @@ async fn create_after<S: Store + ?Sized>(
 
 #[cfg(test)]
 mod tests {
-    use super::follow_up_params;
+    use super::*;
     use bson::doc;
 
     #[test]
@@ -141,5 +141,69 @@ mod tests {
         assert_eq!(follow_up_params("[1, 2]"), doc! {"result": [1, 2]});
         assert_eq!(follow_up_params("done: ok"), doc! {"result": "done: ok"});
         assert_eq!(follow_up_params(""), doc! {});
+    }
+
+    #[tokio::test]
+    async fn submitted_follow_ups_are_created_once_each() {
+        use crate::store::{NewQueue, Page, TaskFilter};
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::sqlite::SqliteStore::open(dir.path().join("s.db"))
+            .await
+            .unwrap();
+        let queue = |name: &str| NewQueue {
+            name: name.into(),
+            plugin: "submit".into(),
+            threads: None,
+            sort: Default::default(),
+            extra: Document::new(),
+        };
+        let a = store.create_queue(queue("a")).await.unwrap();
+        let b = store.create_queue(queue("b")).await.unwrap();
+        let parent = NewTask::queued(ObjectId::new(), doc! {});
+        store.insert_tasks(a.id, vec![parent.clone()]).await.unwrap();
+        let task = store.task(parent.id).await.unwrap().unwrap();
+        let params = |n: i32| serde_json::json!({ "n": n }).as_object().unwrap().clone();
+        let subs = [
+            Submission {
+                queue: "b".into(),
+                params: params(0),
+            },
+            Submission {
+                queue: b.id.to_hex(),
+                params: params(1),
+            },
+        ];
+        submitted(&store, &task, &subs).await.unwrap();
+        // A rerun (the DEN died before the finish write) meets the first run's follow-ups.
+        submitted(&store, &task, &subs).await.unwrap();
+        let filter = TaskFilter {
+            queue: Some(b.id),
+            ..TaskFilter::default()
+        };
+        let page = Page {
+            skip: 0,
+            limit: 10,
+            oldest_first: true,
+        };
+        let found = store.find_tasks(&filter, page).await.unwrap();
+        let keys: Vec<_> = found
+            .iter()
+            .map(|t| (t.key.clone().unwrap(), t.params.clone()))
+            .collect();
+        assert_eq!(
+            keys,
+            vec![
+                (submitted_key(task.id, 0), doc! {"n": 0}),
+                (submitted_key(task.id, 1), doc! {"n": 1})
+            ]
+        );
+        let gone = [Submission {
+            queue: "gone".into(),
+            params: params(2),
+        }];
+        match submitted(&store, &task, &gone).await {
+            Err(StoreError::Invalid(m)) => assert!(m.contains("names queue \"gone\", which does not exist"), "{m}"),
+            other => panic!("{other:?}"),
+        }
     }
 }
