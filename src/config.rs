@@ -91,7 +91,7 @@ const KNOWN_KEYS: [&str; 21] = [
 ];
 
 /// Keys of the `sandbox` object.
-const SANDBOX_KEYS: [&str; 12] = [
+const SANDBOX_KEYS: [&str; 14] = [
     "timeout",
     "memory_mib",
     "output_cap_mib",
@@ -104,6 +104,8 @@ const SANDBOX_KEYS: [&str; 12] = [
     "http",
     "http_max_requests",
     "http_max_body_mib",
+    "submit",
+    "submit_max",
 ];
 /// Keys of the `balance` object.
 const BALANCE_KEYS: [&str; 4] = ["enabled", "log", "verbose", "pretend"];

@@ -237,6 +237,12 @@ pub struct QueueSandbox {
     /// Body bytes (in MiB) one task's HTTP requests and responses may carry together.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http_max_body_mib: Option<u64>,
+    /// Queues (names or ids) the plugin may submit follow-up tasks to.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub submit: Vec<String>,
+    /// Follow-up tasks one task may submit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submit_max: Option<u32>,
 }
 
 impl QueueSandbox {
@@ -278,6 +284,10 @@ impl QueueSandbox {
         }
         if let Some(m) = self.http_max_body_mib {
             s.http_max_body = m.checked_mul(1 << 20).ok_or("sandbox.http_max_body_mib is too large")?;
+        }
+        s.submit.extend(self.submit.iter().cloned());
+        if let Some(n) = self.submit_max {
+            s.submit_max = n;
         }
         s.validate().map_err(|e| format!("sandbox: {e}"))?;
         Ok(s)

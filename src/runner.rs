@@ -10,6 +10,7 @@
 
 mod bindings;
 mod cache;
+mod classify;
 mod clock;
 mod control;
 mod egress;
@@ -23,6 +24,7 @@ mod quota;
 mod sandbox;
 mod shape;
 mod special;
+mod submit;
 mod waits;
 
 use std::collections::HashMap;
@@ -31,8 +33,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime};
 
 use wasmtime::component::{HasSelf, Linker, ResourceTable};
-use wasmtime::{CallHook, Engine, Store, StoreContextMut, Trap, UpdateDeadline};
-use wasmtime_wasi::{I32Exit, WasiCtx, WasiCtxView, WasiView};
+use wasmtime::{CallHook, Engine, Store, StoreContextMut, UpdateDeadline};
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 pub use cache::{default_key_path, grant_conflict, protected_paths};
 pub(crate) use cache::{private_dir, write_atomically};
@@ -53,8 +55,10 @@ pub use output::{escape_controls, human_bytes, truncation_marker, Captured, PLUG
 pub use quota::{DEFAULT_FILE_QUOTA, DEFAULT_WRITE_QUOTA};
 pub use sandbox::{DirGrant, Sandbox, DEFAULT_MEMORY, DEFAULT_OUTPUT_CAP, DEFAULT_TIMEOUT, MAX_MEMORY};
 pub use shape::{Shape, MAX_COMPONENT_BYTES, MAX_TOTAL_LOCALS};
+pub use submit::{Submission, DEFAULT_SUBMIT_MAX, MAX_SUBMIT_MAX, MAX_SUBMIT_PARAMS, MAX_SUBMIT_TOTAL};
 
 use bindings::{disbatch::plugin::host, PluginPre};
+use classify::{classify, trap_message};
 use output::CappedOutput;
 
 /// How many progress reports an [`Outcome`] keeps (the most recent ones).
@@ -107,7 +111,7 @@ impl Plugin {
         &self.hash
     }
 
-    /// Version of the `disbatch:plugin` interface the component imports (`0.1.0`), when it
+    /// Version of the `disbatch:plugin` interface the component imports (`0.2.0`), when it
     /// imports one: a plugin that never reports progress imports none.
     pub fn wit_version(&self) -> Option<&str> {
         self.wit.as_deref()
@@ -163,6 +167,8 @@ struct TaskState {
     control: RunControl,
     progress: Vec<Progress>,
     sink: Option<ProgressSink>,
+    /// The follow-up tasks the plugin submitted.
+    submits: submit::TaskSubmits,
 }
 
 impl TaskState {
@@ -253,6 +259,10 @@ impl host::Host for TaskState {
         }
         self.progress.push(p);
     }
+
+    fn submit(&mut self, queue: String, params: String) -> Result<(), String> {
+        self.submits.submit(queue, &params)
+    }
 }
 
 impl Runner {
@@ -266,6 +276,7 @@ impl Runner {
             .map_err(|e| RunnerError::Engine(e.to_string()))?;
         bindings::Plugin::add_to_linker::<TaskState, HasSelf<TaskState>>(&mut linker, |s| s)
             .map_err(|e| RunnerError::Engine(e.to_string()))?;
+        submit::add_v01_to_linker(&mut linker).map_err(|e| RunnerError::Engine(e.to_string()))?;
         clock::add_to_linker(&mut linker).map_err(|e| RunnerError::Engine(e.to_string()))?;
         special::add_to_linker(&mut linker).map_err(|e| RunnerError::Engine(e.to_string()))?;
         waits::add_to_linker(&mut linker).map_err(|e| RunnerError::Engine(e.to_string()))?;
@@ -402,6 +413,7 @@ impl Runner {
                 control: control.clone(),
                 progress: Vec::new(),
                 sink,
+                submits: submit::TaskSubmits::new(sandbox),
             },
         );
         store.limiter(|s| &mut s.limiter);
@@ -417,6 +429,8 @@ impl Runner {
         let state = store.into_data();
         let (status, failure) = classify(result, sandbox, state.limiter.refused, control.reason());
         drop(state.wasi);
+        let mut sandbox_notes = state.http.hooks.take_notes();
+        sandbox_notes.extend(state.submits.note());
         Outcome {
             status,
             stdout: stdout.take(),
@@ -424,7 +438,8 @@ impl Runner {
             duration,
             progress: state.progress,
             failure,
-            sandbox_notes: state.http.hooks.take_notes(),
+            sandbox_notes,
+            submitted: state.submits.accepted,
         }
     }
 
@@ -452,106 +467,6 @@ fn check_header(bytes: &[u8]) -> Result<(), String> {
         [1, 0] => Ok(()),
         _ => Err("unsupported WebAssembly layer (not a component)".into()),
     }
-}
-
-fn classify(
-    result: wasmtime::Result<Result<u32, String>>,
-    sandbox: &Sandbox,
-    refused_memory: bool,
-    stopped: Option<StopReason>,
-) -> (u32, Option<Failure>) {
-    let memory = || Failure::Memory { limit: sandbox.memory };
-    // A task stopped from outside (or whose wait was cut by its deadline) is reported as
-    // such, even if the guest then returned quickly.
-    match (stopped, &result) {
-        (Some(StopReason::Timeout), _) => return (FAILED, Some(Failure::Timeout(sandbox.timeout))),
-        // A kill that lost the race to a plugin returning success leaves that success.
-        (Some(StopReason::Killed | StopReason::Stuck), Ok(Ok(status))) if *status > 0 => return (*status, None),
-        (Some(r), _) => return (FAILED, Some(Failure::Trap(format!("plugin stopped: {r}")))),
-        (None, _) => {}
-    }
-    match result {
-        Ok(Ok(0)) => (FAILED, Some(Failure::NonPositiveStatus(0))),
-        Ok(Ok(status)) => (status, None),
-        Ok(Err(msg)) if refused_memory => (
-            FAILED,
-            Some(Failure::Plugin(format!(
-                "{} (its memory limit of {} was reached)",
-                bounded_message(&msg),
-                human_bytes(sandbox.memory)
-            ))),
-        ),
-        Ok(Err(msg)) => (FAILED, Some(Failure::Plugin(bounded_message(&msg)))),
-        Err(e) => {
-            let trap = e.downcast_ref::<Trap>();
-            let failure = if trap == Some(&Trap::Interrupt) {
-                Failure::Timeout(sandbox.timeout)
-            } else if let Some(msg) = limits::cap_message(&e) {
-                Failure::Trap(msg)
-            } else if let Some(msg) = limits::host_limit_message(&e, sandbox.memory) {
-                Failure::Trap(msg)
-            } else if let Some(exit) = e.downcast_ref::<I32Exit>() {
-                Failure::Trap(format!("plugin called exit({}) instead of returning a status", exit.0))
-            } else if refused_memory && matches!(trap, None | Some(Trap::UnreachableCodeReached)) {
-                // An instantiation refused its memory, or an allocator that could not grow
-                // aborted with `unreachable`: that is the memory limit. Any other trap is
-                // reported as itself.
-                memory()
-            } else if refused_memory {
-                Failure::Trap(format!(
-                    "{} (earlier, a memory growth past the limit of {} was refused)",
-                    trap_message(&e),
-                    human_bytes(sandbox.memory)
-                ))
-            } else {
-                Failure::Trap(trap_message(&e))
-            };
-            (FAILED, Some(failure))
-        }
-    }
-}
-
-/// What went wrong, cause included, on one line: every message of the error's chain but
-/// wasm backtraces, joined by ": ", bounded to [`MAX_MESSAGE`].
-fn trap_message(e: &wasmtime::Error) -> String {
-    let parts: Vec<String> = e
-        .chain()
-        .map(|c| c.to_string())
-        .filter(|m| !m.starts_with("error while executing at wasm backtrace"))
-        .map(|m| m.lines().next().unwrap_or_default().trim().to_owned())
-        .filter(|m| !m.is_empty())
-        .collect();
-    let mut joined = String::new();
-    for p in parts {
-        // A context often repeats its cause: keep each message once.
-        if !joined.contains(&p) {
-            if !joined.is_empty() {
-                joined.push_str(": ");
-            }
-            joined.push_str(&p);
-        }
-    }
-    if joined.is_empty() {
-        joined = "unknown error".into();
-    }
-    bounded_message(&joined)
-}
-
-/// `msg` cut to [`MAX_MESSAGE`] bytes on a character boundary, saying how much was dropped.
-fn bounded_message(msg: &str) -> String {
-    if msg.len() <= MAX_MESSAGE {
-        return msg.to_owned();
-    }
-    let mut end = MAX_MESSAGE;
-    while !msg.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!(
-        "{}… [message cut at {} bytes; {} more bytes were dropped]",
-        &msg[..end],
-        MAX_MESSAGE,
-        msg.len() - end
-    )
 }
 
 #[cfg(test)]

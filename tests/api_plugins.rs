@@ -48,7 +48,7 @@ async fn an_upload_is_checked_stored_and_listed() {
     assert_eq!(v["size"], demo.len());
     assert_eq!(
         (v["wit"].as_str(), v["uploaded_by"].as_str()),
-        (Some("0.1.0"), Some("alice@build"))
+        (Some("0.2.0"), Some("alice@build"))
     );
     assert_eq!(v["allowed"], true);
 

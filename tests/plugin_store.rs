@@ -160,7 +160,7 @@ async fn pushed_plugin_runs_everywhere(embedded: bool) {
     assert_eq!(list[0]["sha256"], sha256(&demo));
     assert_eq!(list[0]["size"], demo.len());
     assert_eq!(list[0]["source"], "store");
-    assert_eq!(list[0]["wit"], "0.1.0");
+    assert_eq!(list[0]["wit"], "0.2.0");
     assert!(
         list[0]["uploaded_by"].as_str().is_some_and(|u| u.contains('@')),
         "{list}"

@@ -286,6 +286,34 @@ fn the_python_sdk_turns_exceptions_and_bad_statuses_into_clear_failures() {
     assert_eq!((code, v["status"].as_u64()), (0, Some(1)), "{v}");
 }
 
+/// Both SDKs' `submit`: an accepted follow-up is shown by `runner exec`; a refused one
+/// fails the task with the host's reason, unless the plugin catches it.
+#[test]
+fn the_sdks_submit_follow_ups() {
+    for name in ["pitfalls-python", "pitfalls-js"] {
+        let params = json!({"submit": [{"queue": "b", "params": {"n": 1}}]});
+        let (code, v) = exec_with(name, &params, &["--submit", "b"]);
+        assert_eq!(code, 0, "{name}: {v}");
+        assert_eq!(v["submitted"], json!([{"queue": "b", "params": {"n": 1}}]), "{name}");
+        fails_with(
+            name,
+            params,
+            "cannot submit to queue \"b\": this task's sandbox.submit does not grant it",
+        );
+        let (code, v) = exec_with(
+            name,
+            &json!({"submit": [{"queue": "b", "params": [1]}]}),
+            &["--submit", "b"],
+        );
+        assert_eq!((code, &v["failure"]), (1, &json!("plugin-error")), "{name}: {v}");
+        assert_eq!(
+            v["error"], "plugin error: follow-up params must be a JSON object, got an array",
+            "{name}"
+        );
+        assert_eq!(v["submitted"], json!([]), "{name}");
+    }
+}
+
 #[test]
 fn the_templates_greet() {
     for name in ["template-python", "template-js"] {

@@ -195,11 +195,11 @@ fn check_accepts_plugins_and_refuses_other_files() {
     let shown = text(&o.stdout);
     assert!(shown.contains("ok (sha256 "), "{shown}");
     assert!(
-        shown.contains("disbatch:plugin 0.1.0): this host can run it"),
+        shown.contains("disbatch:plugin 0.2.0): this host can run it"),
         "{shown}"
     );
     assert!(shown.contains("  exports\n    run (func)\n"), "{shown}");
-    assert!(shown.contains("disbatch:plugin/host@0.1.0 (instance)"), "{shown}");
+    assert!(shown.contains("disbatch:plugin/host@0.2.0 (instance)"), "{shown}");
     assert!(!shown.contains("NOT PROVIDED"), "{shown}");
     let o = runner(&["check", "/etc/hostname"]);
     assert_eq!(o.status.code(), Some(2));

@@ -4,12 +4,14 @@
 // it is; `task_error`, a message thrown as a TaskError; `status`, any JSON value returned
 // as the status (the SDK refuses what is not an integer from 0 to 4294967295); `undefined`,
 // true to return nothing; `fetch`, a URL fetched first with the global `fetch`, its status
-// and body printed. With none of them it returns 1.
+// and body printed; `submit`, a list of `{queue, params}` submitted in order (a refused one
+// throws the SDK's TaskError). With none of them it returns 1.
 
-import { plugin, TaskError } from "disbatch-plugin";
+import { plugin, submit, TaskError } from "disbatch-plugin";
 
 export const run = plugin(async (params) => {
   console.log("pitfalls: started");
+  for (const s of params.submit ?? []) submit(s.queue, s.params);
   if ("fetch" in params) {
     const r = await fetch(params.fetch);
     console.log(`fetched ${r.status}: ${await r.text()}`);

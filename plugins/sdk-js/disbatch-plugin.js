@@ -27,11 +27,14 @@
 //   stderr first.
 // - `console.log` and `console.error` write the task's stdout and stderr.
 // - `progress(percent, info)` reports progress; `await sleep(ms)` waits on the clock.
+// - `submit(queue, params)` submits a follow-up task to a queue the task's queue grants in
+//   its `sandbox.submit`; it is created only if the task succeeds. A refused call throws
+//   a `TaskError` with the host's reason.
 //
 // Build with `--disable http fetch-event` (plugins/build-py-js does): the host links the
 // WASI 0.2 interfaces but not `wasi:http`, and a component importing it is refused.
 
-import { progress as hostProgress } from "disbatch:plugin/host@0.1.0";
+import { progress as hostProgress, submit as hostSubmit } from "disbatch:plugin/host@0.2.0";
 
 /** Status of a task that succeeded. */
 export const SUCCEEDED = 1;
@@ -67,6 +70,27 @@ export class ParamsError extends Error {
  */
 export function progress(percent, info) {
   hostProgress(percent == null ? undefined : Number(percent), info == null ? undefined : String(info));
+}
+
+/**
+ * Submits a follow-up task of `queue` (its name or id) with `params`, an object (or its
+ * JSON text). The host records it and creates it only if this task succeeds (status 1),
+ * keyed `submit:<task id>:<n>` and running after this task. Throws a `TaskError` with the
+ * host's reason when the call is refused: the queue is not in the task's
+ * `sandbox.submit`, a bound was reached (`sandbox.submit_max` follow-ups per task, 1 MiB of
+ * params each, 16 MiB per task) or the params are not an object. A refused call submits
+ * nothing; uncaught, it fails the task with that reason.
+ * @param {string} queue
+ * @param {object | string} params
+ */
+export function submit(queue, params) {
+  const text = typeof params === "string" ? params : JSON.stringify(params);
+  try {
+    hostSubmit(String(queue), text);
+  } catch (e) {
+    const reason = e && typeof e === "object" && "payload" in e ? e.payload : e;
+    throw new TaskError(typeof reason === "string" ? reason : String(reason));
+  }
 }
 
 /**

@@ -38,9 +38,12 @@ The contract:
   stderr first.
 - ``print()`` and ``sys.stderr`` are the task's stdout and stderr.
 - ``progress(percent, info)`` reports progress.
+- ``submit(queue, params)`` submits a follow-up task to a queue the task's queue grants
+  in its ``sandbox.submit``; it is created only if the task succeeds. A refused call
+  raises ``SubmitError`` (a ``TaskError``) with the host's reason.
 
 Outside a component (plain CPython, e.g. in your own unit tests) the decorated function
-is an ordinary function and ``progress`` prints to stderr.
+is an ordinary function and ``progress`` and ``submit`` print to stderr.
 """
 
 import dataclasses
@@ -62,10 +65,12 @@ __all__ = [
     "MAX_STATUS",
     "SUCCEEDED",
     "ParamsError",
+    "SubmitError",
     "TaskError",
     "parse_params",
     "plugin",
     "progress",
+    "submit",
 ]
 
 SUCCEEDED = 1
@@ -78,6 +83,10 @@ MAX_STATUS = 4294967295
 
 class TaskError(Exception):
     """Raise it to fail the task with its message added to the task's stderr."""
+
+
+class SubmitError(TaskError):
+    """The host refused a ``submit`` call; the message says why."""
 
 
 class ParamsError(ValueError):
@@ -97,6 +106,30 @@ def progress(percent=None, info=None):
     else:
         shown = " ".join(s for s in (None if percent is None else f"{percent:.1f}%", info) if s)
         print(f"progress {shown}", file=sys.stderr)
+
+
+def submit(queue, params):
+    """Submits a follow-up task of ``queue`` (its name or id) with ``params``, a ``dict``
+    (or its JSON text).
+
+    The host records it and creates it only if this task succeeds (status 1), keyed
+    ``submit:<task id>:<n>`` and running after this task. Raises ``SubmitError`` with the
+    host's reason when the call is refused: the queue is not in the task's
+    ``sandbox.submit``, a bound was reached (``sandbox.submit_max`` follow-ups per task,
+    1 MiB of params each, 16 MiB per task) or the params are not an object. A refused call
+    submits nothing; uncaught, it fails the task with that reason.
+    """
+    text = params if isinstance(params, str) else json.dumps(params)
+    if _host is None:
+        print(f"submit {queue} {text}", file=sys.stderr)
+        return
+    try:
+        _host.submit(str(queue), text)
+    except Exception as e:  # componentize-py raises Err(value) for an err result
+        reason = getattr(e, "value", None)
+        if isinstance(reason, str):
+            raise SubmitError(reason) from None
+        raise
 
 
 def parse_params(params_type, text):

@@ -161,6 +161,7 @@ fn fields(state: &Shared, body: &Map<String, Value>) -> Result<Fields, ApiError>
                         kind(v)
                     )));
                 }
+                submit_types(v)?;
                 let sandbox: QueueSandbox =
                     serde_json::from_value(v.clone()).map_err(|e| ApiError::bad(format!("field \"sandbox\": {e}")))?;
                 check_sandbox(&sandbox)?;
@@ -276,7 +277,44 @@ fn check_sandbox(s: &QueueSandbox) -> Result<(), ApiError> {
     if s.http_max_body_mib.is_some_and(|m| m.checked_mul(1 << 20).is_none()) {
         return Err(bad("http_max_body_mib", "is too large".into()));
     }
+    if let Some(i) = s.submit.iter().position(|q| q.trim().is_empty()) {
+        return Err(bad(
+            &format!("submit[{i}]"),
+            "must be a queue name or id, not empty".into(),
+        ));
+    }
     Ok(())
+}
+
+/// `sandbox.submit` and `sandbox.submit_max` checked before the sandbox is read, so that
+/// an error names the field.
+fn submit_types(sandbox: &Value) -> Result<(), ApiError> {
+    let bad = |key: &str, message: String| ApiError::bad(format!("field \"sandbox.{key}\" {message}"));
+    match sandbox.get("submit") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(items)) => {
+            if let Some((i, item)) = items.iter().enumerate().find(|(_, q)| !q.is_string()) {
+                return Err(bad(
+                    &format!("submit[{i}]"),
+                    format!("must be a queue name or id, got {}", kind(item)),
+                ));
+            }
+        }
+        Some(other) => {
+            return Err(bad(
+                "submit",
+                format!("must be a list of queue names or ids, got {}", kind(other)),
+            ))
+        }
+    }
+    let max = crate::runner::MAX_SUBMIT_MAX;
+    match sandbox.get("submit_max") {
+        Some(v) if !v.is_null() && v.as_u64().is_none_or(|n| n > u64::from(max)) => Err(bad(
+            "submit_max",
+            format!("must be an integer from 0 to {max}, got {v}"),
+        )),
+        _ => Ok(()),
+    }
 }
 
 fn name(v: &Value) -> Result<String, ApiError> {

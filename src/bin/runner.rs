@@ -37,7 +37,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run a plugin once with the given params, as the DEN would run a task.
-    Exec(ExecArgs),
+    Exec(Box<ExecArgs>),
     /// Check that a file is a loadable plugin (and cache its compiled form).
     Check {
         /// The plugin component (.wasm).
@@ -89,7 +89,14 @@ struct ExecArgs {
     /// Body bytes the plugin's HTTP requests and responses may carry together, in MiB.
     #[arg(long, value_name = "MIB", default_value_t = disbatch::runner::DEFAULT_HTTP_MAX_BODY >> 20)]
     http_max_body: u64,
-    /// Print one JSON object {status, stdout, stderr, duration_ms, error} instead of the streams.
+    /// Grant submitting follow-up tasks to this queue (name or id), as a queue's
+    /// sandbox.submit does. Nothing is created: each accepted follow-up is shown. Repeatable.
+    #[arg(long = "submit", value_name = "QUEUE")]
+    submit: Vec<String>,
+    /// Follow-up tasks the plugin may submit.
+    #[arg(long, value_name = "N", default_value_t = disbatch::runner::DEFAULT_SUBMIT_MAX)]
+    submit_max: u32,
+    /// Print one JSON object {status, stdout, stderr, duration_ms, error, submitted…} instead of the streams.
     #[arg(long)]
     json: bool,
     /// Do not use the on-disk cache of compiled components.
@@ -110,7 +117,7 @@ fn main() {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Exec(args) => exec(args),
+        Command::Exec(args) => exec(*args),
         Command::Check { plugin } => check(&plugin),
     };
     let code = match result {
@@ -179,6 +186,8 @@ fn sandbox(args: &ExecArgs) -> anyhow::Result<Sandbox> {
             .http_max_body
             .checked_mul(1 << 20)
             .context("--http-max-body is too large")?,
+        submit: args.submit.clone(),
+        submit_max: args.submit_max,
     };
     s.validate().map_err(anyhow::Error::msg)?;
     let cache = engine_options(args.no_cache, args.max_instances).cache_dir;
@@ -340,6 +349,22 @@ fn print_streams(outcome: &Outcome) -> anyhow::Result<()> {
             )?;
         }
     }
+    for s in &outcome.submitted {
+        let line = format!(
+            "runner: submitted to {}: {}",
+            s.queue,
+            serde_json::Value::Object(s.params.clone())
+        );
+        writeln!(
+            err,
+            "{}",
+            if err_tty {
+                disbatch::runner::escape_controls(&line)
+            } else {
+                line
+            }
+        )?;
+    }
     for note in &outcome.sandbox_notes {
         let note = if err_tty {
             disbatch::runner::escape_controls(note)
@@ -380,6 +405,11 @@ fn print_json(outcome: &Outcome) -> anyhow::Result<()> {
         "stdout_truncated": outcome.stdout.truncated(),
         "stderr_truncated": outcome.stderr.truncated(),
         "progress": progress,
+        "submitted": outcome
+            .submitted
+            .iter()
+            .map(|s| serde_json::json!({"queue": s.queue, "params": s.params}))
+            .collect::<Vec<_>>(),
     });
     let mut out = std::io::stdout().lock();
     serde_json::to_writer(&mut out, &doc)?;

@@ -40,6 +40,24 @@ impl Parser<'_> {
                         s.http.push(rule);
                     }
                 }
+                "submit_max" => s.submit_max = self.integer(&key, v, 0, crate::runner::MAX_SUBMIT_MAX.into())? as u32,
+                "submit" => {
+                    let Value::Array(items) = v else {
+                        return Err(self.invalid(
+                            &key,
+                            format!("must be a list of queue names or ids, got {}", describe(v)),
+                        ));
+                    };
+                    for (i, item) in items.iter().enumerate() {
+                        let name = item.as_str().filter(|q| !q.trim().is_empty()).ok_or_else(|| {
+                            self.invalid(
+                                &format!("{key}[{i}]"),
+                                format!("must be a queue name or id, got {}", describe(item)),
+                            )
+                        })?;
+                        s.submit.push(name.to_owned());
+                    }
+                }
                 "output_cap_mib" => {
                     let mib = self.integer(&key, v, 0, MAX_OUTPUT_CAP_MIB)?;
                     s.output_cap = usize::try_from(mib << 20).map_err(|_| self.invalid(&key, "is too large"))?;

@@ -158,6 +158,16 @@ fn small_checks() {
     assert!(err(r#""node":"  ""#).contains("\"node\" must not be blank"));
     assert!(err(r#""sandbox":{"memroy_mib":1}"#)
         .contains("\"sandbox.memroy_mib\" is not a sandbox setting (did you mean \"memory_mib\"?)"));
+    let submit = parse(r#""sandbox":{"submit":["b","64f0c0ffee0000000000000a"],"submit_max":7}"#).unwrap();
+    assert_eq!(
+        (submit.sandbox.submit, submit.sandbox.submit_max),
+        (vec!["b".to_string(), "64f0c0ffee0000000000000a".to_string()], 7)
+    );
+    assert!(err(r#""sandbox":{"submit":"b"}"#).contains("\"sandbox.submit\" must be a list of queue names or ids"));
+    assert!(err(r#""sandbox":{"submit":[""]}"#).contains("\"sandbox.submit[0]\" must be a queue name or id"));
+    assert!(
+        err(r#""sandbox":{"submit_max":10001}"#).contains("\"sandbox.submit_max\" must be an integer from 0 to 10000")
+    );
     assert!(err(r#""api_token":" padded-token-0123456789 ""#).contains("\"api_token\" must not start or end"));
     assert!(parse(r#""api_token":"short""#).unwrap().warnings[0].contains("api_token is shorter"));
 }

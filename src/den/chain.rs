@@ -8,12 +8,18 @@
 //! exactly once whatever happens to the write: a task run again (recovered, retried) meets
 //! its existing follow-up, which is released when the task succeeds and cancelled when it
 //! ends otherwise, like any dependent.
+//!
+//! The follow-ups a plugin submitted through the `submit` host import are created the
+//! same way, when the task succeeded: keyed `submit:<task id>:<n>` (n the 0-based index of
+//! the accepted call) in the queue each names, waiting for the task. A queue that does not
+//! exist (any more) is a permanent error: the worker fails the task with it.
 
 use bson::oid::ObjectId;
 use bson::Document;
 
 use crate::model::{Queue, Task};
-use crate::store::{Dependency, NewTask, Store, StoreError, StoreResult};
+use crate::runner::Submission;
+use crate::store::{Dependency, Keyed, NewTask, Store, StoreError, StoreResult};
 
 /// The params of the follow-up of a task whose stdout is `stdout`.
 pub(crate) fn follow_up_params(stdout: &str) -> Document {
@@ -55,22 +61,77 @@ pub(crate) async fn follow_up<S: Store + ?Sized>(
             queue.name
         )));
     };
-    let new = NewTask {
-        key: Some(follow_up_key(task.id)),
-        after: vec![Dependency::Task(task.id)],
-        ..NewTask::queued(ObjectId::new(), follow_up_params(stdout))
-    };
     store.mark_dependents(&[Dependency::Task(task.id)]).await?;
-    let id = match store.insert_keyed(target.id, new.clone(), false).await? {
-        crate::store::Keyed::Created => new.id,
-        crate::store::Keyed::Existing(t) | crate::store::Keyed::Resubmitted(t) => t.id,
-    };
+    let id = create_after(
+        store,
+        target.id,
+        task.id,
+        follow_up_key(task.id),
+        follow_up_params(stdout),
+    )
+    .await?;
     Ok(Some(id))
+}
+
+/// The key of the follow-up `task` submitted in its `n`-th accepted `submit` call.
+pub(crate) fn submitted_key(task: ObjectId, n: usize) -> String {
+    format!("submit:{task}:{n}")
+}
+
+/// Creates (once each) the follow-ups `task`, which succeeded, submitted, in call order,
+/// and marks `task` as waited for. A queue that does not exist ends it with
+/// [`StoreError::Invalid`] naming the queue; the follow-ups created before it stay, waiting
+/// for `task`, and are cancelled when it ends failed.
+pub(crate) async fn submitted<S: Store + ?Sized>(store: &S, task: &Task, submitted: &[Submission]) -> StoreResult<()> {
+    if submitted.is_empty() {
+        return Ok(());
+    }
+    let queues = store.queues().await?;
+    store.mark_dependents(&[Dependency::Task(task.id)]).await?;
+    for (n, s) in submitted.iter().enumerate() {
+        let Some(target) = Queue::find(&queues, &s.queue) else {
+            return Err(StoreError::Invalid(format!(
+                "follow-up {n} names queue {:?}, which does not exist (retrying cannot help; create the queue or change sandbox.submit)",
+                s.queue
+            )));
+        };
+        let params = match bson::Bson::try_from(serde_json::Value::Object(s.params.clone())) {
+            Ok(bson::Bson::Document(d)) => d,
+            _ => {
+                return Err(StoreError::Invalid(format!(
+                    "follow-up {n} to queue {:?} has params that cannot be stored",
+                    s.queue
+                )))
+            }
+        };
+        create_after(store, target.id, task.id, submitted_key(task.id, n), params).await?;
+    }
+    Ok(())
+}
+
+/// Creates, unless a task keyed `key` already exists in queue `target`, a task of `target`
+/// with `params` waiting for `parent`; returns the id of the task that has the key.
+async fn create_after<S: Store + ?Sized>(
+    store: &S,
+    target: ObjectId,
+    parent: ObjectId,
+    key: String,
+    params: Document,
+) -> StoreResult<ObjectId> {
+    let new = NewTask {
+        key: Some(key),
+        after: vec![Dependency::Task(parent)],
+        ..NewTask::queued(ObjectId::new(), params)
+    };
+    Ok(match store.insert_keyed(target, new.clone(), false).await? {
+        Keyed::Created => new.id,
+        Keyed::Existing(t) | Keyed::Resubmitted(t) => t.id,
+    })
 }
 
 #[cfg(test)]
 mod tests {
-    use super::follow_up_params;
+    use super::*;
     use bson::doc;
 
     #[test]
@@ -80,5 +141,69 @@ mod tests {
         assert_eq!(follow_up_params("[1, 2]"), doc! {"result": [1, 2]});
         assert_eq!(follow_up_params("done: ok"), doc! {"result": "done: ok"});
         assert_eq!(follow_up_params(""), doc! {});
+    }
+
+    #[tokio::test]
+    async fn submitted_follow_ups_are_created_once_each() {
+        use crate::store::{NewQueue, Page, TaskFilter};
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::sqlite::SqliteStore::open(dir.path().join("s.db"))
+            .await
+            .unwrap();
+        let queue = |name: &str| NewQueue {
+            name: name.into(),
+            plugin: "submit".into(),
+            threads: None,
+            sort: Default::default(),
+            extra: Document::new(),
+        };
+        let a = store.create_queue(queue("a")).await.unwrap();
+        let b = store.create_queue(queue("b")).await.unwrap();
+        let parent = NewTask::queued(ObjectId::new(), doc! {});
+        store.insert_tasks(a.id, vec![parent.clone()]).await.unwrap();
+        let task = store.task(parent.id).await.unwrap().unwrap();
+        let params = |n: i32| serde_json::json!({ "n": n }).as_object().unwrap().clone();
+        let subs = [
+            Submission {
+                queue: "b".into(),
+                params: params(0),
+            },
+            Submission {
+                queue: b.id.to_hex(),
+                params: params(1),
+            },
+        ];
+        submitted(&store, &task, &subs).await.unwrap();
+        // A rerun (the DEN died before the finish write) meets the first run's follow-ups.
+        submitted(&store, &task, &subs).await.unwrap();
+        let filter = TaskFilter {
+            queue: Some(b.id),
+            ..TaskFilter::default()
+        };
+        let page = Page {
+            skip: 0,
+            limit: 10,
+            oldest_first: true,
+        };
+        let found = store.find_tasks(&filter, page).await.unwrap();
+        let keys: Vec<_> = found
+            .iter()
+            .map(|t| (t.key.clone().unwrap(), t.params.clone()))
+            .collect();
+        assert_eq!(
+            keys,
+            vec![
+                (submitted_key(task.id, 0), doc! {"n": 0}),
+                (submitted_key(task.id, 1), doc! {"n": 1})
+            ]
+        );
+        let gone = [Submission {
+            queue: "gone".into(),
+            params: params(2),
+        }];
+        match submitted(&store, &task, &gone).await {
+            Err(StoreError::Invalid(m)) => assert!(m.contains("names queue \"gone\", which does not exist"), "{m}"),
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -46,16 +46,25 @@ pub(super) struct TaskResult {
     pub progress: Option<crate::model::TaskProgress>,
     /// The run's record for `attempts`, when the task keeps them.
     pub attempt: Option<crate::model::Attempt>,
+    /// The follow-up tasks the plugin submitted, created only when it succeeded.
+    pub submitted: Vec<crate::runner::Submission>,
 }
 
 impl Den {
     /// Stores `result` for `task`: outputs (files as needed), then the finishing update,
     /// each retried through transient errors. A refused write fails the task with the
     /// reason; files of a result that was not stored are deleted.
-    pub(super) async fn write_result(&self, task: &Task, queue: &crate::model::Queue, result: TaskResult) {
+    pub(super) async fn write_result(&self, task: &Task, queue: &crate::model::Queue, mut result: TaskResult) {
         let node = &self.settings.node;
-        // A chain's follow-up goes in first, waiting for this task (see `chain`).
+        // The follow-ups the plugin submitted and a chain's follow-up go in first, waiting
+        // for this task (see `chain`).
         let mut chained = false;
+        if result.status == status::SUCCEEDED && !result.submitted.is_empty() {
+            chained = true;
+            if !self.create_submitted(task, &mut result).await {
+                return;
+            }
+        }
         if result.status == status::SUCCEEDED && queue.next_queue.is_some() {
             match self
                 .retry("create the follow-up", || {
@@ -125,6 +134,43 @@ impl Den {
             }
             Err(Stop::GaveUp) => {
                 error!(task = %task.id, "result lost: the database stayed unreachable past the shutdown")
+            }
+        }
+    }
+
+    /// Creates the follow-ups `task` submitted, retried through transient errors. A
+    /// permanent error (a queue that does not exist) fails the task with the reason in its
+    /// stderr. Returns false when the database stayed unreachable past the shutdown: the
+    /// result must then not be written, so the task is left to recovery, whose next run
+    /// meets the follow-ups created so far.
+    async fn create_submitted(&self, task: &Task, result: &mut TaskResult) -> bool {
+        let created = self
+            .retry("create the submitted follow-ups", || {
+                super::chain::submitted(self.store.as_ref(), task, &result.submitted)
+            })
+            .await;
+        match created {
+            Ok(()) => {
+                debug!(task = %task.id, count = result.submitted.len(), "submitted follow-ups created");
+                true
+            }
+            Err(Stop::Refused(e)) => {
+                error!(task = %task.id, error = %e, "cannot create the submitted follow-ups; the task fails");
+                result.status = status::FAILED;
+                if let Some(a) = &mut result.attempt {
+                    a.status = status::FAILED;
+                }
+                if !result.stderr.is_empty() && !result.stderr.ends_with('\n') {
+                    result.stderr.push('\n');
+                }
+                result.stderr.push_str(&format!(
+                    "[disbatch: the follow-up tasks this task submitted could not be created, so it failed: {e}]\n"
+                ));
+                true
+            }
+            Err(Stop::GaveUp) => {
+                error!(task = %task.id, "result not written: the database stayed unreachable past the shutdown while creating its follow-ups");
+                false
             }
         }
     }

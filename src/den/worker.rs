@@ -196,6 +196,7 @@ impl Den {
                 stderr,
                 progress,
                 attempt,
+                submitted: outcome.submitted,
             },
         )
         .await;

@@ -90,7 +90,7 @@ impl Inspection {
 pub fn host_provides(name: &str) -> bool {
     let (interface, version) = name.split_once('@').unwrap_or((name, ""));
     let version_ok = if interface.starts_with("disbatch:") {
-        version.starts_with("0.1.")
+        version.starts_with("0.1.") || version.starts_with("0.2.")
     } else {
         version.starts_with("0.2.")
     };
@@ -149,6 +149,7 @@ mod tests {
     fn knows_what_the_host_links() {
         assert!(host_provides("wasi:io/streams@0.2.3"));
         assert!(host_provides("disbatch:plugin/host@0.1.0"));
+        assert!(host_provides("disbatch:plugin/host@0.2.0"));
         assert!(!host_provides("wasi:io/streams@0.3.0"));
         assert!(host_provides("wasi:http/outgoing-handler@0.2.3"));
         assert!(!host_provides("wasi:http/incoming-handler@0.2.3"));

@@ -133,6 +133,9 @@ pub struct Outcome {
     /// What the sandbox refused while the task ran (an HTTP request to a host its queue
     /// does not list…), one line each, saying what to change.
     pub sandbox_notes: Vec<String>,
+    /// The follow-up tasks the plugin submitted and the host accepted, in call order. The
+    /// DEN creates them when the task succeeded; `runner exec` shows them.
+    pub submitted: Vec<super::Submission>,
 }
 
 impl Outcome {
@@ -146,6 +149,7 @@ impl Outcome {
             progress: Vec::new(),
             failure: Some(failure),
             sandbox_notes: Vec::new(),
+            submitted: Vec::new(),
         }
     }
 

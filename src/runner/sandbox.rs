@@ -109,6 +109,11 @@ pub struct Sandbox {
     pub http_max_requests: u32,
     /// Body bytes one task's HTTP requests and responses may carry, together.
     pub http_max_body: u64,
+    /// Queues (names or ids) the plugin may submit follow-up tasks to (see
+    /// [`super::submit`]); none by default.
+    pub submit: Vec<String>,
+    /// Follow-up tasks one task may submit.
+    pub submit_max: u32,
 }
 
 impl Default for Sandbox {
@@ -126,6 +131,8 @@ impl Default for Sandbox {
             http: Vec::new(),
             http_max_requests: super::http::DEFAULT_MAX_REQUESTS,
             http_max_body: super::http::DEFAULT_MAX_BODY,
+            submit: Vec::new(),
+            submit_max: super::submit::DEFAULT_SUBMIT_MAX,
         }
     }
 }
@@ -164,6 +171,16 @@ impl Sandbox {
                 "memory must be between 1 byte and {MAX_MEMORY} bytes (4 GiB), got {}",
                 self.memory
             ));
+        }
+        if self.submit_max > super::submit::MAX_SUBMIT_MAX {
+            return Err(format!(
+                "submit_max must be at most {}, got {}",
+                super::submit::MAX_SUBMIT_MAX,
+                self.submit_max
+            ));
+        }
+        if self.submit.iter().any(|q| q.trim().is_empty()) {
+            return Err("submit must list queue names or ids, not empty strings".into());
         }
         for d in &self.dirs {
             if !d.host.is_dir() {

@@ -70,6 +70,8 @@
 //!   `invalid params: <serde error>` without calling the function.
 //! - stdout and stderr are captured by the host; a panic or a trap fails the task.
 //! - Report progress with [`progress`], [`progress_percent`] or [`progress_info`].
+//! - Submit follow-up tasks with [`submit`] (or [`submit_json`]) to the queues the task's
+//!   queue grants in its `sandbox.submit`; they are created only if the task succeeds.
 //! - The sandbox grants no files, environment or network unless the queue grants them.
 
 /// The generated bindings of the `disbatch:plugin/plugin` world.
@@ -112,6 +114,28 @@ pub fn progress_percent(percent: f32) {
 /// Reports progress as a message only.
 pub fn progress_info(info: &str) {
     bindings::disbatch::plugin::host::progress(None, Some(info));
+}
+
+/// Submits a follow-up task of `queue` (its name or id) with `params`, which must
+/// serialize to a JSON object.
+///
+/// The host records it and creates it only if this task succeeds (status 1), keyed
+/// `submit:<task id>:<n>` and running after this task. `Err` says why it was refused: the
+/// queue is not in the task's `sandbox.submit`, a bound was reached (`sandbox.submit_max`
+/// follow-ups per task, 1 MiB of params each, 16 MiB per task), or the params are not an
+/// object. A refused call submits nothing; the task goes on.
+///
+/// ```ignore
+/// disbatch_plugin::submit("resize", &serde_json::json!({"file": "a.png"}))?;
+/// ```
+pub fn submit<P: serde::Serialize + ?Sized>(queue: &str, params: &P) -> Result<(), String> {
+    let text = serde_json::to_string(params).map_err(|e| format!("cannot serialize the follow-up's params: {e}"))?;
+    submit_json(queue, &text)
+}
+
+/// [`submit`] with `params` already as JSON text (an object).
+pub fn submit_json(queue: &str, params: &str) -> Result<(), String> {
+    bindings::disbatch::plugin::host::submit(queue, params)
 }
 
 /// Parses `params` into the function's parameter type and calls it. Used by [`plugin!`].
