@@ -152,6 +152,8 @@ pub struct Den {
     running: AtomicUsize,
     /// `maxthreads` of this node as last read (None = no limit).
     maxthreads: Mutex<Option<i64>>,
+    /// Slots to give back that could not be given back when their worker stopped.
+    stray_slots: Mutex<Vec<Slot>>,
     /// When this DEN last lost the database; recovery by stale heartbeat waits until the
     /// connection has been back for `heartbeat_stale`, so live nodes can heartbeat first.
     outage_ended: Mutex<Option<tokio::time::Instant>>,
@@ -194,6 +196,7 @@ impl Den {
             wake: Notify::new(),
             running: AtomicUsize::new(0),
             maxthreads: Mutex::new(None),
+            stray_slots: Mutex::new(Vec::new()),
             outage_ended: Mutex::new(None),
             in_outage: std::sync::atomic::AtomicBool::new(false),
             in_flight: Mutex::new(HashMap::new()),
@@ -297,7 +300,7 @@ impl Den {
             if self.stopping.is_cancelled() {
                 break;
             }
-            while self.has_room() {
+            while self.has_room() && !self.lease_lapsed() {
                 if !self.store.has_queued(q.queue.id).await? {
                     break;
                 }
@@ -307,25 +310,47 @@ impl Den {
                     }
                     break;
                 };
+                if self.lease_lapsed() {
+                    self.give_back(slot).await;
+                    break;
+                }
                 match self.claim(&q.queue).await {
                     Ok(Some(task)) => self.spawn_worker(q.clone(), slot, task),
                     Ok(None) => {
-                        self.store.release_slot(&slot, &s.node).await?;
+                        self.give_back(slot).await;
                         break;
                     }
                     Err(e @ StoreError::Database(_)) => {
-                        let _ = self.store.release_slot(&slot, &s.node).await;
+                        self.give_back(slot).await;
                         return Err(e);
                     }
                     Err(e) => {
                         // A task that cannot be read was failed by the store; go on.
                         error!(queue = %q.queue.name, error = %e, "claimed a malformed task");
-                        self.store.release_slot(&slot, &s.node).await?;
+                        self.give_back(slot).await;
                     }
                 }
             }
         }
         Ok(())
+    }
+
+    /// Gives a slot back; one that cannot be given back now (the database failed) is kept
+    /// aside and given back at a later tick, since heartbeats renew every slot this node
+    /// holds and the slot would otherwise stay taken, and counted in use, for good.
+    pub(super) async fn give_back(&self, slot: Slot) {
+        if let Err(e) = self.store.release_slot(&slot, &self.settings.node).await {
+            debug!(error = %e, "cannot give a slot back; trying again next tick");
+            self.stray_slots.lock().unwrap_or_else(|e| e.into_inner()).push(slot);
+        }
+    }
+
+    /// Gives back the slots that could not be given back before.
+    async fn give_back_strays(&self) {
+        let strays = std::mem::take(&mut *self.stray_slots.lock().unwrap_or_else(|e| e.into_inner()));
+        for slot in strays {
+            self.give_back(slot).await;
+        }
     }
 
     /// With room here and tasks queued but every slot of `queue` held, asks the node holding
@@ -407,6 +432,7 @@ impl Den {
         let heartbeat = self.store.heartbeat(&s.node, s.heartbeat_stale).await;
         self.renew_leases(sent, heartbeat.is_ok());
         let me = heartbeat?;
+        self.give_back_strays().await;
         if let Some(other) = me.process.filter(|p| p.id != self.process.id) {
             let mut seen = self.intruder.lock().unwrap_or_else(|e| e.into_inner());
             if seen.replace(other.id) != Some(other.id) {

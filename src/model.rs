@@ -149,16 +149,16 @@ impl Queue {
 
     /// Reads a queue's `maxthreads` leniently: a number (or a number written as a string,
     /// as Disbatch 4's tools do) that is not negative; anything else is noted in
-    /// `problems` and read as unset.
+    /// `problems` and read as 0, so a limit that cannot be read lets nothing more run.
     pub fn read_maxthreads(value: Option<&bson::Bson>, problems: &mut Vec<String>) -> Option<i64> {
         let value = value.filter(|v| !matches!(v, bson::Bson::Null))?;
         match lenient_int(value) {
             Some(n) if n >= 0 => Some(n),
             _ => {
                 problems.push(format!(
-                    "field `maxthreads` is {value}, not a non-negative integer; the queue is not limited by it"
+                    "field `maxthreads` is {value}, not a non-negative integer; read as 0 (the queue claims nothing) until it is fixed"
                 ));
-                None
+                Some(0)
             }
         }
     }

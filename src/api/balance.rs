@@ -51,19 +51,21 @@ pub(super) async fn update(State(state): State<Shared>, JsonBody(body): JsonBody
                 .flatten()
                 .filter_map(Bson::as_str)
                 .collect();
+            state.store.set_balance(fields.clone()).await?;
             // A queue new to the balance claims nothing until the leader gives it its
-            // share (within about a second), so the limit holds from now on.
+            // share (within about a second), so the limit holds from now on (when this
+            // server's config enables the balance and does not only pretend).
+            let pause = state.balance.enabled && !state.balance.pretend;
             for q in queues
                 .iter()
-                .filter(|q| q.maxthreads.is_none() && listed.contains(&q.name.as_str()))
+                .filter(|q| pause && q.maxthreads.is_none() && listed.contains(&q.name.as_str()))
             {
-                let pause = QueueUpdate {
+                let paused = QueueUpdate {
                     extra: bson::doc! { "maxthreads": 0_i64 },
                     ..QueueUpdate::default()
                 };
-                state.store.update_queue(q.id, pause).await?;
+                state.store.update_queue(q.id, paused).await?;
             }
-            state.store.set_balance(fields).await?;
             Ok(Json(json!({ "status": "success: queuebalance modified" })).into_response())
         }
         Err(e) => Ok((

@@ -77,10 +77,7 @@ impl Den {
         let queues = store.queues().await?;
         let doc = match store.balance().await {
             Ok(Some(d)) => d,
-            Ok(None) => {
-                store.set_balance(doc! { "max_tasks": {}, "queues": [] }).await?;
-                doc! { "max_tasks": {}, "queues": [] }
-            }
+            Ok(None) => doc! {},
             Err(crate::store::StoreError::Malformed { reason, .. }) => {
                 return Ok(critical(format!("balance: {reason}")));
             }
@@ -99,25 +96,21 @@ impl Den {
                     "QueueBalance disabled until {until}; queues run at their threads"
                 )));
             }
-            if !self.settings.balance.pretend {
-                store.set_balance(doc! { "disabled": Bson::Null }).await?;
-            }
-            info!("QueueBalance is no longer disabled");
         }
         let mut unknown = Vec::new();
+        let mut twice = Vec::new();
+        let mut seen = std::collections::HashSet::new();
         let mut lanes: Vec<Vec<&Queue>> = Vec::new();
         for lane in &balance.lanes {
-            lanes.push(
-                lane.iter()
-                    .filter_map(|name| {
-                        let q = Queue::find(&queues, name);
-                        if q.is_none() {
-                            unknown.push(name.as_str());
-                        }
-                        q
-                    })
-                    .collect(),
-            );
+            let mut members = Vec::new();
+            for name in lane {
+                match Queue::find(&queues, name) {
+                    None => unknown.push(name.as_str()),
+                    Some(q) if !seen.insert(q.id) => twice.push(name.as_str()),
+                    Some(q) => members.push(q),
+                }
+            }
+            lanes.push(members);
         }
         let balanced: Vec<_> = lanes.iter().flatten().map(|q| q.id).collect();
         self.lift(&queues, |q| !balanced.contains(&q.id)).await?;
@@ -127,8 +120,9 @@ impl Den {
         let weekday = now.weekday().to_sunday_zero_offset() as u8;
         let minute = u32::from(now.hour() as u8) * 60 + u32::from(now.minute() as u8);
         let Some(budget) = balance.max_tasks_at(weekday, minute) else {
+            self.lift(&queues, |_| true).await?;
             return Ok(critical(
-                "balance: `max_tasks` has no entries; the shares are left as they are".into(),
+                "balance: `max_tasks` has no entries, so no limit: the queues run at their threads".into(),
             ));
         };
         let mut demands = Vec::new();
@@ -148,7 +142,7 @@ impl Den {
             }
             demands.push(d);
         }
-        let targets = allocate(budget, &demands);
+        let targets = allocate(budget, &demands, now.timestamp().as_second().unsigned_abs() as usize);
         let mut members: Vec<Member> = Vec::new();
         // Priority order: the lanes after the first, then the default lane.
         for l in (1..lanes.len()).chain(std::iter::once(0)) {
@@ -172,13 +166,17 @@ impl Den {
         if changed && self.settings.balance.pretend {
             message.push_str(" (pretend: shares computed, not written)");
         }
-        if !unknown.is_empty() {
+        if !unknown.is_empty() || !twice.is_empty() {
+            let mut faults = Vec::new();
+            if !unknown.is_empty() {
+                faults.push(format!("no queue is named {}", unknown.join(", ")));
+            }
+            if !twice.is_empty() {
+                faults.push(format!("{} named again (its first lane counts)", twice.join(", ")));
+            }
             return Ok(Report {
                 status: "WARNING",
-                message: format!(
-                    "QueueBalance: no queue is named {}; the others are balanced",
-                    unknown.join(", ")
-                ),
+                message: format!("QueueBalance: {}; the others are balanced", faults.join("; ")),
                 max_tasks_now: Some(budget),
             });
         }
@@ -194,9 +192,13 @@ impl Den {
     async fn apply_shares(&self, members: &mut [Member], budget: i64) -> StoreResult<bool> {
         let token = *self.leading.lock().unwrap_or_else(|e| e.into_inner());
         let mut changed = false;
-        for m in members.iter_mut().filter(|m| m.target < m.limit) {
+        // Lowered, or given a share for the first time (never more than it may run now).
+        for m in members
+            .iter_mut()
+            .filter(|m| m.queue.maxthreads.is_none_or(|s| s > m.target))
+        {
             self.set_share(&m.queue, Some(m.target), m.limit).await?;
-            m.limit = m.target;
+            m.limit = m.limit.min(m.target);
             m.queue.maxthreads = Some(m.target);
             changed = true;
         }
@@ -210,14 +212,17 @@ impl Den {
         }
         let mut bound: i64 = members.iter().zip(&in_use).map(|(m, u)| m.limit.max(*u)).sum();
         for (m, used) in members.iter_mut().zip(&in_use) {
+            let share = m.queue.maxthreads.unwrap_or(0);
             let now = m.limit.max(*used);
             let room = (budget - bound).max(0);
-            let new = m.target.min(now + room).max(m.limit);
-            if new > m.limit || m.queue.maxthreads != Some(new) {
+            let new = m.target.min(now + room);
+            if new > share {
                 self.set_share(&m.queue, Some(new), m.limit).await?;
-                bound += new.max(*used) - now;
-                changed |= new != m.limit;
-                m.limit = new;
+                let limit = m.queue.threads.unwrap_or(0).max(0).min(new);
+                bound += limit.max(*used) - now;
+                m.limit = limit;
+                m.queue.maxthreads = Some(new);
+                changed = true;
             }
         }
         Ok(changed)

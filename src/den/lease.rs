@@ -24,6 +24,14 @@ impl Den {
         self.settings.heartbeat_stale.saturating_sub(LEASE_MARGIN)
     }
 
+    /// Whether this node's lease has lapsed: its last successful heartbeat is older than
+    /// the lease (the process was stopped, or the database unreachable). Then it claims
+    /// nothing: its slots may have been counted free, and its tasks recovered, meanwhile.
+    pub(super) fn lease_lapsed(&self) -> bool {
+        let last = *self.last_heartbeat.lock().unwrap_or_else(|e| e.into_inner());
+        last.is_some_and(|(at, _)| at.elapsed() > self.lease_len())
+    }
+
     /// A run control for a task starting now, leased from the last successful heartbeat
     /// (or from now when there was none yet), registered with the running tasks.
     pub(super) fn new_control(&self, task: ObjectId) -> RunControl {

@@ -26,9 +26,7 @@ impl Den {
         tokio::spawn(async move {
             let slot = den.clone().work(queue, slot, task).await;
             if let Some(slot) = slot {
-                if let Err(e) = den.store.release_slot(&slot, &den.settings.node).await {
-                    debug!(error = %e, "cannot release slot; its lease will expire");
-                }
+                den.give_back(slot).await;
             }
             den.running.fetch_sub(1, Ordering::SeqCst);
             den.wake.notify_one();
@@ -93,6 +91,9 @@ impl Den {
                     debug!(error = %e, "cannot renew slot lease");
                     return Some(slot);
                 }
+            }
+            if self.lease_lapsed() {
+                return Some(slot);
             }
             match self.claim(&queue.queue).await {
                 Ok(Some(next)) => task = next,

@@ -49,7 +49,7 @@ impl Balance {
                     entry(k, max)
                 })
                 .collect::<Result<Vec<_>, _>>()?,
-            None | Some(Bson::Null) => return Err("the document has no `max_tasks`".into()),
+            None | Some(Bson::Null) => Vec::new(),
             Some(other) => return Err(format!("`max_tasks` is {other}, not an object")),
         };
         let lanes = match doc.get("queues") {
@@ -67,11 +67,13 @@ impl Balance {
                     other => Err(format!("queues[{i}] is {other}, not an array of queue names")),
                 })
                 .collect::<Result<Vec<Vec<String>>, _>>()?,
-            None | Some(Bson::Null) => return Err("the document has no `queues`".into()),
+            None | Some(Bson::Null) => Vec::new(),
             Some(other) => return Err(format!("`queues` is {other}, not an array of arrays")),
         };
         let disabled = match doc.get("disabled") {
             None | Some(Bson::Null) => None,
+            // Perl's Time::HiRes writes fractions of a second.
+            Some(Bson::Double(f)) if f.is_finite() && *f >= 0.0 => Some(f.floor() as i64).filter(|t| *t != 0),
             Some(v) => match super::lenient_int(v) {
                 Some(0) => None,
                 Some(t) => Some(t),
@@ -199,6 +201,9 @@ pub fn check_post(body: &Value, known: &[String], now: i64) -> Result<Document, 
         }
         queues.push(Bson::Array(out));
     }
+    if max.is_empty() && !seen.is_empty() {
+        return Err("`max_tasks` needs at least one entry to limit the queues listed".into());
+    }
     let mut set = bson::doc! { "max_tasks": max, "queues": queues };
     match fields.get("disabled") {
         None => {}
@@ -218,6 +223,9 @@ pub fn check_post(body: &Value, known: &[String], now: i64) -> Result<Document, 
                     "`disabled` ({t}) is in the past; give a time to come, 0 or null"
                 ));
             }
+            if t >= 100_000_000_000 {
+                return Err(format!("`disabled` ({t}) looks like milliseconds; give epoch seconds"));
+            }
             set.insert("disabled", if t == 0 { Bson::Null } else { Bson::Int64(t) });
         }
     }
@@ -229,18 +237,20 @@ pub fn check_post(body: &Value, known: &[String], now: i64) -> Result<Document, 
 /// first take first, in order; the first (default) lane gets the rest. Within a lane the
 /// share is even, what a queue cannot use going to the others. The result has the
 /// shape of `demands`.
-pub fn allocate(budget: i64, demands: &[Vec<i64>]) -> Vec<Vec<i64>> {
+/// A remainder that cannot be split evenly goes to the queues from `rotate` on (modulo the
+/// lane's size), so a caller passing a changing `rotate` starves no queue at a lane's end.
+pub fn allocate(budget: i64, demands: &[Vec<i64>], rotate: usize) -> Vec<Vec<i64>> {
     let mut out: Vec<Vec<i64>> = demands.iter().map(|lane| vec![0; lane.len()]).collect();
     let mut left = budget.max(0);
     let order = (1..demands.len()).chain((!demands.is_empty()).then_some(0));
     for l in order {
-        left -= fill(left, &demands[l], &mut out[l]);
+        left -= fill(left, &demands[l], &mut out[l], rotate);
     }
     out
 }
 
 /// Fills `got` evenly up to `demand` with at most `budget`; returns what it gave.
-fn fill(budget: i64, demand: &[i64], got: &mut [i64]) -> i64 {
+fn fill(budget: i64, demand: &[i64], got: &mut [i64], rotate: usize) -> i64 {
     let mut left = budget;
     loop {
         let open: Vec<usize> = (0..demand.len()).filter(|&i| got[i] < demand[i].max(0)).collect();
@@ -249,7 +259,8 @@ fn fill(budget: i64, demand: &[i64], got: &mut [i64]) -> i64 {
         }
         let share = left / open.len() as i64;
         if share == 0 {
-            for &i in open.iter().take(left as usize) {
+            let start = rotate % open.len();
+            for &i in open.iter().cycle().skip(start).take(left as usize) {
                 got[i] += 1;
             }
             return budget;
@@ -298,7 +309,6 @@ mod tests {
         assert_eq!(b.lanes, vec![vec!["a".to_string(), "b".into()], vec!["c".into()]]);
         assert_eq!(b.disabled, None);
         for (doc, fault) in [
-            (bson::doc! { "queues": [] }, "no `max_tasks`"),
             (
                 bson::doc! { "max_tasks": { "8 00:00": 1 }, "queues": [] },
                 "\"8 00:00\"",
@@ -353,6 +363,14 @@ mod tests {
                 serde_json::json!({ "max_tasks": {}, "queues": [], "disabled": 999 }),
                 "past",
             ),
+            (
+                serde_json::json!({ "max_tasks": {}, "queues": [], "disabled": 1_800_000_000_000_i64 }),
+                "milliseconds",
+            ),
+            (
+                serde_json::json!({ "max_tasks": {}, "queues": [["a"]] }),
+                "at least one entry",
+            ),
         ] {
             let e = check_post(&body, &known, 1000).unwrap_err();
             assert!(e.contains(fault), "{e} should name {fault}");
@@ -367,18 +385,21 @@ mod tests {
     #[test]
     fn priority_lanes_take_first_and_the_default_lane_gets_the_rest() {
         // Default lane wants 10, first priority lane 3: 7 left for the default lane.
-        assert_eq!(allocate(10, &[vec![10], vec![3]]), vec![vec![7], vec![3]]);
+        assert_eq!(allocate(10, &[vec![10], vec![3]], 0), vec![vec![7], vec![3]]);
         // Lanes after the first in order: lane 1 before lane 2.
         assert_eq!(
-            allocate(4, &[vec![5], vec![3], vec![3]]),
+            allocate(4, &[vec![5], vec![3], vec![3]], 0),
             vec![vec![0], vec![3], vec![1]]
         );
         // Even split within a lane; what one cannot use goes to the other.
-        assert_eq!(allocate(10, &[vec![2, 20]]), vec![vec![2, 8]]);
-        assert_eq!(allocate(5, &[vec![9, 9]]), vec![vec![3, 2]]);
+        assert_eq!(allocate(10, &[vec![2, 20]], 0), vec![vec![2, 8]]);
+        assert_eq!(allocate(5, &[vec![9, 9]], 0), vec![vec![3, 2]]);
         // Never more than the budget, nor than a queue can use.
-        assert_eq!(allocate(100, &[vec![1, 2], vec![0]]), vec![vec![1, 2], vec![0]]);
-        assert_eq!(allocate(0, &[vec![4], vec![4]]), vec![vec![0], vec![0]]);
-        assert!(allocate(3, &[]).is_empty());
+        assert_eq!(allocate(100, &[vec![1, 2], vec![0]], 0), vec![vec![1, 2], vec![0]]);
+        assert_eq!(allocate(0, &[vec![4], vec![4]], 0), vec![vec![0], vec![0]]);
+        assert!(allocate(3, &[], 0).is_empty());
+        // The remainder moves with `rotate`: no queue at a lane's end starves.
+        assert_eq!(allocate(2, &[vec![5, 5, 5]], 0), vec![vec![1, 1, 0]]);
+        assert_eq!(allocate(2, &[vec![5, 5, 5]], 2), vec![vec![1, 0, 1]]);
     }
 }

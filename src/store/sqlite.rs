@@ -383,10 +383,14 @@ fn filter_sql(filter: &TaskFilter) -> (String, Vec<rusqlite::types::Value>) {
     (sql, args)
 }
 
-/// Renews the leases of every slot `node` holds.
+/// Renews the leases of every slot `node` holds, but not one that expired: it may have
+/// been counted free since.
 fn renew_slots(tx: &rusqlite::Transaction<'_>, node: &str, until: i64) -> StoreResult<()> {
-    tx.execute("UPDATE slots SET expires = ?1 WHERE holder = ?2", params![until, node])
-        .map_err(db_err("renew slot leases"))?;
+    tx.execute(
+        "UPDATE slots SET expires = ?1 WHERE holder = ?2 AND expires > ?3",
+        params![until, node, DateTime::now().timestamp_millis()],
+    )
+    .map_err(db_err("renew slot leases"))?;
     Ok(())
 }
 

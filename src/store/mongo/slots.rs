@@ -53,28 +53,18 @@ impl MongoStore {
     }
 
     /// [`Store::acquire_slot`](crate::store::Store::acquire_slot): refuses while a slot at
-    /// or above `threads` is held and unexpired, else takes the lowest free slot below it.
+    /// or above the limit is in use (held and unexpired, or expired with its holder's task
+    /// not yet recovered), else takes the lowest free slot below it.
     pub(super) async fn take_slot(&self, queue: &Queue, node: &str, lease: Duration) -> StoreResult<Option<Slot>> {
         let threads = queue.limit();
         if threads <= 0 {
             return Ok(None);
         }
         self.ensure_slots(queue.id, threads).await?;
-        let now = DateTime::now();
-        let over = self
-            .slots
-            .count_documents(doc! {
-                "queue": queue.id,
-                "n": { "$gte": threads },
-                "holder": { "$ne": null },
-                "expires": { "$gt": now },
-            })
-            .limit(1)
-            .await
-            .map_err(db_err("check slots over the limit"))?;
-        if over > 0 {
+        if self.slots_used_from(queue.id, threads).await? > 0 {
             return Ok(None);
         }
+        let now = DateTime::now();
         let lease_until = lease_end(now, lease);
         let mut taken = self
             .slots
@@ -111,6 +101,16 @@ impl MongoStore {
     /// before it claims anything with it. When the stored limit is lower than `seen`, the
     /// check for slots held above it is made again under the stored limit.
     async fn confirm_slot(&self, slot: Slot, node: &str, seen: i64) -> StoreResult<Option<Slot>> {
+        let checked = self.check_taken_slot(&slot, seen).await;
+        if !matches!(checked, Ok(true)) {
+            // Not allowed, or not known to be: given back before anything is claimed with it.
+            self.give_back_slot(&slot, node).await?;
+        }
+        Ok(checked?.then_some(slot))
+    }
+
+    /// Whether the stored limit allows a slot taken under `seen` (see `confirm_slot`).
+    async fn check_taken_slot(&self, slot: &Slot, seen: i64) -> StoreResult<bool> {
         let err = db_err("read the queue's limit");
         let stored = self
             .queues
@@ -119,34 +119,22 @@ impl MongoStore {
             .map_err(&err)?
             .and_then(|d| super::documents::queue_from(&d).ok())
             .map_or(0, |(q, _)| q.limit());
-        let keep = slot.n < stored
-            && (stored >= seen
-                || self
-                    .slots
-                    .count_documents(doc! {
-                        "queue": slot.queue,
-                        "n": { "$gte": stored },
-                        "holder": { "$ne": null },
-                        "expires": { "$gt": DateTime::now() },
-                    })
-                    .limit(1)
-                    .await
-                    .map_err(&err)?
-                    == 0);
-        if keep {
-            return Ok(Some(slot));
-        }
-        self.give_back_slot(&slot, node).await?;
-        Ok(None)
+        Ok(slot.n < stored && (stored >= seen || self.slots_used_from(slot.queue, stored).await? == 0))
     }
 
     /// [`Store::slots_in_use`](crate::store::Store::slots_in_use).
     pub(super) async fn occupied_slots(&self, queue: bson::oid::ObjectId) -> StoreResult<i64> {
+        self.slots_used_from(queue, 0).await
+    }
+
+    /// The slots of `queue` numbered `from` or above in use: held and unexpired, or
+    /// expired while their holder still has a claimed or running task of the queue.
+    async fn slots_used_from(&self, queue: bson::oid::ObjectId, from: i64) -> StoreResult<i64> {
         let err = db_err("count the queue's slots in use");
         let now = DateTime::now();
         let held: Vec<Document> = self
             .slots
-            .find(doc! { "queue": queue, "holder": { "$ne": null } })
+            .find(doc! { "queue": queue, "n": { "$gte": from }, "holder": { "$ne": null } })
             .projection(doc! { "holder": 1, "expires": 1 })
             .await
             .map_err(&err)?
@@ -240,7 +228,10 @@ impl MongoStore {
         let err = db_err("renew slot lease");
         let now = DateTime::now();
         let mine = doc! { "queue": slot.queue, "n": slot.n, "holder": node };
-        let mut unasked = mine.clone();
+        // An expired lease is not renewed: the slot may have been counted free since.
+        let mut live = mine.clone();
+        live.insert("expires", doc! { "$gt": now });
+        let mut unasked = live.clone();
         unasked.insert(
             "$or",
             vec![doc! { "want": null }, doc! { "want_until": { "$lt": now } }],
@@ -270,7 +261,7 @@ impl MongoStore {
             }
         }
         // The ask ended or changed meanwhile: keep the slot if it is still ours.
-        let held = self.slots.update_one(mine, renew).await.map_err(&err)?.matched_count == 1;
+        let held = self.slots.update_one(live, renew).await.map_err(&err)?.matched_count == 1;
         Ok(if held { SlotRenewal::Held } else { SlotRenewal::Lost })
     }
 
@@ -354,10 +345,14 @@ impl MongoStore {
         Ok(())
     }
 
-    /// Renews the leases of every slot `node` holds until `until`.
+    /// Renews the leases of every slot `node` holds until `until`, but not one that expired:
+    /// it may have been counted free since.
     pub(super) async fn renew_slots(&self, node: &str, until: DateTime) -> StoreResult<()> {
         self.slots
-            .update_many(doc! { "holder": node }, doc! { "$set": { "expires": until } })
+            .update_many(
+                doc! { "holder": node, "expires": { "$gt": DateTime::now() } },
+                doc! { "$set": { "expires": until } },
+            )
             .await
             .map_err(db_err("renew slot leases"))?;
         Ok(())

@@ -52,15 +52,7 @@ impl SqliteStore {
             for n in 0..threads {
                 insert.execute(params![q, n]).map_err(&err)?;
             }
-            let over: bool = tx
-                .query_row(
-                    "SELECT EXISTS (SELECT 1 FROM slots
-                     WHERE queue = ?1 AND n >= ?2 AND holder IS NOT NULL AND expires > ?3)",
-                    params![q, threads, millis],
-                    |r| r.get(0),
-                )
-                .map_err(&err)?;
-            if over {
+            if used_from(tx, &q, threads)? > 0 {
                 return Ok(None);
             }
             let n: Option<i64> = tx
@@ -118,13 +110,15 @@ impl SqliteStore {
             let renewed = tx
                 .execute(
                     "UPDATE slots SET expires = ?1 WHERE queue = ?2 AND n = ?3 AND holder = ?4
-                       AND (want IS NULL OR want_until < ?5)",
+                       AND expires > ?5 AND (want IS NULL OR want_until < ?5)",
                     params![lease_end(now, lease), q, n, node, now.timestamp_millis()],
                 )
                 .map_err(&err)?;
             if renewed == 1 {
                 return Ok(SlotRenewal::Held);
             }
+            // Asked for (or its lease expired, and it may have been counted free since):
+            // given up, to the asker if any.
             let to: Option<String> = tx
                 .query_row(
                     "UPDATE slots SET holder = NULL, reserved = want, reserved_until = want_until,
@@ -132,10 +126,11 @@ impl SqliteStore {
                      WHERE queue = ?1 AND n = ?2 AND holder = ?3
                      RETURNING reserved",
                     params![q, n, node],
-                    |r| r.get(0),
+                    |r| r.get::<_, Option<String>>(0),
                 )
                 .optional()
-                .map_err(&err)?;
+                .map_err(&err)?
+                .flatten();
             Ok(match to {
                 Some(to) => SlotRenewal::Yielded { to },
                 None => SlotRenewal::Lost,
@@ -219,11 +214,22 @@ fn stored_limit(conn: &Connection, q: &str) -> StoreResult<i64> {
 /// holder still has a claimed or running task of the queue (such a slot is freed only
 /// with the recovery of that task).
 pub(super) fn occupied(conn: &Connection, q: &str) -> StoreResult<i64> {
+    used_from(conn, q, 0)
+}
+
+/// Slots of the queue `q` numbered `from` or above in use (see [`occupied`]).
+fn used_from(conn: &Connection, q: &str, from: i64) -> StoreResult<i64> {
     conn.query_row(
-        "SELECT COUNT(*) FROM slots WHERE queue = ?1 AND holder IS NOT NULL
-           AND (expires > ?2 OR EXISTS (SELECT 1 FROM tasks
-                WHERE tasks.queue = ?1 AND tasks.node = slots.holder AND tasks.status IN (?3, ?4)))",
-        params![q, DateTime::now().timestamp_millis(), status::CLAIMED, status::RUNNING],
+        "SELECT COUNT(*) FROM slots WHERE queue = ?1 AND n >= ?2 AND holder IS NOT NULL
+           AND (expires > ?3 OR EXISTS (SELECT 1 FROM tasks
+                WHERE tasks.queue = ?1 AND tasks.node = slots.holder AND tasks.status IN (?4, ?5)))",
+        params![
+            q,
+            from,
+            DateTime::now().timestamp_millis(),
+            status::CLAIMED,
+            status::RUNNING
+        ],
         |r| r.get(0),
     )
     .map_err(db_err("count the queue's slots in use"))
