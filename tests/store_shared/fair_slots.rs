@@ -150,7 +150,10 @@ async fn an_unanswered_ask_and_an_untaken_reservation_end(s: Stores) {
 /// and the queue's `threads` holds throughout.
 async fn a_den_that_joins_a_busy_queue_gets_its_share(s: Stores) {
     let q = queue(&*s.a, "joined", 4, Sort::Fifo).await;
-    s.a.create_tasks(q.id, vec![doc! {"sleep_ms": 20}; 3000]).await.unwrap();
+    // Tasks long enough that four at once are seen running on a loaded machine too.
+    s.a.create_tasks(q.id, vec![doc! {"sleep_ms": 200}; 1000])
+        .await
+        .unwrap();
     let busy = |node: Option<&str>| TaskFilter {
         queue: Some(q.id),
         node: node.map(|n| Some(n.to_string())),
