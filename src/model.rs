@@ -173,7 +173,7 @@ impl Queue {
 }
 
 /// Largest integer a Double represents exactly (2^53).
-const MAX_EXACT_DOUBLE: f64 = 9_007_199_254_740_992.0;
+pub const MAX_EXACT_DOUBLE: f64 = 9_007_199_254_740_992.0;
 
 /// An integer as other clients write it: Int32, Int64, an integral Double or a string
 /// holding a decimal integer (Perl writes form values as strings).

@@ -14,9 +14,6 @@ use bson::{doc, Bson, DateTime, Document};
 use crate::model::{Node, OnOrphan, Output, Queue, QueueSandbox, Sort, Task, UnreadableQueue};
 use crate::store::{OutputValue, StoreError, StoreResult, TaskFilter};
 
-/// Largest integer a Double represents exactly (2^53).
-const MAX_EXACT_DOUBLE: f64 = 9_007_199_254_740_992.0;
-
 /// An integer as other clients write it (see [`crate::model::lenient_int`]).
 pub(super) fn as_int(value: &Bson) -> Option<i64> {
     crate::model::lenient_int(value)
@@ -45,7 +42,7 @@ pub(super) fn as_date(value: &Bson) -> Option<DateTime> {
     } else {
         secs_or_millis
     };
-    (millis.abs() <= MAX_EXACT_DOUBLE).then(|| DateTime::from_millis(millis.round() as i64))
+    (millis.abs() <= crate::model::MAX_EXACT_DOUBLE).then(|| DateTime::from_millis(millis.round() as i64))
 }
 
 /// An integer the way the spec's examples store it: Int32 when it fits, else Int64.

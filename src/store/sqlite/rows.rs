@@ -21,9 +21,6 @@ pub(super) const TASK_COLUMNS: &str =
 pub(super) const CLAIMED_COLUMNS: &str =
     "id, queue, ctime, mtime, node, status, params, stdout, stdout_file, stderr, stderr_file, run_at, stop, progress, priority, attempts, key, rerun, batch, after, after_failure, dependents, NULL";
 
-/// Largest integer a Double represents exactly (2^53).
-const MAX_EXACT_DOUBLE: f64 = 9_007_199_254_740_992.0;
-
 /// A driver error as a store error, saying what was being done and whether retrying can
 /// help: a busy or locked database (another process holds the write lock past the busy
 /// timeout) and a database file that cannot be opened for now are transient
@@ -85,7 +82,7 @@ pub(super) fn as_int(value: &Bson) -> Option<i64> {
     match value {
         Bson::Int32(n) => Some(i64::from(*n)),
         Bson::Int64(n) => Some(*n),
-        Bson::Double(f) if f.fract() == 0.0 && f.abs() <= MAX_EXACT_DOUBLE => Some(*f as i64),
+        Bson::Double(f) if f.fract() == 0.0 && f.abs() <= crate::model::MAX_EXACT_DOUBLE => Some(*f as i64),
         _ => None,
     }
 }
