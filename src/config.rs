@@ -358,12 +358,7 @@ impl Config {
         store: StoreKind,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Config, ConfigError> {
-        let value: Value = serde_json::from_str(text).map_err(|e| ConfigError::Syntax {
-            file: file.to_owned(),
-            line: e.line(),
-            column: e.column(),
-            message: e.to_string().split(" at line").next().unwrap_or_default().to_owned(),
-        })?;
+        let value = relaxed::parse_relaxed(text, file)?;
         let Value::Object(mut map) = value else {
             return Err(ConfigError::Invalid {
                 file: file.to_owned(),
@@ -787,7 +782,10 @@ fn check_bind(bind: &str) -> Result<(), String> {
         .map_err(|_| format!("must be host:port with a port from 0 to 65535, got {bind:?}"))
 }
 
+mod relaxed;
 mod sandbox;
 mod sections;
+
+pub use relaxed::parse_relaxed;
 #[cfg(test)]
 mod tests;
