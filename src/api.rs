@@ -38,6 +38,7 @@ mod status;
 mod tasks;
 mod ui;
 mod watch;
+mod web_root;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -92,6 +93,8 @@ pub struct ApiState {
     pub checker: Option<Runner>,
     /// Taken while an upload is read and checked: one at a time.
     pub(crate) upload_turn: Arc<tokio::sync::Semaphore>,
+    /// Directory of web documents served at their paths (the config's `web_root`).
+    pub web_root: Option<std::path::PathBuf>,
 }
 
 impl ApiState {
@@ -111,6 +114,7 @@ impl ApiState {
             watch: Arc::default(),
             checker: None,
             upload_turn: Arc::new(tokio::sync::Semaphore::new(1)),
+            web_root: None,
         }
     }
 }
@@ -127,6 +131,7 @@ impl std::fmt::Debug for ApiState {
             .field("body_limit", &self.body_limit)
             .field("cors_origins", &self.cors_origins)
             .field("checker", &self.checker.is_some())
+            .field("web_root", &self.web_root)
             .finish()
     }
 }
@@ -201,7 +206,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/metrics", get(status::metrics))
         .route("/openapi.json", get(openapi::document))
         .merge(ui::routes())
-        .fallback(error::not_found)
+        .fallback(web_root::fallback)
         .method_not_allowed_fallback(error::method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(
             shared.clone(),

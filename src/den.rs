@@ -48,7 +48,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, info_span, warn, Instrument};
 
 use crate::config::{Config, Gfs};
-use crate::model::{NodeProcess, NodeStats, Queue, Task};
+use crate::model::{NameHolder, NodeProcess, NodeStats, Queue, Task};
 use crate::runner::{RunControl, Runner, Sandbox};
 use crate::store::{Slot, Store, StoreError, StoreResult};
 
@@ -69,19 +69,31 @@ pub enum DenError {
     #[error("cannot prepare the database: {0}")]
     Startup(#[source] StoreError),
     /// Another live DEN holds this node name.
-    #[error(
-        "node name {node:?} is held by a running DEN (pid {} on {}, since {}); give this DEN another \
-         name with DISBATCH_NODE or the config's `node`, or stop the other one",
-        holder.pid,
-        holder.host,
-        holder.started.try_to_rfc3339_string().unwrap_or_default()
-    )]
+    #[error("{}", name_in_use(node, holder))]
     NodeInUse {
         /// The node name.
         node: String,
         /// The process holding it.
-        holder: NodeProcess,
+        holder: NameHolder,
     },
+}
+
+/// The message of [`DenError::NodeInUse`].
+fn name_in_use(node: &str, holder: &NameHolder) -> String {
+    let advice = "give this DEN another name with DISBATCH_NODE or the config's `node`, or stop the other one";
+    match holder {
+        NameHolder::Den(p) => format!(
+            "node name {node:?} is held by a running DEN (pid {} on {}, since {}); {advice}",
+            p.pid,
+            p.host,
+            p.started.try_to_rfc3339_string().unwrap_or_default()
+        ),
+        NameHolder::Foreign { heartbeat_age } => format!(
+            "node name {node:?} is held by a DEN without a process marker (a Disbatch 4 disbatchd?) whose \
+             heartbeat is {:.0} s old; {advice}, and wait until its heartbeat is older than heartbeat_stale",
+            heartbeat_age.as_secs_f64()
+        ),
+    }
 }
 
 /// What a DEN needs to know; built from the config file by the `den` binary.
@@ -395,7 +407,7 @@ impl Den {
         let take = |stale_before| self.store.take_node(&s.node, &self.process, stale_before);
         let stale_before = before(DateTime::now(), s.heartbeat_stale);
         let holder = match take(stale_before).await.map_err(DenError::Startup)? {
-            Some(gone) if gone.is_dead_here() => {
+            Some(NameHolder::Den(gone)) if gone.is_dead_here() => {
                 info!(pid = gone.pid, "taking over the node name of a DEN that is gone");
                 // Every holder counts as stale now.
                 let always = DateTime::from_millis(i64::MAX);

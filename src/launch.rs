@@ -27,6 +27,10 @@ use crate::store::mongo::MongoStore;
 use crate::store::sqlite::SqliteStore;
 use crate::store::Store;
 
+/// The config file used when neither `--config` nor `--embedded` is given and the file
+/// exists (Disbatch 4's default).
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/disbatch/config.json";
+
 /// Default file of the embedded store (`--embedded` without a value, `disbatch dev --db`).
 pub const DEFAULT_EMBEDDED_PATH: &str = "./disbatch.db";
 
@@ -77,7 +81,21 @@ impl StoreArgs {
     /// The host files these flags name, which no plugin may be granted: the config file
     /// and the embedded database.
     pub fn host_files(&self) -> Vec<PathBuf> {
-        self.config.iter().chain(self.embedded.iter()).cloned().collect()
+        self.config_file(Path::new(DEFAULT_CONFIG_PATH))
+            .iter()
+            .chain(self.embedded.iter())
+            .cloned()
+            .collect()
+    }
+
+    /// The config file these flags give: `--config`, else `default` when there is no
+    /// `--embedded` and `default` exists.
+    fn config_file(&self, default: &Path) -> Option<PathBuf> {
+        match &self.config {
+            Some(path) => Some(path.clone()),
+            None if self.embedded.is_none() && default.is_file() => Some(default.to_owned()),
+            None => None,
+        }
     }
 
     /// The config these flags give: the `--config` file (the environment overrides
@@ -85,31 +103,70 @@ impl StoreArgs {
     /// `plugin_dir`; without a config file the allowed plugins are the `*.wasm` files of
     /// the plugin directory ([`allow_plugins_in_dir`]).
     pub fn load_config(&self) -> Result<Config, StartError> {
+        self.load_config_with(Path::new(DEFAULT_CONFIG_PATH))
+    }
+
+    /// [`StoreArgs::load_config`] with `default` as the default config file.
+    fn load_config_with(&self, default: &Path) -> Result<Config, StartError> {
         let env = |k: &str| std::env::var(k).ok();
         let kind = if self.embedded.is_some() {
             StoreKind::Embedded
         } else {
             StoreKind::Mongo
         };
-        let mut config = match &self.config {
+        let file = self.config_file(default);
+        let mut config = match &file {
             Some(path) => Config::load_for(path, kind, &env)?,
             None if self.embedded.is_some() => Config::defaults(&env)?,
             None => {
-                return Err(StartError::Usage(
-                    "no config file: give --config FILE (or set DISBATCH_CONFIG), or use --embedded [FILE] \
-                     to run on the embedded store without one"
-                        .into(),
-                ))
+                return Err(StartError::Usage(format!(
+                    "no config file: give --config FILE (or set DISBATCH_CONFIG; {} is used when it \
+                         exists), or use --embedded [FILE] to run on the embedded store without one",
+                    default.display()
+                )))
             }
         };
         if let Some(dir) = &self.plugin_dir {
             config.plugin_dir = dir.clone();
         }
-        if self.config.is_none() {
+        if file.is_none() {
             allow_plugins_in_dir(&mut config)?;
         }
+        let mut own = self.host_files();
+        own.extend(file);
+        own.push(config.plugin_dir.clone());
+        own.extend(config.cache_dir.clone().or_else(crate::runner::default_cache_dir));
+        check_web_root(config.web_root.as_deref(), &own)?;
         Ok(config)
     }
+}
+
+/// Refuses a `web_root` that holds one of the host's own files (`own`: the config file, the
+/// embedded database, the plugin directory, the compiled-component cache), which the DCI
+/// would otherwise serve to anyone.
+fn check_web_root(web_root: Option<&Path>, own: &[PathBuf]) -> Result<(), StartError> {
+    let Some(root) = web_root else { return Ok(()) };
+    let root =
+        std::fs::canonicalize(root).map_err(|e| StartError::Usage(format!("web_root {}: {e}", root.display())))?;
+    for file in own {
+        let inside = match std::fs::canonicalize(file) {
+            // A directory of ours (the plugins, the cache) must not hold web_root either.
+            Ok(real) => real.starts_with(&root) || (real.is_dir() && root.starts_with(&real)),
+            // A file not created yet will be where its parent directory is.
+            Err(_) => file
+                .parent()
+                .and_then(|p| std::fs::canonicalize(if p.as_os_str().is_empty() { Path::new(".") } else { p }).ok())
+                .is_some_and(|p| p.starts_with(&root)),
+        };
+        if inside {
+            return Err(StartError::Usage(format!(
+                "web_root {} would serve {}, a file of this host's own; give web_root a directory of web documents only",
+                root.display(),
+                file.display()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Sets `config.plugins` to the stem of every `*.wasm` file in `config.plugin_dir`, sorted.
@@ -249,6 +306,7 @@ pub fn api_state(config: &Config, store: &OpenStore) -> ApiState {
     state.database = Some(store.database.clone());
     state.monitoring = config.monitoring;
     state.balance = config.balance.clone();
+    state.web_root = config.web_root.clone();
     state.checker = match Runner::new(&EngineOptions {
         cache_dir: config.cache_dir.clone().or_else(crate::runner::default_cache_dir),
         max_instances: 1,
@@ -398,8 +456,33 @@ mod tests {
 
     #[test]
     fn a_config_file_is_needed_without_embedded() {
-        let e = StoreArgs::default().load_config().unwrap_err();
+        let dir = tempfile::tempdir().unwrap();
+        let default = dir.path().join("config.json");
+        let e = StoreArgs::default().load_config_with(&default).unwrap_err();
         assert_eq!(e.exit_code(), 2);
         assert!(e.to_string().contains("--embedded"), "{e}");
+        assert!(e.to_string().contains(&*default.to_string_lossy()), "{e}");
+    }
+
+    #[test]
+    fn the_default_config_file_is_used_when_it_exists() {
+        let dir = tempfile::tempdir().unwrap();
+        let default = dir.path().join("config.json");
+        std::fs::write(
+            &default,
+            "# as Disbatch 4 writes it\n{\"mongohost\": \"mongodb://db:27017\", \"database\": \"perl\",}\n",
+        )
+        .unwrap();
+        let args = StoreArgs::default();
+        let config = args.load_config_with(&default).unwrap();
+        assert_eq!(config.database, "perl");
+        assert_eq!(args.config_file(&default), Some(default.clone()));
+        // With --embedded and no --config the defaults apply, not the file.
+        let embedded = StoreArgs {
+            embedded: Some(dir.path().join("d.db")),
+            plugin_dir: Some(dir.path().to_owned()),
+            ..StoreArgs::default()
+        };
+        assert_eq!(embedded.config_file(&default), None);
     }
 }

@@ -382,6 +382,19 @@ pub struct NodeProcess {
     pub started: DateTime,
 }
 
+/// Who holds a node name that a starting DEN wants.
+#[derive(Debug, Clone, PartialEq)]
+pub enum NameHolder {
+    /// A DEN of this implementation.
+    Den(NodeProcess),
+    /// A DEN that writes no process marker in the node document (a Disbatch 4 DEN), whose
+    /// last heartbeat is `heartbeat_age` old.
+    Foreign {
+        /// Age of the node's heartbeat when the name was asked for.
+        heartbeat_age: std::time::Duration,
+    },
+}
+
 impl NodeProcess {
     /// The identity of this process, new on each call.
     pub fn this_process() -> NodeProcess {

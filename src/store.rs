@@ -29,7 +29,9 @@ use async_trait::async_trait;
 use bson::oid::ObjectId;
 use bson::{DateTime, Document};
 
-use crate::model::{Node, NodeProcess, NodeStats, Output, Queue, RetryAt, StopRequest, Task, UnreadableQueue};
+use crate::model::{
+    NameHolder, Node, NodeProcess, NodeStats, Output, Queue, RetryAt, StopRequest, Task, UnreadableQueue,
+};
 
 /// Errors of a store operation.
 #[derive(Debug, thiserror::Error)]
@@ -96,16 +98,19 @@ pub trait Store: PluginStore + Send + Sync + 'static {
     /// Takes the name `node` for `process`, atomically: records `process` and a heartbeat
     /// in the node document (creating it) unless another process holds the name, that is
     /// the document names a different `process.id` and its heartbeat is not older than
-    /// `stale_before`. Returns `None` when taken, the holder otherwise. On taking it, the
-    /// node's claimed (-1) and running (0) tasks — a dead earlier process's, as the taking
-    /// process has none yet — are recovered at once as by [`Store::recover_orphans`], and
-    /// the node's slots are freed.
+    /// `stale_before`, or (MongoDB) the document has no `process` field at all — a
+    /// Disbatch 4 DEN's — and its heartbeat is not older than `stale_before`. Returns `None`
+    /// when taken, the holder otherwise. On taking it, the node's claimed (-1) and running
+    /// (0) tasks — a dead earlier process's, as the taking process has none yet — are
+    /// recovered at once as by [`Store::recover_orphans`], and the node's slots are freed;
+    /// but a name a Disbatch 4 DEN held keeps its tasks (its task runners outlive it and
+    /// may still finish them), left to the spec's sweep of stale claims.
     async fn take_node(
         &self,
         node: &str,
         process: &NodeProcess,
         stale_before: DateTime,
-    ) -> StoreResult<Option<NodeProcess>>;
+    ) -> StoreResult<Option<NameHolder>>;
     /// Gives the name `node` up when the process `process` holds it (graceful shutdown), so
     /// another process may take it at once.
     async fn release_node(&self, node: &str, process: ObjectId) -> StoreResult<()>;

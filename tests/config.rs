@@ -253,7 +253,7 @@ fn invalid_json_gives_line_and_column() {
     assert_eq!((*line, *column), (4, 22), "{err}");
     let text = err.to_string();
     assert!(
-        text.contains("bad/invalid_json.json: invalid JSON at line 4, column 22: trailing comma"),
+        text.contains("bad/invalid_json.json: invalid JSON at line 4, column 22: expected `,` or `]`"),
         "{text}"
     );
     assert_eq!(err.key(), None);

@@ -461,9 +461,10 @@ async fn threads_and_maxthreads_hold_while_three_dens_drain_2000_tasks() {
         .create_tasks(q2, vec![doc! {"sleep_ms": 2}; 1000])
         .await
         .unwrap();
-    // node-b is limited to 2 tasks by its operator before it starts.
+    // node-b is limited to 2 tasks by its operator before it starts (a document with no
+    // heartbeat yet: one with a fresh `timestamp` and no `process` is a Disbatch 4 DEN's).
     t.db.collection::<Document>("nodes")
-        .insert_one(doc! {"node": "node-b", "timestamp": DateTime::now(), "maxthreads": 2})
+        .insert_one(doc! {"node": "node-b", "maxthreads": 2})
         .await
         .unwrap();
     let store: Arc<dyn Store> = Arc::new(t.store.clone());

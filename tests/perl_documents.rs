@@ -18,9 +18,10 @@ use serde_json::{json, Value};
 async fn a_den_runs_with_perl_written_node_queue_and_tasks() {
     let t = common::test_db("perl_docs").await;
     let now_secs = bson::DateTime::now().timestamp_millis() / 1000;
-    // The DCI's `POST /nodes/:node {maxthreads}` stores the form value as a string.
+    // The DCI's `POST /nodes/:node {maxthreads}` stores the form value as a string. The
+    // Disbatch 4 DEN that wrote it stopped a while ago (a fresh one keeps its name).
     t.db.collection::<Document>("nodes")
-        .insert_one(doc! {"node": "perl", "timestamp": now_secs, "maxthreads": "3"})
+        .insert_one(doc! {"node": "perl", "timestamp": now_secs - 120, "maxthreads": "3"})
         .await
         .unwrap();
     let q = insert_queue(&t.db, "perlq", "demo", doc! {"threads": "2"}).await;

@@ -87,9 +87,11 @@ fn kind(d: &Document, field: &str) -> ElementType {
         .element_type()
 }
 
+/// A node document as this implementation writes it (`process` null once its DEN
+/// stopped; a document without `process` is a Disbatch 4 DEN's, see `tests/disbatch4.rs`).
 async fn insert_node(db: &Database, node: &str, timestamp: DateTime) {
     db.collection::<Document>("nodes")
-        .insert_one(doc! { "node": node, "timestamp": timestamp, "maxthreads": null })
+        .insert_one(doc! { "node": node, "timestamp": timestamp, "maxthreads": null, "process": null })
         .await
         .unwrap();
 }

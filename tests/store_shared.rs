@@ -14,7 +14,7 @@ use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
 use disbatch::config::Gfs;
 use disbatch::den::{Den, DenError, DenSettings};
-use disbatch::model::{status, NodeProcess, NodeStats, OnOrphan, Output, Queue, Sort};
+use disbatch::model::{status, NameHolder, NodeProcess, NodeStats, OnOrphan, Output, Queue, Sort};
 use disbatch::runner::Sandbox;
 use disbatch::store::mongo::MongoStore;
 use disbatch::store::sqlite::SqliteStore;
@@ -971,7 +971,11 @@ async fn a_node_name_is_held_by_one_live_process(s: Stores) {
     assert_eq!(node.maxthreads, None);
 
     let refused = s.b.take_node("n", &p2, stale_before()).await.unwrap();
-    assert_eq!(refused.as_ref(), Some(&p1), "a fresh holder keeps the name");
+    assert_eq!(
+        refused,
+        Some(NameHolder::Den(p1.clone())),
+        "a fresh holder keeps the name"
+    );
     assert_eq!(
         s.b.take_node("n", &p1, stale_before()).await.unwrap(),
         None,
@@ -994,8 +998,8 @@ async fn a_node_name_is_held_by_one_live_process(s: Stores) {
     // Only the holder can give the name up.
     s.a.release_node("n", p1.id).await.unwrap();
     assert_eq!(
-        s.a.take_node("n", &p1, stale_before()).await.unwrap().as_ref(),
-        Some(&p2)
+        s.a.take_node("n", &p1, stale_before()).await.unwrap(),
+        Some(NameHolder::Den(p2.clone()))
     );
     s.b.release_node("n", p2.id).await.unwrap();
     assert_eq!(s.a.nodes().await.unwrap()[0].process, None);
@@ -1018,7 +1022,11 @@ async fn a_second_den_with_a_live_name_refuses_to_start(s: Stores) {
         .run(CancellationToken::new())
         .await
         .expect_err("the name is held");
-    let DenError::NodeInUse { node, holder } = &err else {
+    let DenError::NodeInUse {
+        node,
+        holder: NameHolder::Den(holder),
+    } = &err
+    else {
         panic!("expected NodeInUse, got {err}");
     };
     assert_eq!((node.as_str(), holder.pid), ("node-twin", std::process::id()));

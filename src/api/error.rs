@@ -1,6 +1,6 @@
 //! [`ApiError`]: every way a request fails, and its HTTP response `{"error": "…"}`.
 
-use axum::http::{header, StatusCode, Uri};
+use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bson::oid::ObjectId;
@@ -121,11 +121,6 @@ impl IntoResponse for ApiError {
         }
         response
     }
-}
-
-/// The fallback for unknown paths.
-pub(super) async fn not_found(uri: Uri) -> ApiError {
-    ApiError::NotFound(format!("no route {}", uri.path()))
 }
 
 /// The fallback for a known path with another method.

@@ -79,6 +79,7 @@ impl Den {
                 .await
             {
                 Ok(SlotRenewal::Held) => {}
+                Ok(SlotRenewal::OverLimit) => return Some(slot),
                 Ok(SlotRenewal::Lost) => {
                     warn!(queue = %queue.queue.name, "slot lease lost; not claiming more with it");
                     return None;

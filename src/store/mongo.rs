@@ -28,6 +28,7 @@ mod documents;
 mod errors;
 mod leader;
 mod lifecycle;
+mod nodes;
 mod plugins;
 mod queues;
 mod recovery;
@@ -50,7 +51,7 @@ use futures::TryStreamExt;
 use mongodb::options::{FindOneAndUpdateOptions, IndexOptions, ReturnDocument};
 use mongodb::{Collection, Database, IndexModel};
 
-use self::documents::{node_from, opt_int_bson, output_bson, task_filter_doc, task_from, task_or_problem};
+use self::documents::{output_bson, task_filter_doc, task_from, task_or_problem};
 use self::errors::{db_err, is_duplicate_key};
 use super::gridfs;
 use super::{
@@ -58,7 +59,7 @@ use super::{
     Recovery, Resolved, Slot, SlotRenewal, StatusCounts, Store, StoreError, StoreResult, TaskFilter, TaskTarget,
 };
 use crate::model::{
-    status, Node, NodeProcess, NodeStats, Output, Queue, RetryAt, Sort, StopRequest, Task, TaskProgress,
+    status, NameHolder, Node, NodeProcess, NodeStats, Output, Queue, RetryAt, Sort, StopRequest, Task, TaskProgress,
     UnreadableQueue,
 };
 
@@ -84,6 +85,9 @@ pub struct MongoStore {
     ensured_slots: Arc<Mutex<HashSet<(ObjectId, i64)>>>,
     /// Problems with documents already logged, so each is logged once.
     warned: Arc<Mutex<HashSet<String>>>,
+    /// The names of nodes without a process marker (Disbatch 4 DENs), read at most once a
+    /// second (see `mongo/nodes.rs`).
+    foreign: Arc<Mutex<Option<nodes::ForeignNodes>>>,
 }
 
 impl std::fmt::Debug for MongoStore {
@@ -105,6 +109,7 @@ impl MongoStore {
             db,
             ensured_slots: Arc::new(Mutex::new(HashSet::new())),
             warned: Arc::new(Mutex::new(HashSet::new())),
+            foreign: Arc::new(Mutex::new(None)),
         }
     }
 
@@ -247,29 +252,10 @@ impl Store for MongoStore {
         self.ensure_plugin_indexes().await
     }
 
-    // ---- nodes -------------------------------------------------------------------------
+    // ---- nodes (mongo/nodes.rs) --------------------------------------------------------
 
     async fn heartbeat(&self, node: &str, lease: Duration) -> StoreResult<Node> {
-        let now = DateTime::now();
-        self.renew_slots(node, slots::lease_end(now, lease)).await?;
-        let update = doc! { "$set": { "timestamp": now }, "$setOnInsert": { "maxthreads": null } };
-        let mut attempt = 0;
-        let found = loop {
-            let result = self
-                .nodes
-                .find_one_and_update(doc! { "node": node }, update.clone())
-                .upsert(true)
-                .return_document(ReturnDocument::After)
-                .await;
-            match result {
-                // Two upserts of a new node raced; the other one inserted it.
-                Err(e) if is_duplicate_key(&e) && attempt == 0 => attempt += 1,
-                other => break other.map_err(db_err("heartbeat"))?,
-            }
-        };
-        let found =
-            found.ok_or_else(|| StoreError::Database(format!("heartbeat of node {node:?} returned nothing")))?;
-        node_from(&found)
+        self.beat_node(node, lease).await
     }
 
     async fn take_node(
@@ -277,114 +263,28 @@ impl Store for MongoStore {
         node: &str,
         process: &NodeProcess,
         stale_before: DateTime,
-    ) -> StoreResult<Option<NodeProcess>> {
-        let process_doc = bson::to_document(process).map_err(|e| StoreError::Invalid(format!("node process: {e}")))?;
-        // Free: no holder, this process, or a holder whose heartbeat is stale.
-        let filter = doc! {
-            "node": node,
-            "$or": [
-                { "process": null },
-                { "process.id": process.id },
-                { "timestamp": { "$lt": stale_before } },
-            ],
-        };
-        let update = doc! {
-            "$set": { "process": process_doc, "timestamp": DateTime::now() },
-            "$setOnInsert": { "maxthreads": null },
-        };
-        for _ in 0..2 {
-            // When the name is held, the filter matches nothing and the upsert's insert
-            // hits the unique index on `node`.
-            match self.nodes.update_one(filter.clone(), update.clone()).upsert(true).await {
-                Ok(_) => {
-                    // Whatever the node's name still holds belongs to a process that is gone.
-                    self.recover_node(node).await?;
-                    return Ok(None);
-                }
-                Err(e) if is_duplicate_key(&e) => {}
-                Err(e) => return Err(db_err("take node name")(e)),
-            }
-            let held = self
-                .nodes
-                .find_one(doc! { "node": node })
-                .await
-                .map_err(db_err("take node name"))?;
-            if let Some(holder) = held.as_ref().map(node_from).transpose()?.and_then(|n| n.process) {
-                return Ok(Some(holder));
-            }
-            // The document appeared between the upsert and the read (another DEN's first
-            // heartbeat): try once more.
-        }
-        Err(StoreError::Database(format!(
-            "cannot take node name {node:?}: its document keeps changing"
-        )))
+    ) -> StoreResult<Option<NameHolder>> {
+        self.take_node_name(node, process, stale_before).await
     }
 
     async fn report_queue_problems(&self, node: &str, problems: &BTreeMap<String, String>) -> StoreResult<()> {
-        let problems: Document = problems
-            .iter()
-            .map(|(k, v)| (k.clone(), Bson::String(v.clone())))
-            .collect();
-        self.nodes
-            .update_one(doc! { "node": node }, doc! { "$set": { "queue_problems": problems } })
-            .await
-            .map_err(db_err("report queue problems"))?;
-        Ok(())
+        self.write_queue_problems(node, problems).await
     }
 
     async fn release_node(&self, node: &str, process: ObjectId) -> StoreResult<()> {
-        self.nodes
-            .update_one(
-                doc! { "node": node, "process.id": process },
-                doc! { "$set": { "process": null } },
-            )
-            .await
-            .map_err(db_err("release node name"))?;
-        Ok(())
+        self.give_up_node(node, process).await
     }
 
     async fn nodes(&self) -> StoreResult<Vec<Node>> {
-        let docs: Vec<Document> = self
-            .nodes
-            .find(doc! {})
-            .sort(doc! { "node": 1 })
-            .await
-            .map_err(db_err("list nodes"))?
-            .try_collect()
-            .await
-            .map_err(db_err("list nodes"))?;
-        let mut nodes = Vec::with_capacity(docs.len());
-        for d in &docs {
-            match node_from(d) {
-                Ok(n) => nodes.push(n),
-                Err(e) => self.warn_once(format!("ignoring node document: {e}")),
-            }
-        }
-        Ok(nodes)
+        self.list_nodes().await
     }
 
     async fn set_maxthreads(&self, node: &str, maxthreads: Option<i64>) -> StoreResult<bool> {
-        if let Some(m) = maxthreads.filter(|m| *m < 0) {
-            return Err(StoreError::Invalid(format!("maxthreads must be non-negative, got {m}")));
-        }
-        let result = self
-            .nodes
-            .update_one(
-                doc! { "node": node },
-                doc! { "$set": { "maxthreads": opt_int_bson(maxthreads) } },
-            )
-            .await
-            .map_err(db_err("set maxthreads"))?;
-        Ok(result.matched_count > 0)
+        self.write_maxthreads(node, maxthreads).await
     }
 
     async fn report_stats(&self, node: &str, stats: &NodeStats) -> StoreResult<()> {
-        let stats = bson::to_bson(stats).map_err(|e| StoreError::Invalid(format!("node stats: {e}")))?;
-        self.nodes
-            .update_one(doc! { "node": node }, doc! { "$set": { "stats": stats } })
-            .await
-            .map_err(db_err("report node stats"))?;
-        Ok(())
+        self.write_stats(node, stats).await
     }
 
     // ---- queues ------------------------------------------------------------------------

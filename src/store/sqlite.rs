@@ -61,7 +61,7 @@ use super::{
     Slot, SlotRenewal, StatusCounts, Store, StoreError, StoreResult, TaskFilter, TaskTarget,
 };
 use crate::model::{
-    status, Node, NodeProcess, NodeStats, Output, Queue, RetryAt, Sort, StopRequest, Task, TaskProgress,
+    status, NameHolder, Node, NodeProcess, NodeStats, Output, Queue, RetryAt, Sort, StopRequest, Task, TaskProgress,
 };
 
 /// How often a watcher of task changes looks for writes by other processes.
@@ -434,7 +434,7 @@ impl Store for SqliteStore {
         node: &str,
         process: &NodeProcess,
         stale_before: DateTime,
-    ) -> StoreResult<Option<NodeProcess>> {
+    ) -> StoreResult<Option<NameHolder>> {
         let text = serde_json::to_string(process).map_err(|e| StoreError::Invalid(format!("node process: {e}")))?;
         let node = node.to_string();
         let id = process.id;
@@ -468,7 +468,7 @@ impl Store for SqliteStore {
             })
             .await?;
         match taken {
-            Ok(holder) => Ok(Some(holder)),
+            Ok(holder) => Ok(Some(NameHolder::Den(holder))),
             Err(requeued) => {
                 if requeued {
                     self.signal_queued();

@@ -60,6 +60,10 @@ pub enum SlotRenewal {
     Held,
     /// Held by another node now (recovered while this node was paused or cut off).
     Lost,
+    /// Still held, but the queue's limit no longer covers it: Disbatch 4 DENs sharing the
+    /// database run some of the queue's tasks (they take no slots). The holder gives it
+    /// back instead of claiming with it.
+    OverLimit,
     /// Another node asked for a share of the queue's slots: this node gave the slot up,
     /// reserved for that node for a while.
     Yielded {

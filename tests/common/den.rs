@@ -65,6 +65,11 @@ impl DenProcess {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The file the process logs to.
+    pub fn log_path(&self) -> PathBuf {
+        self.log.clone()
+    }
+
     /// The process id.
     pub fn pid(&self) -> u32 {
         self.child.id()

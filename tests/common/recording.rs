@@ -47,7 +47,7 @@ impl Store for Recording {
         node: &str,
         process: &NodeProcess,
         stale_before: DateTime,
-    ) -> StoreResult<Option<NodeProcess>> {
+    ) -> StoreResult<Option<disbatch::model::NameHolder>> {
         self.inner.take_node(node, process, stale_before).await
     }
     async fn release_node(&self, node: &str, process: ObjectId) -> StoreResult<()> {

@@ -32,11 +32,16 @@ impl MongoStore {
     /// [`Store::recover_orphans`](crate::store::Store::recover_orphans).
     pub(super) async fn recover(&self, claimed_before: DateTime, stale_before: DateTime) -> StoreResult<Recovery> {
         let (fresh, stale) = self.nodes_by_freshness(stale_before).await?;
+        // A Disbatch 4 DEN's running tasks are never recovered here: its task runners
+        // outlive it (it restarts with them running) and write their results themselves.
+        // Only the spec's sweep of claims that never started applies to them.
+        let mut spared = fresh;
+        spared.extend(self.foreign_nodes().await?);
         let filter = doc! { "$or": [
             { "status": status::CLAIMED, "mtime": { "$lt": claimed_before } },
             {
                 "status": { "$in": [status::CLAIMED, status::RUNNING] },
-                "node": { "$nin": fresh },
+                "node": { "$nin": spared },
                 "mtime": { "$lt": stale_before },
             },
         ]};

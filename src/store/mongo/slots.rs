@@ -56,11 +56,16 @@ impl MongoStore {
     /// or above the limit is in use (held and unexpired, or expired with its holder's task
     /// not yet recovered), else takes the lowest free slot below it.
     pub(super) async fn take_slot(&self, queue: &Queue, node: &str, lease: Duration) -> StoreResult<Option<Slot>> {
-        let threads = queue.limit();
+        let limit = queue.limit();
+        if limit <= 0 {
+            return Ok(None);
+        }
+        self.ensure_slots(queue.id, limit).await?;
+        // Tasks Disbatch 4 DENs run hold no slot; the slots they use are the top ones.
+        let threads = limit - self.foreign_running(queue.id).await?;
         if threads <= 0 {
             return Ok(None);
         }
-        self.ensure_slots(queue.id, threads).await?;
         if self.slots_used_from(queue.id, threads).await? > 0 {
             return Ok(None);
         }
@@ -111,20 +116,26 @@ impl MongoStore {
 
     /// Whether the stored limit allows a slot taken under `seen` (see `confirm_slot`).
     async fn check_taken_slot(&self, slot: &Slot, seen: i64) -> StoreResult<bool> {
-        let err = db_err("read the queue's limit");
+        let stored = self.stored_limit(slot.queue).await?;
+        Ok(slot.n < stored && (stored >= seen || self.slots_used_from(slot.queue, stored).await? == 0))
+    }
+
+    /// The limit of `queue` as stored now, less the tasks Disbatch 4 DENs run in it
+    /// (0 when the queue is gone or unreadable).
+    async fn stored_limit(&self, queue: bson::oid::ObjectId) -> StoreResult<i64> {
         let stored = self
             .queues
-            .find_one(doc! { "_id": slot.queue })
+            .find_one(doc! { "_id": queue })
             .await
-            .map_err(&err)?
+            .map_err(db_err("read the queue's limit"))?
             .and_then(|d| super::documents::queue_from(&d).ok())
             .map_or(0, |(q, _)| q.limit());
-        Ok(slot.n < stored && (stored >= seen || self.slots_used_from(slot.queue, stored).await? == 0))
+        Ok(stored - self.foreign_running(queue).await?)
     }
 
     /// [`Store::slots_in_use`](crate::store::Store::slots_in_use).
     pub(super) async fn occupied_slots(&self, queue: bson::oid::ObjectId) -> StoreResult<i64> {
-        self.slots_used_from(queue, 0).await
+        Ok(self.slots_used_from(queue, 0).await? + self.foreign_running(queue).await?)
     }
 
     /// The slots of `queue` numbered `from` or above in use: held and unexpired, or
@@ -226,6 +237,9 @@ impl MongoStore {
     /// `node` still holds the slot and nobody asked for it; gives it up to an asker.
     pub(super) async fn renew_one_slot(&self, slot: &Slot, node: &str, lease: Duration) -> StoreResult<SlotRenewal> {
         let err = db_err("renew slot lease");
+        if self.foreign_running(slot.queue).await? > 0 && slot.n >= self.stored_limit(slot.queue).await? {
+            return Ok(SlotRenewal::OverLimit);
+        }
         let now = DateTime::now();
         let mine = doc! { "queue": slot.queue, "n": slot.n, "holder": node };
         // An expired lease is not renewed: the slot may have been counted free since.

@@ -1,0 +1,263 @@
+//! Node documents: heartbeats, the node-name guard, and the DENs of Disbatch 4 that share
+//! the database during a migration.
+//!
+//! A node document written by this implementation always has a `process` field (the
+//! holding process, or null once it stopped). A Disbatch 4 DEN writes `{node, timestamp}`
+//! and never `process`; such a node is *foreign*. Foreign DENs claim tasks without taking
+//! slots, so their claimed and running tasks are counted against each queue's limit here
+//! (see `foreign_running`), and a foreign node's name is not taken while its heartbeat is
+//! fresh.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use bson::oid::ObjectId;
+use bson::{doc, Bson, DateTime, Document};
+use futures::TryStreamExt;
+use mongodb::options::ReturnDocument;
+
+use super::documents::{as_date, node_from, opt_int_bson};
+use super::errors::{db_err, is_duplicate_key};
+use super::{slots, MongoStore};
+use crate::model::{status, NameHolder, Node, NodeProcess, NodeStats};
+use crate::store::{StoreError, StoreResult};
+
+/// How long the list of foreign nodes is used before it is read again.
+const FOREIGN_TTL: Duration = Duration::from_secs(1);
+
+/// The names of the foreign nodes, as read at `read`.
+pub(super) struct ForeignNodes {
+    read: Instant,
+    names: Vec<String>,
+}
+
+impl MongoStore {
+    pub(super) async fn beat_node(&self, node: &str, lease: Duration) -> StoreResult<Node> {
+        let now = DateTime::now();
+        self.renew_slots(node, slots::lease_end(now, lease)).await?;
+        // `process: null` marks a document of this implementation (see the module's doc).
+        let update = doc! { "$set": { "timestamp": now }, "$setOnInsert": { "maxthreads": null, "process": null } };
+        let mut attempt = 0;
+        let found = loop {
+            let result = self
+                .nodes
+                .find_one_and_update(doc! { "node": node }, update.clone())
+                .upsert(true)
+                .return_document(ReturnDocument::After)
+                .await;
+            match result {
+                // Two upserts of a new node raced; the other one inserted it.
+                Err(e) if is_duplicate_key(&e) && attempt == 0 => attempt += 1,
+                other => break other.map_err(db_err("heartbeat"))?,
+            }
+        };
+        let found =
+            found.ok_or_else(|| StoreError::Database(format!("heartbeat of node {node:?} returned nothing")))?;
+        node_from(&found)
+    }
+
+    /// [`Store::take_node`](crate::store::Store::take_node): reads the node document and
+    /// takes the name with an update fenced on what was read, so two processes never both
+    /// take it.
+    pub(super) async fn take_node_name(
+        &self,
+        node: &str,
+        process: &NodeProcess,
+        stale_before: DateTime,
+    ) -> StoreResult<Option<NameHolder>> {
+        let err = db_err("take node name");
+        let process_doc = bson::to_document(process).map_err(|e| StoreError::Invalid(format!("node process: {e}")))?;
+        for _ in 0..3 {
+            let now = DateTime::now();
+            let Some(current) = self.nodes.find_one(doc! { "node": node }).await.map_err(&err)? else {
+                let new = doc! { "node": node, "process": process_doc.clone(), "timestamp": now, "maxthreads": null };
+                match self.nodes.insert_one(new).await {
+                    Ok(_) => {
+                        // A node document deleted by hand may have left tasks behind.
+                        self.recover_node(node).await?;
+                        return Ok(None);
+                    }
+                    // Another process created it meanwhile: read it again.
+                    Err(e) if is_duplicate_key(&e) => continue,
+                    Err(e) => return Err(err(e)),
+                }
+            };
+            let heartbeat = current.get("timestamp").and_then(as_date);
+            let stale = heartbeat.is_none_or(|t| t < stale_before);
+            let foreign = !current.contains_key("process");
+            if foreign && !stale {
+                return Ok(Some(NameHolder::Foreign {
+                    heartbeat_age: age(now, heartbeat),
+                }));
+            }
+            if !foreign && !stale {
+                if let Some(holder) = node_from(&current)?.process.filter(|p| p.id != process.id) {
+                    return Ok(Some(NameHolder::Den(holder)));
+                }
+            }
+            let taken = self
+                .nodes
+                .update_one(
+                    unchanged(&current),
+                    doc! { "$set": { "process": process_doc.clone(), "timestamp": now } },
+                )
+                .await
+                .map_err(&err)?;
+            if taken.matched_count == 0 {
+                // Someone wrote the document between the read and the update.
+                continue;
+            }
+            if !foreign {
+                // Whatever the node's name still holds belongs to a process that is gone.
+                self.recover_node(node).await?;
+            }
+            // A Disbatch 4 DEN's running tasks are left to its task runners, which outlive
+            // it; its claims that never started are orphaned by the spec's sweep.
+            return Ok(None);
+        }
+        Err(StoreError::Database(format!(
+            "cannot take node name {node:?}: its document keeps changing"
+        )))
+    }
+
+    pub(super) async fn write_queue_problems(
+        &self,
+        node: &str,
+        problems: &BTreeMap<String, String>,
+    ) -> StoreResult<()> {
+        let problems: Document = problems
+            .iter()
+            .map(|(k, v)| (k.clone(), Bson::String(v.clone())))
+            .collect();
+        self.nodes
+            .update_one(doc! { "node": node }, doc! { "$set": { "queue_problems": problems } })
+            .await
+            .map_err(db_err("report queue problems"))?;
+        Ok(())
+    }
+
+    pub(super) async fn give_up_node(&self, node: &str, process: ObjectId) -> StoreResult<()> {
+        self.nodes
+            .update_one(
+                doc! { "node": node, "process.id": process },
+                doc! { "$set": { "process": null } },
+            )
+            .await
+            .map_err(db_err("release node name"))?;
+        Ok(())
+    }
+
+    pub(super) async fn list_nodes(&self) -> StoreResult<Vec<Node>> {
+        let docs: Vec<Document> = self
+            .nodes
+            .find(doc! {})
+            .sort(doc! { "node": 1 })
+            .await
+            .map_err(db_err("list nodes"))?
+            .try_collect()
+            .await
+            .map_err(db_err("list nodes"))?;
+        let mut nodes = Vec::with_capacity(docs.len());
+        for d in &docs {
+            match node_from(d) {
+                Ok(n) => nodes.push(n),
+                Err(e) => self.warn_once(format!("ignoring node document: {e}")),
+            }
+        }
+        Ok(nodes)
+    }
+
+    pub(super) async fn write_maxthreads(&self, node: &str, maxthreads: Option<i64>) -> StoreResult<bool> {
+        if let Some(m) = maxthreads.filter(|m| *m < 0) {
+            return Err(StoreError::Invalid(format!("maxthreads must be non-negative, got {m}")));
+        }
+        let result = self
+            .nodes
+            .update_one(
+                doc! { "node": node },
+                doc! { "$set": { "maxthreads": opt_int_bson(maxthreads) } },
+            )
+            .await
+            .map_err(db_err("set maxthreads"))?;
+        Ok(result.matched_count > 0)
+    }
+
+    pub(super) async fn write_stats(&self, node: &str, stats: &NodeStats) -> StoreResult<()> {
+        let stats = bson::to_bson(stats).map_err(|e| StoreError::Invalid(format!("node stats: {e}")))?;
+        self.nodes
+            .update_one(doc! { "node": node }, doc! { "$set": { "stats": stats } })
+            .await
+            .map_err(db_err("report node stats"))?;
+        Ok(())
+    }
+
+    /// The names of the nodes without a process marker (Disbatch 4 DENs), read at most
+    /// once per [`FOREIGN_TTL`].
+    pub(super) async fn foreign_nodes(&self) -> StoreResult<Vec<String>> {
+        if let Ok(cached) = self.foreign.lock() {
+            if let Some(f) = cached.as_ref().filter(|f| f.read.elapsed() < FOREIGN_TTL) {
+                return Ok(f.names.clone());
+            }
+        }
+        let err = db_err("list Disbatch 4 nodes");
+        let names: Vec<String> = self
+            .nodes
+            .find(doc! { "process": { "$exists": false } })
+            .projection(doc! { "node": 1 })
+            .await
+            .map_err(&err)?
+            .try_collect::<Vec<Document>>()
+            .await
+            .map_err(&err)?
+            .iter()
+            .filter_map(|d| d.get_str("node").ok().map(str::to_owned))
+            .collect();
+        if let Ok(mut cached) = self.foreign.lock() {
+            *cached = Some(ForeignNodes {
+                read: Instant::now(),
+                names: names.clone(),
+            });
+        }
+        Ok(names)
+    }
+
+    /// The claimed (-1) and running (0) tasks of `queue` on foreign nodes, which hold no
+    /// slot: they count against the queue's limit as Disbatch 4 counts ours against it.
+    /// Without foreign nodes this costs no query beyond the cached node list.
+    pub(super) async fn foreign_running(&self, queue: ObjectId) -> StoreResult<i64> {
+        let names = self.foreign_nodes().await?;
+        if names.is_empty() {
+            return Ok(0);
+        }
+        let n = self
+            .tasks
+            .count_documents(doc! {
+                "queue": queue,
+                "status": { "$in": [status::CLAIMED, status::RUNNING] },
+                "node": { "$in": names },
+            })
+            .await
+            .map_err(db_err("count the tasks of Disbatch 4 nodes"))?;
+        Ok(i64::try_from(n).unwrap_or(i64::MAX))
+    }
+}
+
+/// How old a heartbeat at `at` is at `now` (zero when unreadable or in the future).
+fn age(now: DateTime, at: Option<DateTime>) -> Duration {
+    at.map_or(Duration::ZERO, |t| {
+        Duration::from_millis(u64::try_from(now.timestamp_millis() - t.timestamp_millis()).unwrap_or(0))
+    })
+}
+
+/// The filter matching `current` as read, field for field where the take depends on it:
+/// its `timestamp` and its `process` (or that it has none).
+fn unchanged(current: &Document) -> Document {
+    let mut fence = doc! { "_id": current.get("_id").cloned().unwrap_or(Bson::Null) };
+    for field in ["timestamp", "process"] {
+        match current.get(field) {
+            Some(v) => fence.insert(field, v.clone()),
+            None => fence.insert(field, doc! { "$exists": false }),
+        };
+    }
+    fence
+}
