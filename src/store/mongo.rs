@@ -17,7 +17,9 @@
 //! Parts: `connect` ([`MongoOptions`], TLS and credentials), `documents` (BSON ↔ model,
 //! lenient parsing), `queues` (queue documents), `slots` (queue slot leases), `recovery`
 //! (orphan recovery), `lifecycle` (scheduled tasks, cancel and kill), `errors` (driver errors as transient or permanent store errors),
-//! `counts` (task counts per queue and status).
+//! `counts` (task counts per queue and status), `nodes` (heartbeats, the node-name guard,
+//! Disbatch 4 DENs on the same database), `running` (the DEN's claim, start, progress and
+//! finish), `indexes` (the collections' indexes).
 
 mod balance;
 mod batches;
@@ -26,6 +28,7 @@ mod counts;
 mod deps;
 mod documents;
 mod errors;
+mod indexes;
 mod leader;
 mod lifecycle;
 mod nodes;
@@ -33,6 +36,7 @@ mod plugins;
 mod queues;
 mod recovery;
 mod retries;
+mod running;
 mod slots;
 
 pub use self::plugins::{PLUGIN_CHUNKS, PLUGIN_FILES};
@@ -129,26 +133,6 @@ impl MongoStore {
             tracing::warn!("{message}");
         }
     }
-
-    /// Marks a claimed task that cannot be parsed as failed, so it neither blocks its
-    /// queue nor stays claimed, and says why in its stderr.
-    async fn fail_malformed_claim(&self, raw: &Document, node: &str, reason: &StoreError) {
-        let Some(Bson::ObjectId(id)) = raw.get("_id") else {
-            return;
-        };
-        let update = doc! { "$set": {
-            "status": status::FAILED,
-            "stderr": format!("disbatch: cannot run this task: {reason}"),
-            "mtime": DateTime::now(),
-        }};
-        if let Err(e) = self
-            .tasks
-            .update_one(doc! { "_id": id, "node": node, "status": status::CLAIMED }, update)
-            .await
-        {
-            tracing::warn!(task = %id, error = %e, "could not mark a malformed task failed");
-        }
-    }
 }
 
 /// The `node` of an unclaimed task: null (or missing), or Disbatch 4's `-1` (its DEN
@@ -160,96 +144,7 @@ pub(super) fn unclaimed() -> Bson {
 #[async_trait]
 impl Store for MongoStore {
     async fn ensure_indexes(&self) -> StoreResult<()> {
-        let unique = || IndexOptions::builder().unique(true).build();
-        let plain = |keys: Document| IndexModel::builder().keys(keys).build();
-        let unique_on = |keys: Document| IndexModel::builder().keys(keys).options(unique()).build();
-
-        let err = db_err("create indexes");
-        self.nodes
-            .create_index(unique_on(doc! { "node": 1 }))
-            .await
-            .map_err(&err)?;
-        self.queues
-            .create_index(unique_on(doc! { "name": 1 }))
-            .await
-            .map_err(&err)?;
-        self.tasks
-            .create_indexes([
-                plain(doc! { "queue": 1, "status": 1, "node": 1, "priority": -1, "_id": 1 }),
-                plain(doc! { "node": 1, "status": 1 }),
-                plain(doc! { "status": 1, "mtime": 1 }),
-                plain(doc! { "queue": 1, "status": 1 }),
-                plain(doc! { "status": 1, "run_at": 1 }),
-                IndexModel::builder()
-                    .keys(doc! { "key": 1 })
-                    .options(
-                        IndexOptions::builder()
-                            .partial_filter_expression(doc! { "key": { "$type": "string" } })
-                            .build(),
-                    )
-                    .build(),
-                IndexModel::builder()
-                    .keys(doc! { "batch": 1, "status": 1 })
-                    .options(
-                        IndexOptions::builder()
-                            .partial_filter_expression(doc! { "batch": { "$type": "string" } })
-                            .build(),
-                    )
-                    .build(),
-                IndexModel::builder()
-                    .keys(doc! { "pending": 1 })
-                    .options(
-                        IndexOptions::builder()
-                            .partial_filter_expression(doc! { "pending": { "$type": "string" } })
-                            .build(),
-                    )
-                    .build(),
-                IndexModel::builder()
-                    .keys(doc! { "after": 1 })
-                    .options(
-                        IndexOptions::builder()
-                            .partial_filter_expression(doc! { "after": { "$type": "string" } })
-                            .build(),
-                    )
-                    .build(),
-                IndexModel::builder()
-                    .keys(doc! { "dependents": 1, "status": 1 })
-                    .options(
-                        IndexOptions::builder()
-                            .partial_filter_expression(doc! { "dependents": { "$type": "bool" } })
-                            .build(),
-                    )
-                    .build(),
-                IndexModel::builder()
-                    .keys(doc! { "queue": 1, "key": 1 })
-                    .options(
-                        IndexOptions::builder()
-                            .unique(true)
-                            .partial_filter_expression(doc! { "key": { "$type": "string" } })
-                            .build(),
-                    )
-                    .build(),
-            ])
-            .await
-            .map_err(&err)?;
-        let files = self.db.collection::<Document>(gridfs::FILES);
-        files
-            .create_indexes([
-                plain(doc! { "filename": 1, "uploadDate": 1 }),
-                plain(doc! { "metadata.task_id": 1 }),
-            ])
-            .await
-            .map_err(&err)?;
-        let chunks = self.db.collection::<Document>(gridfs::CHUNKS);
-        chunks
-            .create_index(unique_on(doc! { "files_id": 1, "n": 1 }))
-            .await
-            .map_err(&err)?;
-        self.slots
-            .create_indexes([unique_on(doc! { "queue": 1, "n": 1 }), plain(doc! { "holder": 1 })])
-            .await
-            .map_err(&err)?;
-        self.ensure_plugin_indexes().await
+        self.create_indexes().await
     }
 
     // ---- nodes (mongo/nodes.rs) --------------------------------------------------------
@@ -429,63 +324,12 @@ impl Store for MongoStore {
         Ok(found.is_some())
     }
 
-    /// Claims as [`Store::claim`] says. A claimed document that cannot be read as a task
-    /// is marked failed (status 2, the reason in `stderr`) so it neither blocks the queue
-    /// nor waits for the orphan sweep, and the error is returned.
     async fn claim(&self, queue: &Queue, node: &str) -> StoreResult<Option<Task>> {
-        let mut options = FindOneAndUpdateOptions::default();
-        options.return_document = Some(ReturnDocument::After);
-        options.sort = Some(match queue.sort {
-            Sort::Fifo => doc! { "priority": -1, "_id": 1 },
-            Sort::Lifo => doc! { "priority": -1, "_id": -1 },
-            Sort::Default => doc! { "priority": -1 },
-        });
-        let claimed = self
-            .tasks
-            .find_one_and_update(
-                doc! {
-                    "node": unclaimed(),
-                    "status": status::QUEUED,
-                    "queue": queue.id,
-                    "$nor": [{ "avoid_node": node, "avoid_until": { "$gt": DateTime::now() } }],
-                },
-                doc! { "$set": { "node": node, "status": status::CLAIMED, "mtime": DateTime::now() } },
-            )
-            .with_options(options)
-            .await
-            .map_err(db_err("claim task"))?;
-        let Some(raw) = claimed else {
-            return Ok(None);
-        };
-        match task_from(&raw) {
-            Ok(task) => Ok(Some(task)),
-            Err(e) => {
-                self.fail_malformed_claim(&raw, node, &e).await;
-                Err(e)
-            }
-        }
+        self.claim_task(queue, node).await
     }
 
     async fn start(&self, task: ObjectId, node: &str) -> StoreResult<bool> {
-        let result = self
-            .tasks
-            .update_one(
-                doc! { "_id": task, "node": node, "status": status::CLAIMED },
-                doc! { "$set": { "status": status::RUNNING, "mtime": DateTime::now() } },
-            )
-            .await
-            .map_err(db_err("start task"))?;
-        if result.matched_count == 1 {
-            return Ok(true);
-        }
-        // A retry after a lost reply: the first attempt applied.
-        let already = self
-            .tasks
-            .count_documents(doc! { "_id": task, "node": node, "status": status::RUNNING })
-            .limit(1)
-            .await
-            .map_err(db_err("start task"))?;
-        Ok(already == 1)
+        self.start_task(task, node).await
     }
 
     async fn put_output_file(&self, file: ObjectId, task: ObjectId, filename: &str, text: &str) -> StoreResult<()> {
@@ -493,21 +337,7 @@ impl Store for MongoStore {
     }
 
     async fn discard_output_files(&self, task: ObjectId, files: &[ObjectId]) -> StoreResult<()> {
-        let used = self
-            .tasks
-            .find_one(doc! { "_id": task })
-            .projection(doc! { "stdout": 1, "stderr": 1 })
-            .await
-            .map_err(db_err("read task outputs"))?
-            .map(|d| {
-                ["stdout", "stderr"]
-                    .iter()
-                    .filter_map(|k| d.get_object_id(k).ok())
-                    .collect::<Vec<_>>()
-            })
-            .unwrap_or_default();
-        let unused: Vec<ObjectId> = files.iter().copied().filter(|f| !used.contains(f)).collect();
-        Ok(gridfs::delete_files(&self.db, task, &unused).await?)
+        self.discard_files(task, files).await
     }
 
     async fn finish_with(
@@ -519,110 +349,15 @@ impl Store for MongoStore {
         stderr: OutputValue,
         extra: &FinishExtra,
     ) -> StoreResult<bool> {
-        let mut set = doc! {
-            "status": status,
-            "stdout": output_bson(&stdout),
-            "stderr": output_bson(&stderr),
-            "mtime": DateTime::now(),
-        };
-        if let Some(p) = &extra.progress {
-            set.insert("progress", p.to_document());
-        }
-        let mut update = doc! { "$set": set };
-        if let Some(a) = &extra.attempt {
-            update.insert("$push", doc! { "attempts": a.to_document() });
-        }
-        let fence = doc! { "_id": task, "node": node, "status": status::RUNNING };
-        let mut plain = fence.clone();
-        // Submitted again but then killed: it ends here.
-        plain.insert(
-            "$or",
-            vec![doc! { "rerun": { "$ne": true } }, doc! { "stop.action": "kill" }],
-        );
-        update.insert("$unset", doc! { "rerun": "" });
-        let result = self
-            .tasks
-            .update_one(plain, update)
-            .await
-            .map_err(db_err("finish task"))?;
-        if result.matched_count == 1 {
-            return Ok(true);
-        }
-        // Submitted again while it ran: queued once more, this run kept in `attempts`.
-        let record = super::retries::rerun_record(node, status, &stdout, &stderr, extra);
-        let mut again = fence;
-        again.insert("rerun", true);
-        let result = self
-            .tasks
-            .update_one(
-                again,
-                doc! {
-                    "$set": {
-                        "status": status::QUEUED,
-                        "node": Bson::Null,
-                        "stdout": Bson::Null,
-                        "stderr": Bson::Null,
-                        "mtime": DateTime::now(),
-                    },
-                    "$unset": { "progress": "", "rerun": "" },
-                    "$push": { "attempts": record.to_document() },
-                },
-            )
-            .await
-            .map_err(db_err("finish task"))?;
-        Ok(result.matched_count == 1)
+        self.finish_task(task, node, status, stdout, stderr, extra).await
     }
 
     async fn report_progress(&self, task: ObjectId, node: &str, progress: &TaskProgress) -> StoreResult<bool> {
-        let result = self
-            .tasks
-            .update_one(
-                doc! { "_id": task, "node": node, "status": status::RUNNING },
-                doc! { "$set": { "progress": progress.to_document() } },
-            )
-            .await
-            .map_err(db_err("report progress"))?;
-        Ok(result.matched_count == 1)
+        self.write_progress(task, node, progress).await
     }
 
     async fn requeue_own(&self, node: &str, tasks: &[ObjectId]) -> StoreResult<Vec<ObjectId>> {
-        let mut requeued = Vec::new();
-        for id in tasks {
-            let ours = doc! { "_id": id, "node": node, "status": { "$in": [status::CLAIMED, status::RUNNING] } };
-            let mut unasked = ours.clone();
-            unasked.insert("stop.action", doc! { "$ne": "kill" });
-            let result = self
-                .tasks
-                .update_one(
-                    unasked,
-                    doc! {
-                        "$set": { "status": status::QUEUED, "node": null, "mtime": DateTime::now() },
-                        "$unset": { "rerun": "" },
-                    },
-                )
-                .await
-                .map_err(db_err("requeue task"))?;
-            if result.modified_count == 1 {
-                requeued.push(*id);
-                continue;
-            }
-            // A task someone asked to kill ends failed rather than running again.
-            let mut asked = ours;
-            asked.insert("stop.action", "kill");
-            self.tasks
-                .update_one(
-                    asked,
-                    doc! { "$set": {
-                        "status": status::FAILED,
-                        "stdout": "",
-                        "stderr": super::KILLED_AT_SHUTDOWN,
-                        "mtime": DateTime::now(),
-                    } },
-                )
-                .await
-                .map_err(db_err("end killed task"))?;
-        }
-        Ok(requeued)
+        self.requeue_mine(node, tasks).await
     }
 
     async fn recover_orphans(&self, claimed_before: DateTime, stale_before: DateTime) -> StoreResult<Recovery> {
