@@ -88,10 +88,18 @@ fn name_in_use(node: &str, holder: &NameHolder) -> String {
             p.host,
             p.started.try_to_rfc3339_string().unwrap_or_default()
         ),
-        NameHolder::Foreign { heartbeat_age } => format!(
+        NameHolder::Foreign {
+            heartbeat_age,
+            tasks: 0,
+        } => format!(
             "node name {node:?} is held by a DEN without a process marker (a Disbatch 4 disbatchd?) whose \
              heartbeat is {:.0} s old; {advice}, and wait until its heartbeat is older than heartbeat_stale",
             heartbeat_age.as_secs_f64()
+        ),
+        NameHolder::Foreign { tasks, .. } => format!(
+            "node name {node:?} was a Disbatch 4 node and still has {tasks} claimed or running tasks, which its \
+             task runners may still finish; give this DEN another name with DISBATCH_NODE or the config's \
+             `node`, or start it once they have ended"
         ),
     }
 }

@@ -81,11 +81,18 @@ impl StoreArgs {
     /// The host files these flags name, which no plugin may be granted: the config file
     /// and the embedded database.
     pub fn host_files(&self) -> Vec<PathBuf> {
-        self.config_file(Path::new(DEFAULT_CONFIG_PATH))
-            .iter()
-            .chain(self.embedded.iter())
-            .cloned()
-            .collect()
+        let default = Path::new(DEFAULT_CONFIG_PATH);
+        let mut files: Vec<PathBuf> = self
+            .config_file(default)
+            .into_iter()
+            .chain(self.embedded.clone())
+            .collect();
+        // A Disbatch 4 config there (with its database passwords) is protected even when
+        // another file is in use.
+        if default.is_file() && !files.iter().any(|f| f == default) {
+            files.push(default.to_owned());
+        }
+        files
     }
 
     /// The config file these flags give: `--config`, else `default` when there is no
@@ -136,7 +143,7 @@ impl StoreArgs {
         own.extend(file);
         own.push(config.plugin_dir.clone());
         own.extend(config.cache_dir.clone().or_else(crate::runner::default_cache_dir));
-        check_web_root(config.web_root.as_deref(), &own)?;
+        check_web_root(&mut config, &own)?;
         Ok(config)
     }
 }
@@ -144,19 +151,28 @@ impl StoreArgs {
 /// Refuses a `web_root` that holds one of the host's own files (`own`: the config file, the
 /// embedded database, the plugin directory, the compiled-component cache), which the DCI
 /// would otherwise serve to anyone.
-fn check_web_root(web_root: Option<&Path>, own: &[PathBuf]) -> Result<(), StartError> {
-    let Some(root) = web_root else { return Ok(()) };
-    let root =
-        std::fs::canonicalize(root).map_err(|e| StartError::Usage(format!("web_root {}: {e}", root.display())))?;
+fn check_web_root(config: &mut Config, own: &[PathBuf]) -> Result<(), StartError> {
+    let Some(root) = config.web_root.as_deref() else {
+        return Ok(());
+    };
+    let Ok(root) = std::fs::canonicalize(root) else {
+        // A DEN-only host of a Disbatch 4 installation has no htdocs: nothing to serve.
+        config.warnings.push(format!(
+            "web_root {} does not exist; `disbatch web` serves no files from it",
+            root.display()
+        ));
+        return Ok(());
+    };
     for file in own {
         let inside = match std::fs::canonicalize(file) {
             // A directory of ours (the plugins, the cache) must not hold web_root either.
             Ok(real) => real.starts_with(&root) || (real.is_dir() && root.starts_with(&real)),
-            // A file not created yet will be where its parent directory is.
+            // A file not created yet will be under its nearest existing ancestor.
             Err(_) => file
-                .parent()
-                .and_then(|p| std::fs::canonicalize(if p.as_os_str().is_empty() { Path::new(".") } else { p }).ok())
-                .is_some_and(|p| p.starts_with(&root)),
+                .ancestors()
+                .skip(1)
+                .find_map(|a| std::fs::canonicalize(if a.as_os_str().is_empty() { Path::new(".") } else { a }).ok())
+                .is_some_and(|a| a.starts_with(&root)),
         };
         if inside {
             return Err(StartError::Usage(format!(

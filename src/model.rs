@@ -388,10 +388,13 @@ pub enum NameHolder {
     /// A DEN of this implementation.
     Den(NodeProcess),
     /// A DEN that writes no process marker in the node document (a Disbatch 4 DEN), whose
-    /// last heartbeat is `heartbeat_age` old.
+    /// last heartbeat is `heartbeat_age` old, with `tasks` claimed or running tasks (counted
+    /// only once its heartbeat is stale).
     Foreign {
         /// Age of the node's heartbeat when the name was asked for.
         heartbeat_age: std::time::Duration,
+        /// Its claimed and running tasks, which its task runners may still finish.
+        tasks: u64,
     },
 }
 

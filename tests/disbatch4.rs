@@ -41,6 +41,14 @@ fn a_disbatch4_config_file_loads_as_it_is() {
     for key in ["log4perl", "views_dir", "task_runner"] {
         assert!(c.warnings.iter().any(|w| w.contains(key)), "{key}: {:?}", c.warnings);
     }
+    // As `den` and `disbatch web` load it: a web_root that is not there (a DEN-only host)
+    // is a warning.
+    let args = StoreArgs {
+        config: Some(path.to_owned()),
+        ..StoreArgs::default()
+    };
+    let c = args.load_config().unwrap();
+    assert!(c.warnings.iter().any(|w| w.contains("web_root")), "{:?}", c.warnings);
 }
 
 #[tokio::test]
@@ -167,10 +175,24 @@ async fn tasks_a_disbatch4_den_runs_count_against_threads() {
     let t = common::test_db("perl_mixed_threads").await;
     let q = insert_queue(&t.db, "mixed", "demo", doc! {"threads": 3}).await;
     perl_heartbeat(&t.db, "perl-den", DateTime::now()).await;
+    // A name one of our DENs held before a Disbatch 4 DEN took it back (a rollback): it
+    // rewrites the whole document it reads with a new `timestamp`.
+    let nodes = t.db.collection::<Document>("nodes");
+    let before = minutes_ago(1);
+    nodes
+        .insert_one(doc! {"node": "perl-back", "process": Bson::Null, "timestamp": before, "beat": before, "maxthreads": Bson::Null})
+        .await
+        .unwrap();
+    let mut whole = nodes.find_one(doc! {"node": "perl-back"}).await.unwrap().unwrap();
+    whole.insert("timestamp", DateTime::now());
+    nodes
+        .update_one(doc! {"node": "perl-back"}, doc! {"$set": whole})
+        .await
+        .unwrap();
     let perl: Vec<bson::oid::ObjectId> = {
         let docs = vec![
             perl_task(q, "perl-den", 0, DateTime::now()),
-            perl_task(q, "perl-den", 0, DateTime::now()),
+            perl_task(q, "perl-back", 0, DateTime::now()),
         ];
         let r = t.db.collection::<Document>("tasks").insert_many(docs).await.unwrap();
         r.inserted_ids.values().map(|v| v.as_object_id().unwrap()).collect()
@@ -339,12 +361,25 @@ async fn a_node_name_a_disbatch4_den_uses_is_not_taken() {
         "{log}"
     );
 
-    // Stopped: once its heartbeat is stale the name is taken, and its running task stays
-    // with its task runner.
+    // Stopped, but its task runner still works on a task: the name stays its own.
     alive.store(false, Ordering::SeqCst);
     beating.await.unwrap();
     // Its last heartbeat, as it stands a while after the stop.
     perl_heartbeat(&t.db, "shared", minutes_ago(1)).await;
+    let mut refused = DenProcess::start(&t.uri, &t.name, "shared", serde_json::json!({}));
+    assert!(!refused.wait_exit(Duration::from_secs(60)).success());
+    let log = refused.log();
+    assert!(log.contains("still has 1 claimed or running"), "{log}");
+    assert_eq!(count(&t.db, doc! {"_id": perl_running, "status": 0}).await, 1, "{log}");
+
+    // Once its task runner has written the result, the name is taken.
+    tasks
+        .update_one(
+            doc! {"_id": perl_running},
+            doc! {"$set": {"status": 1, "stdout": "done"}},
+        )
+        .await
+        .unwrap();
     let den = DenProcess::start(&t.uri, &t.name, "shared", serde_json::json!({}));
     let id = tasks
         .insert_one(doc! {"queue": q, "status": -2, "node": Bson::Null, "params": {}, "ctime": DateTime::now(), "mtime": DateTime::now()})
@@ -362,11 +397,12 @@ async fn a_node_name_a_disbatch4_den_uses_is_not_taken() {
             .unwrap()
             .unwrap();
     assert!(node.get_document("process").is_ok(), "{node}");
+    assert_eq!(node.get("beat"), node.get("timestamp"), "{node}");
+    let done = tasks.find_one(doc! {"_id": perl_running}).await.unwrap().unwrap();
     assert_eq!(
-        count(&t.db, doc! {"_id": perl_running, "status": 0}).await,
-        1,
-        "{}",
-        den.log()
+        done.get_str("stdout").unwrap(),
+        "done",
+        "the runner's result stands: {done}"
     );
     drop(den);
 }

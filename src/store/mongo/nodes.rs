@@ -2,11 +2,14 @@
 //! the database during a migration.
 //!
 //! A node document written by this implementation always has a `process` field (the
-//! holding process, or null once it stopped). A Disbatch 4 DEN writes `{node, timestamp}`
-//! and never `process`; such a node is *foreign*. Foreign DENs claim tasks without taking
-//! slots, so their claimed and running tasks are counted against each queue's limit here
-//! (see `foreign_running`), and a foreign node's name is not taken while its heartbeat is
-//! fresh.
+//! holding process, or null once it stopped), and each of its heartbeats writes the same
+//! time to `timestamp` and `beat`. A Disbatch 4 DEN writes `{node, timestamp}`: on a new
+//! name it writes no `process`, and on a name ours held before it reads the document and
+//! writes it back whole with a new `timestamp`, so `beat` falls behind. Either way the node
+//! is *foreign* ([`is_foreign`]). Foreign DENs claim tasks without taking slots, so their
+//! claimed and running tasks are counted against each queue's limit here (see
+//! `foreign_running`), and a foreign node's name is not taken while its heartbeat is fresh
+//! or while it has claimed or running tasks.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -35,8 +38,11 @@ impl MongoStore {
     pub(super) async fn beat_node(&self, node: &str, lease: Duration) -> StoreResult<Node> {
         let now = DateTime::now();
         self.renew_slots(node, slots::lease_end(now, lease)).await?;
-        // `process: null` marks a document of this implementation (see the module's doc).
-        let update = doc! { "$set": { "timestamp": now }, "$setOnInsert": { "maxthreads": null, "process": null } };
+        // `process` and `beat` mark a document of this implementation (see the module's doc).
+        let update = doc! {
+            "$set": { "timestamp": now, "beat": now },
+            "$setOnInsert": { "maxthreads": null, "process": null },
+        };
         let mut attempt = 0;
         let found = loop {
             let result = self
@@ -70,7 +76,7 @@ impl MongoStore {
         for _ in 0..3 {
             let now = DateTime::now();
             let Some(current) = self.nodes.find_one(doc! { "node": node }).await.map_err(&err)? else {
-                let new = doc! { "node": node, "process": process_doc.clone(), "timestamp": now, "maxthreads": null };
+                let new = doc! { "node": node, "process": process_doc.clone(), "timestamp": now, "beat": now, "maxthreads": null };
                 match self.nodes.insert_one(new).await {
                     Ok(_) => {
                         // A node document deleted by hand may have left tasks behind.
@@ -84,11 +90,24 @@ impl MongoStore {
             };
             let heartbeat = current.get("timestamp").and_then(as_date);
             let stale = heartbeat.is_none_or(|t| t < stale_before);
-            let foreign = !current.contains_key("process");
-            if foreign && !stale {
-                return Ok(Some(NameHolder::Foreign {
-                    heartbeat_age: age(now, heartbeat),
-                }));
+            let foreign = is_foreign(&current);
+            if foreign {
+                // Its task runners outlive it and write their own results: the name stays
+                // theirs while the DEN lives or any of its tasks is claimed or running.
+                let tasks = if stale {
+                    self.tasks
+                        .count_documents(doc! { "node": node, "status": { "$in": [status::CLAIMED, status::RUNNING] } })
+                        .await
+                        .map_err(&err)?
+                } else {
+                    0
+                };
+                if !stale || tasks > 0 {
+                    return Ok(Some(NameHolder::Foreign {
+                        heartbeat_age: age(now, heartbeat),
+                        tasks,
+                    }));
+                }
             }
             if !foreign && !stale {
                 if let Some(holder) = node_from(&current)?.process.filter(|p| p.id != process.id) {
@@ -99,7 +118,7 @@ impl MongoStore {
                 .nodes
                 .update_one(
                     unchanged(&current),
-                    doc! { "$set": { "process": process_doc.clone(), "timestamp": now } },
+                    doc! { "$set": { "process": process_doc.clone(), "timestamp": now, "beat": now } },
                 )
                 .await
                 .map_err(&err)?;
@@ -107,12 +126,9 @@ impl MongoStore {
                 // Someone wrote the document between the read and the update.
                 continue;
             }
-            if !foreign {
-                // Whatever the node's name still holds belongs to a process that is gone.
-                self.recover_node(node).await?;
-            }
-            // A Disbatch 4 DEN's running tasks are left to its task runners, which outlive
-            // it; its claims that never started are orphaned by the spec's sweep.
+            // Whatever the node's name still holds belongs to a process that is gone (a
+            // foreign node gets here only without claimed or running tasks).
+            self.recover_node(node).await?;
             return Ok(None);
         }
         Err(StoreError::Database(format!(
@@ -202,14 +218,15 @@ impl MongoStore {
         let err = db_err("list Disbatch 4 nodes");
         let names: Vec<String> = self
             .nodes
-            .find(doc! { "process": { "$exists": false } })
-            .projection(doc! { "node": 1 })
+            .find(doc! {})
+            .projection(doc! { "node": 1, "process": 1, "beat": 1, "timestamp": 1 })
             .await
             .map_err(&err)?
             .try_collect::<Vec<Document>>()
             .await
             .map_err(&err)?
             .iter()
+            .filter(|d| is_foreign(d))
             .filter_map(|d| d.get_str("node").ok().map(str::to_owned))
             .collect();
         if let Ok(mut cached) = self.foreign.lock() {
@@ -239,6 +256,18 @@ impl MongoStore {
             .await
             .map_err(db_err("count the tasks of Disbatch 4 nodes"))?;
         Ok(i64::try_from(n).unwrap_or(i64::MAX))
+    }
+}
+
+/// Whether a node document was last heartbeaten by a Disbatch 4 DEN: it has no `process`,
+/// or its `beat` differs from its `timestamp` (a document of ours written back whole with a
+/// new `timestamp`). A document with `process` and no `beat` was written by an earlier
+/// version of this implementation.
+pub(super) fn is_foreign(node: &Document) -> bool {
+    match (node.get("process"), node.get("beat")) {
+        (None, _) => true,
+        (Some(_), Some(beat)) => node.get("timestamp") != Some(beat),
+        (Some(_), None) => false,
     }
 }
 

@@ -62,7 +62,8 @@ impl MongoStore {
         }
         self.ensure_slots(queue.id, limit).await?;
         // Tasks Disbatch 4 DENs run hold no slot; the slots they use are the top ones.
-        let threads = limit - self.foreign_running(queue.id).await?;
+        let foreign = self.foreign_running(queue.id).await?;
+        let threads = limit - foreign;
         if threads <= 0 {
             return Ok(None);
         }
@@ -97,7 +98,8 @@ impl MongoStore {
             id: taken.get("_id").map_or("?".to_string(), ToString::to_string),
             reason: "field `n` must be an integer".to_string(),
         })?;
-        self.confirm_slot(Slot { queue: queue.id, n }, node, threads).await
+        self.confirm_slot(Slot { queue: queue.id, n }, node, threads, foreign)
+            .await
     }
 
     /// Keeps a slot just taken under the caller's view of the queue's limit (`seen`) only
@@ -105,8 +107,8 @@ impl MongoStore {
     /// lowered `threads` or `maxthreads` (the leader's QueueBalance) gives the slot back
     /// before it claims anything with it. When the stored limit is lower than `seen`, the
     /// check for slots held above it is made again under the stored limit.
-    async fn confirm_slot(&self, slot: Slot, node: &str, seen: i64) -> StoreResult<Option<Slot>> {
-        let checked = self.check_taken_slot(&slot, seen).await;
+    async fn confirm_slot(&self, slot: Slot, node: &str, seen: i64, foreign: i64) -> StoreResult<Option<Slot>> {
+        let checked = self.check_taken_slot(&slot, seen, foreign).await;
         if !matches!(checked, Ok(true)) {
             // Not allowed, or not known to be: given back before anything is claimed with it.
             self.give_back_slot(&slot, node).await?;
@@ -114,15 +116,16 @@ impl MongoStore {
         Ok(checked?.then_some(slot))
     }
 
-    /// Whether the stored limit allows a slot taken under `seen` (see `confirm_slot`).
-    async fn check_taken_slot(&self, slot: &Slot, seen: i64) -> StoreResult<bool> {
-        let stored = self.stored_limit(slot.queue).await?;
+    /// Whether the stored limit, less `foreign` tasks, allows a slot taken under `seen`
+    /// (see `confirm_slot`).
+    async fn check_taken_slot(&self, slot: &Slot, seen: i64, foreign: i64) -> StoreResult<bool> {
+        let stored = self.stored_limit(slot.queue, foreign).await?;
         Ok(slot.n < stored && (stored >= seen || self.slots_used_from(slot.queue, stored).await? == 0))
     }
 
-    /// The limit of `queue` as stored now, less the tasks Disbatch 4 DENs run in it
-    /// (0 when the queue is gone or unreadable).
-    async fn stored_limit(&self, queue: bson::oid::ObjectId) -> StoreResult<i64> {
+    /// The limit of `queue` as stored now, less the `foreign` tasks Disbatch 4 DENs run in
+    /// it (0 when the queue is gone or unreadable).
+    async fn stored_limit(&self, queue: bson::oid::ObjectId, foreign: i64) -> StoreResult<i64> {
         let stored = self
             .queues
             .find_one(doc! { "_id": queue })
@@ -130,7 +133,7 @@ impl MongoStore {
             .map_err(db_err("read the queue's limit"))?
             .and_then(|d| super::documents::queue_from(&d).ok())
             .map_or(0, |(q, _)| q.limit());
-        Ok(stored - self.foreign_running(queue).await?)
+        Ok(stored - foreign)
     }
 
     /// [`Store::slots_in_use`](crate::store::Store::slots_in_use).
@@ -237,7 +240,8 @@ impl MongoStore {
     /// `node` still holds the slot and nobody asked for it; gives it up to an asker.
     pub(super) async fn renew_one_slot(&self, slot: &Slot, node: &str, lease: Duration) -> StoreResult<SlotRenewal> {
         let err = db_err("renew slot lease");
-        if self.foreign_running(slot.queue).await? > 0 && slot.n >= self.stored_limit(slot.queue).await? {
+        let foreign = self.foreign_running(slot.queue).await?;
+        if foreign > 0 && slot.n >= self.stored_limit(slot.queue, foreign).await? {
             return Ok(SlotRenewal::OverLimit);
         }
         let now = DateTime::now();
@@ -284,7 +288,8 @@ impl MongoStore {
     /// queue, moved to the donor's next slot at each ask, so a slot busy with a long task
     /// does not hold the asker up.
     pub(super) async fn ask_for_slot(&self, queue: &Queue, node: &str, ask: Duration) -> StoreResult<Option<String>> {
-        let threads = queue.limit();
+        // A slot Disbatch 4 DENs' tasks leave no room for could not be taken.
+        let threads = queue.limit() - self.foreign_running(queue.id).await?;
         if threads <= 0 {
             return Ok(None);
         }
