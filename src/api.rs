@@ -25,14 +25,17 @@ mod batches;
 mod body;
 mod create;
 mod error;
+mod form;
 mod json;
 mod keys;
 mod lifecycle;
 mod nodes;
 mod openapi;
 mod plugins;
+mod queue_fields;
 mod queues;
 mod retry;
+mod search;
 mod source;
 mod status;
 mod tasks;
@@ -51,6 +54,7 @@ use crate::runner::Runner;
 use crate::store::Store;
 
 pub use self::error::ApiError;
+pub use self::form::SHAPE_HEADER;
 pub use self::openapi::OPENAPI_JSON;
 pub use self::source::DocumentSource;
 

@@ -57,7 +57,8 @@ impl Client {
 
     fn request(&self, method: Method, path: &str) -> reqwest::RequestBuilder {
         let url = format!("{}{path}", self.base);
-        let req = self.http.request(method, &url);
+        // Our own answer shapes, not Disbatch 4's (docs/api.md, "Answer shapes").
+        let req = self.http.request(method, &url).header("disbatch-shape", "native");
         match &self.token {
             Some(t) => req.bearer_auth(t),
             None => req,
