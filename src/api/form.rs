@@ -110,8 +110,9 @@ fn without_default_port<'a>(scheme: &str, authority: &'a str) -> &'a str {
     authority.strip_suffix(default).unwrap_or(authority)
 }
 
-/// The `key=value` pairs of a form body or query string, in order, `+` and `%XX` decoded.
-/// Fails on a bad `%` escape or text that is not UTF-8 once decoded.
+/// The `key=value` pairs of a form body or query string, in order, `+` and `%XX` decoded
+/// (bytes that are not UTF-8 once decoded as U+FFFD, so errors can show them). Fails on
+/// a bad `%` escape.
 pub(super) fn decode(bytes: &[u8]) -> Result<Vec<(String, String)>, String> {
     bytes
         .split(|b| *b == b'&')
@@ -147,7 +148,7 @@ fn unescape(part: &[u8]) -> Result<String, String> {
         }
         i += 1;
     }
-    String::from_utf8(out).map_err(|_| "is not UTF-8 once decoded".to_string())
+    Ok(String::from_utf8_lossy(&out).into_owned())
 }
 
 /// Pairs as fields: each value a string, a key given more than once the array of its
@@ -201,7 +202,7 @@ mod tests {
         assert_eq!(f["status"], json!(["1", "2"]));
         assert_eq!(f["e"], json!(""));
         assert!(decode(b"a=%zz").unwrap_err().contains("%-escape"));
-        assert!(decode(b"a=%ff").unwrap_err().contains("UTF-8"));
+        assert_eq!(decode(b"a=%ff").unwrap()[0].1, "\u{fffd}");
         assert!(decode(b"a=%4").is_err());
     }
 

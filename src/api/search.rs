@@ -4,7 +4,7 @@
 //! Options are named with or without Disbatch 4's leading dot (`.limit` or `limit`); a
 //! value may be a number, a boolean, `0`/`1` or a string. Every other key is a filter on an
 //! indexed field; a key repeated in the query string, or a JSON array, matches any of its
-//! values (Disbatch 4's `$or`), and an empty value is no filter, as in Disbatch 4.
+//! values (Disbatch 4's `$or`).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -126,7 +126,7 @@ impl Input {
         }
     }
 
-    /// A non-negative integer, given as a number or a string; `null` or `""` is none.
+    /// A non-negative integer, given as a number or a string; `null` is none.
     pub fn number(&self, name: &str) -> Result<Option<u64>, ApiError> {
         let bad = |v: &Value| {
             ApiError::bad(format!(
@@ -141,7 +141,6 @@ impl Input {
                 .or_else(|| n.as_f64().filter(|x| x.fract() == 0.0 && *x >= 0.0 && *x < 1.8e19).map(|x| x as u64))
                 .map(Some)
                 .ok_or_else(|| bad(v)),
-            Some(Value::String(s)) if s.trim().is_empty() => Ok(None),
             Some(v @ Value::String(s)) => s.trim().parse::<u64>().map(Some).map_err(|_| bad(v)),
             Some(other) => Err(bad(other)),
         }
@@ -283,19 +282,10 @@ fn single<'a>(key: &str, v: &'a Value) -> Result<&'a Value, ApiError> {
     }
 }
 
-/// An empty value, which Disbatch 4 took as no filter.
-fn is_empty(v: &Value) -> bool {
-    match v {
-        Value::String(s) => s.is_empty(),
-        Value::Array(items) => items.iter().all(is_empty) && !items.is_empty(),
-        _ => false,
-    }
-}
-
 /// Builds the filter from `key → value` pairs; only indexed fields are accepted.
 pub(super) async fn filter(state: &Shared, pairs: &Map<String, Value>) -> Result<TaskFilter, ApiError> {
     let mut f = TaskFilter::default();
-    for (k, v) in pairs.iter().filter(|(_, v)| !is_empty(v)) {
+    for (k, v) in pairs {
         match k.as_str() {
             "queue" => {
                 let v = single(k, v)?;
@@ -418,10 +408,19 @@ mod tests {
     }
 
     #[test]
-    fn empty_values_are_no_filter() {
-        assert!(is_empty(&json!("")));
-        assert!(!is_empty(&json!(null)));
-        assert!(!is_empty(&json!([])));
+    fn status_lists() {
+        assert_eq!(statuses(&json!("1,2")).unwrap(), vec![1, 2]);
+        assert_eq!(statuses(&json!([-2, 0])).unwrap(), vec![-2, 0]);
+        assert_eq!(statuses(&json!(["-2", "0"])).unwrap(), vec![-2, 0]);
+        assert_eq!(statuses(&json!({"$in": [1]})).unwrap(), vec![1]);
+        assert!(statuses(&json!("x")).is_err());
+        assert!(statuses(&json!([[]])).is_err());
+        assert!(statuses(&json!([{"$in": []}])).is_err());
+        assert!(statuses(&json!(["1,2"])).is_err());
+    }
+
+    #[test]
+    fn one_value_filters() {
         assert!(single("queue", &json!(["a", "b"])).is_err());
         assert_eq!(single("queue", &json!(["a"])).unwrap(), &json!("a"));
     }

@@ -305,19 +305,3 @@ async fn output_text(State(state): State<Shared>, PathKey(id): PathKey, name: &s
     );
     Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], body).into_response())
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn status_lists() {
-        assert_eq!(statuses(&json!("1,2")).unwrap(), vec![1, 2]);
-        assert_eq!(statuses(&json!([-2, 0])).unwrap(), vec![-2, 0]);
-        assert_eq!(statuses(&json!({"$in": [1]})).unwrap(), vec![1]);
-        assert!(statuses(&json!("x")).is_err());
-        assert!(statuses(&json!([[]])).is_err());
-        assert!(statuses(&json!([{"$in": []}])).is_err());
-        assert!(statuses(&json!(["1,2"])).is_err());
-    }
-}
