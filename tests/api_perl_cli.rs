@@ -85,9 +85,19 @@ async fn every_verb(app: Router, store: Arc<dyn Store>, collections: bool) {
 
     // create-queue fizz demo: a form; the CLI prints $result->{id}{'$oid'}.
     let v = ok(&perl(&app, Method::POST, "/queues", Some(FORM), "name=fizz&plugin=demo").await);
-    let qid = v["id"]["$oid"].as_str().unwrap_or_else(|| panic!("no id.$oid: {v}")).to_owned();
+    let qid = v["id"]["$oid"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no id.$oid: {v}"))
+        .to_owned();
     assert_eq!(v["MongoDB::InsertOneResult"]["inserted_id"]["$oid"], qid.as_str());
-    let r = perl(&app, Method::POST, "/queues", Some(FORM), "name=x&plugin=Disbatch%3A%3APlugin%3A%3AFake").await;
+    let r = perl(
+        &app,
+        Method::POST,
+        "/queues",
+        Some(FORM),
+        "name=x&plugin=Disbatch%3A%3APlugin%3A%3AFake",
+    )
+    .await;
     assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text);
     assert!(r.error().contains("\"plugin\""), "{}", r.text);
 
@@ -100,7 +110,13 @@ async fn every_verb(app: Router, store: Arc<dyn Store>, collections: bool) {
     let v = ok(&perl(&app, Method::POST, &uri, Some(FORM), "threads=0").await);
     assert_eq!(v["MongoDB::UpdateResult"]["modified_count"], 0, "no change: {v}");
     let v = ok(&perl(&app, Method::POST, &uri, Some(FORM), "name=buzz").await);
-    assert_eq!((v["name"].as_str(), v["MongoDB::UpdateResult"]["modified_count"].as_u64()), (Some("buzz"), Some(1)));
+    assert_eq!(
+        (
+            v["name"].as_str(),
+            v["MongoDB::UpdateResult"]["modified_count"].as_u64()
+        ),
+        (Some("buzz"), Some(1))
+    );
     let r = perl(&app, Method::POST, &uri, Some(FORM), "threads=zero").await;
     assert_eq!(r.status, StatusCode::BAD_REQUEST);
     assert!(r.error().contains("\"threads\""), "{}", r.text);
@@ -110,7 +126,10 @@ async fn every_verb(app: Router, store: Arc<dyn Store>, collections: bool) {
     // queues: id plugin name threads queued running completed.
     let v = ok(&perl(&app, Method::GET, "/queues", None, "").await);
     let q = &v[0];
-    assert_eq!((q["id"].as_str(), q["name"].as_str(), q["plugin"].as_str()), (Some(qid.as_str()), Some("buzz"), Some("demo")));
+    assert_eq!(
+        (q["id"].as_str(), q["name"].as_str(), q["plugin"].as_str()),
+        (Some(qid.as_str()), Some("buzz"), Some("demo"))
+    );
     for k in ["threads", "queued", "running", "completed"] {
         assert!(q[k].is_u64(), "{k} in {q}");
     }
@@ -129,7 +148,10 @@ async fn every_verb(app: Router, store: Arc<dyn Store>, collections: bool) {
     assert_eq!(v["ids"], json!(more));
     // params as one object: one task, as Disbatch 4 took it.
     let body = json!({"queue": "buzz", "params": {"single": true}}).to_string();
-    assert_eq!(inserted(&ok(&perl(&app, Method::POST, "/tasks", Some(JSON), &body).await)).len(), 1);
+    assert_eq!(
+        inserted(&ok(&perl(&app, Method::POST, "/tasks", Some(JSON), &body).await)).len(),
+        1
+    );
     // create-tasks --collection users <id> '{"filter": …, "params": …}'
     if collections {
         let body = json!({"filter": {"migration": "foo"}, "params": {"user": "document.username"},
@@ -141,25 +163,67 @@ async fn every_verb(app: Router, store: Arc<dyn Store>, collections: bool) {
     let total = if collections { 6 } else { 4 };
 
     // tasks: a GET with a JSON body of dot options.
-    let r = perl(&app, Method::GET, "/tasks", Some(JSON), &tasks_body(json!({}), json!({}))).await;
+    let r = perl(
+        &app,
+        Method::GET,
+        "/tasks",
+        Some(JSON),
+        &tasks_body(json!({}), json!({})),
+    )
+    .await;
     let all = ok(&r);
     assert_eq!(all.as_array().map(Vec::len), Some(total), "{all}");
     let newest = all[0]["_id"]["$oid"].as_str().unwrap().to_owned();
     let f = json!({"queue": qid});
-    let v = ok(&perl(&app, Method::GET, "/tasks", Some(JSON), &tasks_body(json!({".count": 1}), f.clone())).await);
+    let v = ok(&perl(
+        &app,
+        Method::GET,
+        "/tasks",
+        Some(JSON),
+        &tasks_body(json!({".count": 1}), f.clone()),
+    )
+    .await);
     assert_eq!(v, json!({"count": total}));
     // --limit 1: the task itself, not a list.
-    let v = ok(&perl(&app, Method::GET, "/tasks", Some(JSON), &tasks_body(json!({".limit": 1}), f.clone())).await);
+    let v = ok(&perl(
+        &app,
+        Method::GET,
+        "/tasks",
+        Some(JSON),
+        &tasks_body(json!({".limit": 1}), f.clone()),
+    )
+    .await);
     assert_eq!(v["_id"]["$oid"], newest.as_str(), "{v}");
     assert_eq!(v["queue"]["$oid"], qid.as_str());
     // --skip (a flag: .skip 1) skips the newest.
-    let v = ok(&perl(&app, Method::GET, "/tasks", Some(JSON), &tasks_body(json!({".skip": 1}), f.clone())).await);
+    let v = ok(&perl(
+        &app,
+        Method::GET,
+        "/tasks",
+        Some(JSON),
+        &tasks_body(json!({".skip": 1}), f.clone()),
+    )
+    .await);
     assert_eq!(v.as_array().unwrap().len(), total - 1);
     assert_eq!(v[0]["_id"]["$oid"], all[1]["_id"]["$oid"]);
     // '{"status": -2}' (Disbatch 4 refused it: status alone was not an indexed prefix).
-    let v = ok(&perl(&app, Method::GET, "/tasks", Some(JSON), &tasks_body(json!({}), json!({"status": -2}))).await);
+    let v = ok(&perl(
+        &app,
+        Method::GET,
+        "/tasks",
+        Some(JSON),
+        &tasks_body(json!({}), json!({"status": -2})),
+    )
+    .await);
     assert_eq!(v.as_array().unwrap().len(), total);
-    let v = ok(&perl(&app, Method::GET, "/tasks", Some(JSON), &tasks_body(json!({".count": 1}), json!({"status": 1}))).await);
+    let v = ok(&perl(
+        &app,
+        Method::GET,
+        "/tasks",
+        Some(JSON),
+        &tasks_body(json!({".count": 1}), json!({"status": 1})),
+    )
+    .await);
     assert_eq!(v, json!({"count": 0}));
     // --epoch, --fields, --pretty, --terse, --full
     let opts = json!({".epoch": 1, ".fields": "[\"status\",\"ctime\"]", ".pretty": 1, ".limit": 2});
@@ -168,7 +232,14 @@ async fn every_verb(app: Router, store: Arc<dyn Store>, collections: bool) {
     let v = ok(&r);
     assert!(v[0]["ctime"].is_f64(), "{v}");
     assert!(v[0].get("params").is_none() && v[0]["status"] == -2, "{v}");
-    let v = ok(&perl(&app, Method::GET, "/tasks", Some(JSON), &tasks_body(json!({".terse": 1, ".full": 0}), f.clone())).await);
+    let v = ok(&perl(
+        &app,
+        Method::GET,
+        "/tasks",
+        Some(JSON),
+        &tasks_body(json!({".terse": 1, ".full": 0}), f.clone()),
+    )
+    .await);
     assert_eq!(v.as_array().unwrap().len(), total);
     // The same with the dot options in the query string, and .limit 1 finding nothing.
     let r = perl(&app, Method::GET, "/tasks?.limit=1&status=2", None, "").await;
@@ -185,7 +256,17 @@ async fn every_verb(app: Router, store: Arc<dyn Store>, collections: bool) {
 async fn forms_from_other_sites_are_refused(app: Router) {
     let post = |headers: &'static [(&'static str, &'static str)]| {
         let app = app.clone();
-        async move { perl_with(&app, Method::POST, "/queues", Some(FORM), "name=csrf&plugin=demo", headers).await }
+        async move {
+            perl_with(
+                &app,
+                Method::POST,
+                "/queues",
+                Some(FORM),
+                "name=csrf&plugin=demo",
+                headers,
+            )
+            .await
+        }
     };
     for headers in [
         &[("origin", "http://evil.example")][..],
@@ -203,13 +284,23 @@ async fn forms_from_other_sites_are_refused(app: Router) {
     // Other types than JSON and forms stay refused.
     let r = perl(&app, Method::POST, "/queues", Some("text/plain"), "name=t&plugin=demo").await;
     assert_eq!(r.status, StatusCode::UNSUPPORTED_MEDIA_TYPE, "{}", r.text);
-    let r = perl(&app, Method::POST, "/queues", None, "{\"name\":\"t\",\"plugin\":\"demo\"}").await;
+    let r = perl(
+        &app,
+        Method::POST,
+        "/queues",
+        None,
+        "{\"name\":\"t\",\"plugin\":\"demo\"}",
+    )
+    .await;
     assert_eq!(r.status, StatusCode::UNSUPPORTED_MEDIA_TYPE, "{}", r.text);
 }
 
 async fn monitoring_nodes_and_queues(app: Router, store: Arc<dyn Store>) {
     let v = ok(&perl(&app, Method::GET, "/monitoring", None, "").await);
-    assert_eq!(v["disbatch"], json!({"status": "WARNING", "message": "No Disbatch nodes found"}));
+    assert_eq!(
+        v["disbatch"],
+        json!({"status": "WARNING", "message": "No Disbatch nodes found"})
+    );
     assert!(v["queuebalance"]["status"].is_string(), "{v}");
     store.heartbeat("node1", Duration::from_secs(30)).await.unwrap();
     let v = ok(&perl(&app, Method::GET, "/monitoring", None, "").await);
@@ -220,7 +311,13 @@ async fn monitoring_nodes_and_queues(app: Router, store: Arc<dyn Store>) {
     assert!(v["database"].is_string() || v["database"].is_null(), "{v}");
     assert_eq!(v["web_extensions"], json!([]));
     assert!(v["routes"]["GET"].as_array().unwrap().contains(&json!("/tasks")), "{v}");
-    assert!(v["routes"]["DELETE"].as_array().unwrap().contains(&json!("/queues/{queue}")), "{v}");
+    assert!(
+        v["routes"]["DELETE"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("/queues/{queue}")),
+        "{v}"
+    );
 
     // Nodes: timestamp in epoch milliseconds; maxthreads by form.
     let now = bson::DateTime::now().timestamp_millis();
@@ -230,29 +327,66 @@ async fn monitoring_nodes_and_queues(app: Router, store: Arc<dyn Store>) {
     let v = ok(&perl(&app, Method::GET, "/nodes/node1", None, "").await);
     assert!(v["timestamp"].is_i64(), "{v}");
     let v = ok(&perl(&app, Method::POST, "/nodes/node1", Some(FORM), "maxthreads=3").await);
-    assert_eq!((v["maxthreads"].as_i64(), v["MongoDB::UpdateResult"]["matched_count"].as_u64()), (Some(3), Some(1)));
+    assert_eq!(
+        (
+            v["maxthreads"].as_i64(),
+            v["MongoDB::UpdateResult"]["matched_count"].as_u64()
+        ),
+        (Some(3), Some(1))
+    );
     assert_eq!(ok(&perl(&app, Method::GET, "/nodes/nope", None, "").await), Value::Null);
-    assert_eq!(ok(&perl(&app, Method::GET, "/queues/nope", None, "").await), Value::Null);
+    assert_eq!(
+        ok(&perl(&app, Method::GET, "/queues/nope", None, "").await),
+        Value::Null
+    );
     // Our own clients ask for the native shape: 404, dates as {"$date"}.
     let native = [(SHAPE_HEADER, "native")];
     let r = perl_with(&app, Method::GET, "/queues/nope", None, "", &native).await;
     assert_eq!(r.status, StatusCode::NOT_FOUND);
-    assert_eq!(perl(&app, Method::GET, "/nodes/nope?shape=native", None, "").await.status, StatusCode::NOT_FOUND);
+    assert_eq!(
+        perl(&app, Method::GET, "/nodes/nope?shape=native", None, "")
+            .await
+            .status,
+        StatusCode::NOT_FOUND
+    );
     let v = ok(&perl_with(&app, Method::GET, "/nodes/node1", None, "", &native).await);
     assert!(v["timestamp"]["$date"].is_string(), "{v}");
     let r = perl_with(&app, Method::GET, "/nodes", None, "", &[(SHAPE_HEADER, "v9")]).await;
     assert_eq!(r.status, StatusCode::BAD_REQUEST);
-    let v = ok(&perl_with(&app, Method::POST, "/queues", Some(FORM), "name=mine&plugin=demo", &native).await);
+    let v = ok(&perl_with(
+        &app,
+        Method::POST,
+        "/queues",
+        Some(FORM),
+        "name=mine&plugin=demo",
+        &native,
+    )
+    .await);
     assert!(v["id"].is_string(), "{v}");
 
     // Queued counts every status up to -2 (a scheduled task too); counts has each code.
     let body = json!({"queue": "mine", "params": [{"a": 1}, {"a": 2}], "run_at": "1h"}).to_string();
     ok(&perl(&app, Method::POST, "/tasks", Some(JSON), &body).await);
     // A form may carry params as JSON text.
-    let r = perl(&app, Method::POST, "/tasks", Some(FORM), "queue=mine&params=%5B%7B%22b%22%3A1%7D%5D").await;
+    let r = perl(
+        &app,
+        Method::POST,
+        "/tasks",
+        Some(FORM),
+        "queue=mine&params=%5B%7B%22b%22%3A1%7D%5D",
+    )
+    .await;
     assert_eq!(inserted(&ok(&r)).len(), 1);
     let v = ok(&perl(&app, Method::GET, "/queues/mine", None, "").await);
-    assert_eq!((v["queued"].as_u64(), v["counts"]["-7"].as_u64(), v["counts"]["-2"].as_u64()), (Some(3), Some(2), Some(1)), "{v}");
+    assert_eq!(
+        (
+            v["queued"].as_u64(),
+            v["counts"]["-7"].as_u64(),
+            v["counts"]["-2"].as_u64()
+        ),
+        (Some(3), Some(2), Some(1)),
+        "{v}"
+    );
 
     // Repeated keys and JSON arrays match any of their values ($or).
     let v = ok(&perl(&app, Method::GET, "/tasks?status=-7&status=-2&.count=1", None, "").await);
@@ -260,7 +394,10 @@ async fn monitoring_nodes_and_queues(app: Router, store: Arc<dyn Store>) {
     let v = ok(&perl(&app, Method::GET, "/tasks?status=-7&.count=1", None, "").await);
     assert_eq!(v, json!({"count": 2}));
     let body = json!({"status": [-2, 1], ".count": 1}).to_string();
-    assert_eq!(ok(&perl(&app, Method::GET, "/tasks", Some(JSON), &body).await), json!({"count": 1}));
+    assert_eq!(
+        ok(&perl(&app, Method::GET, "/tasks", Some(JSON), &body).await),
+        json!({"count": 1})
+    );
     let two = ok(&perl(&app, Method::GET, "/tasks?.limit=2&queue=mine", None, "").await);
     let (a, b) = (two[0]["id"].as_str().unwrap(), two[1]["id"].as_str().unwrap());
     let v = ok(&perl(&app, Method::GET, &format!("/tasks?id={a}&id={b}&.count=1"), None, "").await);
@@ -273,7 +410,11 @@ async fn monitoring_nodes_and_queues(app: Router, store: Arc<dyn Store>) {
         ("/tasks?.limit=1", json!({".limit": 2}), "\"limit\""),
         ("/tasks", json!({".limit": 5, "queue": ["a", "b"]}), "\"queue\""),
         ("/tasks", json!({".limit": 5, "params.x": 1}), "params.x"),
-        ("/tasks", json!({".fields": {"a": 1, "b": 0}, ".limit": 1}), "\"fields\""),
+        (
+            "/tasks",
+            json!({".fields": {"a": 1, "b": 0}, ".limit": 1}),
+            "\"fields\"",
+        ),
     ] {
         let r = perl(&app, Method::GET, uri, Some(JSON), &body.to_string()).await;
         assert_eq!(r.status, StatusCode::BAD_REQUEST, "{body}: {}", r.text);

@@ -1331,7 +1331,11 @@ async fn query_strings_that_are_not_utf8_or_repeat_keys_are_handled() {
         ("node=%FF&count=1", StatusCode::OK, ""),
         ("queue=q&fields=%FF,%00", StatusCode::OK, ""),
         // A repeated key matches any of its values; a queue filter takes one.
-        ("queue=q&queue=nope", StatusCode::BAD_REQUEST, "filter \"queue\" takes one value"),
+        (
+            "queue=q&queue=nope",
+            StatusCode::BAD_REQUEST,
+            "filter \"queue\" takes one value",
+        ),
         ("%=&limit=1", StatusCode::BAD_REQUEST, "cannot filter on \"%\""),
     ];
     for (query, status, mentions) in cases {

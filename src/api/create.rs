@@ -142,11 +142,9 @@ async fn create_from(state: Shared, body: Map<String, Value>) -> Result<Value, A
         let list = match body.get("params") {
             Some(Value::Array(a)) => a.clone(),
             // One task, as Disbatch 4 took it (which refused an empty one).
-            Some(Value::Object(m)) if m.is_empty() => {
-                return Err(ApiError::bad(
-                    "field \"params\" as one object must have at least one field (an array of objects gives a task each)",
-                ))
-            }
+            Some(Value::Object(m)) if m.is_empty() => return Err(ApiError::bad(
+                "field \"params\" as one object must have at least one field (an array of objects gives a task each)",
+            )),
             Some(one @ Value::Object(_)) => vec![one.clone()],
             Some(other) => {
                 return Err(ApiError::bad(format!(

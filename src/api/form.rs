@@ -45,7 +45,8 @@ impl Shape {
                 .map_err(|_| ApiError::bad("header \"Disbatch-Shape\" is not ASCII"))?;
             return Shape::parse(text, "header \"Disbatch-Shape\"");
         }
-        let pairs = decode(uri.query().unwrap_or_default().as_bytes()).map_err(|e| ApiError::bad(format!("the query string {e}")))?;
+        let pairs = decode(uri.query().unwrap_or_default().as_bytes())
+            .map_err(|e| ApiError::bad(format!("the query string {e}")))?;
         match pairs.iter().rev().find(|(k, _)| k == "shape") {
             Some((_, v)) => Shape::parse(v, "query parameter \"shape\""),
             None => Ok(Shape::default()),
@@ -88,7 +89,10 @@ pub(super) fn check_same_site(headers: &HeaderMap, uri: &Uri) -> Result<(), ApiE
         .get(header::HOST)
         .map(|h| String::from_utf8_lossy(h.as_bytes()).trim().to_ascii_lowercase())
         .or_else(|| uri.authority().map(|a| a.as_str().to_ascii_lowercase()));
-    let Some((scheme, authority)) = origin.split_once("://").filter(|(_, a)| !a.is_empty() && !a.contains('/')) else {
+    let Some((scheme, authority)) = origin
+        .split_once("://")
+        .filter(|(_, a)| !a.is_empty() && !a.contains('/'))
+    else {
         return Err(refuse(format!("Origin: {origin}")));
     };
     let Some(host) = host else {
@@ -209,7 +213,10 @@ mod tests {
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();
         for (k, v) in pairs {
-            h.insert(axum::http::HeaderName::from_bytes(k.as_bytes()).unwrap(), HeaderValue::from_str(v).unwrap());
+            h.insert(
+                axum::http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
         }
         h
     }
@@ -241,7 +248,10 @@ mod tests {
         assert_eq!(f["params"], json!([{"a": 1}]));
         assert_eq!(f["other"], json!("plain"));
         let mut bad = to_fields(decode(b"params=%5Bnope").unwrap());
-        assert!(decode_json_fields(&mut bad, &["params"]).unwrap_err().to_string().contains("\"params\""));
+        assert!(decode_json_fields(&mut bad, &["params"])
+            .unwrap_err()
+            .to_string()
+            .contains("\"params\""));
     }
 
     #[test]
@@ -250,7 +260,11 @@ mod tests {
         assert!(Shape::of(&HeaderMap::new(), &uri).unwrap().native);
         let plain: Uri = "/queues".parse().unwrap();
         assert!(!Shape::of(&HeaderMap::new(), &plain).unwrap().native);
-        assert!(Shape::of(&headers(&[("disbatch-shape", "Native")]), &plain).unwrap().native);
+        assert!(
+            Shape::of(&headers(&[("disbatch-shape", "Native")]), &plain)
+                .unwrap()
+                .native
+        );
         assert!(Shape::of(&headers(&[("disbatch-shape", "other")]), &plain).is_err());
     }
 }

@@ -23,7 +23,8 @@ pub(super) struct Fields {
     pub extra: Document,
 }
 
-pub(super) const QUEUE_FIELDS: &str = "name, plugin, threads, sort, sandbox, on_orphan, retry, activity_timeout, next_queue";
+pub(super) const QUEUE_FIELDS: &str =
+    "name, plugin, threads, sort, sandbox, on_orphan, retry, activity_timeout, next_queue";
 
 pub(super) fn fields(state: &Shared, body: &Map<String, Value>) -> Result<Fields, ApiError> {
     let mut f = Fields::default();
@@ -252,7 +253,12 @@ pub(super) async fn check_pin(state: &Shared, plugin: &str) -> Result<(), ApiErr
 
 /// Refuses a `next_queue` that does not exist or leads back to the queue (`id`, named
 /// `name`): a chain that loops would make tasks for ever.
-pub(super) async fn check_next(state: &Shared, extra: &bson::Document, id: Option<ObjectId>, name: &str) -> Result<(), ApiError> {
+pub(super) async fn check_next(
+    state: &Shared,
+    extra: &bson::Document,
+    id: Option<ObjectId>,
+    name: &str,
+) -> Result<(), ApiError> {
     let Ok(next) = extra.get_str("next_queue") else {
         return Ok(());
     };
@@ -281,4 +287,3 @@ pub(super) async fn check_next(state: &Shared, extra: &bson::Document, id: Optio
         }
     }
 }
-

@@ -138,7 +138,11 @@ impl Input {
             None | Some(Value::Null) => Ok(None),
             Some(v @ Value::Number(n)) => n
                 .as_u64()
-                .or_else(|| n.as_f64().filter(|x| x.fract() == 0.0 && *x >= 0.0 && *x < 1.8e19).map(|x| x as u64))
+                .or_else(|| {
+                    n.as_f64()
+                        .filter(|x| x.fract() == 0.0 && *x >= 0.0 && *x < 1.8e19)
+                        .map(|x| x as u64)
+                })
                 .map(Some)
                 .ok_or_else(|| bad(v)),
             Some(v @ Value::String(s)) => s.trim().parse::<u64>().map(Some).map_err(|_| bad(v)),
@@ -199,7 +203,11 @@ impl Input {
                         Value::Number(n) => n.as_f64().is_some_and(|x| x != 0.0),
                         other => return Err(bad(format!("projection of {k:?} must be 1 or 0, got {}", kind(other)))),
                     };
-                    if on { keep.push(k) } else { drop.push(k) }
+                    if on {
+                        keep.push(k)
+                    } else {
+                        drop.push(k)
+                    }
                 }
                 match (keep.is_empty(), drop.is_empty()) {
                     (false, false) => Err(bad("cannot both keep some fields (1) and leave out others (0)".into())),
@@ -207,7 +215,10 @@ impl Input {
                     _ => Ok((None, drop)),
                 }
             }
-            other => Err(bad(format!("must be a list of field names or a projection object, got {}", kind(&other)))),
+            other => Err(bad(format!(
+                "must be a list of field names or a projection object, got {}",
+                kind(&other)
+            ))),
         }
     }
 }
@@ -388,9 +399,15 @@ mod tests {
     #[test]
     fn fields_in_every_form() {
         let f = |v: Value| input("", json!({ ".fields": v })).fields();
-        assert_eq!(f(json!("status,node")).unwrap().0, Some(vec!["status".into(), "node".into()]));
+        assert_eq!(
+            f(json!("status,node")).unwrap().0,
+            Some(vec!["status".into(), "node".into()])
+        );
         assert_eq!(f(json!("[\"status\"]")).unwrap().0, Some(vec!["status".into()]));
-        assert_eq!(f(json!({"status": 1, "_id": 0})).unwrap().0, Some(vec!["status".into()]));
+        assert_eq!(
+            f(json!({"status": 1, "_id": 0})).unwrap().0,
+            Some(vec!["status".into()])
+        );
         assert_eq!(f(json!({"stdout": 0})).unwrap(), (None, vec!["stdout".into()]));
         assert!(f(json!({"stdout": 0, "status": 1})).is_err());
         assert!(f(json!(7)).is_err());
@@ -404,7 +421,11 @@ mod tests {
         let mut twice = input("limit=1", json!({}));
         assert!(twice.add(".limit".into(), json!(2), "body").is_err());
         let mut unknown = Input::default();
-        assert!(unknown.add(".sort".into(), json!(1), "body").unwrap_err().to_string().contains(".sort"));
+        assert!(unknown
+            .add(".sort".into(), json!(1), "body")
+            .unwrap_err()
+            .to_string()
+            .contains(".sort"));
     }
 
     #[test]

@@ -61,18 +61,32 @@ fn check_nodes(nodes: &[Node], now: DateTime) -> Value {
     let (mut fresh, mut stale) = (Map::new(), Map::new());
     for n in nodes {
         let age = node_age(n, now);
-        let side = if age < FRESH_NODE.as_secs_f64() { &mut fresh } else { &mut stale };
+        let side = if age < FRESH_NODE.as_secs_f64() {
+            &mut fresh
+        } else {
+            &mut stale
+        };
         side.insert(n.node.clone(), json!(age.floor() as u64));
     }
     let names = |m: &Map<String, Value>| m.keys().cloned().collect::<Vec<_>>().join(", ");
     let (level, message) = if fresh.is_empty() {
-        ("CRITICAL", format!("no fresh Disbatch nodes: every heartbeat is over 60 s old ({})", names(&stale)))
+        (
+            "CRITICAL",
+            format!(
+                "no fresh Disbatch nodes: every heartbeat is over 60 s old ({})",
+                names(&stale)
+            ),
+        )
     } else if stale.is_empty() {
         ("OK", format!("Disbatch is running on {} fresh nodes", fresh.len()))
     } else {
         (
             "OK",
-            format!("Disbatch is running on {} fresh nodes; stale: {}", fresh.len(), names(&stale)),
+            format!(
+                "Disbatch is running on {} fresh nodes; stale: {}",
+                fresh.len(),
+                names(&stale)
+            ),
         )
     };
     json!({ "status": level, "message": message, "nodes": { "fresh": fresh, "stale": stale } })
