@@ -74,9 +74,8 @@ impl<S: Send + Sync> FromRequest<S> for Params {
         }
         super::form::check_same_site(req.headers(), req.uri())?;
         let bytes = read(req, state).await?;
-        let pairs = super::form::decode(&bytes).map_err(|e| ApiError::bad(format!("the form {e}")))?;
         Ok(Params {
-            fields: super::form::to_fields(pairs),
+            fields: super::form::to_fields(super::form::decode(&bytes)),
             form: true,
         })
     }

@@ -45,8 +45,7 @@ impl Shape {
                 .map_err(|_| ApiError::bad("header \"Disbatch-Shape\" is not ASCII"))?;
             return Shape::parse(text, "header \"Disbatch-Shape\"");
         }
-        let pairs = decode(uri.query().unwrap_or_default().as_bytes())
-            .map_err(|e| ApiError::bad(format!("the query string {e}")))?;
+        let pairs = decode(uri.query().unwrap_or_default().as_bytes());
         match pairs.iter().rev().find(|(k, _)| k == "shape") {
             Some((_, v)) => Shape::parse(v, "query parameter \"shape\""),
             None => Ok(Shape::default()),
@@ -115,9 +114,9 @@ fn without_default_port<'a>(scheme: &str, authority: &'a str) -> &'a str {
 }
 
 /// The `key=value` pairs of a form body or query string, in order, `+` and `%XX` decoded
-/// (bytes that are not UTF-8 once decoded as U+FFFD, so errors can show them). Fails on
-/// a bad `%` escape.
-pub(super) fn decode(bytes: &[u8]) -> Result<Vec<(String, String)>, String> {
+/// as browsers encode them: a `%` not followed by two hex digits stays as it is, and bytes
+/// that are not UTF-8 once decoded become U+FFFD, so that errors can show them.
+pub(super) fn decode(bytes: &[u8]) -> Vec<(String, String)> {
     bytes
         .split(|b| *b == b'&')
         .filter(|pair| !pair.is_empty())
@@ -126,33 +125,31 @@ pub(super) fn decode(bytes: &[u8]) -> Result<Vec<(String, String)>, String> {
                 Some(i) => (&pair[..i], &pair[i + 1..]),
                 None => (pair, &[][..]),
             };
-            Ok((unescape(k)?, unescape(v)?))
+            (unescape(k), unescape(v))
         })
         .collect()
 }
 
-fn unescape(part: &[u8]) -> Result<String, String> {
+fn unescape(part: &[u8]) -> String {
+    let hex = |b: u8| (b as char).to_digit(16);
     let mut out = Vec::with_capacity(part.len());
     let mut i = 0;
     while i < part.len() {
-        match part[i] {
-            b'+' => out.push(b' '),
-            b'%' => {
-                let hex = part.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
-                let byte = hex.and_then(|h| u8::from_str_radix(h, 16).ok()).ok_or_else(|| {
-                    format!(
-                        "has a bad %-escape: {:?}",
-                        String::from_utf8_lossy(&part[i..part.len().min(i + 3)])
-                    )
-                })?;
-                out.push(byte);
+        match (
+            part[i],
+            part.get(i + 1).copied().and_then(hex),
+            part.get(i + 2).copied().and_then(hex),
+        ) {
+            (b'%', Some(high), Some(low)) => {
+                out.push((high * 16 + low) as u8);
                 i += 2;
             }
-            b => out.push(b),
+            (b'+', _, _) => out.push(b' '),
+            (b, _, _) => out.push(b),
         }
         i += 1;
     }
-    Ok(String::from_utf8_lossy(&out).into_owned())
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Pairs as fields: each value a string, a key given more than once the array of its
@@ -198,16 +195,22 @@ mod tests {
 
     #[test]
     fn decodes_forms_and_repeated_keys() {
-        let pairs = decode(b"name=a+b&plugin=Disbatch%3A%3APlugin&x&status=1&status=2&&e=").unwrap();
+        let pairs = decode(b"name=a+b&plugin=Disbatch%3A%3APlugin&x&status=1&status=2&&e=");
         assert_eq!(pairs[0], ("name".into(), "a b".into()));
         assert_eq!(pairs[1], ("plugin".into(), "Disbatch::Plugin".into()));
         assert_eq!(pairs[2], ("x".into(), "".into()));
         let f = to_fields(pairs);
         assert_eq!(f["status"], json!(["1", "2"]));
         assert_eq!(f["e"], json!(""));
-        assert!(decode(b"a=%zz").unwrap_err().contains("%-escape"));
-        assert_eq!(decode(b"a=%ff").unwrap()[0].1, "\u{fffd}");
-        assert!(decode(b"a=%4").is_err());
+        assert_eq!(decode(b"a=%zz&%=1")[0].1, "%zz");
+        assert_eq!(decode(b"%=1")[0].0, "%");
+        assert_eq!(decode(b"a=%ff")[0].1, "\u{fffd}");
+        assert_eq!(decode(b"a=%4")[0].1, "%4");
+        assert_eq!(
+            decode(b"a=%+1")[0].1,
+            "% 1",
+            "not a hex digit: the % stays, the + is a space"
+        );
     }
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
@@ -243,11 +246,11 @@ mod tests {
 
     #[test]
     fn json_text_in_form_fields() {
-        let mut f = to_fields(decode(b"queue=q&params=%5B%7B%22a%22%3A1%7D%5D&other=plain").unwrap());
+        let mut f = to_fields(decode(b"queue=q&params=%5B%7B%22a%22%3A1%7D%5D&other=plain"));
         decode_json_fields(&mut f, &["params", "other"]).unwrap();
         assert_eq!(f["params"], json!([{"a": 1}]));
         assert_eq!(f["other"], json!("plain"));
-        let mut bad = to_fields(decode(b"params=%5Bnope").unwrap());
+        let mut bad = to_fields(decode(b"params=%5Bnope"));
         assert!(decode_json_fields(&mut bad, &["params"])
             .unwrap_err()
             .to_string()

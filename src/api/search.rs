@@ -42,7 +42,7 @@ impl Input {
     pub async fn read(request: Request) -> Result<Input, ApiError> {
         let (parts, body) = request.into_parts();
         let query = parts.uri.query().unwrap_or_default().as_bytes().to_vec();
-        let query = to_fields(decode(&query).map_err(|e| ApiError::bad(format!("the query string {e}")))?);
+        let query = to_fields(decode(&query));
         let from_body = body_fields(parts, body).await?;
         let mut input = Input::default();
         for (source, fields) in [("query string", query), ("body", from_body)] {
@@ -232,8 +232,7 @@ async fn body_fields(parts: Parts, body: axum::body::Body) -> Result<Map<String,
         return Ok(Map::new());
     }
     if is_form(&headers) {
-        let pairs = decode(&bytes).map_err(|e| ApiError::bad(format!("the form {e}")))?;
-        return Ok(to_fields(pairs));
+        return Ok(to_fields(decode(&bytes)));
     }
     match content_type(&headers) {
         (Some(t), _) if t == "application/json" || (t.starts_with("application/") && t.ends_with("+json")) => {
@@ -370,7 +369,7 @@ mod tests {
 
     fn input(query: &str, body: Value) -> Input {
         let mut i = Input::default();
-        for (k, v) in to_fields(decode(query.as_bytes()).unwrap()) {
+        for (k, v) in to_fields(decode(query.as_bytes())) {
             i.add(k, v, "query string").unwrap();
         }
         for (k, v) in body.as_object().cloned().unwrap_or_default() {
