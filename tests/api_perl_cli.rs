@@ -429,6 +429,25 @@ async fn monitoring_nodes_and_queues(app: Router, store: Arc<dyn Store>) {
     assert_eq!(v["status"], "success: queuebalance modified");
 }
 
+/// With a token configured, a form is a write like any other: it needs the token.
+#[tokio::test]
+async fn forms_need_the_token_when_one_is_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(dir.path().join("d.db")).await.unwrap());
+    let mut state = ApiState::new(store, vec!["demo".into()]);
+    state.api_token = Some("t0ken".into());
+    let app = router(state);
+    let r = perl(&app, Method::POST, "/queues", Some(FORM), "name=a&plugin=demo").await;
+    assert_eq!(r.status, StatusCode::UNAUTHORIZED, "{}", r.text);
+    let auth = [("authorization", "Bearer t0ken")];
+    let r = perl_with(&app, Method::POST, "/queues", Some(FORM), "name=a&plugin=demo", &auth).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    // An empty list of params creates nothing, without an error.
+    let body = json!({"queue": "a", "params": []}).to_string();
+    let v = ok(&perl_with(&app, Method::POST, "/tasks", Some(JSON), &body, &auth).await);
+    assert_eq!((v["count"].as_u64(), inserted(&v).len()), (Some(0), 0));
+}
+
 fn app_on(store: Arc<dyn Store>, documents: Option<mongodb::Database>) -> Router {
     let mut state = ApiState::new(store, vec!["demo".into(), "fail".into()]);
     if let Some(db) = documents {
