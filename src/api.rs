@@ -8,13 +8,19 @@
 //! `GET /tasks/{id}`, `GET /monitoring`, `GET|POST /balance`, plus `GET /metrics` (Prometheus text),
 //! `GET /openapi.json` and the web UI at `/`.
 //!
+//! Bodies are JSON, or forms where Disbatch 4 read forms (`form`: refused with 403 when a
+//! browser posts one from another site). Where Disbatch 4's answer shapes and ours
+//! conflict, a request gets Disbatch 4's unless it asks for ours (`Disbatch-Shape: native`).
+//!
 //! Every error is a JSON object `{"error": "…"}`: 400 naming the offending field for bad
-//! input, 401 for a write without the bearer token when one is configured, 404 for an
-//! unknown id or name, 413 for a body over the limit, 415 for a body not sent as
-//! `application/json`, 503 when the database is unreachable.
+//! input, 401 for a write without the bearer token when one is configured, 403 for a form
+//! from another site, 404 for an unknown id or name, 413 for a body over the limit, 415
+//! for a body neither JSON nor (where taken) a form, 503 when the database is unreachable.
 //!
 //! Parts: `error` ([`ApiError`] → HTTP), `auth` (bearer token on writes), `body` (the JSON
-//! body and path extractors), `json` (documents → JSON), `nodes`, `plugins`, `queues`, `tasks`, `create` (`POST /tasks`),
+//! body, form and path extractors), `form` (forms, the same-site check, answer shapes),
+//! `json` (documents → JSON), `nodes`, `plugins`, `queues` (with `queue_fields`), `tasks`
+//! (with `search`, the parameters of `GET /tasks`), `create` (`POST /tasks`),
 //! `status` (info, monitoring, metrics), `source` ([`DocumentSource`] for `POST /tasks` from
 //! a collection), `ui` (embedded HTML/JS/CSS) and `openapi`.
 
@@ -25,14 +31,17 @@ mod batches;
 mod body;
 mod create;
 mod error;
+mod form;
 mod json;
 mod keys;
 mod lifecycle;
 mod nodes;
 mod openapi;
 mod plugins;
+mod queue_fields;
 mod queues;
 mod retry;
+mod search;
 mod source;
 mod status;
 mod tasks;
@@ -52,6 +61,7 @@ use crate::runner::Runner;
 use crate::store::Store;
 
 pub use self::error::ApiError;
+pub use self::form::SHAPE_HEADER;
 pub use self::openapi::OPENAPI_JSON;
 pub use self::source::DocumentSource;
 

@@ -306,8 +306,11 @@ async fn task_bad_bodies() {
     post(&app, "/queues", json!({"name": "w", "plugin": "demo"})).await;
     assert_bad(&post(&app, "/tasks", json!({"params": [{}]})).await, "\"queue\"");
     assert_bad(&post(&app, "/tasks", json!({"queue": "w"})).await, "\"params\"");
+    // One object is one task, as Disbatch 4 took it.
+    let one = post(&app, "/tasks", json!({"queue": "w", "params": {"a": 1}})).await;
+    assert_eq!(one.json()["count"], 1, "{}", one.text);
     assert_bad(
-        &post(&app, "/tasks", json!({"queue": "w", "params": {"a": 1}})).await,
+        &post(&app, "/tasks", json!({"queue": "w", "params": "a=1"})).await,
         "\"params\"",
     );
     assert_bad(
@@ -477,16 +480,16 @@ async fn nodes_and_maxthreads() {
 async fn monitoring_fresh_and_stale() {
     let (db, app) = setup("api_monitoring", |_| {}).await;
     let m = get(&app, "/monitoring").await.json();
-    assert_eq!(m["disbatch"]["status"], "CRITICAL", "{m}");
+    assert_eq!(
+        m["disbatch"],
+        json!({"status": "WARNING", "message": "No Disbatch nodes found"}),
+        "{m}"
+    );
     assert_eq!(
         m["queuebalance"],
         json!({"status": "OK", "message": "queuebalance disabled"}),
         "the config does not enable it: {m}"
     );
-    db.store.heartbeat("alive", Duration::from_secs(30)).await.unwrap();
-    let m = get(&app, "/monitoring").await.json();
-    assert_eq!(m["disbatch"]["status"], "OK", "{m}");
-    assert_eq!(m["disbatch"]["nodes"]["fresh"], json!(["alive"]));
     let old = bson::DateTime::from_millis(bson::DateTime::now().timestamp_millis() - 120_000);
     db.db
         .collection::<Document>("nodes")
@@ -494,8 +497,15 @@ async fn monitoring_fresh_and_stale() {
         .await
         .unwrap();
     let m = get(&app, "/monitoring").await.json();
-    assert_eq!(m["disbatch"]["status"], "WARNING", "{m}");
-    assert_eq!(m["disbatch"]["nodes"]["stale"], json!(["dead"]));
+    assert_eq!(m["disbatch"]["status"], "CRITICAL", "no node is fresh: {m}");
+    let age = m["disbatch"]["nodes"]["stale"]["dead"].as_u64().unwrap();
+    assert!((119..=130).contains(&age), "the age in seconds: {m}");
+    assert_eq!(m["disbatch"]["nodes"]["fresh"], json!({}));
+    db.store.heartbeat("alive", Duration::from_secs(30)).await.unwrap();
+    let m = get(&app, "/monitoring").await.json();
+    assert_eq!(m["disbatch"]["status"], "OK", "one fresh node is enough: {m}");
+    assert!(m["disbatch"]["nodes"]["fresh"]["alive"].as_u64().unwrap() <= 1, "{m}");
+    assert!(m["disbatch"]["nodes"]["stale"]["dead"].is_u64(), "{m}");
     assert!(m["disbatch"]["message"].as_str().unwrap().contains("dead"));
 }
 

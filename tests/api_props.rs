@@ -82,11 +82,13 @@ async fn post_json(app: &Router, uri: &str, body: &Value) -> Reply {
     post_raw(app, uri, body.to_string().into_bytes(), "application/json").await
 }
 
+/// A POST as our own clients send it, asking for the native answer shapes.
 async fn post_raw(app: &Router, uri: &str, body: Vec<u8>, content_type: &str) -> Reply {
     let req = Request::builder()
         .method(Method::POST)
         .uri(uri)
         .header(header::CONTENT_TYPE, content_type)
+        .header(disbatch::api::SHAPE_HEADER, "native")
         .body(Body::from(body))
         .unwrap();
     send_request(app, req).await
@@ -484,6 +486,7 @@ proptest! {
                 .method(method.clone())
                 .uri(&uri)
                 .header(header::CONTENT_TYPE, content_type)
+                .header(disbatch::api::SHAPE_HEADER, "native")
                 .body(Body::from(body))
                 .unwrap();
             let r = send_request(&f.app, req).await;

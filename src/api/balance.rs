@@ -8,7 +8,7 @@ use axum::Json;
 use bson::Bson;
 use serde_json::{json, Value};
 
-use super::body::JsonBody;
+use super::body::Params;
 use super::{ApiError, Shared};
 use crate::model::balance::check_post;
 use crate::store::QueueUpdate;
@@ -36,8 +36,13 @@ pub(super) async fn show(State(state): State<Shared>) -> Result<Json<Value>, Api
 }
 
 /// `POST /balance {max_tasks, queues[, disabled]}`: replaces those fields once they pass
-/// Disbatch 4's checks. 400 with `error` (and Disbatch 4's `status` text) otherwise.
-pub(super) async fn update(State(state): State<Shared>, JsonBody(body): JsonBody) -> Result<Response, ApiError> {
+/// Disbatch 4's checks. 400 with `error` (and Disbatch 4's `status` text) otherwise. A form
+/// gives `max_tasks` and `queues` as JSON text.
+pub(super) async fn update(State(state): State<Shared>, params: Params) -> Result<Response, ApiError> {
+    let mut body = params.fields;
+    if params.form {
+        super::form::decode_json_fields(&mut body, &["max_tasks", "queues"])?;
+    }
     let queues = state.store.queues().await?;
     let known: Vec<String> = queues.iter().map(|q| q.name.clone()).collect();
     let now = bson::DateTime::now().timestamp_millis() / 1000;

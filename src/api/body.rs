@@ -1,7 +1,8 @@
 //! The extractors, with errors as [`ApiError`]s: [`JsonBody`], a request body parsed as a
 //! JSON object (415 when not declared JSON, 400 for bad JSON or a body that is not an
-//! object, 413 over the limit), and [`PathKey`], the one parameter of a path (400 when it
-//! is not UTF-8).
+//! object, 413 over the limit), [`Params`], the same or a form (the routes where Disbatch 4
+//! read forms; 403 for a form from another site), and [`PathKey`], the one parameter of a
+//! path (400 when it is not UTF-8).
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -20,25 +21,69 @@ impl<S: Send + Sync> FromRequest<S> for JsonBody {
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
         check_json_type(req.headers())?;
-        let bytes = Bytes::from_request(req, state).await.map_err(|e: BytesRejection| {
-            if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::TooLarge("the request body is larger than the limit".into())
-            } else {
-                ApiError::bad(format!("cannot read the request body: {e}"))
-            }
-        })?;
-        if bytes.iter().all(u8::is_ascii_whitespace) {
-            return Err(ApiError::bad("the request body is empty: expected a JSON object"));
-        }
-        match serde_json::from_slice::<Value>(&bytes) {
-            Ok(Value::Object(map)) => Ok(JsonBody(map)),
-            Ok(other) => Err(ApiError::bad(format!(
-                "the request body must be a JSON object, got {}",
-                kind(&other)
-            ))),
-            Err(e) => Err(ApiError::bad(format!("the request body is not valid JSON: {e}"))),
-        }
+        let bytes = read(req, state).await?;
+        json_object(&bytes).map(JsonBody)
     }
+}
+
+/// The request body, within the limit.
+pub(super) async fn read<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, ApiError> {
+    Bytes::from_request(req, state).await.map_err(|e: BytesRejection| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::TooLarge("the request body is larger than the limit".into())
+        } else {
+            ApiError::bad(format!("cannot read the request body: {e}"))
+        }
+    })
+}
+
+/// A body that must be a JSON object.
+pub(super) fn json_object(bytes: &[u8]) -> Result<Map<String, Value>, ApiError> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError::bad("the request body is empty: expected a JSON object"));
+    }
+    match serde_json::from_slice::<Value>(bytes) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(other) => Err(ApiError::bad(format!(
+            "the request body must be a JSON object, got {}",
+            kind(&other)
+        ))),
+        Err(e) => Err(ApiError::bad(format!("the request body is not valid JSON: {e}"))),
+    }
+}
+
+/// The fields of a request body sent as a JSON object or, as Disbatch 4's tools send them,
+/// as a form (`application/x-www-form-urlencoded`: every value a string, a repeated key
+/// the array of its values). A form that a browser posts from another site is refused
+/// with 403 (see [`super::form::check_same_site`]); any other type with 415.
+pub(super) struct Params {
+    /// The fields.
+    pub fields: Map<String, Value>,
+    /// Whether they came from a form.
+    pub form: bool,
+}
+
+impl<S: Send + Sync> FromRequest<S> for Params {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        if !is_form(req.headers()) {
+            return JsonBody::from_request(req, state)
+                .await
+                .map(|JsonBody(fields)| Params { fields, form: false });
+        }
+        super::form::check_same_site(req.headers(), req.uri())?;
+        let bytes = read(req, state).await?;
+        Ok(Params {
+            fields: super::form::to_fields(super::form::decode(&bytes)),
+            form: true,
+        })
+    }
+}
+
+/// Whether the body is declared as a form.
+pub(super) fn is_form(headers: &HeaderMap) -> bool {
+    content_type(headers).0.as_deref() == Some("application/x-www-form-urlencoded")
 }
 
 /// Refuses a body whose `Content-Type` is not JSON (`application/json` or `…+json`):
@@ -50,7 +95,8 @@ fn check_json_type(headers: &HeaderMap) -> Result<(), ApiError> {
         Some("application/json") => Ok(()),
         Some(t) if t.starts_with("application/") && t.ends_with("+json") => Ok(()),
         _ => Err(ApiError::NotJson(format!(
-            "the request body must be JSON: send header Content-Type: application/json (got {given})"
+            "the request body must be JSON: send header Content-Type: application/json (got {given}; \
+             forms, application/x-www-form-urlencoded, are taken where Disbatch 4 took them)"
         ))),
     }
 }

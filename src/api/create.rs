@@ -8,6 +8,9 @@
 //!
 //! The collection form requires `filter` (no implicit "every document") and reads only the
 //! top-level fields its `params` mapping uses.
+//!
+//! Every answer carries Disbatch 4's `MongoDB::InsertManyResult` beside `{queue, count,
+//! ids}`: `inserted` lists `{index, _id}` of the tasks this request created.
 
 use axum::extract::State;
 use axum::Json;
@@ -15,7 +18,7 @@ use bson::oid::ObjectId;
 use bson::{Bson, Document};
 use serde_json::{Map, Value};
 
-use super::body::{kind, JsonBody};
+use super::body::{kind, Params};
 use super::error::PartlyCreated;
 use super::tasks::object_id;
 use super::{queues, ApiError, Shared};
@@ -32,7 +35,35 @@ pub(super) const INSERT_BATCH: usize = 1000;
 /// matching document of `collection`. A top-level `run_at` (a time, or a delay such as
 /// `"10m"`) schedules every task of the request. Answers `{"queue", "count": n, "ids": [...]}`; a
 /// failure after some tasks were created answers the error with them (see the module).
-pub(super) async fn create(State(state): State<Shared>, JsonBody(body): JsonBody) -> Result<Json<Value>, ApiError> {
+pub(super) async fn create(State(state): State<Shared>, params: Params) -> Result<Json<Value>, ApiError> {
+    let mut body = params.fields;
+    if params.form {
+        super::form::decode_json_fields(&mut body, &["params", "tasks", "filter", "after"])?;
+    }
+    create_from(state, body).await.map(|answer| Json(with_inserted(answer)))
+}
+
+/// `answer` with Disbatch 4's `MongoDB::InsertManyResult`: the tasks of `ids` that were
+/// created (not `existing` or `resubmitted`), each with its index in `ids`.
+fn with_inserted(answer: Value) -> Value {
+    let listed = |key: &str| -> Vec<String> {
+        answer[key]
+            .as_array()
+            .map(|a| a.iter().filter_map(Value::as_str).map(str::to_owned).collect())
+            .unwrap_or_default()
+    };
+    let (existing, resubmitted) = (listed("existing"), listed("resubmitted"));
+    let inserted: Vec<(usize, ObjectId)> = listed("ids")
+        .iter()
+        .enumerate()
+        .filter(|(_, id)| !existing.contains(id) && !resubmitted.contains(id))
+        .filter_map(|(i, id)| ObjectId::parse_str(id).ok().map(|id| (i, id)))
+        .collect();
+    let result = super::json::mongo::insert_many(inserted.iter().map(|(i, id)| (*i, id)));
+    super::json::mongo::with(answer, result)
+}
+
+async fn create_from(state: Shared, body: Map<String, Value>) -> Result<Value, ApiError> {
     for k in body.keys() {
         if ![
             "queue",
@@ -109,10 +140,15 @@ pub(super) async fn create(State(state): State<Shared>, JsonBody(body): JsonBody
             return Err(ApiError::bad("field \"filter\" needs field \"collection\""));
         }
         let list = match body.get("params") {
-            Some(Value::Array(a)) => a,
+            Some(Value::Array(a)) => a.clone(),
+            // One task, as Disbatch 4 took it (which refused an empty one).
+            Some(Value::Object(m)) if m.is_empty() => return Err(ApiError::bad(
+                "field \"params\" as one object must have at least one field (an array of objects gives a task each)",
+            )),
+            Some(one @ Value::Object(_)) => vec![one.clone()],
             Some(other) => {
                 return Err(ApiError::bad(format!(
-                    "field \"params\" must be an array of objects, got {}",
+                    "field \"params\" must be an array of objects, got {} (one object is one task)",
                     kind(other)
                 )))
             }
@@ -158,15 +194,15 @@ pub(super) async fn create(State(state): State<Shared>, JsonBody(body): JsonBody
         }
         return super::after::create(&state, queue.id, rest, &shared_after, &own_after)
             .await
-            .map(|v| Json(with_batch(v, &batch)));
+            .map(|v| with_batch(v, &batch));
     }
     if rest.iter().any(|t| t.key.is_some()) {
         return super::keys::create_keyed(&state, queue.id, rest, resubmit)
             .await
-            .map(|v| Json(with_batch(v, &batch)));
+            .map(|v| with_batch(v, &batch));
     }
     let created = insert_in_parts(&state, queue.id, rest).await?;
-    Ok(Json(with_batch(super::json::created(queue.id, &created), &batch)))
+    Ok(with_batch(super::json::created(queue.id, &created), &batch))
 }
 
 /// Inserts `tasks` in order, [`INSERT_BATCH`] per store call; their ids, or the error with

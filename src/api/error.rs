@@ -18,6 +18,10 @@ pub enum ApiError {
     /// A write without the right bearer token (401).
     #[error("missing or invalid bearer token")]
     Unauthorized,
+    /// A request refused whatever its content (403): a form posted from another site; the
+    /// message says why.
+    #[error("{0}")]
+    Forbidden(String),
     /// No such thing (404).
     #[error("{0}")]
     NotFound(String),
@@ -89,6 +93,7 @@ impl ApiError {
         match self {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,

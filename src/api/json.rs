@@ -39,6 +39,8 @@ pub(super) struct TaskView {
     pub epoch: bool,
     /// Only these top-level fields (plus `id` and `_id`).
     pub fields: Option<Vec<String>>,
+    /// Without these top-level fields.
+    pub without: Vec<String>,
 }
 
 /// A task document.
@@ -127,13 +129,16 @@ pub(super) fn task(t: &Task, view: &TaskView) -> Value {
     if let Some(fields) = &view.fields {
         m.retain(|k, _| k == "id" || k == "_id" || fields.iter().any(|f| f == k));
     }
+    m.retain(|k, _| !view.without.iter().any(|f| f == k));
     Value::Object(m)
 }
 
-/// Queued / running (claimed or running) / completed (any positive status) counts.
+/// Queued / running (claimed or running) / completed (any positive status) counts, as
+/// Disbatch 4 counts them: queued is every status up to -2 (queued, and the held ones such
+/// as blocked, scheduled, cancelled, orphaned), which no DEN is running or has completed.
 pub(super) fn summary(counts: Option<&StatusCounts>) -> (u64, u64, u64) {
     let Some(c) = counts else { return (0, 0, 0) };
-    let queued = c.get(&status::QUEUED).copied().unwrap_or(0);
+    let queued = c.iter().filter(|(s, _)| **s <= status::QUEUED).map(|(_, n)| n).sum();
     let running = c.get(&status::CLAIMED).copied().unwrap_or(0) + c.get(&status::RUNNING).copied().unwrap_or(0);
     let completed = c.iter().filter(|(s, _)| **s > 0).map(|(_, n)| n).sum();
     (queued, running, completed)
@@ -206,14 +211,21 @@ pub(super) fn node_age(n: &Node, now: DateTime) -> f64 {
     ((now.timestamp_millis() - n.timestamp.timestamp_millis()).max(0)) as f64 / 1000.0
 }
 
-/// A node: `{id, _id, node, timestamp, maxthreads, age_secs, fresh, process}` (the routes add `leader`).
-pub(super) fn node(n: &Node, now: DateTime) -> Value {
+/// A node: `{id, _id, node, timestamp, maxthreads, age_secs, fresh, process}` (the routes
+/// add `leader`); `timestamp` in epoch milliseconds as Disbatch 4 gave it, or `{"$date"}`
+/// in the native shape.
+pub(super) fn node(n: &Node, now: DateTime, native: bool) -> Value {
     let age = node_age(n, now);
+    let timestamp = if native {
+        date(&n.timestamp, false)
+    } else {
+        json!(n.timestamp.timestamp_millis())
+    };
     json!({
         "id": n.id.to_hex(),
         "_id": oid(&n.id),
         "node": n.node,
-        "timestamp": date(&n.timestamp, false),
+        "timestamp": timestamp,
         "maxthreads": n.maxthreads,
         "age_secs": age,
         "fresh": age < super::FRESH_NODE.as_secs_f64(),
@@ -233,4 +245,77 @@ pub(super) fn created(queue: ObjectId, ids: &[ObjectId]) -> Value {
         "count": ids.len(),
         "ids": ids.iter().map(|id| id.to_hex()).collect::<Vec<_>>(),
     })
+}
+
+/// The MongoDB driver's result objects that Disbatch 4's DCI answered with, under their
+/// Perl class names, which its tools read (`disbatch create-tasks` the `inserted` ids,
+/// `update-queue` `modified_count`, `delete-queue` `deleted_count`).
+pub(super) mod mongo {
+    use bson::oid::ObjectId;
+    use serde_json::{json, Value};
+
+    /// The key of an insert of one document, with its result.
+    pub fn insert_one(id: &ObjectId) -> (&'static str, Value) {
+        (
+            "MongoDB::InsertOneResult",
+            json!({
+                "acknowledged": 1,
+                "inserted_id": super::oid(id),
+                "write_errors": [],
+                "write_concern_errors": [],
+            }),
+        )
+    }
+
+    /// The key of an insert of several documents, with its result: `inserted` lists
+    /// `{index, _id}`, the index being the place in the request.
+    pub fn insert_many<'a>(inserted: impl IntoIterator<Item = (usize, &'a ObjectId)>) -> (&'static str, Value) {
+        let inserted: Vec<Value> = inserted
+            .into_iter()
+            .map(|(index, id)| json!({ "index": index, "_id": super::oid(id) }))
+            .collect();
+        (
+            "MongoDB::InsertManyResult",
+            json!({
+                "acknowledged": 1,
+                "inserted": inserted,
+                "write_errors": [],
+                "write_concern_errors": [],
+            }),
+        )
+    }
+
+    /// The key of an update of one document, with its result.
+    pub fn update(matched: bool, modified: bool) -> (&'static str, Value) {
+        (
+            "MongoDB::UpdateResult",
+            json!({
+                "matched_count": u8::from(matched),
+                "modified_count": u8::from(modified),
+                "upserted_id": null,
+                "write_errors": [],
+                "write_concern_errors": [],
+            }),
+        )
+    }
+
+    /// The key of a delete of one document, with its result.
+    pub fn delete(deleted: bool) -> (&'static str, Value) {
+        (
+            "MongoDB::DeleteResult",
+            json!({
+                "deleted_count": u8::from(deleted),
+                "write_errors": [],
+                "write_concern_errors": [],
+            }),
+        )
+    }
+
+    /// `value` (an object) with `result` added.
+    pub fn with(mut value: Value, result: (&'static str, Value)) -> Value {
+        if let Some(m) = value.as_object_mut() {
+            m.insert(result.0.to_string(), result.1);
+        }
+        value
+    }
 }

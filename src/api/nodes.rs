@@ -1,4 +1,7 @@
 //! `GET /nodes`, `GET /nodes/{node}` and `POST /nodes/{node} {maxthreads}`.
+//!
+//! As in Disbatch 4, a node's `timestamp` is in epoch milliseconds and an unknown node is
+//! `null`; the native shape ([`Shape`]) gives `{"$date"}` and 404.
 
 use axum::extract::State;
 use axum::Json;
@@ -6,31 +9,38 @@ use bson::oid::ObjectId;
 use bson::DateTime;
 use serde_json::Value;
 
-use super::body::{kind, JsonBody, PathKey};
+use super::body::{kind, Params, PathKey};
+use super::form::Shape;
 use super::{json, ApiError, Shared};
 use crate::model::Node;
 
 /// The node with this `_id` (hex) or name.
-async fn find(state: &Shared, key: &str) -> Result<Node, ApiError> {
+async fn lookup(state: &Shared, key: &str) -> Result<Option<Node>, ApiError> {
     let id = ObjectId::parse_str(key).ok();
-    state
+    Ok(state
         .store
         .nodes()
         .await?
         .into_iter()
-        .find(|n| Some(n.id) == id || n.node == key)
+        .find(|n| Some(n.id) == id || n.node == key))
+}
+
+/// The node with this `_id` (hex) or name; 404 when there is none.
+async fn find(state: &Shared, key: &str) -> Result<Node, ApiError> {
+    lookup(state, key)
+        .await?
         .ok_or_else(|| ApiError::NotFound(format!("no node {key:?}")))
 }
 
 /// The node's JSON with `leader`: whether it holds the leader lease now.
-async fn shown(state: &Shared, nodes: &[Node]) -> Result<Vec<Value>, ApiError> {
+async fn shown(state: &Shared, nodes: &[Node], shape: Shape) -> Result<Vec<Value>, ApiError> {
     let now = DateTime::now();
     let lease = state.store.leader().await?;
     let leader = lease.as_ref().and_then(|l| l.holder(now));
     Ok(nodes
         .iter()
         .map(|n| {
-            let mut v = json::node(n, now);
+            let mut v = json::node(n, now, shape.native);
             v["leader"] = Value::Bool(leader == Some(n.node.as_str()));
             v
         })
@@ -38,23 +48,34 @@ async fn shown(state: &Shared, nodes: &[Node]) -> Result<Vec<Value>, ApiError> {
 }
 
 /// `GET /nodes`: every node, fresh or stale; `leader: true` on the one leading the cluster.
-pub(super) async fn list(State(state): State<Shared>) -> Result<Json<Value>, ApiError> {
+pub(super) async fn list(State(state): State<Shared>, shape: Shape) -> Result<Json<Value>, ApiError> {
     let nodes = state.store.nodes().await?;
-    Ok(Json(Value::Array(shown(&state, &nodes).await?)))
+    Ok(Json(Value::Array(shown(&state, &nodes, shape).await?)))
 }
 
-/// `GET /nodes/{node}`.
-pub(super) async fn one(State(state): State<Shared>, PathKey(key): PathKey) -> Result<Json<Value>, ApiError> {
-    let node = find(&state, &key).await?;
-    let mut shown = shown(&state, std::slice::from_ref(&node)).await?;
+/// `GET /nodes/{node}`: the node; an unknown one is `null` (404 in the native shape).
+pub(super) async fn one(
+    State(state): State<Shared>,
+    shape: Shape,
+    PathKey(key): PathKey,
+) -> Result<Json<Value>, ApiError> {
+    let node = match lookup(&state, &key).await? {
+        Some(node) => node,
+        None if !shape.native => return Ok(Json(Value::Null)),
+        None => return Err(ApiError::NotFound(format!("no node {key:?}"))),
+    };
+    let mut shown = shown(&state, std::slice::from_ref(&node), shape).await?;
     Ok(Json(shown.remove(0)))
 }
 
-/// `POST /nodes/{node} {"maxthreads": n|null}`: the node's limit (null = no limit).
+/// `POST /nodes/{node} {"maxthreads": n|null}` (JSON, or a form with `maxthreads=n`): the
+/// node's limit (null = no limit). Answers the node with Disbatch 4's
+/// `MongoDB::UpdateResult`.
 pub(super) async fn set_maxthreads(
     State(state): State<Shared>,
+    shape: Shape,
     PathKey(key): PathKey,
-    JsonBody(body): JsonBody,
+    Params { fields: body, .. }: Params,
 ) -> Result<Json<Value>, ApiError> {
     if let Some(k) = body.keys().find(|k| *k != "maxthreads") {
         return Err(ApiError::bad(format!(
@@ -79,8 +100,10 @@ pub(super) async fn set_maxthreads(
     if !state.store.set_maxthreads(&node.node, maxthreads).await? {
         return Err(ApiError::NotFound(format!("no node {key:?}")));
     }
+    let modified = node.maxthreads != maxthreads;
     let node = find(&state, &node.node).await?;
-    Ok(Json(json::node(&node, DateTime::now())))
+    let value = json::node(&node, DateTime::now(), shape.native);
+    Ok(Json(json::mongo::with(value, json::mongo::update(true, modified))))
 }
 
 /// A non-negative integer (`3` or `"3"`, as the Perl DCI took form values).

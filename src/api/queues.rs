@@ -1,18 +1,25 @@
 //! `GET|POST /queues` and `GET|POST|DELETE /queues/{queue}` (queue = `_id` hex or name).
+//!
+//! Writes take JSON or, as Disbatch 4's `disbatch` CLI sends them, forms, and answer the
+//! queue together with the MongoDB result object Disbatch 4 answered
+//! (`MongoDB::InsertOneResult`, `MongoDB::UpdateResult`, `MongoDB::DeleteResult`). In
+//! Disbatch 4's shape (the default) a new queue's `id` is `{"$oid": …}` and an unknown
+//! queue is `null`; the native shape ([`Shape`]) gives the hex string and 404.
 
 use axum::extract::State;
 use axum::Json;
 use bson::oid::ObjectId;
-use bson::Document;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
-use super::body::{kind, JsonBody, PathKey};
-use super::nodes::non_negative;
+use super::body::{Params, PathKey};
+use super::form::{decode_json_fields, Shape};
+use super::queue_fields::{check_next, check_pin, fields, QUEUE_FIELDS};
 use super::{json, ApiError, Shared};
-use crate::config::{check_plugin_name, MAX_DURATION, MAX_OUTPUT_CAP_MIB};
-use crate::model::{OnOrphan, Queue, QueueSandbox, Sort, UnreadableQueue};
-use crate::runner::{DirGrant, MAX_MEMORY};
-use crate::store::{NewQueue, PluginRef, QueueUpdate, StoreError};
+use crate::model::{Queue, UnreadableQueue};
+use crate::store::{NewQueue, QueueUpdate, StoreError};
+
+/// The fields of a queue a form may give as JSON text.
+const JSON_FIELDS: [&str; 2] = ["sandbox", "retry"];
 
 /// A queue found by `_id` or name: readable, or a document that cannot be read as a queue.
 pub(super) enum Found {
@@ -79,9 +86,17 @@ pub(super) async fn list(State(state): State<Shared>) -> Result<Json<Value>, Api
 }
 
 /// `GET /queues/{queue}`: `{id, plugin, name, threads, queued, running, completed, problems, …}`,
-/// and `problem` for a document that cannot be read as a queue.
-pub(super) async fn one(State(state): State<Shared>, PathKey(key): PathKey) -> Result<Json<Value>, ApiError> {
-    let found = find_any(&state, &key).await?;
+/// and `problem` for a document that cannot be read as a queue; an unknown queue is `null`
+/// (404 in the native shape).
+pub(super) async fn one(
+    State(state): State<Shared>,
+    shape: Shape,
+    PathKey(key): PathKey,
+) -> Result<Json<Value>, ApiError> {
+    let found = match find_any(&state, &key).await {
+        Err(ApiError::NotFound(_)) if !shape.native => return Ok(Json(Value::Null)),
+        found => found?,
+    };
     let counts = state.store.queue_counts().await?;
     let reports = problem_reports(&state).await?;
     let value = match &found {
@@ -119,277 +134,21 @@ fn with_problems(
     value
 }
 
-/// The settable fields of a queue, checked.
-#[derive(Default)]
-struct Fields {
-    name: Option<String>,
-    plugin: Option<String>,
-    threads: Option<Option<i64>>,
-    sort: Option<Sort>,
-    extra: Document,
+/// The fields of a `POST` to a queue route: from a form, the JSON text of `sandbox` and
+/// `retry` decoded.
+fn queue_body(params: Params) -> Result<serde_json::Map<String, Value>, ApiError> {
+    let mut body = params.fields;
+    if params.form {
+        decode_json_fields(&mut body, &JSON_FIELDS)?;
+    }
+    Ok(body)
 }
 
-const QUEUE_FIELDS: &str = "name, plugin, threads, sort, sandbox, on_orphan, retry, activity_timeout, next_queue";
-
-fn fields(state: &Shared, body: &Map<String, Value>) -> Result<Fields, ApiError> {
-    let mut f = Fields::default();
-    for (k, v) in body {
-        match k.as_str() {
-            "name" => f.name = Some(name(v)?),
-            "plugin" => f.plugin = Some(plugin(state, v)?.to_string()),
-            "threads" => {
-                f.threads = Some(match v {
-                    Value::Null => None,
-                    v => Some(non_negative(v).ok_or_else(|| {
-                        ApiError::bad(format!(
-                            "field \"threads\" must be a non-negative integer or null, got {}",
-                            kind(v)
-                        ))
-                    })?),
-                })
-            }
-            "sort" => {
-                let s = v
-                    .as_str()
-                    .ok_or_else(|| ApiError::bad("field \"sort\" must be \"fifo\", \"lifo\" or \"default\""))?;
-                f.sort = Some(Sort::parse(s).map_err(|e| ApiError::bad(format!("field \"sort\": {e}")))?);
-            }
-            "sandbox" => {
-                if !v.is_object() {
-                    return Err(ApiError::bad(format!(
-                        "field \"sandbox\" must be an object, got {}",
-                        kind(v)
-                    )));
-                }
-                submit_types(v)?;
-                let sandbox: QueueSandbox =
-                    serde_json::from_value(v.clone()).map_err(|e| ApiError::bad(format!("field \"sandbox\": {e}")))?;
-                check_sandbox(&sandbox)?;
-                let doc = bson::to_document(&sandbox).map_err(|e| ApiError::bad(format!("field \"sandbox\": {e}")))?;
-                f.extra.insert("sandbox", doc);
-            }
-            "on_orphan" => {
-                let policy: OnOrphan = serde_json::from_value(v.clone())
-                    .map_err(|_| ApiError::bad("field \"on_orphan\" must be \"orphan\" or \"requeue\""))?;
-                f.extra.insert(
-                    "on_orphan",
-                    match policy {
-                        OnOrphan::Orphan => "orphan",
-                        OnOrphan::Requeue => "requeue",
-                    },
-                );
-            }
-            "next_queue" => match v {
-                Value::Null => {
-                    f.extra.insert("next_queue", bson::Bson::Null);
-                }
-                Value::String(s) if !s.is_empty() => {
-                    f.extra.insert("next_queue", s.as_str());
-                }
-                other => {
-                    return Err(ApiError::bad(format!(
-                        "field \"next_queue\" must be a queue name or id, or null, got {}",
-                        kind(other)
-                    )))
-                }
-            },
-            "retry" | "activity_timeout" if v.is_null() => {
-                f.extra.insert(k.as_str(), bson::Bson::Null);
-            }
-            "retry" => {
-                let b = bson::Bson::try_from(v.clone()).map_err(|e| ApiError::bad(format!("field \"retry\": {e}")))?;
-                let policy = crate::model::RetryPolicy::from_bson(&b).map_err(ApiError::bad)?;
-                f.extra.insert("retry", policy.to_document());
-            }
-            "activity_timeout" => {
-                let b = bson::Bson::try_from(v.clone())
-                    .map_err(|e| ApiError::bad(format!("field \"activity_timeout\": {e}")))?;
-                let d = crate::model::activity_timeout_from(&b).map_err(ApiError::bad)?;
-                if d > MAX_DURATION {
-                    return Err(ApiError::bad(format!(
-                        "field \"activity_timeout\" must be at most {} seconds (365 days)",
-                        MAX_DURATION.as_secs()
-                    )));
-                }
-                f.extra
-                    .insert("activity_timeout", humantime::format_duration(d).to_string());
-            }
-            other => {
-                return Err(ApiError::bad(format!(
-                    "unknown field {other:?}: a queue has {QUEUE_FIELDS}"
-                )))
-            }
-        }
-    }
-    Ok(f)
-}
-
-/// The limits a DEN's config puts on its own sandbox, so no queue asks for what no DEN can
-/// give (e.g. a timeout past the end of its clock). Granted directories are checked by
-/// each DEN, on its own host.
-fn check_sandbox(s: &QueueSandbox) -> Result<(), ApiError> {
-    let bad = |key: &str, message: String| ApiError::bad(format!("field \"sandbox.{key}\" {message}"));
-    if let Some(t) = s.timeout.filter(|t| t.is_zero() || *t > MAX_DURATION) {
-        return Err(bad(
-            "timeout",
-            format!(
-                "must be more than 0 and at most {} seconds (365 days), got {} s",
-                MAX_DURATION.as_secs(),
-                t.as_secs_f64()
-            ),
-        ));
-    }
-    let max_memory_mib = MAX_MEMORY >> 20;
-    if let Some(m) = s.memory_mib.filter(|m| !(1..=max_memory_mib).contains(m)) {
-        return Err(bad(
-            "memory_mib",
-            format!("must be between 1 and {max_memory_mib}, got {m}"),
-        ));
-    }
-    if let Some(c) = s.output_cap_mib.filter(|c| *c > MAX_OUTPUT_CAP_MIB) {
-        return Err(bad(
-            "output_cap_mib",
-            format!("must be at most {MAX_OUTPUT_CAP_MIB}, got {c}"),
-        ));
-    }
-    for (name, value) in &s.env {
-        if name.is_empty() || name.contains(['=', '\0']) {
-            return Err(bad("env", format!("{name:?} is not a valid environment variable name")));
-        }
-        if value.contains('\0') {
-            return Err(bad("env", format!("{name:?} must not contain a NUL byte")));
-        }
-    }
-    for (i, d) in s.dirs.iter().enumerate() {
-        d.parse::<DirGrant>()
-            .map_err(|e| bad(&format!("dirs[{i}]"), format!("is not a grant: {e}")))?;
-    }
-    for (i, a) in s.network_allow.iter().enumerate() {
-        crate::runner::parse_network_allow(a).map_err(|e| bad(&format!("network_allow[{i}]"), e))?;
-    }
-    if s.write_quota_mib.is_some_and(|q| q.checked_mul(1 << 20).is_none()) {
-        return Err(bad("write_quota_mib", "is too large".into()));
-    }
-    for (i, h) in s.http.iter().enumerate() {
-        h.parse::<crate::runner::HttpRule>()
-            .map_err(|e| bad(&format!("http[{i}]"), e))?;
-    }
-    if s.http_max_body_mib.is_some_and(|m| m.checked_mul(1 << 20).is_none()) {
-        return Err(bad("http_max_body_mib", "is too large".into()));
-    }
-    if let Some(i) = s.submit.iter().position(|q| q.trim().is_empty()) {
-        return Err(bad(
-            &format!("submit[{i}]"),
-            "must be a queue name or id, not empty".into(),
-        ));
-    }
-    Ok(())
-}
-
-/// `sandbox.submit` and `sandbox.submit_max` checked before the sandbox is read, so that
-/// an error names the field.
-fn submit_types(sandbox: &Value) -> Result<(), ApiError> {
-    let bad = |key: &str, message: String| ApiError::bad(format!("field \"sandbox.{key}\" {message}"));
-    match sandbox.get("submit") {
-        None | Some(Value::Null) => {}
-        Some(Value::Array(items)) => {
-            if let Some((i, item)) = items.iter().enumerate().find(|(_, q)| !q.is_string()) {
-                return Err(bad(
-                    &format!("submit[{i}]"),
-                    format!("must be a queue name or id, got {}", kind(item)),
-                ));
-            }
-        }
-        Some(other) => {
-            return Err(bad(
-                "submit",
-                format!("must be a list of queue names or ids, got {}", kind(other)),
-            ))
-        }
-    }
-    let max = crate::runner::MAX_SUBMIT_MAX;
-    match sandbox.get("submit_max") {
-        Some(v) if !v.is_null() && v.as_u64().is_none_or(|n| n > u64::from(max)) => Err(bad(
-            "submit_max",
-            format!("must be an integer from 0 to {max}, got {v}"),
-        )),
-        _ => Ok(()),
-    }
-}
-
-fn name(v: &Value) -> Result<String, ApiError> {
-    match v.as_str().map(str::trim) {
-        Some(s) if !s.is_empty() => Ok(s.to_owned()),
-        _ => Err(ApiError::bad("field \"name\" must be a non-empty string")),
-    }
-}
-
-fn plugin(state: &Shared, v: &Value) -> Result<PluginRef, ApiError> {
-    let Some(p) = v.as_str() else {
-        return Err(ApiError::bad("field \"plugin\" must be a string"));
-    };
-    let r = PluginRef::parse(p).map_err(|e| ApiError::bad(format!("field \"plugin\": {e}")))?;
-    check_plugin_name(&r.name).map_err(|e| ApiError::bad(format!("field \"plugin\": {e}")))?;
-    if !state.plugins.contains(&r.name) {
-        return Err(ApiError::bad(format!(
-            "field \"plugin\": {:?} is not an allowed plugin (allowed: {})",
-            r.name,
-            state.plugins.join(", ")
-        )));
-    }
-    Ok(r)
-}
-
-/// A plugin pinned to a version (`name@sha256:…`) must name a stored one.
-async fn check_pin(state: &Shared, plugin: &str) -> Result<(), ApiError> {
-    let r = PluginRef::parse(plugin).map_err(ApiError::bad)?;
-    let Some(pin) = &r.pin else { return Ok(()) };
-    let versions = state.store.plugin_versions(Some(&r.name)).await?;
-    if versions.iter().any(|v| v.sha256 == *pin) {
-        return Ok(());
-    }
-    Err(ApiError::bad(format!(
-        "field \"plugin\": {plugin:?} is not a stored version of {:?} ({} stored; GET /plugins/{} lists them)",
-        r.name,
-        versions.len(),
-        r.name
-    )))
-}
-
-/// Refuses a `next_queue` that does not exist or leads back to the queue (`id`, named
-/// `name`): a chain that loops would make tasks for ever.
-async fn check_next(state: &Shared, extra: &bson::Document, id: Option<ObjectId>, name: &str) -> Result<(), ApiError> {
-    let Ok(next) = extra.get_str("next_queue") else {
-        return Ok(());
-    };
-    let queues = state.store.queues().await?;
-    let find = |key: &str| Queue::find(&queues, key);
-    let mut at = match find(next) {
-        Some(q) => q,
-        None => {
-            return Err(ApiError::bad(format!(
-                "field \"next_queue\" names queue {next:?}, which does not exist"
-            )))
-        }
-    };
-    let mut path = vec![name.to_string()];
-    loop {
-        path.push(at.name.clone());
-        if at.name == name || Some(at.id) == id {
-            return Err(ApiError::bad(format!(
-                "field \"next_queue\" makes a loop: {} (each succeeded task would make another for ever)",
-                path.join(" → ")
-            )));
-        }
-        match at.next_queue.as_deref().and_then(find) {
-            Some(q) if path.len() <= queues.len() + 1 => at = q,
-            _ => return Ok(()),
-        }
-    }
-}
-
-/// `POST /queues {name, plugin[, threads, sort, sandbox, on_orphan]}`: creates a queue.
-pub(super) async fn create(State(state): State<Shared>, JsonBody(body): JsonBody) -> Result<Json<Value>, ApiError> {
+/// `POST /queues {name, plugin[, threads, sort, sandbox, on_orphan, …]}`: creates a queue.
+/// Answers the queue with `MongoDB::InsertOneResult`; its `id` is `{"$oid": …}` as in
+/// Disbatch 4, the hex string in the native shape.
+pub(super) async fn create(State(state): State<Shared>, shape: Shape, params: Params) -> Result<Json<Value>, ApiError> {
+    let body = queue_body(params)?;
     let f = fields(&state, &body)?;
     let name = f.name.ok_or_else(|| ApiError::bad("field \"name\" is required"))?;
     let plugin = f.plugin.ok_or_else(|| ApiError::bad("field \"plugin\" is required"))?;
@@ -408,15 +167,29 @@ pub(super) async fn create(State(state): State<Shared>, JsonBody(body): JsonBody
             extra: f.extra,
         })
         .await?;
-    Ok(Json(json::queue(&queue, None)))
+    let mut value = json::mongo::with(json::queue(&queue, None), json::mongo::insert_one(&queue.id));
+    if !shape.native {
+        value["id"] = json::oid(&queue.id);
+    }
+    Ok(Json(value))
+}
+
+/// A queue as shown, without counts: what an update compares to see whether it changed.
+fn plain(found: &Found) -> Value {
+    match found {
+        Found::Queue(q) => json::queue(q, None),
+        Found::Unreadable(u) => json::unreadable_queue(u, None),
+    }
 }
 
 /// `POST /queues/{queue} {name|plugin|threads|sort|sandbox|on_orphan…}`: changes a queue.
+/// Answers the queue with `MongoDB::UpdateResult` (`modified_count` 0 when nothing changed).
 pub(super) async fn update(
     State(state): State<Shared>,
     PathKey(key): PathKey,
-    JsonBody(body): JsonBody,
+    params: Params,
 ) -> Result<Json<Value>, ApiError> {
+    let body = queue_body(params)?;
     if body.is_empty() {
         return Err(ApiError::bad(format!("nothing to change: give one of {QUEUE_FIELDS}")));
     }
@@ -429,17 +202,11 @@ pub(super) async fn update(
             return Err(ApiError::bad("field \"name\" must not look like an ObjectId"));
         }
     }
-    let id = find_any(&state, &key).await?.id();
+    let before = find_any(&state, &key).await?;
+    let id = before.id();
     let own = match &f.name {
         Some(n) => n.clone(),
-        None => state
-            .store
-            .queues()
-            .await?
-            .into_iter()
-            .find(|q| q.id == id)
-            .map(|q| q.name)
-            .unwrap_or_default(),
+        None => before.name().unwrap_or_default().to_string(),
     };
     check_next(&state, &f.extra, Some(id), &own).await?;
     let update = QueueUpdate {
@@ -458,20 +225,23 @@ pub(super) async fn update(
         }
         Err(e) => return Err(e.into()),
     };
+    let changed = changed.ok_or_else(|| ApiError::NotFound(format!("no queue {key:?}")))?;
+    let result = json::mongo::update(true, plain(&before) != plain(&changed));
     let counts = state.store.queue_counts().await?;
-    match changed.ok_or_else(|| ApiError::NotFound(format!("no queue {key:?}")))? {
-        Found::Queue(q) => Ok(Json(json::queue(&q, counts.get(&q.id)))),
-        Found::Unreadable(u) => Ok(Json(json::unreadable_queue(&u, counts.get(&u.id)))),
-    }
+    let value = match &changed {
+        Found::Queue(q) => json::queue(q, counts.get(&q.id)),
+        Found::Unreadable(u) => json::unreadable_queue(u, counts.get(&u.id)),
+    };
+    Ok(Json(json::mongo::with(value, result)))
 }
 
-/// `DELETE /queues/{queue}`: deletes a queue (its tasks stay), readable or not.
+/// `DELETE /queues/{queue}`: deletes a queue (its tasks stay), readable or not. Answers
+/// `{id, name, deleted: true}` with `MongoDB::DeleteResult`.
 pub(super) async fn delete(State(state): State<Shared>, PathKey(key): PathKey) -> Result<Json<Value>, ApiError> {
     let found = find_any(&state, &key).await?;
     if !state.store.delete_queue(found.id()).await? {
         return Err(ApiError::NotFound(format!("no queue {key:?}")));
     }
-    Ok(Json(
-        json!({ "id": found.id().to_hex(), "name": found.name(), "deleted": true }),
-    ))
+    let value = json!({ "id": found.id().to_hex(), "name": found.name(), "deleted": true });
+    Ok(Json(json::mongo::with(value, json::mongo::delete(true))))
 }

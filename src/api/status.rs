@@ -1,6 +1,7 @@
 //! `GET /info`, `GET /monitoring` (the Disbatch 4 check) and `GET /metrics`
 //! (Prometheus text format).
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use axum::extract::State;
@@ -8,60 +9,87 @@ use axum::http::header;
 use axum::response::IntoResponse;
 use axum::Json;
 use bson::DateTime;
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
 use super::json::node_age;
 use super::{ApiError, Shared, FRESH_NODE};
 use crate::model::{status, Histogram, Node, NodeStats};
 use crate::store::TaskFilter;
 
-/// `GET /info`: `{name, version, database, plugins, token_required}`.
+/// `GET /info`: `{name, version, database, plugins, token_required}` and, as Disbatch 4
+/// gave them, `web_extensions` (none: this DCI loads no Perl route packages) and `routes`,
+/// every route by method (`{"GET": ["/balance", …], "POST": […], "DELETE": […]}`).
 pub(super) async fn info(State(state): State<Shared>) -> Json<Value> {
+    let mut routes: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for (method, path) in super::ROUTES {
+        routes.entry(method).or_default().push(path);
+    }
     Json(json!({
         "name": "disbatch",
         "version": env!("CARGO_PKG_VERSION"),
         "database": state.database,
+        "web_extensions": [],
+        "routes": routes,
         "plugins": state.plugins,
         "token_required": state.api_token.is_some(),
     }))
 }
 
-/// `GET /monitoring`: `{"disbatch": {"status": "OK"|"WARNING"|"CRITICAL", "message",
-/// "nodes": {"fresh": [...], "stale": [...]}}}`; a node is fresh when its heartbeat is
-/// under 60 s old. CRITICAL when no node is fresh (or the database is unreachable),
-/// WARNING when some node is stale.
+/// `GET /monitoring`, Disbatch 4's check: `{"disbatch": {"status", "message", "nodes":
+/// {"fresh": {name: age}, "stale": {name: age}}}, "queuebalance": {"status", "message"}}`,
+/// ages in whole seconds since the heartbeat. A node is fresh when its heartbeat is under
+/// 60 s old. OK while one node is fresh, CRITICAL when none is (or the database is
+/// unreachable), WARNING "No Disbatch nodes found" (without `nodes`) when there are none.
 pub(super) async fn monitoring(State(state): State<Shared>) -> Json<Value> {
     if !state.monitoring {
         let off = json!({ "status": "OK", "message": "monitoring is disabled" });
         return Json(json!({ "disbatch": off, "queuebalance": off }));
     }
     let queuebalance = super::balance::check(&state).await;
-    let nodes = match state.store.nodes().await {
-        Ok(n) => n,
-        Err(e) => {
-            return Json(json!({ "disbatch": {
-                "status": "CRITICAL",
-                "message": format!("cannot read nodes: {e}"),
-                "nodes": { "fresh": [], "stale": [] },
-            }, "queuebalance": queuebalance }))
-        }
+    let disbatch = match state.store.nodes().await {
+        Ok(nodes) => check_nodes(&nodes, DateTime::now()),
+        Err(e) => json!({ "status": "CRITICAL", "message": format!("cannot read nodes: {e}") }),
     };
-    let now = DateTime::now();
-    let (fresh, stale): (Vec<_>, Vec<_>) = nodes.iter().partition(|n| node_age(n, now) < FRESH_NODE.as_secs_f64());
-    let fresh: Vec<&str> = fresh.iter().map(|n| n.node.as_str()).collect();
-    let stale: Vec<&str> = stale.iter().map(|n| n.node.as_str()).collect();
+    Json(json!({ "disbatch": disbatch, "queuebalance": queuebalance }))
+}
+
+/// The `disbatch` part of `GET /monitoring`.
+fn check_nodes(nodes: &[Node], now: DateTime) -> Value {
+    if nodes.is_empty() {
+        return json!({ "status": "WARNING", "message": "No Disbatch nodes found" });
+    }
+    let (mut fresh, mut stale) = (Map::new(), Map::new());
+    for n in nodes {
+        let age = node_age(n, now);
+        let side = if age < FRESH_NODE.as_secs_f64() {
+            &mut fresh
+        } else {
+            &mut stale
+        };
+        side.insert(n.node.clone(), json!(age.floor() as u64));
+    }
+    let names = |m: &Map<String, Value>| m.keys().cloned().collect::<Vec<_>>().join(", ");
     let (level, message) = if fresh.is_empty() {
-        ("CRITICAL", "no fresh nodes".to_string())
-    } else if !stale.is_empty() {
-        ("WARNING", format!("stale nodes: {}", stale.join(", ")))
+        (
+            "CRITICAL",
+            format!(
+                "no fresh Disbatch nodes: every heartbeat is over 60 s old ({})",
+                names(&stale)
+            ),
+        )
+    } else if stale.is_empty() {
+        ("OK", format!("Disbatch is running on {} fresh nodes", fresh.len()))
     } else {
-        ("OK", format!("{} fresh nodes", fresh.len()))
+        (
+            "OK",
+            format!(
+                "Disbatch is running on {} fresh nodes; stale: {}",
+                fresh.len(),
+                names(&stale)
+            ),
+        )
     };
-    Json(json!({ "disbatch": {
-        "status": level,
-        "message": message,
-        "nodes": { "fresh": fresh, "stale": stale },
-    }, "queuebalance": queuebalance }))
+    json!({ "status": level, "message": message, "nodes": { "fresh": fresh, "stale": stale } })
 }
 
 /// A Prometheus label value, escaped.

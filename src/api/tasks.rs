@@ -3,23 +3,20 @@
 
 use std::collections::HashMap;
 
-use axum::extract::{Query, State};
+use axum::extract::{Query, Request, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bson::oid::ObjectId;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
-use super::body::{kind, PathKey};
+use super::body::PathKey;
+use super::form::Shape;
 use super::json::TaskView;
-use super::{json, queues, ApiError, Shared, MAX_TASK_LIMIT};
+use super::search::{self, Input};
+use super::{json, ApiError, Shared, MAX_TASK_LIMIT};
 use crate::model::Output;
 use crate::store::{Page, TaskFilter};
-
-/// Query options of `GET /tasks` that are not filters.
-const OPTIONS: [&str; 11] = [
-    "limit", "skip", "count", "fields", "epoch", "terse", "full", "pretty", "new", "next", "timeout",
-];
 
 /// The response header carrying the cursor of the next page of a full page of tasks.
 pub const NEXT_HEADER: &str = "disbatch-next";
@@ -34,41 +31,6 @@ pub(super) fn truthy(v: Option<&String>) -> bool {
     matches!(v.map(String::as_str), Some("1" | "true" | "yes" | "on" | ""))
 }
 
-fn number(q: &HashMap<String, String>, key: &str) -> Result<Option<u64>, ApiError> {
-    q.get(key)
-        .map(|v| {
-            v.trim()
-                .parse::<u64>()
-                .map_err(|_| ApiError::bad(format!("{key:?} must be a non-negative integer, got {v:?}")))
-        })
-        .transpose()
-}
-
-/// One status code, or several separated by commas.
-fn statuses(v: &Value) -> Result<Vec<i32>, ApiError> {
-    let bad = || {
-        ApiError::bad(format!(
-            "filter \"status\" must be an integer or a list of integers, got {v}"
-        ))
-    };
-    match v {
-        Value::Number(n) => Ok(vec![n.as_i64().and_then(|n| i32::try_from(n).ok()).ok_or_else(bad)?]),
-        Value::String(s) => s
-            .split(',')
-            .map(|p| p.trim().parse::<i32>().map_err(|_| bad()))
-            .collect(),
-        Value::Array(a) => a
-            .iter()
-            .map(|x| match (x, statuses(x)?.as_slice()) {
-                (Value::Number(_) | Value::String(_), [one]) => Ok(*one),
-                _ => Err(bad()),
-            })
-            .collect(),
-        Value::Object(o) if o.len() == 1 && o.contains_key("$in") => statuses(&o["$in"]),
-        _ => Err(bad()),
-    }
-}
-
 /// An ObjectId given as hex or `{"$oid": hex}`.
 pub(super) fn object_id(v: &Value) -> Option<ObjectId> {
     match v {
@@ -79,66 +41,6 @@ pub(super) fn object_id(v: &Value) -> Option<ObjectId> {
             .and_then(|s| ObjectId::parse_str(s).ok()),
         _ => None,
     }
-}
-
-/// Builds the filter from `key → value` pairs; only indexed fields are accepted.
-async fn filter(state: &Shared, pairs: &Map<String, Value>) -> Result<TaskFilter, ApiError> {
-    let mut f = TaskFilter::default();
-    for (k, v) in pairs {
-        match k.as_str() {
-            "queue" => {
-                let queue = match object_id(v) {
-                    Some(id) => id,
-                    None => {
-                        let key = v
-                            .as_str()
-                            .ok_or_else(|| ApiError::bad("filter \"queue\" must be a queue id or name"))?;
-                        queues::find(state, key).await?.id
-                    }
-                };
-                f.queue = Some(queue);
-            }
-            "status" => f.status = Some(statuses(v)?),
-            "node" => {
-                f.node = Some(match v {
-                    Value::Null => None,
-                    Value::String(s) if s == "null" => None,
-                    Value::String(s) => Some(s.clone()),
-                    other => {
-                        return Err(ApiError::bad(format!(
-                            "filter \"node\" must be a node name or null, got {}",
-                            kind(other)
-                        )))
-                    }
-                })
-            }
-            "id" | "_id" => {
-                f.id = Some(object_id(v).ok_or_else(|| ApiError::bad(format!("filter {k:?} must be a task id")))?)
-            }
-            "batch" => {
-                f.batch = Some(
-                    v.as_str()
-                        .ok_or_else(|| ApiError::bad(format!("filter \"batch\" must be a batch id, got {}", kind(v))))?
-                        .to_owned(),
-                )
-            }
-            "after" => {
-                let text = v
-                    .as_str()
-                    .map(str::to_owned)
-                    .or_else(|| object_id(v).map(|o| o.to_hex()));
-                f.after = Some(text.as_deref().and_then(crate::store::Dependency::parse).ok_or_else(|| {
-                    ApiError::bad("filter \"after\" must be a task id or batch:<batch id> (lists the tasks waiting for it)")
-                })?)
-            }
-            other => {
-                return Err(ApiError::bad(format!(
-                    "cannot filter on {other:?}: only the indexed fields queue, status, node, id, batch and after"
-                )))
-            }
-        }
-    }
-    Ok(f)
 }
 
 /// Most tasks one `GET /tasks?full=1` may return, since each may read files back.
@@ -158,43 +60,23 @@ fn reply(value: Value, pretty: bool) -> Response {
 }
 
 /// `GET /tasks?queue=&status=&node=&id=&batch=&after=&filter={json}&limit=&skip=&count=&fields=&epoch=&terse=&full=&pretty=`:
-/// tasks newest first, or `{"count": n}`. A query without a filter needs a limit. `terse`
-/// replaces inline stdout/stderr with `"[terse mode]"`; `full` reads file-backed ones back
-/// as text (limit at most [`MAX_FULL_LIMIT`]); `pretty` indents the JSON.
+/// tasks newest first, or `{"count": n}`. The same filters and options may come in a JSON
+/// body, options also with Disbatch 4's leading dot (see [`super::search`]). A query
+/// without a filter needs a limit. `terse` replaces inline stdout/stderr with `"[terse
+/// mode]"`; `full` reads file-backed ones back as text (limit at most [`MAX_FULL_LIMIT`]);
+/// `pretty` indents the JSON. In Disbatch 4's shape, `.limit` 1 answers the one task found
+/// (not a list), or `{}` when none is.
 ///
 /// A full page carries the cursor of the next one in the [`NEXT_HEADER`] header; `next=<cursor>`
 /// asks for that page (stable while tasks are added, unlike `skip`). `new=<id>` lists the
 /// tasks created after task `<id>`, oldest first, and when there are none yet waits for one
 /// (up to `timeout`, 30 s by default, at most 300 s) before answering `[]`.
-pub(super) async fn search(
-    State(state): State<Shared>,
-    Query(q): Query<HashMap<String, String>>,
-) -> Result<Response, ApiError> {
-    let mut pairs = Map::new();
-    if let Some(text) = q.get("filter") {
-        match serde_json::from_str::<Value>(text) {
-            Ok(Value::Object(m)) => pairs.extend(m),
-            Ok(other) => {
-                return Err(ApiError::bad(format!(
-                    "\"filter\" must be a JSON object, got {}",
-                    kind(&other)
-                )))
-            }
-            Err(e) => return Err(ApiError::bad(format!("\"filter\" is not valid JSON: {e}"))),
-        }
-    }
-    for (k, v) in &q {
-        if k != "filter" && !OPTIONS.contains(&k.as_str()) {
-            let value = match k.as_str() {
-                "node" if v == "null" => Value::Null,
-                _ => Value::String(v.clone()),
-            };
-            pairs.insert(k.clone(), value);
-        }
-    }
-    let mut filter = filter(&state, &pairs).await?;
+pub(super) async fn search(State(state): State<Shared>, shape: Shape, request: Request) -> Result<Response, ApiError> {
+    let input = Input::read(request).await?;
+    let mut filter = search::filter(&state, &input.filters).await?;
     let cursor = |key: &str| -> Result<Option<ObjectId>, ApiError> {
-        q.get(key)
+        input
+            .text(key)
             .map(|v| {
                 ObjectId::parse_str(v.trim())
                     .map_err(|_| ApiError::bad(format!("\"{key}\" must be a task id (24 hex digits), got {v:?}")))
@@ -202,34 +84,40 @@ pub(super) async fn search(
             .transpose()
     };
     let (new, next) = (cursor("new")?, cursor("next")?);
+    let given = |k: &str| input.options.get(k).is_some_and(|v| !v.is_null());
+    // Options that are off (`.skip: 0`, `.count: 0`, as Disbatch 4's CLI sends them) do not count.
+    let on = |k: &str| -> Result<bool, ApiError> {
+        Ok(match k {
+            "skip" => input.number("skip")?.unwrap_or(0) > 0,
+            "count" => input.flag("count")?,
+            _ => given(k),
+        })
+    };
     for (a, b) in [("new", "next"), ("new", "skip"), ("next", "skip"), ("new", "count")] {
-        if q.contains_key(a) && q.contains_key(b) {
+        if on(a)? && on(b)? {
             return Err(ApiError::bad(format!("\"{a}\" and \"{b}\" exclude each other")));
         }
     }
-    if q.contains_key("timeout") && new.is_none() {
+    if given("timeout") && new.is_none() {
         return Err(ApiError::bad(
             "\"timeout\" is for \"new\": it says how long to wait for new tasks",
         ));
     }
-    let wait = if new.is_some() {
-        Some(super::watch::timeout(&q)?)
-    } else {
-        None
-    };
+    let wait = if new.is_some() { Some(input.timeout()?) } else { None };
     filter.newer_than = new;
     filter.older_than = next;
-    let pretty = truthy(q.get("pretty"));
-    if truthy(q.get("count")) {
+    let pretty = input.flag("pretty")?;
+    if input.flag("count")? {
         let n = state.store.count_tasks(&filter).await?;
         return Ok(reply(json!({ "count": n }), pretty));
     }
-    let (terse, full) = (truthy(q.get("terse")), truthy(q.get("full")));
+    let (terse, full) = (input.flag("terse")?, input.flag("full")?);
     if terse && full {
         return Err(ApiError::bad("\"terse\" and \"full\" exclude each other"));
     }
-    let limit = number(&q, "limit")?;
-    let skip = number(&q, "skip")?.unwrap_or(0);
+    // 0 is no limit, as in Disbatch 4.
+    let limit = input.number("limit")?.filter(|l| *l > 0);
+    let skip = input.number("skip")?.unwrap_or(0);
     if i64::try_from(skip).is_err() {
         return Err(ApiError::bad(format!(
             "\"skip\" must be at most {}, got {skip}",
@@ -241,20 +129,19 @@ pub(super) async fn search(
             "refusing an unbounded query: give a filter (queue, status, node, id) or a \"limit\"",
         ));
     }
+    // Disbatch 4 answered `.limit` 1 with the task itself.
+    let single = !shape.native && limit == Some(1) && input.dotted.iter().any(|d| d == "limit");
     let limit = limit.unwrap_or(if full { MAX_FULL_LIMIT } else { MAX_TASK_LIMIT });
     if limit > MAX_TASK_LIMIT {
         return Err(ApiError::bad(format!(
             "\"limit\" must be at most {MAX_TASK_LIMIT}, got {limit}"
         )));
     }
+    let (fields, without) = input.fields()?;
     let view = TaskView {
-        epoch: truthy(q.get("epoch")),
-        fields: q.get("fields").map(|f| {
-            f.split(',')
-                .map(|s| s.trim().to_owned())
-                .filter(|s| !s.is_empty())
-                .collect()
-        }),
+        epoch: input.flag("epoch")?,
+        fields,
+        without,
     };
     if full && limit > MAX_FULL_LIMIT {
         return Err(ApiError::bad(format!(
@@ -289,7 +176,12 @@ pub(super) async fn search(
         }
         out.push(value);
     }
-    let mut response = reply(Value::Array(out), pretty);
+    let answer = match out.pop() {
+        Some(one) if single => one,
+        None if single => json!({}),
+        last => Value::Array(out.into_iter().chain(last).collect()),
+    };
+    let mut response = reply(answer, pretty);
     if let Some(next) = next.and_then(|n| header::HeaderValue::from_str(&n).ok()) {
         response.headers_mut().insert(NEXT_HEADER, next);
     }
@@ -357,7 +249,7 @@ pub(super) async fn one(
     let task = super::keys::find(&state, &id, queue).await?;
     let view = TaskView {
         epoch: truthy(q.get("epoch")),
-        fields: None,
+        ..TaskView::default()
     };
     let mut value = json::task(&task, &view);
     if truthy(q.get("output")) {
@@ -412,20 +304,4 @@ async fn output_text(State(state): State<Shared>, PathKey(id): PathKey, name: &s
             .map_err(|e| std::io::Error::other(e.to_string())),
     );
     Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], body).into_response())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn status_lists() {
-        assert_eq!(statuses(&json!("1,2")).unwrap(), vec![1, 2]);
-        assert_eq!(statuses(&json!([-2, 0])).unwrap(), vec![-2, 0]);
-        assert_eq!(statuses(&json!({"$in": [1]})).unwrap(), vec![1]);
-        assert!(statuses(&json!("x")).is_err());
-        assert!(statuses(&json!([[]])).is_err());
-        assert!(statuses(&json!([{"$in": []}])).is_err());
-        assert!(statuses(&json!(["1,2"])).is_err());
-    }
 }

@@ -35,7 +35,8 @@ impl Client {
 
     /// Sends a request and returns the JSON answer (or the text as a JSON string).
     pub async fn call(&self, method: Method, path: &str, body: Option<&Value>) -> Result<Value, CliError> {
-        let mut req = self.request(method, path);
+        // Our own answer shapes, not Disbatch 4's (docs/api.md, "Answer shapes").
+        let mut req = self.request(method, path).header("disbatch-shape", "native");
         if let Some(b) = body {
             req = req.json(b);
         }

@@ -69,9 +69,13 @@ pub async fn send_request(app: &Router, request: Request<Body>) -> Reply {
     }
 }
 
-/// Sends a request with an optional JSON body (as `application/json`) and bearer token.
+/// Sends a request with an optional JSON body (as `application/json`) and bearer token,
+/// asking for the native answer shapes as our own clients do (`Disbatch-Shape: native`).
 pub async fn send(app: &Router, method: Method, uri: &str, body: Option<&str>, token: Option<&str>) -> Reply {
-    let mut req = Request::builder().method(method).uri(uri);
+    let mut req = Request::builder()
+        .method(method)
+        .uri(uri)
+        .header(disbatch::api::SHAPE_HEADER, "native");
     if body.is_some() {
         req = req.header(header::CONTENT_TYPE, "application/json");
     }

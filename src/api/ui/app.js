@@ -22,7 +22,8 @@ function say(text, kind = "info") {
 }
 
 async function api(method, path, body) {
-  const headers = {};
+  // Our own answer shapes (404 for an unknown queue or node, dates as {"$date"}), not Disbatch 4's.
+  const headers = { "Disbatch-Shape": "native" };
   const token = localStorage.getItem("disbatch-token");
   if (token && method !== "GET") headers["Authorization"] = "Bearer " + token;
   if (body !== undefined) headers["Content-Type"] = "application/json";
