@@ -23,7 +23,8 @@ pub const DEFAULT_TASKS_LIMIT: u64 = 20;
 #[command(
     name = "disbatch",
     version,
-    about = "Disbatch command interface: serve the DCI, manage queues and tasks"
+    about = "Disbatch command interface: serve the DCI, manage queues and tasks",
+    next_help_heading = "Global options (before or after the verb)"
 )]
 pub struct Cli {
     /// URL of the DCI.
