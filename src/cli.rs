@@ -15,14 +15,17 @@ mod command;
 pub mod dev;
 mod input;
 mod lifecycle;
+mod options;
 mod output;
 pub mod plugins;
+pub mod roles;
 pub mod scaffold;
 pub mod table;
+mod tasks;
+pub mod users;
 mod wait;
 pub mod web;
 
-use clap::Parser;
 use serde_json::{json, Map, Value};
 
 use self::batches::batch_text;
@@ -30,7 +33,8 @@ use self::client::{encode, Client};
 pub use self::command::Command;
 use self::input::{queue_fields, read_json, task_params};
 use self::lifecycle::{absolute_run_at, stop_tasks};
-use self::output::{created, lines, nodes_table, pretty, queues_table, task_text, tasks_table, Output};
+pub use self::options::{Cli, DEFAULT_CONFIG, DEFAULT_TASKS_LIMIT};
+use self::output::{created, lines, nodes_table, pretty, queues_table, task_text, Output};
 use self::table::cell;
 use self::wait::{wait_for_tasks, WaitArgs};
 use crate::launch::StartError;
@@ -108,50 +112,20 @@ impl CliError {
     }
 }
 
-/// `disbatch`: operate a Disbatch cluster through its DCI.
-#[derive(Debug, Parser)]
-#[command(
-    name = "disbatch",
-    version,
-    about = "Disbatch command interface: serve the DCI, manage queues and tasks"
-)]
-pub struct Cli {
-    /// URL of the DCI.
-    #[arg(long, global = true, env = "DISBATCH_URL", default_value = "http://localhost:8080")]
-    pub url: String,
-    /// Bearer token for writes (the server's `api_token`).
-    #[arg(long, global = true, env = "DISBATCH_TOKEN", hide_env_values = true)]
-    pub token: Option<String>,
-    /// Print the API's JSON instead of tables (`--pretty`, Disbatch 4's option, is the same).
-    #[arg(long, global = true, visible_alias = "pretty")]
-    pub json: bool,
-    /// `tasks`: return at most this many.
-    #[arg(long, global = true)]
-    pub limit: Option<u64>,
-    /// `tasks`: skip this many.
-    #[arg(long, global = true)]
-    pub skip: Option<u64>,
-    /// `tasks`: print only the number of matching tasks.
-    #[arg(long, global = true)]
-    pub count: bool,
-    /// `tasks`: only these fields (comma-separated).
-    #[arg(long, global = true)]
-    pub fields: Option<String>,
-    /// The verb.
-    #[command(subcommand)]
-    pub command: Command,
-}
-
 /// Runs a client verb (everything but `web`) and prints its result.
 pub async fn run(cli: &Cli) -> Result<(), CliError> {
-    let client = Client::new(&cli.url, cli.token.clone())?;
+    if let Command::CreateUsers(args) = &cli.command {
+        // Talks to MongoDB, not to a DCI.
+        return users::run(cli.config.as_deref(), args).await;
+    }
+    let client = cli.client()?;
     let out = match &cli.command {
-        Command::Web { .. } | Command::Dev(_) => {
+        Command::Web { .. } | Command::Dev(_) | Command::CreateUsers(_) => {
             return Err(CliError::Usage("`web` and `dev` are run by the binary".into()))
         }
         Command::Info => Output::new(client.get("/info").await?, pretty),
-        Command::Plugins { full: false } => Output::new(client.get("/plugins").await?, lines),
-        Command::Plugins { full: true } => Output::new(client.get("/plugins?full=1").await?, plugins::table),
+        Command::Plugins if !cli.full => Output::new(client.get("/plugins").await?, lines),
+        Command::Plugins => Output::new(client.get("/plugins?full=1").await?, plugins::table),
         Command::NewPlugin(args) => {
             let root = scaffold::create(args)?;
             print!("{}", scaffold::done(&root, &args.name, args.lang));
@@ -293,33 +267,14 @@ pub async fn run(cli: &Cli) -> Result<(), CliError> {
             let body = json!({"queue": queue, "tasks": list});
             Output::new(client.post("/tasks", &body).await?, created)
         }
-        Command::Tasks { filter } => {
-            let mut q = Vec::new();
-            if let Some(f) = filter {
-                let value: Value = serde_json::from_str(f)
-                    .map_err(|e| CliError::Usage(format!("the filter is not valid JSON: {e}")))?;
-                q.push(format!("filter={}", encode(&value.to_string())));
-            }
-            if let Some(l) = cli.limit {
-                q.push(format!("limit={l}"));
-            }
-            if let Some(s) = cli.skip {
-                q.push(format!("skip={s}"));
-            }
-            if cli.count {
-                q.push("count=1".into());
-            }
-            if let Some(f) = &cli.fields {
-                q.push(format!("fields={}", encode(f)));
-            }
-            let v = client.get(&format!("/tasks?{}", q.join("&"))).await?;
-            if cli.count {
-                Output::new(v, |v| format!("{}\n", cell(&v["count"])))
-            } else {
-                Output::new(v, tasks_table)
-            }
+        Command::Tasks { filter } => tasks::tasks(&client, cli, filter.as_deref()).await?,
+        Command::Task { id } => {
+            let epoch = if cli.epoch { "&epoch=1" } else { "" };
+            Output::new(
+                client.get(&format!("/tasks/{}?output=1{epoch}", encode(id))).await?,
+                task_text,
+            )
         }
-        Command::Task { id } => Output::new(client.get(&format!("/tasks/{}?output=1", encode(id))).await?, task_text),
         Command::Batch { id } => Output::new(client.get(&format!("/batches/{}", encode(id))).await?, batch_text),
         Command::Nodes => Output::new(client.get("/nodes").await?, nodes_table),
         Command::SetMaxthreads { node, maxthreads } => {

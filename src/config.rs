@@ -45,7 +45,7 @@ pub const MIN_API_TOKEN_LEN: usize = 16;
 /// Longest plugin name, in bytes (a file name is at most 255 bytes with `.wasm`).
 pub const MAX_PLUGIN_NAME_LEN: usize = 200;
 /// The spec's MongoDB users: each role connects as the user of that name.
-pub const AUTH_ROLES: [&str; 4] = ["disbatchd", "disbatch_web", "task_runner", "plugin"];
+pub const AUTH_ROLES: [&str; 5] = ["disbatchd", "disbatch_web", "task_runner", "queuebalance", "plugin"];
 
 /// How long a database operation waits for a reachable server before it fails (and the
 /// DEN logs an outage and retries), instead of the driver's 30 s.
@@ -208,7 +208,8 @@ pub struct Tls {
 pub struct Auth {
     /// Role (user name) → password.
     pub passwords: BTreeMap<String, String>,
-    /// Database holding the users (`auth_source`; the driver's default when unset).
+    /// Database holding the users (`auth_source`; when unset, the URI's `authSource`, else
+    /// the config's `database`, as in Disbatch 4).
     pub auth_source: Option<String>,
 }
 
@@ -394,8 +395,9 @@ impl Config {
     }
 
     /// MongoDB connection settings for `role` (`disbatchd`, `disbatch_web`, …): TLS from
-    /// `attributes`, the role as user name with its password when `auth` has one, and a
-    /// [`SERVER_SELECTION_TIMEOUT`] so outages surface quickly.
+    /// `attributes`, the role as user name with its password when `auth` has one (the user
+    /// looked up in `auth.auth_source`, else the URI's `authSource`, else `database`), and
+    /// a [`SERVER_SELECTION_TIMEOUT`] so outages surface quickly.
     pub fn mongo_options(&self, role: &str) -> crate::store::mongo::MongoOptions {
         let password = self.auth.passwords.get(role).cloned();
         crate::store::mongo::MongoOptions {
@@ -405,6 +407,7 @@ impl Config {
             username: password.as_ref().map(|_| role.to_owned()),
             password,
             auth_source: self.auth.auth_source.clone(),
+            default_auth_source: Some(self.database.clone()).filter(|d| !d.is_empty()),
             server_selection_timeout: Some(SERVER_SELECTION_TIMEOUT),
         }
     }

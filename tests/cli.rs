@@ -30,8 +30,18 @@ async fn queues_tasks_and_nodes_through_the_cli() {
     assert_eq!(t["count"], 1);
     let id = t["ids"][0].as_str().unwrap().to_owned();
     let task = web.json(&["task", &id]);
-    assert_eq!(task["params"], json!({"message": "hi", "repeat": 2}));
+    // Values are strings, as Disbatch 4 sends them; `key:=JSON` is typed.
+    assert_eq!(task["params"], json!({"message": "hi", "repeat": "2"}));
     assert!(web.ok(&["task", &id]).contains("status_name queued"));
+    let t = web.json(&["create-task", "jobs", "repeat:=2", "tags:=[\"a\"]", "note", "x:=y"]);
+    let task = web.json(&["task", t["ids"][0].as_str().unwrap()]);
+    assert_eq!(task["params"], json!({"repeat": 2, "tags": ["a"], "note": "x:=y"}));
+    let out = web.run(&["create-task", "jobs", "n:=two"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("must be JSON"), "{}", stderr(&out));
+    // Dates as epoch seconds.
+    let task = web.json(&["task", &id, "--epoch"]);
+    assert!(task["ctime"].is_number(), "{task}");
 
     let t = web.json(&["create-tasks", "jobs", r#"[{"n":1},{"n":2}]"#]);
     assert_eq!(t["count"], 2);
@@ -107,7 +117,30 @@ async fn queues_tasks_and_nodes_through_the_cli() {
     ]);
     assert_eq!(t["count"], 1);
 
-    assert_eq!(web.ok(&["--count", "tasks", r#"{"queue":"jobs"}"#]).trim(), "2505");
+    assert_eq!(web.ok(&["--count", "tasks", r#"{"queue":"jobs"}"#]).trim(), "2506");
+    // 20 by default, as Disbatch 4; `--limit 0` is all of them, page by page (100 a page
+    // with --full), the options after the verb as well as before it.
+    let page = web.json(&["tasks", r#"{"queue":"jobs"}"#]);
+    assert_eq!(page.as_array().unwrap().len(), 20);
+    let all = web.json(&[
+        "tasks",
+        r#"{"queue":"jobs"}"#,
+        "--limit",
+        "0",
+        "--full",
+        "--fields",
+        "status",
+    ]);
+    let all = all.as_array().unwrap();
+    assert_eq!(all.len(), 2506);
+    let mut ids: Vec<&str> = all.iter().map(|t| t["id"].as_str().unwrap()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), 2506, "every task once");
+    let skipped = web.json(&["--limit", "0", "--skip", "2500", "tasks", r#"{"queue":"jobs"}"#]);
+    assert_eq!(skipped.as_array().unwrap().len(), 6);
+    let t = web.json(&["--epoch", "--terse", "--limit", "1", "tasks"]);
+    assert!(t[0]["mtime"].is_number(), "{t}");
     let page = web.json(&[
         "--limit",
         "3",
@@ -163,9 +196,21 @@ async fn errors_and_exit_codes() {
     let out = web.run(&["task", "0123456789abcdef01234567"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("HTTP 404"));
-    let out = web.run(&["tasks"]);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(stderr(&out).contains("unbounded"));
+    // Without a filter or --limit, the 20 newest (the server refuses unbounded queries).
+    assert_eq!(web.json(&["tasks"]), json!([]));
+    for (args, says) in [
+        (&["--terse", "tasks", "--noterse"][..], "contradict"),
+        (&["-n", "me", "queues"][..], "together"),
+        (
+            &["--url", "https://127.0.0.1:1", "--ssl-ca-file", "/no/ca.pem", "queues"][..],
+            "/no/ca.pem",
+        ),
+        (&["--config", "/no/config.json", "queues"][..], "/no/config.json"),
+    ] {
+        let out = web.run(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(says), "{args:?}: {}", stderr(&out));
+    }
     let out = web.run(&["create-tasks", "q", "[not json"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("invalid JSON"));
@@ -194,6 +239,58 @@ async fn token_from_flag_or_env() {
     let out = web.run_with(&["delete-queue", "q"], None, &[("DISBATCH_TOKEN", "t0k")]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(web.run(&["queues"]).status.success());
+
+    // HTTP basic as Disbatch 4's CLI: any user name, the token as password.
+    let out = web.run(&["-n", "someone", "--password", "t0k", "create-queue", "q2", "demo"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = web.run(&["delete-queue", "q2", "--username", "x", "--password", "wrong"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("HTTP 401") && stderr(&out).contains("api_token"),
+        "{}",
+        stderr(&out)
+    );
+
+    // The token from a config file (relaxed JSON, as Disbatch 4 reads it).
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.json");
+    std::fs::write(
+        &config,
+        "{ # the client reads api_token and attributes only\n \"api_token\": \"t0k\", }",
+    )
+    .unwrap();
+    let out = web.run(&["delete-queue", "q2", "--config", config.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
+/// What LWP (Disbatch 4's CLI) needs: a write without credentials answers 401 with a
+/// `Basic realm="disbatch"` challenge, and the same request with basic credentials (any
+/// user, the token as password) then passes.
+#[tokio::test]
+async fn basic_auth_challenge_for_disbatch_4_clients() {
+    let db = common::test_db("cli_basic").await;
+    let web = Web::start(&db.uri, &db.name, json!({"api_token": "t0k-basic"}));
+    let http = reqwest::Client::new();
+    let post = || {
+        http.post(format!("{}/queues", web.url))
+            .json(&json!({"name": "lwp", "plugin": "demo"}))
+    };
+    let r = post().send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    let challenges: Vec<&str> = r
+        .headers()
+        .get_all(reqwest::header::WWW_AUTHENTICATE)
+        .iter()
+        .map(|v| v.to_str().unwrap())
+        .collect();
+    assert!(challenges.contains(&"Basic realm=\"disbatch\""), "{challenges:?}");
+    assert!(challenges.contains(&"Bearer"), "{challenges:?}");
+    let r = post().basic_auth("lwp-user", Some("wrong")).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    let r = post().basic_auth("lwp-user", Some("t0k-basic")).send().await.unwrap();
+    assert_eq!(r.status(), 200, "{:?}", r.text().await);
+    let r = post().bearer_auth("t0k-basic").send().await.unwrap();
+    assert_ne!(r.status(), 401, "the bearer token passes too");
 }
 
 #[tokio::test]
@@ -226,7 +323,7 @@ async fn a_den_runs_what_the_cli_submits() {
     let shown = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(shown.ends_with(" 1 (succeeded)\n"), "{shown}");
     assert!(stderr(&out).starts_with("created 1 tasks\n"), "{}", stderr(&out));
-    let out = web.run_with(&["create-task", "--wait", "run", "status", "2"], None, &[]);
+    let out = web.run_with(&["create-task", "--wait", "run", "status:=2"], None, &[]);
     assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
     assert!(
         stderr(&out).contains("1 of 1 tasks did not succeed"),
@@ -314,8 +411,8 @@ async fn schedule_cancel_and_kill_through_the_cli() {
         "{shown}"
     );
     // A key makes create-task safe to repeat.
-    let one = web.ok(&["create-task", "--key", "nightly", "jobs", "n", "1"]);
-    let two = web.ok(&["create-task", "--key", "nightly", "jobs", "n", "2"]);
+    let one = web.ok(&["create-task", "--key", "nightly", "jobs", "n:=1"]);
+    let two = web.ok(&["create-task", "--key", "nightly", "jobs", "n:=2"]);
     assert_eq!(
         one.lines().last(),
         two.lines().last(),
@@ -324,7 +421,7 @@ async fn schedule_cancel_and_kill_through_the_cli() {
     assert!(two.starts_with("created 0 tasks, 1 already there\n"), "{two}");
     let by_key = web.json(&["task", "nightly"]);
     assert_eq!(by_key["params"]["n"], 1);
-    web.ok(&["create-task", "--key", "nightly", "--resubmit", "jobs", "n", "3"]);
+    web.ok(&["create-task", "--key", "nightly", "--resubmit", "jobs", "n:=3"]);
     assert_eq!(web.json(&["task", "nightly"])["params"]["n"], 3);
 
     let out = web.run_with(&["retry", &later], None, &[]);

@@ -154,7 +154,7 @@ async fn the_cli_and_a_den_without_config_share_an_embedded_file() {
     assert!(allowed.as_array().unwrap().contains(&json!("mark")), "{allowed}");
     web.json(&["create-queue", "greet", "demo", "--threads", "2"]);
     web.json(&["update-queue", "greet", "on_orphan", "requeue"]);
-    let id = web.json(&["create-task", "greet", "message", "from-embedded", "repeat", "2"])["ids"][0]
+    let id = web.json(&["create-task", "greet", "message", "from-embedded", "repeat:=2"])["ids"][0]
         .as_str()
         .unwrap()
         .to_owned();

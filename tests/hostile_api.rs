@@ -1066,7 +1066,14 @@ async fn every_write_route_needs_the_token_and_nothing_is_written_without_it() {
         (Method::PUT, "/queues/q", Some(r#"{"threads":9}"#)),
         (Method::POST, "/no/such/route", Some("{}")),
     ];
-    let basic = format!("Basic {}", "dXNlcjpzM2NyZXQtdG9rZW4tMDEyMw==");
+    // HTTP basic passes with the token as password (any user name), not otherwise.
+    let basic = |credentials: &str| {
+        use base64::Engine as _;
+        format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(credentials)
+        )
+    };
     let wrong_auth: Vec<(&str, Option<String>)> = vec![
         ("no Authorization", None),
         ("a wrong token", Some("Bearer wrong".into())),
@@ -1082,7 +1089,12 @@ async fn every_write_route_needs_the_token_and_nothing_is_written_without_it() {
         ),
         ("no scheme", Some(TOKEN.into())),
         ("another scheme", Some(format!("Token {TOKEN}"))),
-        ("basic auth", Some(basic)),
+        ("basic auth with a wrong password", Some(basic("user:s3cret-token-012"))),
+        (
+            "basic auth with the token as user name",
+            Some(basic(&format!("{TOKEN}:x"))),
+        ),
+        ("basic auth without a colon", Some(basic(TOKEN))),
     ];
     for (method, uri, body) in &writes {
         for (label, auth) in &wrong_auth {

@@ -353,14 +353,14 @@ async fn both_demos_run_as_tasks_of_a_den_on_the_embedded_store() {
     };
     let py = create(
         "demo-python",
-        &["message", "from python", "repeat", "2", "stderr", "note"],
+        &["message", "from python", "repeat:=2", "stderr", "note"],
     );
-    let js = create("demo-js", &["message", "from js", "repeat", "2", "sleep_ms", "50"]);
-    let py_status = create("demo-python", &["status", "5"]);
+    let js = create("demo-js", &["message", "from js", "repeat:=2", "sleep_ms:=50"]);
+    let py_status = create("demo-python", &["status:=5"]);
     let js_unknown = create("demo-js", &["colour", "red"]);
     let py_raise = create("pitfalls-python", &["raise", "disk is full"]);
     let js_throw = create("pitfalls-js", &["throw", "disk is full"]);
-    let js_minus = create("pitfalls-js", &["status", "-1"]);
+    let js_minus = create("pitfalls-js", &["status:=-1"]);
     let ids = [&py, &js, &py_status, &js_unknown, &py_raise, &js_throw, &js_minus];
 
     let mut den = Command::new(env!("CARGO_BIN_EXE_den"))

@@ -19,11 +19,20 @@ fn main() -> ExitCode {
         }
     };
     let result = match &cli.command {
-        Command::Web { store, bind } => {
+        Command::Web {
+            embedded,
+            plugin_dir,
+            bind,
+        } => {
             launch::init_tracing(false);
+            let store = launch::StoreArgs {
+                config: cli.config.clone(),
+                embedded: embedded.clone(),
+                plugin_dir: plugin_dir.clone(),
+            };
             let shutdown = CancellationToken::new();
             runtime.spawn(launch::signals(shutdown.clone()));
-            runtime.block_on(cli::web::serve(store, bind.as_deref(), shutdown))
+            runtime.block_on(cli::web::serve(&store, bind.as_deref(), shutdown))
         }
         Command::Dev(args) => {
             launch::init_tracing(false);

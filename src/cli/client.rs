@@ -1,22 +1,54 @@
-//! [`Client`]: the DCI over HTTP, with the bearer token and `{"error"}` bodies turned into
+//! [`Client`]: the DCI over HTTP, with its credentials (a bearer token, or HTTP basic as
+//! Disbatch 4's CLI sends them), its TLS settings, and `{"error"}` bodies turned into
 //! [`CliError::Api`].
+
+use std::path::PathBuf;
 
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
 
 use super::CliError;
 
+/// The response header holding the cursor of the next page of `GET /tasks`.
+const NEXT_HEADER: &str = "disbatch-next";
+
+/// How a [`Client`] authenticates and checks the server's certificate.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct ClientOptions {
+    /// Sent as `Authorization: Bearer`.
+    pub token: Option<String>,
+    /// User name and password sent as `Authorization: Basic` (realm `disbatch`), instead of
+    /// the token.
+    pub basic: Option<(String, String)>,
+    /// PEM file of the certificate authorities to trust for an `https` URL (added to the
+    /// built-in ones).
+    pub ca_file: Option<PathBuf>,
+    /// Accept any server certificate (no verification).
+    pub accept_invalid_certs: bool,
+}
+
+impl std::fmt::Debug for ClientOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientOptions")
+            .field("token", &self.token.as_ref().map(|_| "<hidden>"))
+            .field("basic", &self.basic.as_ref().map(|(u, _)| (u, "<hidden>")))
+            .field("ca_file", &self.ca_file)
+            .field("accept_invalid_certs", &self.accept_invalid_certs)
+            .finish()
+    }
+}
+
 /// An HTTP client of one DCI.
 #[derive(Debug, Clone)]
 pub struct Client {
     http: reqwest::Client,
     base: String,
-    token: Option<String>,
+    options: ClientOptions,
 }
 
 impl Client {
     /// A client of the DCI at `base` (e.g. `http://localhost:8080`).
-    pub fn new(base: &str, token: Option<String>) -> Result<Client, CliError> {
+    pub fn new(base: &str, options: ClientOptions) -> Result<Client, CliError> {
         if !(base.starts_with("http://") || base.starts_with("https://")) {
             return Err(CliError::Usage(format!(
                 "--url {base:?} must start with http:// or https://"
@@ -26,11 +58,28 @@ impl Client {
             return Err(CliError::Usage(format!("--url {base:?} is not a valid URL: {e}")));
         }
         let base = base.trim_end_matches('/').to_owned();
-        let http = reqwest::Client::builder()
-            .user_agent(concat!("disbatch-cli/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|e| CliError::Http(e.to_string()))?;
-        Ok(Client { http, base, token })
+        let mut builder = reqwest::Client::builder().user_agent(concat!("disbatch-cli/", env!("CARGO_PKG_VERSION")));
+        if let Some(path) = &options.ca_file {
+            let pem = std::fs::read(path)
+                .map_err(|e| CliError::Usage(format!("cannot read the CA file {}: {e}", path.display())))?;
+            let certs = reqwest::Certificate::from_pem_bundle(&pem)
+                .ok()
+                .filter(|c| !c.is_empty())
+                .ok_or_else(|| {
+                    CliError::Usage(format!(
+                        "the CA file {} holds no PEM certificate (-----BEGIN CERTIFICATE-----)",
+                        path.display()
+                    ))
+                })?;
+            for cert in certs {
+                builder = builder.add_root_certificate(cert);
+            }
+        }
+        if options.accept_invalid_certs {
+            builder = builder.danger_accept_invalid_certs(true);
+        }
+        let http = builder.build().map_err(|e| CliError::Http(e.to_string()))?;
+        Ok(Client { http, base, options })
     }
 
     /// Sends a request and returns the JSON answer (or the text as a JSON string).
@@ -40,7 +89,12 @@ impl Client {
         if let Some(b) = body {
             req = req.json(b);
         }
-        self.send(req).await
+        self.send(req).await.map(|(v, _)| v)
+    }
+
+    /// `GET path` and the cursor of the next page (the `disbatch-next` header), if any.
+    pub async fn get_page(&self, path: &str) -> Result<(Value, Option<String>), CliError> {
+        self.send(self.request(Method::GET, path)).await
     }
 
     /// `POST path` with `bytes` as the body, declared as `content_type`, and the user
@@ -53,38 +107,47 @@ impl Client {
         if let Some(user) = local_user() {
             req = req.header("x-disbatch-user", user);
         }
-        self.send(req).await
+        self.send(req).await.map(|(v, _)| v)
     }
 
     fn request(&self, method: Method, path: &str) -> reqwest::RequestBuilder {
         let url = format!("{}{path}", self.base);
         let req = self.http.request(method, &url);
-        match &self.token {
-            Some(t) => req.bearer_auth(t),
-            None => req,
+        // Sent with the first request: no round trip for a challenge.
+        match (&self.options.basic, &self.options.token) {
+            (Some((user, password)), _) => req.basic_auth(user, Some(password)),
+            (None, Some(t)) => req.bearer_auth(t),
+            (None, None) => req,
         }
     }
 
-    async fn send(&self, req: reqwest::RequestBuilder) -> Result<Value, CliError> {
+    async fn send(&self, req: reqwest::RequestBuilder) -> Result<(Value, Option<String>), CliError> {
         let resp = req
             .send()
             .await
             .map_err(|e| CliError::Http(format!("cannot reach {}: {e}", self.base)))?;
         let status = resp.status();
+        let next = resp
+            .headers()
+            .get(NEXT_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
         let text = resp.text().await.map_err(|e| CliError::Http(e.to_string()))?;
         let value = serde_json::from_str::<Value>(&text).unwrap_or(Value::String(text));
         if status.is_success() {
-            return Ok(value);
+            return Ok((value, next));
         }
         let message = value
             .get("error")
             .and_then(Value::as_str)
             .map(str::to_owned)
             .unwrap_or_else(|| value.to_string());
-        let hint = if status == StatusCode::UNAUTHORIZED {
-            " (give --token or set DISBATCH_TOKEN)"
-        } else {
-            ""
+        let hint = match (status, &self.options.basic) {
+            (StatusCode::UNAUTHORIZED, None) => {
+                " (give --token or set DISBATCH_TOKEN, or --username and --password with the token as password)"
+            }
+            (StatusCode::UNAUTHORIZED, Some(_)) => " (the --password is not the server's api_token)",
+            _ => "",
         };
         Err(CliError::Api {
             status: status.as_u16(),

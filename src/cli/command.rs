@@ -6,17 +6,24 @@ use super::after::AfterArgs;
 use super::batches::BatchArgs;
 use super::lifecycle::{RetryArgs, StopArgs};
 use super::wait::WaitArgs;
-use super::{dev, plugins, scaffold};
-use crate::launch::StoreArgs;
+use std::path::PathBuf;
+
+use super::{dev, plugins, scaffold, users};
+use crate::launch::DEFAULT_EMBEDDED_PATH;
 
 /// The verbs.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Serve the DCI (REST API and web UI) for a config file, or for an embedded store.
+    /// Serve the DCI (REST API and web UI) for a config file (the global `--config`), or
+    /// for an embedded store.
     Web {
-        /// The config and the store.
-        #[command(flatten)]
-        store: StoreArgs,
+        /// Use the embedded store, a SQLite file (default ./disbatch.db), instead of MongoDB.
+        #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = DEFAULT_EMBEDDED_PATH)]
+        embedded: Option<PathBuf>,
+        /// Directory of plugin components, over the config's `plugin_dir`. Without a config
+        /// file every `*.wasm` in it is an allowed plugin.
+        #[arg(long, value_name = "DIR")]
+        plugin_dir: Option<PathBuf>,
         /// Address to listen on (default: the config's `bind`, 127.0.0.1:8080).
         #[arg(long)]
         bind: Option<String>,
@@ -28,11 +35,7 @@ pub enum Command {
     Info,
     /// The allowed plugins; with --full, every allowed or stored plugin and its newest
     /// stored version.
-    Plugins {
-        /// Show sources, versions and digests.
-        #[arg(long)]
-        full: bool,
-    },
+    Plugins,
     /// Upload a plugin component to the store; every DEN whose config allows the name
     /// runs it.
     PushPlugin(plugins::PushArgs),
@@ -104,7 +107,8 @@ pub enum Command {
         after: AfterArgs,
         /// Queue id or name.
         queue: String,
-        /// Pairs of param name and value.
+        /// Params: `name value` pairs, each value sent as a string (as Disbatch 4 does), or
+        /// `name:=JSON` for a typed value (`n:=3`, `tags:='["a"]'`).
         pairs: Vec<String>,
     },
     /// Create tasks from a JSON array of params (inline, `@file` or `-` for stdin), or with
@@ -139,7 +143,8 @@ pub enum Command {
         #[arg(value_name = "JSON")]
         tasks: String,
     },
-    /// Search tasks: `tasks '{"queue":"q","status":-2}'` (indexed fields only).
+    /// Search tasks: `tasks '{"queue":"q","status":-2}'` (indexed fields only), newest first,
+    /// 20 unless `--limit N` (0 = all).
     Tasks {
         /// JSON filter on queue, status, node, id.
         filter: Option<String>,
@@ -179,6 +184,9 @@ pub enum Command {
     Monitoring,
     /// The QueueBalance: its limit now, lanes and `max_tasks` entries.
     Balance,
+    /// Create the MongoDB roles and users of Disbatch in the config's database, as a root
+    /// user (`--config FILE --root-user U`); `--dry-run` prints them.
+    CreateUsers(users::CreateUsersArgs),
     /// Set the QueueBalance: `{"max_tasks": {"* 07:00": 5, …}, "queues": [["bulk"],
     /// ["urgent"]], "disabled": null}` as JSON text, `@file` or `-` (standard input).
     SetBalance {

@@ -23,8 +23,41 @@ pub(super) fn pairs_object(pairs: &[String]) -> Result<Map<String, Value>, CliEr
         .collect())
 }
 
-pub(super) fn task_params(pairs: &[String]) -> Result<Value, CliError> {
-    pairs_object(pairs).map(Value::Object)
+/// A task's params from `key value …` words, as Disbatch 4 sends them: every value a
+/// string. A word `key:=JSON` (in a key's place) is one param with a JSON value
+/// (`n:=3`, `ok:=true`, `tags:='["a"]'`), as httpie writes it. A key given twice is an
+/// error.
+pub(super) fn task_params(words: &[String]) -> Result<Value, CliError> {
+    let mut params = Map::new();
+    let mut rest = words.iter();
+    while let Some(word) = rest.next() {
+        let (key, value) = match word.split_once(":=") {
+            Some((key, json)) => {
+                let value = serde_json::from_str::<Value>(json).map_err(|e| {
+                    CliError::Usage(format!(
+                        "{word:?}: the value after := must be JSON ({e}); quote a string as '{key}:=\"text\"' \
+                         or give it as two words: {key} text"
+                    ))
+                })?;
+                (key, value)
+            }
+            None => {
+                let Some(value) = rest.next() else {
+                    return Err(CliError::Usage(format!(
+                        "param {word:?} has no value: give pairs of key and value, or key:=JSON"
+                    )));
+                };
+                (word.as_str(), Value::String(value.clone()))
+            }
+        };
+        if key.is_empty() {
+            return Err(CliError::Usage(format!("{word:?}: the param name is empty")));
+        }
+        if params.insert(key.to_owned(), value).is_some() {
+            return Err(CliError::Usage(format!("param {key:?} is given twice")));
+        }
+    }
+    Ok(Value::Object(params))
 }
 
 /// Queue fields from pairs: `name`, `plugin`, `sort` and `on_orphan` stay strings; `threads`
@@ -54,4 +87,41 @@ pub(super) fn read_json(arg: &str) -> Result<Value, CliError> {
         (arg.to_owned(), "the tasks argument".to_owned())
     };
     serde_json::from_str(&text).map_err(|e| CliError::Usage(format!("invalid JSON in {source}: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn params(words: &[&str]) -> Result<Value, String> {
+        let words: Vec<String> = words.iter().map(|w| w.to_string()).collect();
+        task_params(&words).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn task_values_are_strings_unless_typed() {
+        assert_eq!(
+            params(&["message", "hi", "repeat", "2", "ok", "true", "obj", "{\"a\":1}"]).unwrap(),
+            json!({"message": "hi", "repeat": "2", "ok": "true", "obj": "{\"a\":1}"})
+        );
+        assert_eq!(
+            params(&[
+                "repeat:=2",
+                "message",
+                "a:=b",
+                "tags:=[\"x\"]",
+                "s:=\"7\"",
+                "none:=null"
+            ])
+            .unwrap(),
+            json!({"repeat": 2, "message": "a:=b", "tags": ["x"], "s": "7", "none": null})
+        );
+        assert_eq!(params(&[]).unwrap(), json!({}));
+        assert!(params(&["message"]).unwrap_err().contains("\"message\" has no value"));
+        assert!(params(&["n:=two"]).unwrap_err().contains("must be JSON"));
+        assert!(params(&[":=1"]).unwrap_err().contains("empty"));
+        assert!(params(&["a", "1", "a:=2"]).unwrap_err().contains("twice"));
+    }
 }

@@ -130,6 +130,11 @@ fn auth_keeps_known_roles() {
         (Some("disbatchd"), Some("a"))
     );
     assert_eq!(c.mongo_options("disbatch_web").username, None);
+    // The users live in the Disbatch database unless `auth_source` or the URI says otherwise.
+    assert_eq!(o.default_auth_source.as_deref(), Some(c.database.as_str()));
+    let c = parse(r#""auth":{"queuebalance":"q"}"#).unwrap();
+    assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+    assert_eq!(c.mongo_options("queuebalance").password.as_deref(), Some("q"));
 }
 
 #[test]

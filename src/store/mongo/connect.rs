@@ -23,15 +23,31 @@ pub struct MongoOptions {
     pub username: Option<String>,
     /// Password of `username`.
     pub password: Option<String>,
-    /// Database that holds the user (`authSource`).
+    /// Database that holds the user (`authSource`); it wins over the URI's `authSource`.
     pub auth_source: Option<String>,
+    /// Database that holds the user when neither `auth_source` nor the URI names one and
+    /// `username` or `password` is set here: Disbatch 4 keeps its users in the Disbatch
+    /// database, so [`Config::mongo_options`](crate::config::Config::mongo_options) puts
+    /// the config's `database` here.
+    pub default_auth_source: Option<String>,
     /// How long an operation waits for a reachable server (the driver's default is 30 s).
     pub server_selection_timeout: Option<Duration>,
 }
 
 impl MongoOptions {
-    /// Applies these settings over what the URI gave.
-    fn apply(&self, client_options: &mut ClientOptions) {
+    /// A client of `uri` with these settings over it, connecting lazily. Errors name the
+    /// URI (with its password hidden) and are not helped by retrying.
+    pub async fn client(&self, uri: &str) -> StoreResult<Client> {
+        let mut client_options = ClientOptions::parse(uri)
+            .await
+            .map_err(|e| StoreError::Invalid(format!("mongohost {:?}: {e}", crate::config::redact_uri(uri))))?;
+        self.apply(&mut client_options, uri_auth_source(uri).as_deref());
+        Client::with_options(client_options).map_err(|e| StoreError::Invalid(format!("mongohost: {e}")))
+    }
+
+    /// Applies these settings over what the URI gave; `uri_auth_source` is the URI's
+    /// `authSource`, which the driver drops when the URI has no user name.
+    fn apply(&self, client_options: &mut ClientOptions, uri_auth_source: Option<&str>) {
         if self.tls || self.tls_ca_file.is_some() || self.tls_allow_invalid_certificates {
             let mut tls = TlsOptions::default();
             tls.ca_file_path = self.tls_ca_file.clone();
@@ -48,8 +64,14 @@ impl MongoOptions {
             if let Some(p) = &self.password {
                 credential.password = Some(p.clone());
             }
-            if let Some(s) = &self.auth_source {
-                credential.source = Some(s.clone());
+            // Ours, else the URI's `authSource`, else the default (not the driver's `admin`).
+            let source = self
+                .auth_source
+                .clone()
+                .or_else(|| uri_auth_source.map(str::to_owned))
+                .or_else(|| self.default_auth_source.clone());
+            if source.is_some() {
+                credential.source = source;
             }
             client_options.credential = Some(credential);
         }
@@ -62,6 +84,17 @@ impl MongoOptions {
     }
 }
 
+/// The `authSource` option of a MongoDB URI (option names are case-insensitive).
+fn uri_auth_source(uri: &str) -> Option<String> {
+    let (_, query) = uri.split_once('?')?;
+    query
+        .split(['&', ';'])
+        .filter_map(|kv| kv.split_once('='))
+        .find(|(k, _)| k.eq_ignore_ascii_case("authSource"))
+        .map(|(_, v)| v.to_owned())
+        .filter(|v| !v.is_empty())
+}
+
 impl MongoStore {
     /// Connects to `uri` and uses `database`. The connection is made lazily: an unreachable
     /// server shows as an error of the first operation (usually
@@ -70,12 +103,7 @@ impl MongoStore {
         if database.is_empty() {
             return Err(StoreError::Invalid("database name is empty".to_string()));
         }
-        let mut client_options = ClientOptions::parse(uri)
-            .await
-            .map_err(|e| StoreError::Invalid(format!("mongohost {uri:?}: {e}")))?;
-        options.apply(&mut client_options);
-        let client =
-            Client::with_options(client_options).map_err(|e| StoreError::Invalid(format!("mongohost: {e}")))?;
+        let client = options.client(uri).await?;
         Ok(Self::from_database(client.database(database)))
     }
 }
@@ -89,7 +117,7 @@ mod tests {
         let mut o = ClientOptions::parse("mongodb://u0:p0@127.0.0.1:1/?authSource=a0")
             .await
             .unwrap();
-        MongoOptions::default().apply(&mut o);
+        MongoOptions::default().apply(&mut o, None);
         assert!(o.tls.is_none());
         assert_eq!(o.credential.as_ref().and_then(|c| c.username.as_deref()), Some("u0"));
 
@@ -99,7 +127,7 @@ mod tests {
             auth_source: Some("admin".into()),
             ..Default::default()
         };
-        settings.apply(&mut o);
+        settings.apply(&mut o, None);
         match &o.tls {
             Some(Tls::Enabled(t)) => {
                 assert_eq!(t.ca_file_path.as_deref(), Some(std::path::Path::new("/etc/ca.pem")));
@@ -114,13 +142,57 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_default_auth_source_applies_where_nothing_names_one() {
+        let source = |uri: &'static str, auth_source: Option<&'static str>| async move {
+            let mut o = ClientOptions::parse(uri).await.unwrap();
+            let from_uri = uri_auth_source(uri);
+            MongoOptions {
+                username: Some("disbatchd".into()),
+                password: Some("pw".into()),
+                auth_source: auth_source.map(str::to_owned),
+                default_auth_source: Some("disbatch".into()),
+                ..Default::default()
+            }
+            .apply(&mut o, from_uri.as_deref());
+            o.credential.and_then(|c| c.source)
+        };
+        assert_eq!(source("mongodb://h/", None).await.as_deref(), Some("disbatch"));
+        assert_eq!(
+            source("mongodb://h/?authSource=admin", None).await.as_deref(),
+            Some("admin")
+        );
+        assert_eq!(
+            source("mongodb://h/?authSource=admin", Some("users")).await.as_deref(),
+            Some("users")
+        );
+        assert_eq!(source("mongodb://h/", Some("users")).await.as_deref(), Some("users"));
+        assert_eq!(
+            source("mongodb://h/?w=1&authsource=x", None).await.as_deref(),
+            Some("x")
+        );
+        assert_eq!(
+            source("mongodb://u:p@h/?authSource=y", None).await.as_deref(),
+            Some("y")
+        );
+        // Without credentials of ours the default is not used: the URI's user keeps the
+        // driver's rules.
+        let mut o = ClientOptions::parse("mongodb://u:p@h/").await.unwrap();
+        MongoOptions {
+            default_auth_source: Some("disbatch".into()),
+            ..Default::default()
+        }
+        .apply(&mut o, None);
+        assert_ne!(o.credential.and_then(|c| c.source).as_deref(), Some("disbatch"));
+    }
+
+    #[tokio::test]
     async fn self_signed_certificates() {
         let mut o = ClientOptions::parse("mongodb://127.0.0.1:1").await.unwrap();
         MongoOptions {
             tls_allow_invalid_certificates: true,
             ..Default::default()
         }
-        .apply(&mut o);
+        .apply(&mut o, None);
         assert!(matches!(&o.tls, Some(Tls::Enabled(t)) if t.allow_invalid_certificates == Some(true)));
     }
 }
