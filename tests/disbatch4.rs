@@ -166,6 +166,14 @@ where
     }
 }
 
+/// Writes a task's result as Disbatch 4's `task_runner` does.
+async fn runner_finishes(tasks: &mongodb::Collection<Document>, id: bson::oid::ObjectId) {
+    tasks
+        .update_one(doc! {"_id": id}, doc! {"$set": {"status": 1, "stdout": "done"}})
+        .await
+        .unwrap();
+}
+
 fn minutes_ago(m: i64) -> DateTime {
     DateTime::from_millis(DateTime::now().timestamp_millis() - m * 60_000)
 }
@@ -317,13 +325,7 @@ async fn a_disbatch4_dens_running_tasks_are_left_to_its_task_runners() {
     .await;
     assert_eq!(status(perl_running).await, 0, "left to its task runner:\n{}", den.log());
     // Its task runner finishes it as Disbatch 4's does.
-    tasks
-        .update_one(
-            doc! {"_id": perl_running},
-            doc! {"$set": {"status": 1, "stdout": "done"}},
-        )
-        .await
-        .unwrap();
+    runner_finishes(&tasks, perl_running).await;
     assert_eq!(status(perl_running).await, 1);
     drop(den);
 }
@@ -373,13 +375,7 @@ async fn a_node_name_a_disbatch4_den_uses_is_not_taken() {
     assert_eq!(count(&t.db, doc! {"_id": perl_running, "status": 0}).await, 1, "{log}");
 
     // Once its task runner has written the result, the name is taken.
-    tasks
-        .update_one(
-            doc! {"_id": perl_running},
-            doc! {"$set": {"status": 1, "stdout": "done"}},
-        )
-        .await
-        .unwrap();
+    runner_finishes(&tasks, perl_running).await;
     let den = DenProcess::start(&t.uri, &t.name, "shared", serde_json::json!({}));
     let id = tasks
         .insert_one(doc! {"queue": q, "status": -2, "node": Bson::Null, "params": {}, "ctime": DateTime::now(), "mtime": DateTime::now()})
