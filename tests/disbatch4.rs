@@ -58,6 +58,9 @@ async fn web_root_files_are_served_at_their_paths() {
     std::fs::write(root.path().join("css/style.css"), "body { color: red }").unwrap();
     std::fs::write(root.path().join("index.html"), "<p>old ui</p>").unwrap();
     std::fs::write(root.path().join("queues"), "a file named like a route").unwrap();
+    std::fs::write(root.path().join(".htpasswd"), "secret").unwrap();
+    std::fs::create_dir_all(root.path().join(".git")).unwrap();
+    std::fs::write(root.path().join(".git/config"), "secret").unwrap();
     let outside = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(outside.path(), "secret").unwrap();
     let dir = root.path().to_owned();
@@ -78,6 +81,9 @@ async fn web_root_files_are_served_at_their_paths() {
         format!("/css/../../{name}"),
         "/css/".into(),
         "/css".into(),
+        "/.htpasswd".into(),
+        "/%2ehtpasswd".into(),
+        "/.git/config".into(),
     ] {
         let r = get(&app, &path).await;
         assert!(

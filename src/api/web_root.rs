@@ -1,6 +1,7 @@
 //! `web_root`: a directory of web documents served at their paths, as Disbatch 4 served
 //! its `htdocs`. The API's routes and the built-in UI come first; a GET or HEAD of any
-//! other path is answered from the directory when it holds that file, else 404.
+//! other path is answered from the directory when it holds that file, else 404. Hidden
+//! files and directories (a path part starting with `.`) are not served.
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -16,7 +17,11 @@ use super::Shared;
 pub(super) async fn fallback(State(state): State<Shared>, request: Request) -> Response {
     let path = request.uri().path().to_owned();
     if let Some(root) = state.web_root.as_ref() {
-        if matches!(*request.method(), Method::GET | Method::HEAD) {
+        // Hidden files (`.htpasswd`, `.git/…`) are never served.
+        let hidden = path
+            .split('/')
+            .any(|part| part.starts_with('.') || part.starts_with("%2e") || part.starts_with("%2E"));
+        if matches!(*request.method(), Method::GET | Method::HEAD) && !hidden {
             // Requests for directories are not redirected or listed.
             let serve = ServeDir::new(root).append_index_html_on_directories(false);
             let (parts, _) = request.into_parts();
