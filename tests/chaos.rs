@@ -109,7 +109,8 @@ async fn four_dens_drain_many_tasks_exactly_once_within_limits() {
     for (node, max) in maxthreads {
         if let Some(m) = max {
             t.db.collection::<Document>("nodes")
-                .insert_one(doc! {"node": node, "timestamp": DateTime::now(), "maxthreads": m})
+                // No heartbeat yet: a fresh `timestamp` without `process` is a Disbatch 4 DEN's.
+                .insert_one(doc! {"node": node, "maxthreads": m})
                 .await
                 .unwrap();
         }
