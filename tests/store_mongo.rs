@@ -635,8 +635,14 @@ async fn start_and_finish_are_fenced_against_recovery() {
     assert!(t.store.start(second.id, "den").await.unwrap());
 
     let nodes = t.db.collection::<Document>("nodes");
+    let last_beat = ago(120_000);
     nodes
-        .update_one(doc! { "node": "den" }, doc! { "$set": { "timestamp": ago(120_000) } })
+        // A DEN of ours that stopped heartbeating leaves `beat` equal to `timestamp`; a
+        // `timestamp` moved alone would read as a Disbatch 4 DEN's heartbeat.
+        .update_one(
+            doc! { "node": "den" },
+            doc! { "$set": { "timestamp": last_beat, "beat": last_beat } },
+        )
         .await
         .unwrap();
     tasks(&t.db)
