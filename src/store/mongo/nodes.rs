@@ -96,7 +96,7 @@ impl MongoStore {
                 // theirs while the DEN lives or any of its tasks is claimed or running.
                 let tasks = if stale {
                     self.tasks
-                        .count_documents(doc! { "node": node, "status": { "$in": [status::CLAIMED, status::RUNNING] } })
+                        .count_documents(super::recovery::held_by(node))
                         .await
                         .map_err(&err)?
                 } else {

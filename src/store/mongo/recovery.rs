@@ -23,6 +23,11 @@ use crate::store::{Recovery, StoreResult};
 /// A queue's recovery policy: `on_orphan`, and `retry` when it can be read.
 type Policy = (OnOrphan, Option<RetryPolicy>);
 
+/// The filter of the tasks `node` holds: claimed (-1) or running (0) on it.
+pub(super) fn held_by(node: &str) -> Document {
+    doc! { "node": node, "status": { "$in": [status::CLAIMED, status::RUNNING] } }
+}
+
 /// Whether a task document carries a kill request.
 fn asked_to_kill(t: &Document) -> bool {
     t.get_document("stop").ok().and_then(|s| s.get_str("action").ok()) == Some("kill")
@@ -53,7 +58,7 @@ impl MongoStore {
     /// the tasks of a dead process whose name a new process just took (the new process
     /// has none yet).
     pub(super) async fn recover_node(&self, node: &str) -> StoreResult<Recovery> {
-        let filter = doc! { "node": node, "status": { "$in": [status::CLAIMED, status::RUNNING] } };
+        let filter = held_by(node);
         let holders = [node.to_string()];
         self.recover_matching("recover the tasks of a restarted node", filter, &holders, None)
             .await
@@ -89,7 +94,7 @@ impl MongoStore {
         for holder in holders {
             let busy = self
                 .tasks
-                .count_documents(doc! { "node": holder, "status": { "$in": [status::CLAIMED, status::RUNNING] } })
+                .count_documents(held_by(holder))
                 .limit(1)
                 .await
                 .map_err(&err)?;
