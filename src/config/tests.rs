@@ -1,3 +1,4 @@
+use super::parser::{check_bind, edit_distance};
 use super::*;
 
 const BASE: &str = r#""mongohost":"mongodb://h","database":"d""#;
