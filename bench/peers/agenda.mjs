@@ -8,7 +8,15 @@ import { MongoClient } from "mongodb";
 import { args, deadline, finishes, version } from "./common.mjs";
 
 const a = args(["uri", "db"]);
-const client = await MongoClient.connect(a.uri);
+const client = await MongoClient.connect(a.uri, { monitorCommands: true });
+// Database commands sent while draining (from the processor's start to the last finish).
+const commands = {};
+let counting = false;
+client.on("commandStarted", (e) => {
+  if (!counting) return;
+  const key = `${e.commandName} ${e.command[e.commandName]}`;
+  commands[key] = (commands[key] ?? 0) + 1;
+});
 const db = client.db(a.db);
 await db.dropDatabase();
 const agenda = new Agenda({
@@ -31,8 +39,10 @@ for (let i = 0; i < a.n; i += 100) {
   await Promise.all(batch);
 }
 jobs.start();
+counting = true;
 await agenda.start();
 await Promise.race([jobs.done, deadline(900_000, `Agenda draining ${a.n} jobs`)]);
+counting = false;
 await agenda.stop(false);
 jobs.report({
   peer: "agenda",
@@ -42,6 +52,7 @@ jobs.report({
   n: a.n,
   concurrency: a.concurrency,
   settings: `maxConcurrency=defaultConcurrency=${a.concurrency}, processEvery=100ms, lockLimit=0`,
+  commands_per_job: Object.fromEntries(Object.entries(commands).map(([k, v]) => [k, v / a.n])),
 });
 await db.dropDatabase();
 await client.close();

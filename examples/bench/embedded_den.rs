@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bson::oid::ObjectId;
@@ -202,47 +203,72 @@ pub(super) fn fresh_file(dir: &Path, stem: &str) -> PathBuf {
     file
 }
 
-/// The SQLite ceiling: `threads` threads, each on its own connection with the store's
-/// settings (WAL, `synchronous = NORMAL`), claiming with the embedded store's statement
-/// (one `UPDATE … WHERE id = (SELECT … LIMIT 1) RETURNING` in a `BEGIN IMMEDIATE`
-/// transaction) and finishing with one `UPDATE`, until `n` tasks are done.
-pub(super) async fn sqlite_ceiling(dir: &Path, threads: i64, n: usize) -> Drain {
+/// An index that serves the embedded store's claim (`queue`, `status`, then its order).
+pub(super) const CLAIM_INDEX: &str =
+    "CREATE INDEX IF NOT EXISTS bench_tasks_claim ON tasks (queue, status, priority DESC, id)";
+
+/// The SQLite ceiling: `threads` workers claiming with the embedded store's statement (one
+/// `UPDATE … WHERE id = (SELECT … LIMIT 1) RETURNING` in a `BEGIN IMMEDIATE` transaction)
+/// and finishing with one `UPDATE`, until `n` tasks are done, with the store's settings
+/// (WAL, `synchronous = NORMAL`, a busy timeout). With `shared`, the workers take turns on
+/// one connection (SQLite has one writer at a time, so this is the file's own rate);
+/// otherwise each has its own connection, as a pool of connections does, and waits for the
+/// write lock in SQLite's busy handler. With `claim_index`, the file first gets the index
+/// that serves the claim's `ORDER BY` (without it SQLite sorts the queue's queued tasks on
+/// every claim).
+pub(super) async fn sqlite_ceiling(dir: &Path, threads: i64, n: usize, shared: bool, claim_index: bool) -> Drain {
     let file = fresh_file(dir, "ceiling");
     let queue = prefill(&file, threads, n, doc! {}).await;
+    if claim_index {
+        Connection::open(&file)
+            .and_then(|c| c.execute_batch(CLAIM_INDEX))
+            .expect("create the claim index");
+    }
     let q = queue.id.to_hex();
+    let connect = || {
+        let c = Connection::open(&file).unwrap();
+        c.busy_timeout(Duration::from_secs(30)).unwrap();
+        c.pragma_update(None, "journal_mode", "WAL").unwrap();
+        c.pragma_update(None, "synchronous", "NORMAL").unwrap();
+        Arc::new(Mutex::new(c))
+    };
+    let one = connect();
     let workers: Vec<_> = (0..threads)
         .map(|w| {
-            let (file, q) = (file.clone(), q.clone());
+            let c = if shared { one.clone() } else { connect() };
+            let q = q.clone();
             std::thread::spawn(move || {
-                let mut c = Connection::open(&file).unwrap();
-                c.busy_timeout(Duration::from_secs(30)).unwrap();
-                c.pragma_update(None, "journal_mode", "WAL").unwrap();
-                c.pragma_update(None, "synchronous", "NORMAL").unwrap();
                 let node = format!("driver-{w}");
                 loop {
-                    let tx = c
-                        .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-                        .unwrap();
-                    let id: Option<String> = tx
-                        .query_row(
-                            "UPDATE tasks SET node = ?1, status = ?2, mtime = ?3
-                             WHERE id = (SELECT id FROM tasks WHERE queue = ?4 AND status = ?5 AND node IS NULL
-                                         ORDER BY priority DESC, id ASC LIMIT 1)
-                             RETURNING id",
-                            params![
-                                node,
-                                status::CLAIMED,
-                                DateTime::now().timestamp_millis(),
-                                q,
-                                status::QUEUED
-                            ],
-                            |r| r.get(0),
-                        )
-                        .optional()
-                        .unwrap();
-                    tx.commit().unwrap();
+                    let id: Option<String> = {
+                        let mut c = c.lock().unwrap();
+                        let tx = c
+                            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+                            .unwrap();
+                        let id = tx
+                            .query_row(
+                                "UPDATE tasks SET node = ?1, status = ?2, mtime = ?3
+                                 WHERE id = (SELECT id FROM tasks WHERE queue = ?4 AND status = ?5 AND node IS NULL
+                                             ORDER BY priority DESC, id ASC LIMIT 1)
+                                 RETURNING id",
+                                params![
+                                    node,
+                                    status::CLAIMED,
+                                    DateTime::now().timestamp_millis(),
+                                    q,
+                                    status::QUEUED
+                                ],
+                                |r| r.get(0),
+                            )
+                            .optional()
+                            .unwrap();
+                        tx.commit().unwrap();
+                        id
+                    };
                     let Some(id) = id else { break };
                     let done = c
+                        .lock()
+                        .unwrap()
                         .execute(
                             "UPDATE tasks SET status = ?1, stdout = 'hello\n', stderr = '', mtime = ?2
                              WHERE id = ?3 AND node = ?4 AND status = ?5",

@@ -76,6 +76,8 @@ struct PeerRun {
     drain_rate: f64,
     version: String,
     settings: String,
+    /// Database commands per job while draining, when the script counts them.
+    commands: String,
 }
 
 /// Runs `node <script> <args>` in `dir`: its JSON line, or the reason it failed (one line).
@@ -106,7 +108,20 @@ fn run_peer(dir: &Path, script: &str, args: &[String]) -> Result<PeerRun, String
             version = format!("{version} ({})", text(extra));
         }
     }
+    let commands = v
+        .get("commands_per_job")
+        .and_then(Value::as_object)
+        .map(|m| {
+            let each: Vec<String> = m
+                .iter()
+                .map(|(k, v)| format!("{k} {:.3}", v.as_f64().unwrap_or(f64::NAN)))
+                .collect();
+            let total: f64 = m.values().filter_map(Value::as_f64).sum();
+            format!("{}; total {total:.2}", each.join(", "))
+        })
+        .unwrap_or_default();
     Ok(PeerRun {
+        commands,
         rate: num("rate"),
         drain_rate: num("drain_rate"),
         version,
@@ -245,12 +260,18 @@ impl Bench {
             "| driver loop, claim + finish (the ceiling) | — | {threads} workers | {two:.0} | — | {:.2} | — |",
             den / two
         );
+        if let Some(r) = agenda.runs.last().filter(|r| !r.commands.is_empty()) {
+            println!(
+                "\nAgenda's database commands per job while draining (last round): {}",
+                r.commands
+            );
+        }
 
         // SQLite: plainjob, liteque, den --embedded processes, the driver-only loop.
         let disk = tempfile::tempdir_in(target_dir()).expect("a temporary directory under target/");
         let mut plainjob = Peer::new("plainjob", failed.clone());
         let mut liteque = Peer::new("liteque", failed);
-        let (mut emb, mut emb_whole, mut ceiling) = (vec![], vec![], vec![]);
+        let (mut emb, mut emb_whole, mut ceiling, mut unindexed, mut pooled) = (vec![], vec![], vec![], vec![], vec![]);
         for round in 0..rounds {
             for (peer, script) in [(&mut plainjob, "plainjob.mjs"), (&mut liteque, "liteque.mjs")] {
                 let path = disk.path().join(format!("{script}-{round}.db"));
@@ -275,9 +296,12 @@ impl Bench {
             let d = den_drain(disk.path(), &self.plugins, threads, n_sqlite, 1).await;
             emb.push(d.rate);
             emb_whole.push(d.finished as f64 * 1e3 / (d.last_ms - d.started_ms).max(1.0));
-            ceiling.push(sqlite_ceiling(disk.path(), threads, n_sqlite).await.rate);
+            ceiling.push(sqlite_ceiling(disk.path(), threads, n_sqlite, true, true).await.rate);
+            unindexed.push(sqlite_ceiling(disk.path(), threads, n_sqlite, true, false).await.rate);
+            pooled.push(sqlite_ceiling(disk.path(), threads, n_sqlite, false, false).await.rate);
         }
-        let (emb, emb_whole, ceiling) = (median(emb), median(emb_whole), median(ceiling));
+        let (emb, emb_whole) = (median(emb), median(emb_whole));
+        let (ceiling, unindexed, pooled) = (median(ceiling), median(unindexed), median(pooled));
         println!(
             "\n## peers, SQLite: N = {n_sqlite} trivial jobs, {threads} at a time, one disk ({}), median of {rounds} rounds",
             disk.path().display()
@@ -290,15 +314,19 @@ impl Bench {
         );
         println!("{}", plainjob.row(emb, emb_whole));
         println!("{}", liteque.row(emb, emb_whole));
-        println!("| driver-only loop, claim + finish (the ceiling; rusqlite {}) | — | {threads} threads | {ceiling:.0} | — | {:.2} | — |", rusqlite::version(), emb / ceiling);
+        println!("| driver-only loop, claim + finish (the ceiling; SQLite {}) | — | {threads} threads taking turns on one connection, with an index serving the claim | {ceiling:.0} | — | {:.2} | — |", rusqlite::version(), emb / ceiling);
+        println!("| the same with the store's indexes of today | — | one connection, the claim sorts the queued tasks | {unindexed:.0} | — | {:.2} | — |", emb / unindexed);
+        println!("| the same with a connection each | — | {threads} connections (busy handler), the store's indexes | {pooled:.0} | — | {:.2} | — |", emb / pooled);
         println!(
-            "RESULT peers threads={threads} n_mongo={n_mongo} n_sqlite={n_sqlite} den_mongo_per_s={den:.0} den_mongo_drain_per_s={den_whole:.0} {} three_writes_per_s={three:.0} den_per_three_writes={:.2} ceiling_per_s={two:.0} den_per_ceiling={:.2} den_embedded_per_s={emb:.0} den_embedded_drain_per_s={emb_whole:.0} {} {} sqlite_ceiling_per_s={ceiling:.0} den_per_sqlite_ceiling={:.2}",
+            "RESULT peers threads={threads} n_mongo={n_mongo} n_sqlite={n_sqlite} den_mongo_per_s={den:.0} den_mongo_drain_per_s={den_whole:.0} {} three_writes_per_s={three:.0} den_per_three_writes={:.2} ceiling_per_s={two:.0} den_per_ceiling={:.2} den_embedded_per_s={emb:.0} den_embedded_drain_per_s={emb_whole:.0} {} {} sqlite_ceiling_per_s={ceiling:.0} den_per_sqlite_ceiling={:.2} sqlite_unindexed_per_s={unindexed:.0} den_per_sqlite_unindexed={:.2} sqlite_pooled_per_s={pooled:.0} den_per_sqlite_pooled={:.2}",
             agenda.result(den, den_whole),
             den / three,
             den / two,
             plainjob.result(emb, emb_whole),
             liteque.result(emb, emb_whole),
-            emb / ceiling
+            emb / ceiling,
+            emb / unindexed,
+            emb / pooled
         );
     }
 
