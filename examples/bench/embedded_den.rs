@@ -210,7 +210,7 @@ pub(super) const CLAIM_INDEX: &str =
 /// The SQLite ceiling: `threads` workers claiming with the embedded store's statement (one
 /// `UPDATE … WHERE id = (SELECT … LIMIT 1) RETURNING` in a `BEGIN IMMEDIATE` transaction)
 /// and finishing with one `UPDATE`, until `n` tasks are done, with the store's settings
-/// (WAL, `synchronous = NORMAL`, a busy timeout). With `shared`, the workers take turns on
+/// (WAL, `synchronous = NORMAL`, a busy timeout) and prepared statements kept. With `shared`, the workers take turns on
 /// one connection (SQLite has one writer at a time, so this is the file's own rate);
 /// otherwise each has its own connection, as a pool of connections does, and waits for the
 /// write lock in SQLite's busy handler. With `claim_index`, the file first gets the index
@@ -246,21 +246,25 @@ pub(super) async fn sqlite_ceiling(dir: &Path, threads: i64, n: usize, shared: b
                             .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
                             .unwrap();
                         let id = tx
-                            .query_row(
+                            .prepare_cached(
                                 "UPDATE tasks SET node = ?1, status = ?2, mtime = ?3
                                  WHERE id = (SELECT id FROM tasks WHERE queue = ?4 AND status = ?5 AND node IS NULL
                                              ORDER BY priority DESC, id ASC LIMIT 1)
                                  RETURNING id",
-                                params![
-                                    node,
-                                    status::CLAIMED,
-                                    DateTime::now().timestamp_millis(),
-                                    q,
-                                    status::QUEUED
-                                ],
-                                |r| r.get(0),
                             )
-                            .optional()
+                            .and_then(|mut st| {
+                                st.query_row(
+                                    params![
+                                        node,
+                                        status::CLAIMED,
+                                        DateTime::now().timestamp_millis(),
+                                        q,
+                                        status::QUEUED
+                                    ],
+                                    |r| r.get::<_, String>(0),
+                                )
+                                .optional()
+                            })
                             .unwrap();
                         tx.commit().unwrap();
                         id
@@ -269,17 +273,19 @@ pub(super) async fn sqlite_ceiling(dir: &Path, threads: i64, n: usize, shared: b
                     let done = c
                         .lock()
                         .unwrap()
-                        .execute(
+                        .prepare_cached(
                             "UPDATE tasks SET status = ?1, stdout = 'hello\n', stderr = '', mtime = ?2
                              WHERE id = ?3 AND node = ?4 AND status = ?5",
-                            params![
+                        )
+                        .and_then(|mut st| {
+                            st.execute(params![
                                 status::SUCCEEDED,
                                 DateTime::now().timestamp_millis(),
                                 id,
                                 node,
                                 status::CLAIMED
-                            ],
-                        )
+                            ])
+                        })
                         .unwrap();
                     assert_eq!(done, 1, "the driver loop's finish must find its claimed task");
                 }
