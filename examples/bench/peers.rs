@@ -228,13 +228,7 @@ impl Bench {
                 &conc,
             ]
             .map(String::from);
-            let d = dir.clone();
-            agenda = tokio::task::spawn_blocking(move || {
-                agenda.run(d.as_deref(), "agenda.mjs", &args);
-                agenda
-            })
-            .await
-            .unwrap();
+            tokio::task::block_in_place(|| agenda.run(dir.as_deref(), "agenda.mjs", &args));
             let (steady, whole) = self.den_drain_mongo(n_mongo).await;
             den.push(steady);
             den_whole.push(whole);
@@ -283,15 +277,7 @@ impl Bench {
                     "--concurrency".into(),
                     conc.clone(),
                 ];
-                let d = dir.clone();
-                let mut p = std::mem::replace(peer, Peer::new("", None));
-                p = tokio::task::spawn_blocking(move || {
-                    p.run(d.as_deref(), script, &args);
-                    p
-                })
-                .await
-                .unwrap();
-                *peer = p;
+                tokio::task::block_in_place(|| peer.run(dir.as_deref(), script, &args));
             }
             let d = den_drain(disk.path(), &self.plugins, threads, n_sqlite, 1).await;
             emb.push(d.rate);
