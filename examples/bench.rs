@@ -1,9 +1,11 @@
-//! Benchmarks: the DEN against the physical limit (the database's own claim rate) and the
-//! sandbox against a process per task, measured in one run on one machine.
+//! Benchmarks: the DEN against the physical limit (the database's own claim rate), against
+//! the job runners users compare it with (`peers`), and the sandbox against a process per
+//! task, measured in one run on one machine.
 //!
 //! ```sh
-//! cargo run --release --example bench -- all            # every scenario
+//! cargo run --release --example bench -- all            # every scenario but peers and scale
 //! cargo run --release --example bench -- throughput     # one scenario
+//! cargo run --release --example bench -- peers --quick  # Agenda, plainjob, liteque beside the DEN
 //! cargo run --release --example bench -- all --quick    # small sizes: about a minute after the builds
 //! ```
 //!
@@ -14,9 +16,21 @@
 
 #[path = "bench/dag.rs"]
 mod dag;
+#[path = "bench/embedded_den.rs"]
+mod embedded_den;
+#[path = "bench/latency.rs"]
+mod latency;
+#[path = "bench/mongo.rs"]
+mod mongo;
+#[path = "bench/peers.rs"]
+mod peers;
 #[path = "../tests/common/plugins.rs"]
 #[allow(dead_code)]
 mod plugins;
+#[path = "bench/sandbox.rs"]
+mod sandbox;
+#[path = "bench/scale.rs"]
+mod scale;
 #[path = "bench/schedule.rs"]
 mod schedule;
 #[path = "../tests/common/server.rs"]
@@ -24,7 +38,7 @@ mod schedule;
 mod server;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -36,14 +50,14 @@ use disbatch::den::{Den, DenSettings};
 use disbatch::runner::{EngineOptions, Runner, Sandbox};
 use disbatch::store::mongo::MongoStore;
 use disbatch::store::Store;
-use mongodb::options::FindOneAndUpdateOptions;
 use mongodb::{Client, Database};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
 #[command(about = "Disbatch benchmarks")]
 struct Args {
-    /// sandbox, ceiling, throughput, latency, depth, memory, schedule, dag or all.
+    /// sandbox, ceiling, throughput, latency, depth, memory, schedule, dag, peers, scale or
+    /// all (every one but peers and scale).
     scenario: String,
     /// Smaller sizes and fewer rounds, so `all` takes a few minutes.
     #[arg(long)]
@@ -51,7 +65,9 @@ struct Args {
     /// Rounds per measurement (medians are reported; default 5; the sandbox always runs at least 5).
     #[arg(long)]
     rounds: Option<usize>,
-    /// Task counts of the throughput scenario, comma-separated (default 2000,20000; 500 with --quick).
+    /// Task counts of the throughput scenario, comma-separated (default 2000,20000; 500 with
+    /// --quick); for peers, the first is the MongoDB part's and the last the SQLite part's
+    /// (default 2000 and 20000; 500 and 5000 with --quick).
     #[arg(long, value_delimiter = ',')]
     n: Vec<usize>,
     /// Depth scenario: the deep queue's size (default 50000; 5000 with --quick).
@@ -73,6 +89,8 @@ struct Bench {
     rounds: usize,
     threads: i64,
     sizes: Vec<usize>,
+    /// Whether `--n` set `sizes`.
+    sizes_given: bool,
     deep: usize,
     claims: usize,
     uri: String,
@@ -162,7 +180,14 @@ fn build_binaries(no_build: bool) {
 }
 
 fn bin(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release").join(name)
+    target_dir().join("release").join(name)
+}
+
+/// The build's `target/` (`CARGO_TARGET_DIR` when set).
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target"))
 }
 
 /// A task document as the spec has it, queued.
@@ -176,6 +201,16 @@ fn queued(queue: ObjectId, params: &Document) -> Document {
 /// first and the last finishing `mtime`, so start-up (plugin load, first tick) is left out
 /// and the DEN and the driver-only loop are timed the same way.
 async fn finish_rate(db: &Database, filter: Document) -> (f64, u64) {
+    let (n, first, last) = finish_span(db, filter).await;
+    if n == 0 {
+        return (f64::NAN, 0);
+    }
+    let span = (last - first).max(1.0) / 1e3;
+    (n.saturating_sub(1) as f64 / span, n)
+}
+
+/// The count of the tasks matching `filter` and their first and last `mtime` (Unix ms).
+async fn finish_span(db: &Database, filter: Document) -> (u64, f64, f64) {
     let pipeline = [
         doc! {"$match": filter},
         doc! {"$group": {"_id": Bson::Null, "n": {"$sum": 1}, "first": {"$min": "$mtime"}, "last": {"$max": "$mtime"}}},
@@ -183,13 +218,12 @@ async fn finish_rate(db: &Database, filter: Document) -> (f64, u64) {
     let mut cursor = db.collection::<Document>("tasks").aggregate(pipeline).await.unwrap();
     use futures::TryStreamExt;
     let Some(g) = cursor.try_next().await.unwrap() else {
-        return (f64::NAN, 0);
+        return (0, 0.0, 0.0);
     };
     let n = g.get_i32("n").map(i64::from).or_else(|_| g.get_i64("n")).unwrap_or(0);
     let first = g.get_datetime("first").map(|d| d.timestamp_millis()).unwrap_or(0);
     let last = g.get_datetime("last").map(|d| d.timestamp_millis()).unwrap_or(0);
-    let span = (last - first).max(1) as f64 / 1e3;
-    ((n - 1).max(0) as f64 / span, n as u64)
+    (n.max(0) as u64, first as f64, last as f64)
 }
 
 /// CPU seconds (user + system) used so far by process `pid`.
@@ -315,462 +349,6 @@ impl Bench {
         });
         (stop, handle)
     }
-
-    /// Tasks/s of `dens` DENs draining `n` trivial tasks (steady rate, see [`finish_rate`]).
-    async fn drain(&self, n: usize, dens: usize) -> (f64, (f64, f64)) {
-        let db = self.db("drain").await;
-        let q = self.queue(&db, self.threads).await;
-        self.tasks(&db, q, n, doc! {}).await;
-        let cpu = Cpu::now();
-        let running: Vec<_> = (0..dens).map(|i| self.den(&db, &format!("bench-{i}"))).collect();
-        let done = wait_finished(&db, doc! {"queue": q, "status": 1}, n as u64, Duration::from_secs(600)).await;
-        assert!(done, "{dens} DEN(s) did not drain {n} tasks in 10 minutes");
-        let cpu = cpu.per_task_since(n);
-        for (stop, handle) in running {
-            stop.cancel();
-            handle.await.unwrap();
-        }
-        let (rate, _) = finish_rate(&db, doc! {"queue": q, "status": 1}).await;
-        db.drop().await.ok();
-        (rate, cpu)
-    }
-
-    /// One DEN draining `n` tasks on its own client, counting every database command it
-    /// sends: commands per task by name and collection, and the total.
-    async fn command_profile(&self, n: usize) -> (Vec<(String, f64)>, f64) {
-        let counts: Arc<std::sync::Mutex<std::collections::BTreeMap<String, u64>>> = Arc::default();
-        let mut options = mongodb::options::ClientOptions::parse(&self.uri).await.unwrap();
-        options.command_event_handler = Some(mongodb::event::EventHandler::callback({
-            let counts = counts.clone();
-            move |event: mongodb::event::command::CommandEvent| {
-                if let mongodb::event::command::CommandEvent::Started(e) = event {
-                    let target = e.command.get_str(&e.command_name).unwrap_or("-");
-                    let key = format!("{} {target}", e.command_name);
-                    *counts.lock().unwrap().entry(key).or_default() += 1;
-                }
-            }
-        }));
-        let client = Client::with_options(options).unwrap();
-        let db = self.db("profile").await;
-        let q = self.queue(&db, self.threads).await;
-        self.tasks(&db, q, n, doc! {}).await;
-        let counted = client.database(db.name());
-        counts.lock().unwrap().clear();
-        let (stop, handle) = self.den(&counted, "bench-profile");
-        let done = wait_finished(&db, doc! {"queue": q, "status": 1}, n as u64, Duration::from_secs(600)).await;
-        assert!(done, "the DEN did not drain {n} tasks in 10 minutes");
-        stop.cancel();
-        handle.await.unwrap();
-        db.drop().await.ok();
-        let counts = counts.lock().unwrap();
-        let per_task: Vec<(String, f64)> = counts.iter().map(|(k, v)| (k.clone(), *v as f64 / n as f64)).collect();
-        let total = per_task.iter().map(|(_, v)| v).sum();
-        (per_task, total)
-    }
-
-    /// The driver-only loop on `q`: `self.threads` workers, each claiming with the spec's
-    /// findOneAndUpdate then writing one finishing update, until `n` tasks are done. Returns
-    /// tasks/s (steady rate) and µs per claim+finish pair as one worker saw it.
-    /// With `start`, each task also gets the DEN's `status: 0` write between claim and
-    /// finish (three round trips per task, as the DEN makes).
-    async fn driver_loop(&self, db: &Database, q: ObjectId, n: usize, start: bool) -> (f64, f64) {
-        let claimed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let workers: Vec<_> = (0..self.threads)
-            .map(|w| {
-                let tasks = db.collection::<Document>("tasks");
-                let claimed = claimed.clone();
-                tokio::spawn(async move {
-                    let node = format!("driver-{w}");
-                    let mut options = FindOneAndUpdateOptions::default();
-                    options.sort = Some(doc! {"_id": 1});
-                    let (mut pairs, began) = (0u32, Instant::now());
-                    while claimed.fetch_add(1, std::sync::atomic::Ordering::SeqCst) < n {
-                        let Some(t) = tasks
-                            .find_one_and_update(
-                                doc! {"node": Bson::Null, "status": -2, "queue": q},
-                                doc! {"$set": {"node": &node, "status": -1, "mtime": DateTime::now()}},
-                            )
-                            .with_options(options.clone())
-                            .await
-                            .unwrap()
-                        else {
-                            break;
-                        };
-                        let id = t.get_object_id("_id").unwrap();
-                        let claimed_status = if start {
-                            tasks
-                                .update_one(
-                                    doc! {"_id": id, "node": &node, "status": -1},
-                                    doc! {"$set": {"status": 0, "mtime": DateTime::now()}},
-                                )
-                                .await
-                                .unwrap();
-                            0
-                        } else {
-                            -1
-                        };
-                        tasks
-                            .update_one(
-                                doc! {"_id": id, "node": &node, "status": claimed_status},
-                                doc! {"$set": {"status": 1, "stdout": "hello\n", "stderr": "", "mtime": DateTime::now()}},
-                            )
-                            .await
-                            .unwrap();
-                        pairs += 1;
-                    }
-                    began.elapsed().as_secs_f64() * 1e6 / f64::from(pairs.max(1))
-                })
-            })
-            .collect();
-        let mut per_pair = Vec::new();
-        for w in workers {
-            per_pair.push(w.await.unwrap());
-        }
-        let (rate, _) = finish_rate(db, doc! {"queue": q, "status": 1, "node": {"$regex": "^driver-"}}).await;
-        (rate, median(per_pair))
-    }
-
-    /// Tasks/s of the driver-only loop over `n` tasks of a fresh queue.
-    async fn ceiling(&self, n: usize, start: bool) -> (f64, (f64, f64)) {
-        let db = self.db("ceiling").await;
-        let q = self.queue(&db, self.threads).await;
-        self.tasks(&db, q, n, doc! {}).await;
-        let cpu = Cpu::now();
-        let (rate, _) = self.driver_loop(&db, q, n, start).await;
-        let cpu = cpu.per_task_since(n);
-        db.drop().await.ok();
-        (rate, cpu)
-    }
-
-    fn sandbox(&self) {
-        let plugin = self.runner.load(&self.plugins.join("demo.wasm")).unwrap();
-        let sandbox = Sandbox::default();
-        let per_round = if self.quick { 2_000 } else { 10_000 };
-        for _ in 0..200 {
-            assert!(self.runner.run(&plugin, "{}", &sandbox, None).succeeded());
-        }
-        let mut in_process = Vec::new();
-        for _ in 0..self.rounds.max(5) {
-            let start = Instant::now();
-            for _ in 0..per_round {
-                let o = self.runner.run(&plugin, "{}", &sandbox, None);
-                assert!(o.succeeded());
-            }
-            in_process.push(start.elapsed().as_secs_f64() * 1e6 / per_round as f64);
-        }
-        let processes = if self.quick { 10 } else { 30 };
-        let exec = || {
-            Command::new(bin("runner"))
-                .arg("exec")
-                .arg(self.plugins.join("demo.wasm"))
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success())
-        };
-        assert!(exec(), "target/release/runner exec demo.wasm failed");
-        let mut per_process = Vec::new();
-        for _ in 0..self.rounds.max(5) {
-            let start = Instant::now();
-            for _ in 0..processes {
-                assert!(exec());
-            }
-            per_process.push(start.elapsed().as_secs_f64() * 1e6 / processes as f64);
-        }
-        let (a, b) = (median(in_process), median(per_process));
-        println!(
-            "\n## sandbox: one trivial demo task (median of {} rounds; {per_round} calls / {processes} processes per round)",
-            self.rounds.max(5)
-        );
-        println!("| runner | µs per task |\n|---|---|");
-        println!("| in-process (shared Runner, Runner::run: instantiate + call + capture) | {a:.1} |");
-        println!("| process per task (target/release/runner exec, compiled component from the disk cache) | {b:.0} |");
-        println!("| ratio (target ≥ 100×; in-process target ≤ 20 µs) | {:.0}× |", b / a);
-        println!(
-            "RESULT sandbox in_process_us={a:.1} process_us={b:.0} ratio={:.0}",
-            b / a
-        );
-    }
-
-    async fn ceiling_scenario(&self) {
-        let mut last = String::new();
-        println!(
-            "\n## ceiling: driver-only claim (findOneAndUpdate) + finish (update_one), {} workers (median of {} rounds)",
-            self.threads, self.rounds
-        );
-        println!("| N | claim+finish /s |\n|---|---|");
-        for &n in &self.sizes {
-            let mut c = Vec::new();
-            for _ in 0..self.rounds_for(n) {
-                c.push(self.ceiling(n, false).await.0);
-            }
-            let c = median(c);
-            println!("| {n} | {c:.0} |");
-            last = format!("n={n} threads={} ceiling_per_s={c:.0}", self.threads);
-        }
-        println!("RESULT ceiling {last}");
-    }
-
-    /// Rounds for a run over `n` tasks: all of them for small runs, fewer for big ones.
-    fn rounds_for(&self, n: usize) -> usize {
-        if n > 5_000 {
-            1.max(self.rounds / 3)
-        } else {
-            self.rounds
-        }
-    }
-
-    async fn throughput(&self) {
-        println!(
-            "\n## throughput: DENs draining N trivial demo tasks, queue threads {} (medians; rounds per N below)",
-            self.threads
-        );
-        println!("| N | rounds | ceiling /s (claim + finish) | 1 DEN /s | 1 DEN ÷ ceiling | 2 DENs /s | 2 DENs ÷ ceiling | driver with the DEN's start write /s | 1 DEN ÷ that |\n|---|---|---|---|---|---|---|---|---|");
-        let (mut results, mut ceilings, mut cpu_rows, mut cpu_kv) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        // The largest N's figures also go unprefixed at the front of the RESULT line.
-        let mut headline = None;
-        for &n in &self.sizes {
-            let rounds = self.rounds_for(n);
-            let (mut c, mut c3, mut one, mut two) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-            let (mut c_db, mut c_own, mut one_db, mut one_own) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-            for _ in 0..rounds {
-                c3.push(self.ceiling(n, true).await.0);
-                let (rate, (db, own)) = self.ceiling(n, false).await;
-                c.push(rate);
-                c_db.push(db);
-                c_own.push(own);
-                let (rate, (db, own)) = self.drain(n, 1).await;
-                one.push(rate);
-                one_db.push(db);
-                one_own.push(own);
-                two.push(self.drain(n, 2).await.0);
-            }
-            let (c, c3, one, two) = (median(c), median(c3), median(one), median(two));
-            ceilings.push((n, c));
-            let (c_db, c_own, one_db, one_own) = (median(c_db), median(c_own), median(one_db), median(one_own));
-            cpu_rows.push(format!("| {n} | {c_db:.0} | {c_own:.0} | {one_db:.0} | {one_own:.0} |"));
-            cpu_kv.push(format!(
-                "n{n}_db_cpu_us_per_task_driver={c_db:.0} n{n}_db_cpu_us_per_task_den={one_db:.0} n{n}_den_cpu_us_per_task={one_own:.0}"
-            ));
-            println!(
-                "| {n} | {rounds} | {c:.0} | {one:.0} | {:.2} | {two:.0} | {:.2} | {c3:.0} | {:.2} |",
-                one / c,
-                two / c,
-                one / c3
-            );
-            headline = Some(format!(
-                "n={n} tasks_per_s={one:.0} ratio_to_ceiling={:.2} two_dens_per_s={two:.0}",
-                one / c
-            ));
-            results.push(format!(
-                "n{n}_ceiling_per_s={c:.0} n{n}_tasks_per_s={one:.0} n{n}_ratio_to_ceiling={:.2} n{n}_two_dens_per_s={two:.0} n{n}_two_dens_ratio={:.2} n{n}_three_writes_per_s={c3:.0} n{n}_ratio_to_three_writes={:.2}",
-                one / c,
-                two / c,
-                one / c3
-            ));
-        }
-        println!("\nCPU µs per task over the same runs (medians): the database server, and this process (driver loop, or the DEN with the bench's polling)");
-        println!("| N | DB, driver-only | driver process | DB, 1 DEN | DEN process |\n|---|---|---|---|---|");
-        for row in &cpu_rows {
-            println!("{row}");
-        }
-        let n = self.sizes[0];
-        let (profile, total) = self.command_profile(n).await;
-        println!(
-            "\nDatabase commands per task of one DEN draining {n} tasks (the whole run: start-up, ticks, shutdown)"
-        );
-        println!("| command collection | per task |\n|---|---|");
-        for (command, per_task) in &profile {
-            println!("| {command} | {per_task:.3} |");
-        }
-        println!("| **total** | **{total:.2}** |");
-        cpu_kv.push(format!("n{n}_den_commands_per_task={total:.2}"));
-        if let Some((n, c)) = ceilings.last() {
-            println!("RESULT ceiling n={n} threads={} ceiling_per_s={c:.0}", self.threads);
-        }
-        println!(
-            "RESULT throughput threads={} {} {} {}",
-            self.threads,
-            headline.unwrap_or_default(),
-            results.join(" "),
-            cpu_kv.join(" ")
-        );
-    }
-
-    async fn latency(&self) {
-        let db = self.db("latency").await;
-        let q = self.queue(&db, self.threads).await;
-        let (stop, handle) = self.den(&db, "bench-latency");
-        let tasks = db.collection::<Document>("tasks");
-        // Let the DEN load the plugin and settle into idle: one task through, then wait.
-        let warm = tasks.insert_one(queued(q, &doc! {})).await.unwrap().inserted_id;
-        let warm = warm.as_object_id().unwrap();
-        assert!(wait_finished(&db, doc! {"_id": warm, "status": 1}, 1, Duration::from_secs(30)).await);
-        tokio::time::sleep(Duration::from_millis(1200)).await;
-        let samples = if self.quick { 40 } else { 100 };
-        let (mut to_running, mut to_finished) = (Vec::new(), Vec::new());
-        for i in 0..samples {
-            // Even samples are trivial (insert → finished); odd ones sleep 20 ms in the
-            // plugin so that the running state is seen by polling (insert → running).
-            let slow = i % 2 == 1;
-            let params = if slow {
-                doc! {"sleep_ms": 20}
-            } else {
-                doc! {}
-            };
-            let start = Instant::now();
-            let id = tasks.insert_one(queued(q, &params)).await.unwrap().inserted_id;
-            loop {
-                let d = tasks
-                    .find_one(doc! {"_id": &id})
-                    .projection(doc! {"status": 1})
-                    .await
-                    .unwrap()
-                    .unwrap();
-                let s = d.get_i32("status").unwrap_or(-2);
-                if slow && s >= 0 {
-                    to_running.push(start.elapsed().as_secs_f64() * 1e3);
-                    break;
-                }
-                if s > 0 {
-                    to_finished.push(start.elapsed().as_secs_f64() * 1e3);
-                    break;
-                }
-                tokio::time::sleep(Duration::from_micros(500)).await;
-            }
-            if slow {
-                wait_finished(&db, doc! {"_id": &id, "status": 1}, 1, Duration::from_secs(10)).await;
-            }
-            tokio::time::sleep(Duration::from_millis(60)).await; // idle again
-        }
-        stop.cancel();
-        handle.await.unwrap();
-        db.drop().await.ok();
-        let (r50, r99) = (percentile(to_running.clone(), 0.5), percentile(to_running, 0.99));
-        let (f50, f99) = (percentile(to_finished.clone(), 0.5), percentile(to_finished, 0.99));
-        println!(
-            "\n## latency: one task at a time into an idle DEN ({} samples each; polled every 0.5 ms)",
-            samples / 2
-        );
-        println!("| | p50 ms | p99 ms |\n|---|---|---|");
-        println!("| insert → running (task sleeping 20 ms) | {r50:.1} | {r99:.1} |");
-        println!("| insert → finished (trivial task) | {f50:.1} | {f99:.1} |");
-        println!("RESULT latency running_p50_ms={r50:.1} running_p99_ms={r99:.1} finished_p50_ms={f50:.1} finished_p99_ms={f99:.1}");
-    }
-
-    /// Driver-only and DEN rates for `n` claims from one queue `depth` deep: the driver
-    /// loop takes the first `n`, then one DEN the next `n` (the depth changes by 2n at most).
-    async fn at_depth(&self, n: usize, depth: usize) -> (f64, f64) {
-        let db = self.db("depth").await;
-        let q = self.queue(&db, self.threads).await;
-        self.tasks(&db, q, depth, doc! {}).await;
-        let (driver, _) = self.driver_loop(&db, q, n, false).await;
-        let (stop, handle) = self.den(&db, "bench-depth");
-        let filter = doc! {"node": "bench-depth", "status": 1};
-        assert!(wait_finished(&db, filter.clone(), n as u64, Duration::from_secs(600)).await);
-        stop.cancel();
-        handle.await.unwrap();
-        let (den, _) = finish_rate(&db, filter).await;
-        db.drop().await.ok();
-        (driver, den)
-    }
-
-    async fn depth(&self) {
-        let (shallow, deep, n, rounds) = (1_000, self.deep, self.claims, self.rounds);
-        let (mut d_s, mut d_d, mut c_s, mut c_d) = (vec![], vec![], vec![], vec![]);
-        for _ in 0..rounds {
-            let (c, d) = self.at_depth(n, shallow).await;
-            c_s.push(c);
-            d_s.push(d);
-            let (c, d) = self.at_depth(n, deep).await;
-            c_d.push(c);
-            d_d.push(d);
-        }
-        let (c_s, c_d, d_s, d_d) = (median(c_s), median(c_d), median(d_s), median(d_d));
-        println!(
-            "\n## depth: {n} claims from a queue {shallow} vs {deep} deep, {} at a time (median of {rounds} rounds)",
-            self.threads
-        );
-        println!("| | {shallow} deep /s | {deep} deep /s | slowdown | µs per task at {shallow} | µs per task at {deep} |\n|---|---|---|---|---|---|");
-        println!(
-            "| driver-only | {c_s:.0} | {c_d:.0} | {:.2}× | {:.0} | {:.0} |",
-            c_s / c_d,
-            1e6 / c_s,
-            1e6 / c_d
-        );
-        println!(
-            "| DEN | {d_s:.0} | {d_d:.0} | {:.2}× | {:.0} | {:.0} |",
-            d_s / d_d,
-            1e6 / d_s,
-            1e6 / d_d
-        );
-        println!(
-            "RESULT depth shallow={shallow} deep={deep} den_shallow_per_s={d_s:.0} den_deep_per_s={d_d:.0} den_slowdown={:.2} db_shallow_per_s={c_s:.0} db_deep_per_s={c_d:.0} db_slowdown={:.2}",
-            d_s / d_d,
-            c_s / c_d
-        );
-    }
-
-    async fn memory(&self) {
-        let db = self.db("memory").await;
-        let q = self.queue(&db, 100).await;
-        let dir = tempfile::tempdir().unwrap();
-        let config = serde_json::json!({
-            "mongohost": self.uri, "database": db.name(), "plugins": ["demo"],
-            "plugin_dir": self.plugins, "node": "bench-memory",
-            "cache_dir": dir.path().join("cache"),
-        });
-        let path = dir.path().join("den.json");
-        std::fs::write(&path, config.to_string()).unwrap();
-        let mut child = Command::new(bin("den"))
-            .arg("--config")
-            .arg(&path)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let pid = child.id();
-        let rss = move || -> f64 {
-            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
-                .unwrap_or(f64::NAN)
-                / 1024.0
-        };
-        // Idle: registered, plugin loaded (one task through), nothing running.
-        let tasks = db.collection::<Document>("tasks");
-        tasks.insert_one(queued(q, &doc! {})).await.unwrap();
-        assert!(
-            wait_finished(&db, doc! {"status": 1}, 1, Duration::from_secs(60)).await,
-            "the den process ran no task in 60 s"
-        );
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        let idle = median((0..5).map(|_| rss()).collect());
-        self.tasks(&db, q, 100, doc! {"sleep_ms": 8000}).await;
-        let start = Instant::now();
-        while tasks.count_documents(doc! {"status": 0}).await.unwrap() < 100
-            && start.elapsed() < Duration::from_secs(30)
-        {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        let running = tasks.count_documents(doc! {"status": 0}).await.unwrap();
-        let busy = rss();
-        child.kill().ok();
-        child.wait().ok();
-        db.drop().await.ok();
-        println!("\n## memory: RSS of the den process (VmRSS)");
-        println!("| state | RSS MiB |\n|---|---|");
-        println!("| idle (plugin loaded, no task) | {idle:.1} |");
-        println!("| {running} tasks running at once (demo, sleep_ms 8000) | {busy:.1} |");
-        println!("| per running task | {:.2} |", (busy - idle) / (running.max(1) as f64));
-        println!(
-            "RESULT memory idle_mib={idle:.1} busy_mib={busy:.1} running={running} per_task_kib={:.0}",
-            (busy - idle) * 1024.0 / (running.max(1) as f64)
-        );
-    }
 }
 
 #[tokio::main]
@@ -785,6 +363,8 @@ async fn main() {
         "memory",
         "schedule",
         "dag",
+        "peers",
+        "scale",
         "all",
     ];
     if !known.contains(&args.scenario.as_str()) {
@@ -796,8 +376,8 @@ async fn main() {
         std::process::exit(2);
     }
     let all = args.scenario == "all";
-    let wants = |s: &str| all || args.scenario == s;
-    if wants("sandbox") || wants("memory") {
+    let wants = |s: &str| (all && s != "peers" && s != "scale") || args.scenario == s;
+    if wants("sandbox") || wants("memory") || wants("peers") || wants("scale") {
         build_binaries(args.no_build);
     }
     let plugins = tokio::task::spawn_blocking(plugins::plugins_dir).await.unwrap();
@@ -823,6 +403,7 @@ async fn main() {
         rounds,
         threads: args.threads.max(1),
         sizes,
+        sizes_given: !args.n.is_empty(),
         deep: args.deep.unwrap_or(if args.quick { 5_000 } else { 50_000 }),
         claims: args.claims.unwrap_or(if args.quick { 50 } else { 100 }),
         client: Client::with_uri_str(&uri).await.unwrap(),
@@ -866,6 +447,12 @@ async fn main() {
     }
     if wants("dag") {
         bench.dag().await;
+    }
+    if wants("peers") {
+        bench.peers().await;
+    }
+    if wants("scale") {
+        bench.scale().await;
     }
     println!("\n(bench took {:.0} s)", started.elapsed().as_secs_f64());
 }
