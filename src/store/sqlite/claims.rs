@@ -1,0 +1,184 @@
+//! The DEN's side of the embedded store: claiming, starting, finishing and requeueing
+//! tasks, and recovering those of dead nodes.
+
+use bson::oid::ObjectId;
+use bson::DateTime;
+use rusqlite::{params, OptionalExtension};
+
+use super::rows::{db_err, task_from_row, CLAIMED_COLUMNS};
+use super::{recovery, retries, SqliteStore};
+use crate::model::{status, Queue, Sort, Task};
+use crate::store::{FinishExtra, OutputValue, Recovery, StoreResult};
+
+impl SqliteStore {
+    pub(super) async fn has_queued(&self, queue: ObjectId) -> StoreResult<bool> {
+        self.with(move |conn| {
+            conn.query_row(
+                "SELECT EXISTS (SELECT 1 FROM tasks WHERE queue = ?1 AND status = ?2 AND node IS NULL)",
+                params![queue.to_hex(), status::QUEUED],
+                |r| r.get(0),
+            )
+            .map_err(db_err("look for queued tasks"))
+        })
+        .await
+    }
+
+    /// Claims with one `UPDATE … WHERE id = (SELECT … LIMIT 1) RETURNING …` in an
+    /// immediate transaction. A claimed row that cannot be read as a task is marked failed
+    /// (status 2, the reason in `stderr`) and the error returned.
+    pub(super) async fn claim(&self, queue: &Queue, node: &str) -> StoreResult<Option<Task>> {
+        let order = match queue.sort {
+            Sort::Fifo => "ORDER BY priority DESC, id ASC",
+            Sort::Lifo => "ORDER BY priority DESC, id DESC",
+            Sort::Default => "ORDER BY priority DESC",
+        };
+        let sql = format!(
+            "UPDATE tasks SET node = ?1, status = ?2, mtime = ?3
+             WHERE id = (SELECT id FROM tasks WHERE queue = ?4 AND status = ?5 AND node IS NULL
+                         AND (avoid_node IS NULL OR avoid_node <> ?1 OR avoid_until <= ?3) {order} LIMIT 1)
+             RETURNING {CLAIMED_COLUMNS}"
+        );
+        let (q, node) = (queue.id.to_hex(), node.to_string());
+        self.write("claim task", move |tx| {
+            let now = DateTime::now().timestamp_millis();
+            let claimed = tx
+                .query_row(
+                    &sql,
+                    params![node, status::CLAIMED, now, q, status::QUEUED],
+                    task_from_row,
+                )
+                .optional()
+                .map_err(db_err("claim task"))?;
+            match claimed {
+                None => Ok(Ok(None)),
+                Some((_, Ok(task))) => Ok(Ok(Some(task))),
+                Some((id, Err(e))) => {
+                    tx.execute(
+                        "UPDATE tasks SET status = ?1, stderr = ?2, stderr_file = NULL, mtime = ?3 WHERE id = ?4",
+                        params![status::FAILED, format!("disbatch: cannot run this task: {e}"), now, id],
+                    )
+                    .map_err(db_err("fail malformed task"))?;
+                    Ok(Err(e))
+                }
+            }
+        })
+        .await?
+    }
+
+    pub(super) async fn start(&self, task: ObjectId, node: &str) -> StoreResult<bool> {
+        let node = node.to_string();
+        let started = self
+            .with(move |conn| {
+                let n = conn
+                    .execute(
+                        "UPDATE tasks SET status = ?1, mtime = ?2 WHERE id = ?3 AND node = ?4 AND status = ?5",
+                        params![
+                            status::RUNNING,
+                            DateTime::now().timestamp_millis(),
+                            task.to_hex(),
+                            node,
+                            status::CLAIMED
+                        ],
+                    )
+                    .map_err(db_err("start task"))?;
+                if n == 1 {
+                    return Ok(true);
+                }
+                // A retry after a lost reply: the first attempt applied.
+                conn.query_row(
+                    "SELECT EXISTS (SELECT 1 FROM tasks WHERE id = ?1 AND node = ?2 AND status = ?3)",
+                    params![task.to_hex(), node, status::RUNNING],
+                    |r| r.get(0),
+                )
+                .map_err(db_err("start task"))
+            })
+            .await;
+        self.signal_changed();
+        started
+    }
+
+    pub(super) async fn finish_with(
+        &self,
+        task: ObjectId,
+        node: &str,
+        status: i32,
+        stdout: OutputValue,
+        stderr: OutputValue,
+        extra: &FinishExtra,
+    ) -> StoreResult<bool> {
+        let (node, extra) = (node.to_string(), extra.clone());
+        let done = self
+            .write("finish task", move |tx| {
+                retries::finish(tx, task, &node, status, &stdout, &stderr, &extra)
+            })
+            .await?;
+        if done == Some(true) {
+            self.signal_queued();
+        }
+        Ok(done.is_some())
+    }
+
+    pub(super) async fn requeue_own(&self, node: &str, tasks: &[ObjectId]) -> StoreResult<Vec<ObjectId>> {
+        let (node, tasks) = (node.to_string(), tasks.to_vec());
+        let requeued = self
+            .write("requeue task", move |tx| {
+                let now = DateTime::now().timestamp_millis();
+                let mut requeued = Vec::new();
+                for id in tasks {
+                    let n = tx
+                        .execute(
+                            "UPDATE tasks SET status = ?1, node = NULL, rerun = NULL, mtime = ?2
+                         WHERE id = ?3 AND node = ?4 AND status IN (?5, ?6) AND stop IS NULL",
+                            params![status::QUEUED, now, id.to_hex(), node, status::CLAIMED, status::RUNNING],
+                        )
+                        .map_err(db_err("requeue task"))?;
+                    if n == 1 {
+                        requeued.push(id);
+                        continue;
+                    }
+                    // A task someone asked to kill ends failed rather than running again.
+                    tx.execute(
+                        "UPDATE tasks SET status = ?1, stdout = '', stdout_file = NULL, stderr = ?2,
+                             stderr_file = NULL, mtime = ?3
+                         WHERE id = ?4 AND node = ?5 AND status IN (?6, ?7) AND stop IS NOT NULL",
+                        params![
+                            status::FAILED,
+                            crate::store::KILLED_AT_SHUTDOWN,
+                            now,
+                            id.to_hex(),
+                            node,
+                            status::CLAIMED,
+                            status::RUNNING
+                        ],
+                    )
+                    .map_err(db_err("end killed task"))?;
+                }
+                Ok(requeued)
+            })
+            .await?;
+        if !requeued.is_empty() {
+            self.signal_queued();
+        }
+        Ok(requeued)
+    }
+
+    /// Recovers as the MongoDB store does, in one transaction: a node is fresh when its
+    /// `timestamp` is at or after `stale_before`; claimed or running tasks of any other
+    /// node are recovered once their own `mtime` is before `stale_before` too.
+    pub(super) async fn recover_orphans(
+        &self,
+        claimed_before: DateTime,
+        stale_before: DateTime,
+    ) -> StoreResult<Recovery> {
+        let (claimed_before, stale_before) = (claimed_before.timestamp_millis(), stale_before.timestamp_millis());
+        let recovery = self
+            .write("recover orphans", move |tx| {
+                recovery::recover_orphans(tx, claimed_before, stale_before)
+            })
+            .await?;
+        if !recovery.requeued.is_empty() || !recovery.retried.is_empty() {
+            self.signal_queued();
+        }
+        Ok(recovery)
+    }
+}
