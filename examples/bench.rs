@@ -14,6 +14,8 @@
 
 #[path = "bench/dag.rs"]
 mod dag;
+#[path = "bench/embedded.rs"]
+mod embedded;
 #[path = "../tests/common/plugins.rs"]
 #[allow(dead_code)]
 mod plugins;
@@ -43,7 +45,7 @@ use tokio_util::sync::CancellationToken;
 #[derive(Parser)]
 #[command(about = "Disbatch benchmarks")]
 struct Args {
-    /// sandbox, ceiling, throughput, latency, depth, memory, schedule, dag or all.
+    /// sandbox, ceiling, throughput, latency, depth, memory, schedule, dag, embedded or all.
     scenario: String,
     /// Smaller sizes and fewer rounds, so `all` takes a few minutes.
     #[arg(long)]
@@ -785,6 +787,7 @@ async fn main() {
         "memory",
         "schedule",
         "dag",
+        "embedded",
         "all",
     ];
     if !known.contains(&args.scenario.as_str()) {
@@ -866,6 +869,9 @@ async fn main() {
     }
     if wants("dag") {
         bench.dag().await;
+    }
+    if wants("embedded") {
+        bench.embedded().await;
     }
     println!("\n(bench took {:.0} s)", started.elapsed().as_secs_f64());
 }

@@ -48,6 +48,7 @@ mod schema;
 mod slots;
 mod tasks;
 mod watch;
+mod writer;
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -75,6 +76,17 @@ pub const OUTPUT_FILES: &str = "output_files";
 /// How long a connection waits for another's write lock before failing.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Bytes of the file each connection reads through a memory mapping.
+const MMAP_SIZE: i64 = 1 << 30;
+
+/// The first wait for another connection's lock; each next one doubles, up to
+/// [`BUSY_SLEEP_MAX`]. A write transaction of a DEN holds the lock for tens of
+/// microseconds, so SQLite's own schedule (1 ms, 2 ms, 5 ms, …) would mostly wait idle.
+const BUSY_SLEEP_FIRST: Duration = Duration::from_micros(20);
+
+/// The longest single wait for another connection's lock.
+const BUSY_SLEEP_MAX: Duration = Duration::from_millis(2);
+
 /// Connections kept open for reuse.
 const POOL_SIZE: usize = 8;
 
@@ -86,6 +98,9 @@ const QUEUED_EVENTS: usize = 16;
 pub struct SqliteStore {
     path: Arc<PathBuf>,
     pool: Arc<Mutex<Vec<Connection>>>,
+    /// Runs every write transaction of this store and its clones, committing the writes
+    /// that wait together (see `writer`).
+    writer: Arc<writer::Writer>,
     /// Problems with stored queues already logged, so each is logged once.
     warned: Arc<Mutex<HashSet<String>>>,
     /// Signals tasks queued through this store, for [`Store::watch_queued`].
@@ -108,6 +123,10 @@ impl SqliteStore {
         let store = SqliteStore {
             path: Arc::new(path.as_ref().to_path_buf()),
             pool: Arc::new(Mutex::new(Vec::new())),
+            writer: Arc::new(
+                writer::Writer::start(path.as_ref().to_path_buf(), Self::connect)
+                    .map_err(|e| StoreError::Database(format!("cannot start the database writer thread: {e}")))?,
+            ),
             warned: Arc::new(Mutex::new(HashSet::new())),
             queued: tokio::sync::broadcast::channel(QUEUED_EVENTS).0,
             changed: tokio::sync::broadcast::channel(QUEUED_EVENTS).0,
@@ -124,9 +143,12 @@ impl SqliteStore {
     fn connect(path: &Path) -> StoreResult<Connection> {
         let open = db_err("open database");
         let conn = Connection::open(path).map_err(&open)?;
-        conn.busy_timeout(BUSY_TIMEOUT).map_err(&open)?;
+        conn.busy_handler(Some(busy_wait)).map_err(&open)?;
         conn.pragma_update(None, "journal_mode", "WAL").map_err(&open)?;
         conn.pragma_update(None, "synchronous", "NORMAL").map_err(&open)?;
+        // Pages read through a shared mapping, not a read call each: every commit of
+        // another connection empties a connection's page cache.
+        conn.pragma_update(None, "mmap_size", MMAP_SIZE).map_err(&open)?;
         Ok(conn)
     }
 
@@ -156,22 +178,15 @@ impl SqliteStore {
         .map_err(|e| StoreError::Rejected(format!("database task failed: {e}")))?
     }
 
-    /// Runs `f` in a `BEGIN IMMEDIATE` transaction, committed when `f` succeeds.
+    /// Runs `f` in a `BEGIN IMMEDIATE` transaction on the store's writer thread, answered
+    /// once committed; `f` shares the transaction (not its atomicity) with other writes
+    /// waiting at the same time (see `writer`).
     async fn write<T, F>(&self, op: &'static str, f: F) -> StoreResult<T>
     where
         T: Send + 'static,
         F: FnOnce(&rusqlite::Transaction<'_>) -> StoreResult<T> + Send + 'static,
     {
-        let value = self
-            .with(move |conn| {
-                let tx = conn
-                    .transaction_with_behavior(TransactionBehavior::Immediate)
-                    .map_err(db_err(op))?;
-                let value = f(&tx)?;
-                tx.commit().map_err(db_err(op))?;
-                Ok(value)
-            })
-            .await?;
+        let value = self.writer.write(op, f).await?;
         self.signal_changed();
         Ok(value)
     }
@@ -199,6 +214,23 @@ impl SqliteStore {
     }
 }
 
+/// SQLite's busy handler of every connection: whether to try again after the `attempt`-th
+/// failure to get another connection's lock (another process's, mostly: writes of this
+/// process queue on [`SqliteStore::writer`]). Sleeps [`BUSY_SLEEP_FIRST`], doubling up to
+/// [`BUSY_SLEEP_MAX`], and gives up once the sleeps add up to [`BUSY_TIMEOUT`].
+fn busy_wait(attempt: i32) -> bool {
+    let sleep = |a: u32| BUSY_SLEEP_FIRST.saturating_mul(1 << a.min(16)).min(BUSY_SLEEP_MAX);
+    let attempt = u32::try_from(attempt).unwrap_or(0);
+    // The sleeps before this one: doubling ones, then ones of BUSY_SLEEP_MAX.
+    let doubling = (0..attempt).take_while(|&a| sleep(a) < BUSY_SLEEP_MAX).count() as u32;
+    let slept = (0..doubling).map(sleep).sum::<Duration>() + BUSY_SLEEP_MAX.saturating_mul(attempt - doubling);
+    if slept >= BUSY_TIMEOUT {
+        return false;
+    }
+    std::thread::sleep(sleep(attempt));
+    true
+}
+
 fn parse_oid(collection: &'static str, text: &str) -> StoreResult<ObjectId> {
     ObjectId::parse_str(text).map_err(|e| StoreError::Malformed {
         collection,
@@ -223,6 +255,7 @@ impl Store for SqliteStore {
             conn.execute_batch(batches::SCHEMA).map_err(db_err("create schema"))?;
             conn.execute_batch(deps::SCHEMA).map_err(db_err("create schema"))?;
             lifecycle::migrate(conn)?;
+            claims::migrate(conn)?;
             deps::migrate(conn)?;
             slots::migrate(conn)
         })
@@ -388,6 +421,20 @@ impl Store for SqliteStore {
 
     async fn claim(&self, queue: &Queue, node: &str) -> StoreResult<Option<Task>> {
         self.claim(queue, node).await
+    }
+
+    async fn claim_to_run(&self, queue: &Queue, node: &str) -> StoreResult<Option<Task>> {
+        self.claim_to_run(queue, node).await
+    }
+
+    async fn renew_and_claim(
+        &self,
+        slot: &Slot,
+        queue: &Queue,
+        node: &str,
+        lease: Duration,
+    ) -> StoreResult<(SlotRenewal, Option<Task>)> {
+        self.renew_and_claim(slot, queue, node, lease).await
     }
 
     async fn start(&self, task: ObjectId, node: &str) -> StoreResult<bool> {
