@@ -34,6 +34,7 @@
 mod balance;
 mod batches;
 mod claims;
+mod connect;
 mod deps;
 mod files;
 mod leader;
@@ -73,20 +74,6 @@ const OTHER_WRITERS_POLL: Duration = Duration::from_millis(250);
 /// Table of output files.
 pub const OUTPUT_FILES: &str = "output_files";
 
-/// How long a connection waits for another's write lock before failing.
-const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Bytes of the file each connection reads through a memory mapping.
-const MMAP_SIZE: i64 = 1 << 30;
-
-/// The first wait for another connection's lock; each next one doubles, up to
-/// [`BUSY_SLEEP_MAX`]. A write transaction of a DEN holds the lock for tens of
-/// microseconds, so SQLite's own schedule (1 ms, 2 ms, 5 ms, …) would mostly wait idle.
-const BUSY_SLEEP_FIRST: Duration = Duration::from_micros(20);
-
-/// The longest single wait for another connection's lock.
-const BUSY_SLEEP_MAX: Duration = Duration::from_millis(2);
-
 /// Connections kept open for reuse.
 const POOL_SIZE: usize = 8;
 
@@ -124,7 +111,7 @@ impl SqliteStore {
             path: Arc::new(path.as_ref().to_path_buf()),
             pool: Arc::new(Mutex::new(Vec::new())),
             writer: Arc::new(
-                writer::Writer::start(path.as_ref().to_path_buf(), Self::connect)
+                writer::Writer::start(path.as_ref().to_path_buf(), connect::connect)
                     .map_err(|e| StoreError::Database(format!("cannot start the database writer thread: {e}")))?,
             ),
             warned: Arc::new(Mutex::new(HashSet::new())),
@@ -140,18 +127,6 @@ impl SqliteStore {
         &self.path
     }
 
-    fn connect(path: &Path) -> StoreResult<Connection> {
-        let open = db_err("open database");
-        let conn = Connection::open(path).map_err(&open)?;
-        conn.busy_handler(Some(busy_wait)).map_err(&open)?;
-        conn.pragma_update(None, "journal_mode", "WAL").map_err(&open)?;
-        conn.pragma_update(None, "synchronous", "NORMAL").map_err(&open)?;
-        // Pages read through a shared mapping, not a read call each: every commit of
-        // another connection empties a connection's page cache.
-        conn.pragma_update(None, "mmap_size", MMAP_SIZE).map_err(&open)?;
-        Ok(conn)
-    }
-
     /// Runs `f` on a pooled connection on the blocking thread pool.
     async fn with<T, F>(&self, f: F) -> StoreResult<T>
     where
@@ -164,7 +139,7 @@ impl SqliteStore {
             let pooled = pool.lock().ok().and_then(|mut p| p.pop());
             let mut conn = match pooled {
                 Some(c) => c,
-                None => Self::connect(&path)?,
+                None => connect::connect(&path)?,
             };
             let result = f(&mut conn);
             if let Ok(mut p) = pool.lock() {
@@ -212,23 +187,6 @@ impl SqliteStore {
             tracing::warn!("{message}");
         }
     }
-}
-
-/// SQLite's busy handler of every connection: whether to try again after the `attempt`-th
-/// failure to get another connection's lock (another process's, mostly: writes of this
-/// process queue on [`SqliteStore::writer`]). Sleeps [`BUSY_SLEEP_FIRST`], doubling up to
-/// [`BUSY_SLEEP_MAX`], and gives up once the sleeps add up to [`BUSY_TIMEOUT`].
-fn busy_wait(attempt: i32) -> bool {
-    let sleep = |a: u32| BUSY_SLEEP_FIRST.saturating_mul(1 << a.min(16)).min(BUSY_SLEEP_MAX);
-    let attempt = u32::try_from(attempt).unwrap_or(0);
-    // The sleeps before this one: doubling ones, then ones of BUSY_SLEEP_MAX.
-    let doubling = (0..attempt).take_while(|&a| sleep(a) < BUSY_SLEEP_MAX).count() as u32;
-    let slept = (0..doubling).map(sleep).sum::<Duration>() + BUSY_SLEEP_MAX.saturating_mul(attempt - doubling);
-    if slept >= BUSY_TIMEOUT {
-        return false;
-    }
-    std::thread::sleep(sleep(attempt));
-    true
 }
 
 fn parse_oid(collection: &'static str, text: &str) -> StoreResult<ObjectId> {

@@ -29,7 +29,7 @@ impl SqliteStore {
                 Err(RecvError::Closed) => None,
             }
         });
-        let conn = Self::connect(&self.path)?;
+        let conn = super::connect::connect(&self.path)?;
         let version = |c: &Connection| {
             c.query_row("PRAGMA data_version", [], |r| r.get::<_, i64>(0))
                 .map_err(db_err("watch tasks"))
