@@ -16,6 +16,8 @@
 
 #[path = "bench/dag.rs"]
 mod dag;
+#[path = "bench/embedded.rs"]
+mod embedded;
 #[path = "bench/embedded_den.rs"]
 mod embedded_den;
 #[path = "bench/latency.rs"]
@@ -56,8 +58,8 @@ use tokio_util::sync::CancellationToken;
 #[derive(Parser)]
 #[command(about = "Disbatch benchmarks")]
 struct Args {
-    /// sandbox, ceiling, throughput, latency, depth, memory, schedule, dag, peers, scale or
-    /// all (every one but peers and scale).
+    /// sandbox, ceiling, throughput, latency, depth, memory, schedule, dag, embedded, peers,
+    /// scale or all (every one but peers and scale).
     scenario: String,
     /// Smaller sizes and fewer rounds, so `all` takes a few minutes.
     #[arg(long)]
@@ -363,6 +365,7 @@ async fn main() {
         "memory",
         "schedule",
         "dag",
+        "embedded",
         "peers",
         "scale",
         "all",
@@ -447,6 +450,9 @@ async fn main() {
     }
     if wants("dag") {
         bench.dag().await;
+    }
+    if wants("embedded") {
+        bench.embedded().await;
     }
     if wants("peers") {
         bench.peers().await;

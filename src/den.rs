@@ -391,10 +391,11 @@ impl Den {
         }
     }
 
-    /// The spec's claim, its duration recorded when it got a task.
+    /// The spec's claim ([`Store::claim_to_run`]: the task may come back running), its
+    /// duration recorded when it got a task.
     async fn claim(&self, queue: &Queue) -> StoreResult<Option<Task>> {
         let began = std::time::Instant::now();
-        let claimed = self.store.claim(queue, &self.settings.node).await;
+        let claimed = self.store.claim_to_run(queue, &self.settings.node).await;
         if let Ok(Some(_)) = &claimed {
             self.observe(|stats| stats.claim.observe(began.elapsed().as_secs_f64()));
         }

@@ -243,6 +243,29 @@ pub trait Store: PluginStore + Send + Sync + 'static {
     /// Idempotent: a task already `{node, status: 0}` (a retry whose first reply was lost)
     /// also returns true. Returns false when the task is no longer ours.
     async fn start(&self, task: ObjectId, node: &str) -> StoreResult<bool>;
+    /// [`Store::claim`] for a DEN about to run the task: the task may come back already
+    /// running (0), claimed and started in one write (the embedded store does so, in one
+    /// transaction), or claimed (-1), to be started with [`Store::start`] (MongoDB, whose
+    /// claim is the spec's). Either way exactly one caller gets it.
+    async fn claim_to_run(&self, queue: &Queue, node: &str) -> StoreResult<Option<Task>> {
+        self.claim(queue, node).await
+    }
+    /// A worker's next claim with the slot it holds: [`Store::renew_slot`], then, only when
+    /// the slot is still held, [`Store::claim_to_run`] of `queue`. The embedded store does
+    /// both in one transaction. An error of either step is returned as is (a claimed task
+    /// that cannot be read was failed by the store, as [`Store::claim`] does).
+    async fn renew_and_claim(
+        &self,
+        slot: &Slot,
+        queue: &Queue,
+        node: &str,
+        lease: Duration,
+    ) -> StoreResult<(SlotRenewal, Option<Task>)> {
+        match self.renew_slot(slot, node, lease).await? {
+            SlotRenewal::Held => Ok((SlotRenewal::Held, self.claim_to_run(queue, node).await?)),
+            other => Ok((other, None)),
+        }
+    }
     /// Stores an output stream too large for the task document as the file `file` tied to
     /// `task` (`filename` is `stdout` or `stderr`). MongoDB keeps it in GridFS
     /// (`tasks.files` / `tasks.chunks`, String chunks), the embedded store as a blob.

@@ -97,6 +97,8 @@ on_both_stores!(
     three_dens_hold_threads_and_maxthreads,
 );
 
+#[path = "store_shared/claims.rs"]
+mod claims;
 #[path = "store_shared/deps.rs"]
 mod deps;
 #[path = "store_shared/fair_slots.rs"]

@@ -72,35 +72,31 @@ impl Den {
             }
             // Re-validate the slot lease before claiming: a slot lost (freed by recovery
             // while this DEN was paused) must not be used for another task, and one another
-            // node asked for goes to it.
+            // node asked for goes to it. The store renews and claims in one step.
+            if self.lease_lapsed() {
+                return Some(slot);
+            }
+            let began = std::time::Instant::now();
             match self
                 .store
-                .renew_slot(&slot, &self.settings.node, self.settings.heartbeat_stale)
+                .renew_and_claim(&slot, &queue.queue, &self.settings.node, self.settings.heartbeat_stale)
                 .await
             {
-                Ok(SlotRenewal::Held) => {}
-                Ok(SlotRenewal::OverLimit) => return Some(slot),
-                Ok(SlotRenewal::Lost) => {
+                Ok((SlotRenewal::Held, Some(next))) => {
+                    self.observe(|stats| stats.claim.observe(began.elapsed().as_secs_f64()));
+                    task = next;
+                }
+                Ok((SlotRenewal::Held | SlotRenewal::OverLimit, _)) => return Some(slot),
+                Ok((SlotRenewal::Lost, _)) => {
                     warn!(queue = %queue.queue.name, "slot lease lost; not claiming more with it");
                     return None;
                 }
-                Ok(SlotRenewal::Yielded { to }) => {
+                Ok((SlotRenewal::Yielded { to }, _)) => {
                     debug!(queue = %queue.queue.name, to = %to, "gave a slot to a node holding fewer of the queue's");
                     return None;
                 }
                 Err(e) => {
-                    debug!(error = %e, "cannot renew slot lease");
-                    return Some(slot);
-                }
-            }
-            if self.lease_lapsed() {
-                return Some(slot);
-            }
-            match self.claim(&queue.queue).await {
-                Ok(Some(next)) => task = next,
-                Ok(None) => return Some(slot),
-                Err(e) => {
-                    debug!(error = %e, "claim failed");
+                    debug!(error = %e, "cannot renew the slot lease or claim");
                     return Some(slot);
                 }
             }
@@ -116,7 +112,14 @@ impl Den {
     /// transient database errors (see [`super::result`]).
     async fn execute(&self, queue: &QueueState, task: &Task) {
         let node = &self.settings.node;
-        match self.retry("mark running", || self.store.start(task.id, node)).await {
+        // A task the store claimed and started in one write needs no start.
+        let started = async {
+            if task.status == status::RUNNING {
+                return Ok(true);
+            }
+            self.retry("mark running", || self.store.start(task.id, node)).await
+        };
+        match started.await {
             Ok(true) => {}
             Ok(false) => {
                 warn!("task was taken from this node before it started; not running it");

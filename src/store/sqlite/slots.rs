@@ -103,40 +103,9 @@ impl SqliteStore {
     /// [`Store::renew_slot`](crate::store::Store::renew_slot): renews the lease when `node`
     /// still holds the slot and nobody asked for it; gives it up to an asker.
     pub(super) async fn renew_one_slot(&self, slot: &Slot, node: &str, lease: Duration) -> StoreResult<SlotRenewal> {
-        let (q, n, node) = (slot.queue.to_hex(), slot.n, node.to_string());
-        self.write("renew slot lease", move |tx| {
-            let err = db_err("renew slot lease");
-            let now = DateTime::now();
-            let renewed = tx
-                .execute(
-                    "UPDATE slots SET expires = ?1 WHERE queue = ?2 AND n = ?3 AND holder = ?4
-                       AND expires > ?5 AND (want IS NULL OR want_until < ?5)",
-                    params![lease_end(now, lease), q, n, node, now.timestamp_millis()],
-                )
-                .map_err(&err)?;
-            if renewed == 1 {
-                return Ok(SlotRenewal::Held);
-            }
-            // Asked for (or its lease expired, and it may have been counted free since):
-            // given up, to the asker if any.
-            let to: Option<String> = tx
-                .query_row(
-                    "UPDATE slots SET holder = NULL, reserved = want, reserved_until = want_until,
-                         want = NULL, want_until = NULL
-                     WHERE queue = ?1 AND n = ?2 AND holder = ?3
-                     RETURNING reserved",
-                    params![q, n, node],
-                    |r| r.get::<_, Option<String>>(0),
-                )
-                .optional()
-                .map_err(&err)?
-                .flatten();
-            Ok(match to {
-                Some(to) => SlotRenewal::Yielded { to },
-                None => SlotRenewal::Lost,
-            })
-        })
-        .await
+        let (slot, node) = (slot.clone(), node.to_string());
+        self.write("renew slot lease", move |tx| renew_in(tx, &slot, &node, lease))
+            .await
     }
 
     /// [`Store::want_slot`](crate::store::Store::want_slot), by the rules of MongoDB's
@@ -233,4 +202,39 @@ fn used_from(conn: &Connection, q: &str, from: i64) -> StoreResult<i64> {
         |r| r.get(0),
     )
     .map_err(db_err("count the queue's slots in use"))
+}
+
+/// [`Store::renew_slot`](crate::store::Store::renew_slot) in `tx`.
+pub(super) fn renew_in(tx: &Connection, slot: &Slot, node: &str, lease: Duration) -> StoreResult<SlotRenewal> {
+    let (q, n) = (slot.queue.to_hex(), slot.n);
+    let err = db_err("renew slot lease");
+    let now = DateTime::now();
+    let renewed = tx
+        .execute(
+            "UPDATE slots SET expires = ?1 WHERE queue = ?2 AND n = ?3 AND holder = ?4
+               AND expires > ?5 AND (want IS NULL OR want_until < ?5)",
+            params![lease_end(now, lease), q, n, node, now.timestamp_millis()],
+        )
+        .map_err(&err)?;
+    if renewed == 1 {
+        return Ok(SlotRenewal::Held);
+    }
+    // Asked for (or its lease expired, and it may have been counted free since):
+    // given up, to the asker if any.
+    let to: Option<String> = tx
+        .query_row(
+            "UPDATE slots SET holder = NULL, reserved = want, reserved_until = want_until,
+                 want = NULL, want_until = NULL
+             WHERE queue = ?1 AND n = ?2 AND holder = ?3
+             RETURNING reserved",
+            params![q, n, node],
+            |r| r.get::<_, Option<String>>(0),
+        )
+        .optional()
+        .map_err(&err)?
+        .flatten();
+    Ok(match to {
+        Some(to) => SlotRenewal::Yielded { to },
+        None => SlotRenewal::Lost,
+    })
 }

@@ -1,0 +1,240 @@
+//! The DEN's side of the embedded store: claiming, starting, finishing and requeueing
+//! tasks, and recovering those of dead nodes.
+
+use bson::oid::ObjectId;
+use bson::DateTime;
+use std::time::Duration;
+
+use rusqlite::{params, Connection, OptionalExtension, Transaction};
+
+use super::rows::{db_err, task_from_row, CLAIMED_COLUMNS};
+use super::{recovery, retries, slots, SqliteStore};
+use crate::model::{status, Queue, Sort, Task};
+use crate::store::{FinishExtra, OutputValue, Recovery, Slot, SlotRenewal, StoreResult};
+
+/// Creates the indexes of the claim: queued tasks only (a claim takes its task out of
+/// them, a finish does not touch them), by queue in each claim order, so a claim reads
+/// one entry however many tasks are queued.
+pub(super) fn migrate(conn: &Connection) -> StoreResult<()> {
+    let queued = status::QUEUED;
+    conn.execute_batch(&format!(
+        "CREATE INDEX IF NOT EXISTS tasks_queued_fifo ON tasks (queue, priority DESC, id ASC)
+             WHERE status = {queued} AND node IS NULL;
+         CREATE INDEX IF NOT EXISTS tasks_queued_lifo ON tasks (queue, priority DESC, id DESC)
+             WHERE status = {queued} AND node IS NULL;"
+    ))
+    .map_err(db_err("create the claim's indexes"))
+}
+
+impl SqliteStore {
+    pub(super) async fn has_queued(&self, queue: ObjectId) -> StoreResult<bool> {
+        self.with(move |conn| {
+            conn.prepare_cached(&format!(
+                "SELECT EXISTS (SELECT 1 FROM tasks WHERE queue = ?1 AND status = {} AND node IS NULL)",
+                status::QUEUED
+            ))
+            .and_then(|mut s| s.query_row(params![queue.to_hex()], |r| r.get(0)))
+            .map_err(db_err("look for queued tasks"))
+        })
+        .await
+    }
+
+    /// Claims with one `UPDATE … WHERE id = (SELECT … LIMIT 1) RETURNING …` in an
+    /// immediate transaction. A claimed row that cannot be read as a task is marked failed
+    /// (status 2, the reason in `stderr`) and the error returned.
+    pub(super) async fn claim(&self, queue: &Queue, node: &str) -> StoreResult<Option<Task>> {
+        self.claim_as(queue, node, status::CLAIMED).await
+    }
+
+    /// [`Store::claim_to_run`](crate::store::Store::claim_to_run): claimed and started in
+    /// one transaction, so the task comes back running (0).
+    pub(super) async fn claim_to_run(&self, queue: &Queue, node: &str) -> StoreResult<Option<Task>> {
+        self.claim_as(queue, node, status::RUNNING).await
+    }
+
+    /// Claims `queue`'s next task for `node`, giving it `claimed` (-1, or 0 to start it too).
+    async fn claim_as(&self, queue: &Queue, node: &str, claimed: i32) -> StoreResult<Option<Task>> {
+        let (queue, node) = (queue.clone(), node.to_string());
+        self.write("claim task", move |tx| claim_in(tx, &queue, &node, claimed))
+            .await?
+    }
+
+    /// [`Store::renew_and_claim`](crate::store::Store::renew_and_claim) in one transaction.
+    pub(super) async fn renew_and_claim(
+        &self,
+        slot: &Slot,
+        queue: &Queue,
+        node: &str,
+        lease: Duration,
+    ) -> StoreResult<(SlotRenewal, Option<Task>)> {
+        let (slot, queue, node) = (slot.clone(), queue.clone(), node.to_string());
+        let (renewal, claimed) = self
+            .write("renew slot lease and claim", move |tx| {
+                let renewal = slots::renew_in(tx, &slot, &node, lease)?;
+                let claimed = match renewal {
+                    SlotRenewal::Held => claim_in(tx, &queue, &node, status::RUNNING)?,
+                    _ => Ok(None),
+                };
+                Ok((renewal, claimed))
+            })
+            .await?;
+        Ok((renewal, claimed?))
+    }
+
+    pub(super) async fn start(&self, task: ObjectId, node: &str) -> StoreResult<bool> {
+        let node = node.to_string();
+        let started = self
+            .with(move |conn| {
+                let n = conn
+                    .execute(
+                        "UPDATE tasks SET status = ?1, mtime = ?2 WHERE id = ?3 AND node = ?4 AND status = ?5",
+                        params![
+                            status::RUNNING,
+                            DateTime::now().timestamp_millis(),
+                            task.to_hex(),
+                            node,
+                            status::CLAIMED
+                        ],
+                    )
+                    .map_err(db_err("start task"))?;
+                if n == 1 {
+                    return Ok(true);
+                }
+                // A retry after a lost reply: the first attempt applied.
+                conn.query_row(
+                    "SELECT EXISTS (SELECT 1 FROM tasks WHERE id = ?1 AND node = ?2 AND status = ?3)",
+                    params![task.to_hex(), node, status::RUNNING],
+                    |r| r.get(0),
+                )
+                .map_err(db_err("start task"))
+            })
+            .await;
+        self.signal_changed();
+        started
+    }
+
+    pub(super) async fn finish_with(
+        &self,
+        task: ObjectId,
+        node: &str,
+        status: i32,
+        stdout: OutputValue,
+        stderr: OutputValue,
+        extra: &FinishExtra,
+    ) -> StoreResult<bool> {
+        let (node, extra) = (node.to_string(), extra.clone());
+        let done = self
+            .write("finish task", move |tx| {
+                retries::finish(tx, task, &node, status, &stdout, &stderr, &extra)
+            })
+            .await?;
+        if done == Some(true) {
+            self.signal_queued();
+        }
+        Ok(done.is_some())
+    }
+
+    pub(super) async fn requeue_own(&self, node: &str, tasks: &[ObjectId]) -> StoreResult<Vec<ObjectId>> {
+        let (node, tasks) = (node.to_string(), tasks.to_vec());
+        let requeued = self
+            .write("requeue task", move |tx| {
+                let now = DateTime::now().timestamp_millis();
+                let mut requeued = Vec::new();
+                for id in tasks {
+                    let n = tx
+                        .execute(
+                            "UPDATE tasks SET status = ?1, node = NULL, rerun = NULL, mtime = ?2
+                         WHERE id = ?3 AND node = ?4 AND status IN (?5, ?6) AND stop IS NULL",
+                            params![status::QUEUED, now, id.to_hex(), node, status::CLAIMED, status::RUNNING],
+                        )
+                        .map_err(db_err("requeue task"))?;
+                    if n == 1 {
+                        requeued.push(id);
+                        continue;
+                    }
+                    // A task someone asked to kill ends failed rather than running again.
+                    tx.execute(
+                        "UPDATE tasks SET status = ?1, stdout = '', stdout_file = NULL, stderr = ?2,
+                             stderr_file = NULL, mtime = ?3
+                         WHERE id = ?4 AND node = ?5 AND status IN (?6, ?7) AND stop IS NOT NULL",
+                        params![
+                            status::FAILED,
+                            crate::store::KILLED_AT_SHUTDOWN,
+                            now,
+                            id.to_hex(),
+                            node,
+                            status::CLAIMED,
+                            status::RUNNING
+                        ],
+                    )
+                    .map_err(db_err("end killed task"))?;
+                }
+                Ok(requeued)
+            })
+            .await?;
+        if !requeued.is_empty() {
+            self.signal_queued();
+        }
+        Ok(requeued)
+    }
+
+    /// Recovers as the MongoDB store does, in one transaction: a node is fresh when its
+    /// `timestamp` is at or after `stale_before`; claimed or running tasks of any other
+    /// node are recovered once their own `mtime` is before `stale_before` too.
+    pub(super) async fn recover_orphans(
+        &self,
+        claimed_before: DateTime,
+        stale_before: DateTime,
+    ) -> StoreResult<Recovery> {
+        let (claimed_before, stale_before) = (claimed_before.timestamp_millis(), stale_before.timestamp_millis());
+        let recovery = self
+            .write("recover orphans", move |tx| {
+                recovery::recover_orphans(tx, claimed_before, stale_before)
+            })
+            .await?;
+        if !recovery.requeued.is_empty() || !recovery.retried.is_empty() {
+            self.signal_queued();
+        }
+        Ok(recovery)
+    }
+}
+
+/// Claims `queue`'s next task for `node` in `tx`, giving it status `claimed`. The outer
+/// error fails the transaction; the inner one is a claimed row that cannot be read as a
+/// task, marked failed (status 2, the reason in `stderr`) in `tx`, which must commit.
+fn claim_in(tx: &Transaction<'_>, queue: &Queue, node: &str, claimed: i32) -> StoreResult<StoreResult<Option<Task>>> {
+    let order = match queue.sort {
+        Sort::Fifo => "ORDER BY priority DESC, id ASC",
+        Sort::Lifo => "ORDER BY priority DESC, id DESC",
+        Sort::Default => "ORDER BY priority DESC",
+    };
+    // The queued status is written out, not bound, so the partial indexes of queued tasks
+    // serve the search (see `migrate`).
+    let sql = format!(
+        "UPDATE tasks SET node = ?1, status = ?2, mtime = ?3
+         WHERE id = (SELECT id FROM tasks WHERE queue = ?4 AND status = {queued} AND node IS NULL
+                     AND (avoid_node IS NULL OR avoid_node <> ?1 OR avoid_until <= ?3) {order} LIMIT 1)
+         RETURNING {CLAIMED_COLUMNS}",
+        queued = status::QUEUED
+    );
+    let err = db_err("claim task");
+    let now = DateTime::now().timestamp_millis();
+    let found = tx
+        .prepare_cached(&sql)
+        .map_err(&err)?
+        .query_row(params![node, claimed, now, queue.id.to_hex()], task_from_row)
+        .optional()
+        .map_err(&err)?;
+    match found {
+        None => Ok(Ok(None)),
+        Some((_, Ok(task))) => Ok(Ok(Some(task))),
+        Some((id, Err(e))) => {
+            tx.execute(
+                "UPDATE tasks SET status = ?1, stderr = ?2, stderr_file = NULL, mtime = ?3 WHERE id = ?4",
+                params![status::FAILED, format!("disbatch: cannot run this task: {e}"), now, id],
+            )
+            .map_err(db_err("fail malformed task"))?;
+            Ok(Err(e))
+        }
+    }
+}
