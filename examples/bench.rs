@@ -14,6 +14,8 @@
 
 #[path = "bench/dag.rs"]
 mod dag;
+#[path = "bench/finished.rs"]
+mod finished;
 #[path = "../tests/common/plugins.rs"]
 #[allow(dead_code)]
 mod plugins;
@@ -43,7 +45,8 @@ use tokio_util::sync::CancellationToken;
 #[derive(Parser)]
 #[command(about = "Disbatch benchmarks")]
 struct Args {
-    /// sandbox, ceiling, throughput, latency, depth, memory, schedule, dag or all.
+    /// sandbox, ceiling, throughput, latency, depth, memory, schedule, dag, finished or all
+    /// (all but ceiling and finished).
     scenario: String,
     /// Smaller sizes and fewer rounds, so `all` takes a few minutes.
     #[arg(long)]
@@ -301,6 +304,7 @@ impl Bench {
             heartbeat_stale: Duration::from_secs(30),
             orphan_claimed_after: Duration::from_secs(300),
             shutdown_grace: Duration::from_secs(5),
+            stats_retention: disbatch::config::DEFAULT_STATS_RETENTION,
             sandbox: Sandbox::default(),
             tick: Duration::from_secs(1),
             max_instances: 256,
@@ -785,6 +789,7 @@ async fn main() {
         "memory",
         "schedule",
         "dag",
+        "finished",
         "all",
     ];
     if !known.contains(&args.scenario.as_str()) {
@@ -866,6 +871,9 @@ async fn main() {
     }
     if wants("dag") {
         bench.dag().await;
+    }
+    if args.scenario == "finished" {
+        bench.finished().await;
     }
     println!("\n(bench took {:.0} s)", started.elapsed().as_secs_f64());
 }

@@ -48,6 +48,8 @@ pub(super) struct TaskResult {
     pub attempt: Option<crate::model::Attempt>,
     /// The follow-up tasks the plugin submitted, created only when it succeeded.
     pub submitted: Vec<crate::runner::Submission>,
+    /// How long the plugin ran (counted in the per-minute counters once stored).
+    pub took: Duration,
 }
 
 impl Den {
@@ -123,7 +125,10 @@ impl Den {
             })
             .await;
         match written {
-            Ok(true) => self.settle_end(task, chained).await,
+            Ok(true) => {
+                self.count_result(task.queue, result.status, result.took);
+                self.settle_end(task, chained).await
+            }
             Ok(false) => {
                 warn!(task = %task.id, "task was recovered by another node meanwhile; result not written");
                 self.discard_files(task.id, files).await;

@@ -179,6 +179,7 @@ impl Den {
         let attempt = match super::retry::next_run(task, &queue.queue, node, status, &outcome, &stdout, &stderr) {
             super::retry::NextRun::Retry(retry) => {
                 if self.write_retry(task, &retry).await {
+                    self.count_run(task.queue, crate::stats::End::Retried, outcome.duration);
                     return;
                 }
                 None
@@ -199,6 +200,7 @@ impl Den {
                 progress,
                 attempt,
                 submitted: outcome.submitted,
+                took: outcome.duration,
             },
         )
         .await;
