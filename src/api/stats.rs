@@ -112,15 +112,16 @@ pub(super) async fn series(
         ));
     }
     let step = step_param(&q)?;
-    // Whole steps ending with the minute holding `until`.
-    let to = minute_of(until) + 1;
-    let points = (to - minute_of(since)).div_euclid(step) + i64::from((to - minute_of(since)) % step != 0);
+    // Whole steps, aligned on multiples of the step, up to the one holding `until`.
+    let from = minute_of(since).div_euclid(step) * step;
+    let end = minute_of(until) + 1;
+    let points = (end - from + step - 1).div_euclid(step);
     if points > MAX_POINTS {
         return Err(ApiError::bad(format!(
             "parameter \"step\": {points} points from \"since\" to \"until\"; at most {MAX_POINTS}, use a larger step or a shorter range"
         )));
     }
-    let from = to - points * step;
+    let to = from + points * step;
     let queues = state.store.queues().await?;
     let only: Option<Vec<ObjectId>> = match q.get("queue") {
         Some(key) => {
