@@ -141,11 +141,12 @@ try {
   if (failures !== Number(failed)) fail("failures listed", failures);
   if (!(await page.textContent("#queue-failures")).includes("bad input")) fail("failure reason", await page.textContent("#queue-failures"));
   await shot("queue");
-  await page.fill("#queue-threads", "-1");
+  // The API's validation message is shown beside the form (the browser checks threads ≥ 0 itself).
+  await page.fill("#queue-activity-timeout", "soon");
   await page.click("#queue-save");
-  await page.waitForFunction(() => document.querySelector("#queue-error").textContent.includes("threads"));
+  await page.waitForFunction(() => document.querySelector("#queue-error").textContent.includes("activity_timeout"));
   await shot("queue-validation");
-  await page.fill("#queue-threads", "3");
+  await page.fill("#queue-activity-timeout", "");
   await page.fill("#queue-retry", "{not json");
   await page.click("#queue-save");
   await page.waitForFunction(() => document.querySelector("#queue-error").textContent.includes("not valid JSON"));
