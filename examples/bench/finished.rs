@@ -81,15 +81,18 @@ async fn history(store: &dyn Store, queues: &[ObjectId]) {
 fn fill_sqlite(path: &std::path::Path, queues: &[ObjectId], n: usize) {
     let conn = rusqlite::Connection::open(path).unwrap();
     let now = DateTime::now().timestamp_millis();
-    let ids: Vec<String> = queues.iter().map(|q| format!("'{}'", q.to_hex())).collect();
+    let pick: String = queues
+        .iter()
+        .enumerate()
+        .map(|(i, q)| format!(" WHEN {i} THEN '{}'", q.to_hex()))
+        .collect();
     // Each task gets a queue by its number, succeeded but for every 20th (failed).
     conn.execute_batch(&format!(
         "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < {n})
          INSERT INTO tasks (id, queue, ctime, mtime, node, status, params, stdout, stderr)
-         SELECT printf('ff%022x', i), (SELECT column1 FROM (VALUES {}) LIMIT 1 OFFSET i % {}),
+         SELECT printf('ff%022x', i), CASE i % {}{pick} END,
                 {now}, {now}, 'bench', CASE WHEN i % 20 = 0 THEN 2 ELSE 1 END, x'0500000000', '', ''
          FROM n;",
-        ids.iter().map(|i| format!("({i})")).collect::<Vec<_>>().join(","),
         queues.len()
     ))
     .unwrap();

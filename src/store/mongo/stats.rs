@@ -7,6 +7,7 @@
 //! samples are rows of node `""`.
 
 use std::collections::BTreeMap;
+use std::future::IntoFuture;
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, Document};
@@ -171,24 +172,24 @@ impl MongoStore {
                 queues.push(id.clone());
             }
         }
-        let statuses: Vec<Bson> = ACTIVE_STATUSES.iter().map(|s| Bson::Int32(*s)).collect();
-        let pipeline = vec![
-            doc! { "$match": { "queue": { "$in": queues }, "status": { "$in": statuses } } },
-            doc! { "$sort": { "queue": 1, "status": 1 } },
-            doc! { "$group": { "_id": { "queue": "$queue", "status": "$status" }, "n": { "$sum": 1 } } },
-        ];
-        let mut cursor = self.tasks.aggregate(pipeline).await.map_err(&err)?;
+        // One count per (queue, active status): an equality on both fields of the index,
+        // answered from its keys (a COUNT_SCAN), run side by side.
+        let pairs: Vec<(ObjectId, i32)> = queues
+            .iter()
+            .filter_map(|q| q.as_object_id())
+            .flat_map(|q| ACTIVE_STATUSES.iter().map(move |s| (q, *s)))
+            .collect();
+        let counted = futures::future::try_join_all(pairs.iter().map(|(q, s)| {
+            self.tasks
+                .count_documents(doc! { "queue": *q, "status": *s })
+                .into_future()
+        }))
+        .await
+        .map_err(&err)?;
         let mut counts: BTreeMap<ObjectId, StatusCounts> = BTreeMap::new();
-        while let Some(group) = cursor.try_next().await.map_err(&err)? {
-            let key = group.get_document("_id").ok();
-            let queue = key.and_then(|k| k.get_object_id("queue").ok());
-            let code = key
-                .and_then(|k| k.get("status"))
-                .and_then(as_int)
-                .and_then(|s| i32::try_from(s).ok());
-            let n = group.get("n").and_then(as_int).and_then(|n| u64::try_from(n).ok());
-            if let (Some(q), Some(c), Some(n)) = (queue, code, n) {
-                *counts.entry(q).or_default().entry(c).or_default() += n;
+        for ((q, s), n) in pairs.into_iter().zip(counted) {
+            if n > 0 {
+                counts.entry(q).or_default().insert(s, n);
             }
         }
         Ok(counts)
