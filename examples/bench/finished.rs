@@ -17,7 +17,7 @@ use disbatch::api::{router, ApiState};
 use disbatch::stats::{minute_of, Counters, End};
 use disbatch::store::mongo::MongoStore;
 use disbatch::store::sqlite::SqliteStore;
-use disbatch::store::{NewQueue, Store};
+use disbatch::store::{NewQueue, Page, Store, TaskFilter};
 use http_body_util::BodyExt;
 use tower::ServiceExt;
 
@@ -127,8 +127,20 @@ async fn measure(store: Arc<dyn Store>, rounds: usize) -> Vec<(&'static str, f64
         store.active_counts().await.unwrap();
         active.push(start.elapsed().as_secs_f64() * 1e3);
     }
+    let mut newest = Vec::new();
+    for _ in 0..rounds {
+        let start = Instant::now();
+        let page = Page {
+            skip: 0,
+            limit: 1,
+            oldest_first: false,
+        };
+        store.find_tasks(&TaskFilter::default(), page).await.unwrap();
+        newest.push(start.elapsed().as_secs_f64() * 1e3);
+    }
     out.push(("full count by status (before: every request)", median(full), f64::NAN));
     out.push(("active counts (every request now)", median(active), f64::NAN));
+    out.push(("newest task (every request now)", median(newest), f64::NAN));
     let app = router(ApiState::new(store, vec!["demo".into()]));
     for (what, uri) in [
         ("GET /queues", "/queues"),
