@@ -233,6 +233,7 @@ impl Bench {
         let names = [
             "full_count",
             "active_counts",
+            "newest",
             "queues",
             "metrics",
             "stats_1h",
