@@ -1,6 +1,7 @@
 //! The per-minute counters on both stores: increments from several nodes add up, depth
 //! samples replace each other, reads keep to their minutes, the retention deletes old
-//! minutes; the live counts of active tasks; and a real DEN's counts equal the tasks it ran.
+//! minutes; the live counts of active tasks; and a real DEN's counts equal the tasks it ran,
+//! while as the leader it samples the depth and deletes minutes past its retention.
 
 use disbatch::stats::{bucket_of, minute_of, Counters, End};
 
@@ -127,7 +128,12 @@ async fn a_den_counts_the_runs_it_ends(s: Stores) {
     params.push(doc! { "status": 2 });
     params.push(doc! { "status": 3 });
     s.a.create_tasks(q.id, params).await.unwrap();
-    let den = RunningDen::start(s.b.clone(), settings("node-c"));
+    // A minute past the retention (10 minutes), which the leader deletes.
+    let old = minute_of(DateTime::now()) - 30;
+    s.a.add_stats("gone", &[(old, q.id, counted(1, 0, 0.1))]).await.unwrap();
+    let mut keep_ten_minutes = settings("node-c");
+    keep_ten_minutes.stats_retention = Duration::from_secs(600);
+    let den = RunningDen::start(s.b.clone(), keep_ten_minutes);
     wait_for(Duration::from_secs(60), "the runs counted", || async {
         let rows = s.a.read_stats(0, i64::MAX).await.unwrap();
         let mut all = Counters::default();
@@ -143,6 +149,12 @@ async fn a_den_counts_the_runs_it_ends(s: Stores) {
         rows.iter()
             .any(|r| r.node.is_empty() && r.queue == q.id && r.depth.is_some())
     })
+    .await;
+    wait_for(
+        Duration::from_secs(30),
+        "the minute past the retention deleted",
+        || async { s.a.read_stats(old, old + 1).await.unwrap().is_empty() },
+    )
     .await;
     den.stop().await;
     let rows = s.a.read_stats(0, i64::MAX).await.unwrap();
