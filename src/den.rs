@@ -319,6 +319,7 @@ impl Den {
                     "heartbeat and recovery took longer than heartbeat_stale; trying again next tick"
                 ),
             }
+            self.stats_duties();
         }
         let all = self.store.queues().await?;
         let ready = self.queues.refresh(&*self.store, &self.runner, all, full).await;
@@ -499,7 +500,6 @@ impl Den {
                 warn!(error = %e, "cannot report the duration histograms; retrying next tick");
             }
         }
-        self.flush_stats(false).await;
         if self.in_outage.load(Ordering::SeqCst) {
             *self.outage_ended.lock().unwrap_or_else(|e| e.into_inner()) = Some(tokio::time::Instant::now());
         }
@@ -520,7 +520,6 @@ impl Den {
         if !leads {
             return Ok(());
         }
-        self.leader_stats().await;
         let since_outage = *self.outage_ended.lock().unwrap_or_else(|e| e.into_inner());
         if since_outage.is_some_and(|t| t.elapsed() < s.heartbeat_stale) {
             // Right after an outage every other node's heartbeat looks stale too.

@@ -128,9 +128,15 @@ async fn a_den_counts_the_runs_it_ends(s: Stores) {
     params.push(doc! { "status": 2 });
     params.push(doc! { "status": 3 });
     s.a.create_tasks(q.id, params).await.unwrap();
-    // A minute past the retention (10 minutes), which the leader deletes.
-    let old = minute_of(DateTime::now()) - 30;
+    // A minute past the retention (10 minutes) and past an hour, which the leader
+    // deletes, and one past the retention but within the hour, which it keeps (a leader's
+    // clock may run ahead of the others').
+    let old = minute_of(DateTime::now()) - 90;
+    let recent = minute_of(DateTime::now()) - 30;
     s.a.add_stats("gone", &[(old, q.id, counted(1, 0, 0.1))]).await.unwrap();
+    s.a.add_stats("kept", &[(recent, q.id, counted(1, 0, 0.1))])
+        .await
+        .unwrap();
     let mut keep_ten_minutes = settings("node-c");
     keep_ten_minutes.stats_retention = Duration::from_secs(600);
     let den = RunningDen::start(s.b.clone(), keep_ten_minutes);
@@ -156,6 +162,11 @@ async fn a_den_counts_the_runs_it_ends(s: Stores) {
         || async { s.a.read_stats(old, old + 1).await.unwrap().is_empty() },
     )
     .await;
+    assert_eq!(
+        s.a.read_stats(recent, recent + 1).await.unwrap().len(),
+        1,
+        "a minute within the hour is kept"
+    );
     den.stop().await;
     let rows = s.a.read_stats(0, i64::MAX).await.unwrap();
     let mut all = Counters::default();
