@@ -39,7 +39,9 @@ async function showOverview() {
   const perQueue = stats.series.slice(1);
   const times = pointTimes(total);
   const t = total.summary;
-  const queued = queues.reduce((a, q) => a + (q.queued || 0), 0);
+  // Ready to run now (status -2), as the depth chart plots; `queued` also counts cancelled and orphaned.
+  const waiting = (q) => (q.counts && q.counts["-2"]) || 0;
+  const queued = queues.reduce((a, q) => a + waiting(q), 0);
   const running = queues.reduce((a, q) => a + (q.running || 0), 0);
   const leader = stats.nodes.find((n) => n.leader);
   const live = Object.fromEntries(queues.map((q) => [q.id, q]));
@@ -53,7 +55,7 @@ async function showOverview() {
       <td class="num succeeded">${fmtNum(m.succeeded)}</td><td class="num failed">${fmtNum(m.failed)}</td>
       <td class="num">${fmtPct(ran ? m.failed / ran : null)}</td>
       <td class="num p50">${fmtSecs(m.p50)}</td><td class="num p95">${fmtSecs(m.p95)}</td><td class="num p99">${fmtSecs(m.p99)}</td>
-      <td class="num">${fmtNum(q.queued)}</td><td class="num">${fmtNum(q.running)}</td></tr>`;
+      <td class="num">${fmtNum(q.counts ? waiting(q) : undefined)}</td><td class="num">${fmtNum(q.running)}</td></tr>`;
   }).join("");
   const nodes = stats.nodes.map((n) => `<tr data-node="${esc(n.node)}">
       <td>${esc(n.node)}</td>
