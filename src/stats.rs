@@ -17,9 +17,9 @@ use std::collections::BTreeMap;
 use bson::oid::ObjectId;
 use bson::DateTime;
 
-/// Number of bucket bounds: 1 ms × 10^(i/8) for i in 0..49, that is 1 ms to 1000 s, eight
-/// buckets per decade (each bound 1.33× the previous one).
-pub const BOUNDS: usize = 49;
+/// Number of bucket bounds: 1 ms × 10^(i/8) for i in 0..65, that is 1 ms to 100,000 s
+/// (about 28 hours), eight buckets per decade (each bound 1.33× the previous one).
+pub const BOUNDS: usize = 65;
 /// Number of buckets: one per bound, and one more for runs longer than the last bound.
 pub const BUCKETS: usize = BOUNDS + 1;
 
