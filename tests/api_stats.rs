@@ -171,6 +171,28 @@ async fn bad_stats_parameters_are_refused_naming_them() {
 }
 
 #[tokio::test]
+async fn stats_answers_are_bounded_in_all_series() {
+    let (_db, app) = setup("api_stats_cells", |_| {}).await;
+    for i in 0..30 {
+        let r = post(&app, "/queues", json!({"name": format!("q{i}"), "plugin": "demo"})).await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    }
+    // 8,641 points for each of 31 series (the total and 30 queues): over 200,000 in all.
+    let r = get(&app, "/stats?since=6d&step=1m").await;
+    assert_bad(&r, "at most 200000 in all");
+    // One queue: 2 series.
+    let r = get(&app, "/stats?since=6d&step=1m&queue=q7").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let s = r.json();
+    assert_eq!(s["series"].as_array().unwrap().len(), 2);
+    assert_eq!(s["series"][1]["name"], "q7");
+    // A larger step.
+    let r = get(&app, "/stats?since=6d&step=1h").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(r.json()["series"].as_array().unwrap().len(), 31);
+}
+
+#[tokio::test]
 async fn queue_counts_stay_right_without_counting_every_task() {
     let db = common::test_db("api_stats_counts").await;
     let recording = Recording::new(Arc::new(db.store.clone()));

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use bson::oid::ObjectId;
 
-use crate::store::{Page, StatusCounts, Store, StoreResult, TaskFilter, ACTIVE_STATUSES};
+use crate::store::{StatusCounts, Store, StoreResult, ACTIVE_STATUSES};
 
 /// Longest time ended counts are served from one snapshot.
 pub const MAX_AGE: Duration = Duration::from_secs(30);
@@ -57,9 +57,11 @@ impl CountsCache {
     /// Counts per queue and status: active ones live, ended ones from the snapshot (see
     /// the module documentation).
     pub async fn counts(&self, store: &dyn Store) -> StoreResult<Counts> {
-        let mut active = store.active_counts().await?;
-        let mut newest = newest_task(store).await?;
         let mut snapshot = self.snapshot.lock().await;
+        // Read under the lock, so they are never older than the snapshot they are merged
+        // with (a task ended since would be counted twice).
+        let mut active = store.active_counts().await?;
+        let newest = newest_task(store).await?;
         let fresh = snapshot.as_ref().is_some_and(|s| {
             let age = s.taken.elapsed();
             let same = s.active == active && s.newest == newest;
@@ -80,16 +82,19 @@ impl CountsCache {
                 })
                 .filter(|(_, counts)| !counts.is_empty())
                 .collect();
-            // What later reads compare with: a change since makes the snapshot stale.
-            active = store.active_counts().await?;
-            newest = newest_task(store).await?;
+            // What later reads compare with is what was read BEFORE the full count: a
+            // task that ended during it changed the active counts since, so the next
+            // read counts again rather than miss it for up to MAX_AGE.
             *snapshot = Some(Snapshot {
                 ended,
-                active: active.clone(),
+                active,
                 newest,
                 taken: began,
                 took,
             });
+            // The active tasks as of after the full count: one that ended during it is
+            // in the ended counts and no longer here.
+            active = store.active_counts().await?;
         }
         let ended = snapshot.as_ref().map(|s| s.ended.clone()).unwrap_or_default();
         drop(snapshot);
@@ -103,16 +108,7 @@ impl CountsCache {
     }
 }
 
-/// The id of the newest task (an `_id` index lookup), which changes when tasks are created.
+/// The id of the newest task, which changes when tasks are created.
 async fn newest_task(store: &dyn Store) -> StoreResult<Option<ObjectId>> {
-    let page = Page {
-        skip: 0,
-        limit: 1,
-        oldest_first: false,
-    };
-    Ok(store
-        .find_tasks(&TaskFilter::default(), page)
-        .await?
-        .first()
-        .map(|t| t.id))
+    store.newest_task_id().await
 }

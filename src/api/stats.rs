@@ -20,6 +20,8 @@ use crate::store::TaskFilter;
 
 /// Most points a series may have.
 pub const MAX_POINTS: i64 = 10_000;
+/// Most points in all series of one answer (points × series).
+pub const MAX_CELLS: i64 = 200_000;
 /// The range when `since` is not given.
 const DEFAULT_RANGE: Duration = Duration::from_secs(3600);
 /// The parameters `GET /stats` takes.
@@ -131,7 +133,16 @@ pub(super) async fn series(
         }
         None => None,
     };
-    let rows = state.store.read_stats(from, to).await?;
+    let series_count = only.as_ref().map_or(queues.len() + 1, |_| 2) as i64;
+    if points * series_count > MAX_CELLS {
+        return Err(ApiError::bad(format!(
+            "parameter \"step\": {points} points for each of {series_count} series; at most {MAX_CELLS} in all, use a larger step, a shorter range or \"queue\""
+        )));
+    }
+    let rows = state
+        .store
+        .read_stats(from, to, only.as_ref().and_then(|o| o.first().copied()))
+        .await?;
     let mut by_queue = stats::series(&rows, from, to, step, only.as_deref());
     // Every queue is shown, with zeros when nothing was counted.
     for queue in &queues {

@@ -214,6 +214,17 @@ impl Store for MongoStore {
         self.count_active().await
     }
 
+    async fn newest_task_id(&self) -> StoreResult<Option<ObjectId>> {
+        let newest = self
+            .tasks
+            .find_one(doc! {})
+            .sort(doc! { "_id": -1 })
+            .projection(doc! { "_id": 1 })
+            .await
+            .map_err(db_err("find the newest task"))?;
+        Ok(newest.and_then(|d| d.get_object_id("_id").ok()))
+    }
+
     async fn add_stats(&self, node: &str, rows: &[(i64, ObjectId, crate::stats::Counters)]) -> StoreResult<()> {
         self.increment_stats(node, rows).await
     }
@@ -222,8 +233,13 @@ impl Store for MongoStore {
         self.write_depth(minute, depths).await
     }
 
-    async fn read_stats(&self, from: i64, to: i64) -> StoreResult<Vec<crate::stats::StatsRow>> {
-        self.find_stats(from, to).await
+    async fn read_stats(
+        &self,
+        from: i64,
+        to: i64,
+        queue: Option<ObjectId>,
+    ) -> StoreResult<Vec<crate::stats::StatsRow>> {
+        self.find_stats(from, to, queue).await
     }
 
     async fn prune_stats(&self, before: i64) -> StoreResult<u64> {

@@ -702,8 +702,13 @@ impl Store for SqliteStore {
         self.write_depth(minute, depths).await
     }
 
-    async fn read_stats(&self, from: i64, to: i64) -> StoreResult<Vec<crate::stats::StatsRow>> {
-        self.find_stats(from, to).await
+    async fn read_stats(
+        &self,
+        from: i64,
+        to: i64,
+        queue: Option<ObjectId>,
+    ) -> StoreResult<Vec<crate::stats::StatsRow>> {
+        self.find_stats(from, to, queue).await
     }
 
     async fn prune_stats(&self, before: i64) -> StoreResult<u64> {

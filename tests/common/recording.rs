@@ -93,8 +93,13 @@ impl Store for Recording {
     async fn record_depth(&self, minute: i64, depths: &[(ObjectId, i64)]) -> StoreResult<()> {
         self.inner.record_depth(minute, depths).await
     }
-    async fn read_stats(&self, from: i64, to: i64) -> StoreResult<Vec<disbatch::stats::StatsRow>> {
-        self.inner.read_stats(from, to).await
+    async fn read_stats(
+        &self,
+        from: i64,
+        to: i64,
+        queue: Option<ObjectId>,
+    ) -> StoreResult<Vec<disbatch::stats::StatsRow>> {
+        self.inner.read_stats(from, to, queue).await
     }
     async fn prune_stats(&self, before: i64) -> StoreResult<u64> {
         self.inner.prune_stats(before).await
@@ -241,6 +246,10 @@ impl Store for Recording {
     async fn create_tasks(&self, queue: ObjectId, params: Vec<Document>) -> StoreResult<Vec<ObjectId>> {
         self.inner.create_tasks(queue, params).await
     }
+    async fn newest_task_id(&self) -> StoreResult<Option<ObjectId>> {
+        self.inner.newest_task_id().await
+    }
+
     async fn find_tasks(&self, filter: &TaskFilter, page: Page) -> StoreResult<Vec<disbatch::model::Task>> {
         self.inner.find_tasks(filter, page).await
     }

@@ -45,7 +45,7 @@ async fn counters_add_up_across_nodes_and_old_minutes_are_deleted(s: Stores) {
         .await
         .unwrap();
 
-    let mut rows = s.b.read_stats(now - 10, now + 1).await.unwrap();
+    let mut rows = s.b.read_stats(now - 10, now + 1, None).await.unwrap();
     rows.sort_by(|x, y| (x.minute, x.queue, &x.node).cmp(&(y.minute, y.queue, &y.node)));
     let keys: Vec<_> = rows
         .iter()
@@ -81,10 +81,19 @@ async fn counters_add_up_across_nodes_and_old_minutes_are_deleted(s: Stores) {
     assert_eq!(row(-1, q2, "node-a").depth, None);
     assert_eq!(row(-1, q2, "node-a").counters.buckets.get(&bucket_of(2.0)), Some(&1));
 
+    // Only one queue's rows, when asked.
+    let only_q2 = s.b.read_stats(now - 10, now + 1, Some(q2)).await.unwrap();
+    let mut got: Vec<_> = only_q2
+        .iter()
+        .map(|r| (r.minute - now, r.queue, r.node.as_str()))
+        .collect();
+    got.sort();
+    assert_eq!(got, vec![(-1, q2, "node-a"), (0, q2, "")]);
+
     // The retention: minutes before the cut are deleted, the rest stay.
     assert_eq!(s.a.prune_stats(now - 50).await.unwrap(), 1);
-    assert!(s.b.read_stats(now - 1000, now - 50).await.unwrap().is_empty());
-    assert_eq!(s.b.read_stats(now - 10, now + 1).await.unwrap().len(), 5);
+    assert!(s.b.read_stats(now - 1000, now - 50, None).await.unwrap().is_empty());
+    assert_eq!(s.b.read_stats(now - 10, now + 1, None).await.unwrap().len(), 5);
     assert_eq!(s.a.prune_stats(now - 50).await.unwrap(), 0);
 }
 
@@ -141,7 +150,7 @@ async fn a_den_counts_the_runs_it_ends(s: Stores) {
     keep_ten_minutes.stats_retention = Duration::from_secs(600);
     let den = RunningDen::start(s.b.clone(), keep_ten_minutes);
     wait_for(Duration::from_secs(60), "the runs counted", || async {
-        let rows = s.a.read_stats(0, i64::MAX).await.unwrap();
+        let rows = s.a.read_stats(0, i64::MAX, None).await.unwrap();
         let mut all = Counters::default();
         for r in rows.iter().filter(|r| r.node == "node-c") {
             all.merge(&r.counters);
@@ -151,7 +160,7 @@ async fn a_den_counts_the_runs_it_ends(s: Stores) {
     .await;
     // The leader sampled the queue's depth.
     wait_for(Duration::from_secs(30), "a depth sample", || async {
-        let rows = s.a.read_stats(0, i64::MAX).await.unwrap();
+        let rows = s.a.read_stats(0, i64::MAX, None).await.unwrap();
         rows.iter()
             .any(|r| r.node.is_empty() && r.queue == q.id && r.depth.is_some())
     })
@@ -159,16 +168,16 @@ async fn a_den_counts_the_runs_it_ends(s: Stores) {
     wait_for(
         Duration::from_secs(30),
         "the minute past the retention deleted",
-        || async { s.a.read_stats(old, old + 1).await.unwrap().is_empty() },
+        || async { s.a.read_stats(old, old + 1, None).await.unwrap().is_empty() },
     )
     .await;
     assert_eq!(
-        s.a.read_stats(recent, recent + 1).await.unwrap().len(),
+        s.a.read_stats(recent, recent + 1, None).await.unwrap().len(),
         1,
         "a minute within the hour is kept"
     );
     den.stop().await;
-    let rows = s.a.read_stats(0, i64::MAX).await.unwrap();
+    let rows = s.a.read_stats(0, i64::MAX, None).await.unwrap();
     let mut all = Counters::default();
     for r in rows.iter().filter(|r| r.node == "node-c") {
         assert_eq!(r.queue, q.id);

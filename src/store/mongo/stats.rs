@@ -129,13 +129,13 @@ impl MongoStore {
     }
 
     /// [`Store::read_stats`](crate::store::Store::read_stats).
-    pub(super) async fn find_stats(&self, from: i64, to: i64) -> StoreResult<Vec<StatsRow>> {
+    pub(super) async fn find_stats(&self, from: i64, to: i64, queue: Option<ObjectId>) -> StoreResult<Vec<StatsRow>> {
         let err = db_err("read the per-minute counters");
-        let mut cursor = self
-            .minute_stats()
-            .find(doc! { "minute": { "$gte": from, "$lt": to } })
-            .await
-            .map_err(&err)?;
+        let mut filter = doc! { "minute": { "$gte": from, "$lt": to } };
+        if let Some(queue) = queue {
+            filter.insert("queue", queue);
+        }
+        let mut cursor = self.minute_stats().find(filter).await.map_err(&err)?;
         let mut rows = Vec::new();
         while let Some(doc) = cursor.try_next().await.map_err(&err)? {
             match row_from(&doc) {

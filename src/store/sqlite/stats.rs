@@ -43,6 +43,41 @@ fn count(n: i64) -> u64 {
     u64::try_from(n).unwrap_or(0)
 }
 
+/// One row of `minute_stats`, or why it is unreadable.
+fn row_from(r: &rusqlite::Row<'_>) -> StoreResult<StatsRow> {
+    let minute: i64 = r.get(0).unwrap_or_default();
+    let queue: String = r.get(1).unwrap_or_default();
+    let node: String = r.get(2).unwrap_or_default();
+    let malformed = |reason: &str| StoreError::Malformed {
+        collection: "minute_stats",
+        id: format!("{minute}/{queue}/{node}"),
+        reason: reason.into(),
+    };
+    let read = || -> rusqlite::Result<_> {
+        Ok((
+            r.get::<_, i64>(0)?,
+            (r.get::<_, i64>(3)?, r.get::<_, i64>(4)?, r.get::<_, i64>(5)?),
+            (r.get::<_, f64>(6)?, r.get::<_, String>(7)?, r.get::<_, Option<i64>>(8)?),
+        ))
+    };
+    let (_, (s, f, rt), (seconds, buckets, depth)) = read().map_err(|e| malformed(&e.to_string()))?;
+    let queue = ObjectId::parse_str(&queue).map_err(|_| malformed("queue is not an id"))?;
+    let buckets = buckets_from(&buckets).ok_or_else(|| malformed("buckets unreadable"))?;
+    Ok(StatsRow {
+        minute,
+        queue,
+        node,
+        counters: Counters {
+            succeeded: count(s),
+            failed: count(f),
+            retried: count(rt),
+            seconds,
+            buckets,
+        },
+        depth,
+    })
+}
+
 impl SqliteStore {
     /// [`Store::add_stats`](crate::store::Store::add_stats), in one transaction.
     pub(super) async fn increment_stats(&self, node: &str, rows: &[(i64, ObjectId, Counters)]) -> StoreResult<()> {
@@ -110,52 +145,33 @@ impl SqliteStore {
     }
 
     /// [`Store::read_stats`](crate::store::Store::read_stats).
-    pub(super) async fn find_stats(&self, from: i64, to: i64) -> StoreResult<Vec<StatsRow>> {
-        self.with(move |conn| {
-            let err = db_err("read the per-minute counters");
-            let mut stmt = conn
-                .prepare(
-                    "SELECT minute, queue, node, succeeded, failed, retried, seconds, buckets, depth
-                     FROM minute_stats WHERE minute >= ?1 AND minute < ?2",
-                )
-                .map_err(&err)?;
-            let raw = stmt
-                .query_map(params![from, to], |r| {
-                    Ok((
-                        (r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?),
-                        (r.get::<_, i64>(3)?, r.get::<_, i64>(4)?, r.get::<_, i64>(5)?),
-                        (r.get::<_, f64>(6)?, r.get::<_, String>(7)?, r.get::<_, Option<i64>>(8)?),
-                    ))
-                })
-                .map_err(&err)?
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(&err)?;
-            raw.into_iter()
-                .map(|((minute, queue, node), (s, f, r), (seconds, buckets, depth))| {
-                    let malformed = |reason: &str| StoreError::Malformed {
-                        collection: "minute_stats",
-                        id: format!("{minute}/{queue}/{node}"),
-                        reason: reason.into(),
-                    };
-                    let queue = ObjectId::parse_str(&queue).map_err(|_| malformed("queue is not an id"))?;
-                    let buckets = buckets_from(&buckets).ok_or_else(|| malformed("buckets unreadable"))?;
-                    Ok(StatsRow {
-                        minute,
-                        queue,
-                        node,
-                        counters: Counters {
-                            succeeded: count(s),
-                            failed: count(f),
-                            retried: count(r),
-                            seconds,
-                            buckets,
-                        },
-                        depth,
-                    })
-                })
-                .collect()
-        })
-        .await
+    pub(super) async fn find_stats(&self, from: i64, to: i64, queue: Option<ObjectId>) -> StoreResult<Vec<StatsRow>> {
+        let queue = queue.map(|q| q.to_hex());
+        let rows = self
+            .with(move |conn| {
+                let err = db_err("read the per-minute counters");
+                let mut stmt = conn
+                    .prepare(
+                        "SELECT minute, queue, node, succeeded, failed, retried, seconds, buckets, depth
+                         FROM minute_stats WHERE minute >= ?1 AND minute < ?2 AND (?3 IS NULL OR queue = ?3)",
+                    )
+                    .map_err(&err)?;
+                let rows = stmt
+                    .query_map(params![from, to, queue], |r| Ok(row_from(r)))
+                    .map_err(&err)?
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(&err)?;
+                Ok(rows)
+            })
+            .await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            match row {
+                Ok(row) => out.push(row),
+                Err(e) => self.warn_once(format!("{e}; left out of the statistics")),
+            }
+        }
+        Ok(out)
     }
 
     /// [`Store::prune_stats`](crate::store::Store::prune_stats).
