@@ -47,6 +47,10 @@ function niceMax(v) {
   return 10 * p;
 }
 
+// The largest of `values` and `floor`, without spreading them as arguments (which
+// overflows the call stack past about 100,000 values).
+const maxOf = (values, floor) => values.reduce((a, v) => (v != null && v > a ? v : a), floor);
+
 // A line chart. `times`: the points' start times (ms); `series`: [{name, label, colour,
 // values: [number | null]}]. Every point is a circle carrying its value (`data-v`); each
 // series' values are in its group's `data-values`. A table of the same numbers follows in
@@ -54,7 +58,7 @@ function niceMax(v) {
 function lineChart(id, { title, times, series, format = fmtNum, height = 170 }) {
   const W = 640, H = height, L = 56, R = 10, T = 10, B = 24;
   const values = series.flatMap((s) => s.values.filter((v) => v != null));
-  const max = niceMax(Math.max(0, ...values));
+  const max = niceMax(maxOf(values, 0));
   const n = times.length;
   const x = (i) => L + (n <= 1 ? (W - L - R) / 2 : (i * (W - L - R)) / (n - 1));
   const y = (v) => T + (H - T - B) * (1 - v / max);
@@ -80,7 +84,7 @@ function lineChart(id, { title, times, series, format = fmtNum, height = 170 }) 
   const legend = series.map((s) => `<li><span class="swatch" style="background:${s.colour}"></span>${esc(s.label)}</li>`).join("");
   const head = series.map((s) => `<th>${esc(s.label)}</th>`).join("");
   const rows = times.map((t, i) => `<tr><td>${esc(new Date(t).toLocaleString())}</td>${series.map((s) => `<td class="num">${esc(s.values[i] == null ? "-" : format(s.values[i]))}</td>`).join("")}</tr>`).join("");
-  const summary = series.map((s) => s.label + " up to " + format(Math.max(0, ...s.values.filter((v) => v != null)))).join("; ");
+  const summary = series.map((s) => s.label + " up to " + format(maxOf(s.values, 0))).join("; ");
   return `<figure class="chart" id="${esc(id)}">
     <figcaption>${esc(title)}</figcaption>
     <svg viewBox="0 0 ${W} ${H}" preserveAspectRatio="none" role="img" aria-label="${esc(title + ": " + summary)}">${grid}${lines}</svg>
@@ -92,7 +96,7 @@ function lineChart(id, { title, times, series, format = fmtNum, height = 170 }) 
 // A small line of values, for tables.
 function sparkline(values, label) {
   const W = 120, H = 24;
-  const max = Math.max(1, ...values);
+  const max = maxOf(values, 1);
   const n = values.length;
   const pts = values.map((v, i) => `${(n <= 1 ? W / 2 : (i * W) / (n - 1)).toFixed(1)},${(H - 2 - ((H - 4) * v) / max).toFixed(1)}`).join(" ");
   return `<svg class="spark" viewBox="0 0 ${W} ${H}" width="${W}" height="${H}" role="img" aria-label="${esc(label)}" data-values="${values.join(",")}"><polyline points="${pts}"></polyline></svg>`;
