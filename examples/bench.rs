@@ -20,6 +20,8 @@ mod dag;
 mod embedded;
 #[path = "bench/embedded_den.rs"]
 mod embedded_den;
+#[path = "bench/finished.rs"]
+mod finished;
 #[path = "bench/latency.rs"]
 mod latency;
 #[path = "bench/mongo.rs"]
@@ -58,8 +60,8 @@ use tokio_util::sync::CancellationToken;
 #[derive(Parser)]
 #[command(about = "Disbatch benchmarks")]
 struct Args {
-    /// sandbox, ceiling, throughput, latency, depth, memory, schedule, dag, embedded, peers,
-    /// scale or all (every one but peers and scale).
+    /// sandbox, ceiling, throughput, latency, depth, memory, schedule, dag, embedded, finished,
+    /// peers, scale or all (all but ceiling, finished, peers and scale).
     scenario: String,
     /// Smaller sizes and fewer rounds, so `all` takes a few minutes.
     #[arg(long)]
@@ -337,6 +339,7 @@ impl Bench {
             heartbeat_stale: Duration::from_secs(30),
             orphan_claimed_after: Duration::from_secs(300),
             shutdown_grace: Duration::from_secs(5),
+            stats_retention: disbatch::config::DEFAULT_STATS_RETENTION,
             sandbox: Sandbox::default(),
             tick: Duration::from_secs(1),
             max_instances: 256,
@@ -368,6 +371,7 @@ async fn main() {
         "embedded",
         "peers",
         "scale",
+        "finished",
         "all",
     ];
     if !known.contains(&args.scenario.as_str()) {
@@ -459,6 +463,9 @@ async fn main() {
     }
     if wants("scale") {
         bench.scale().await;
+    }
+    if args.scenario == "finished" {
+        bench.finished().await;
     }
     println!("\n(bench took {:.0} s)", started.elapsed().as_secs_f64());
 }

@@ -6,6 +6,7 @@
 //! `GET|DELETE /plugins/{name}`,
 //! `GET|POST /queues`, `GET|POST|DELETE /queues/{queue}`, `GET|POST /tasks`,
 //! `GET /tasks/{id}`, `GET /monitoring`, `GET|POST /balance`, plus `GET /metrics` (Prometheus text),
+//! `GET /stats` (per-minute series),
 //! `GET /openapi.json` and the web UI at `/`.
 //!
 //! Bodies are JSON, or forms where Disbatch 4 read forms (`form`: refused with 403 when a
@@ -21,7 +22,8 @@
 //! body, form and path extractors), `form` (forms, the same-site check, answer shapes),
 //! `json` (documents → JSON), `nodes`, `plugins`, `queues` (with `queue_fields`), `tasks`
 //! (with `search`, the parameters of `GET /tasks`), `create` (`POST /tasks`),
-//! `status` (info, monitoring, metrics), `source` ([`DocumentSource`] for `POST /tasks` from
+//! `status` (info, monitoring, metrics), `counts` (task counts per queue without walking
+//! the finished tasks), `stats` (`GET /stats`), `source` ([`DocumentSource`] for `POST /tasks` from
 //! a collection), `ui` (embedded HTML/JS/CSS) and `openapi`.
 
 mod after;
@@ -29,6 +31,7 @@ mod auth;
 mod balance;
 mod batches;
 mod body;
+mod counts;
 mod create;
 mod error;
 mod form;
@@ -43,6 +46,7 @@ mod queues;
 mod retry;
 mod search;
 mod source;
+mod stats;
 mod status;
 mod tasks;
 mod ui;
@@ -103,6 +107,8 @@ pub struct ApiState {
     pub checker: Option<Runner>,
     /// Taken while an upload is read and checked: one at a time.
     pub(crate) upload_turn: Arc<tokio::sync::Semaphore>,
+    /// Task counts per queue: active ones live, ended ones from a snapshot (`counts`).
+    pub(crate) counts: Arc<counts::CountsCache>,
     /// Directory of web documents served at their paths (the config's `web_root`).
     pub web_root: Option<std::path::PathBuf>,
 }
@@ -124,6 +130,7 @@ impl ApiState {
             watch: Arc::default(),
             checker: None,
             upload_turn: Arc::new(tokio::sync::Semaphore::new(1)),
+            counts: Arc::default(),
             web_root: None,
         }
     }
@@ -179,6 +186,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/tasks/{id}/stderr"),
     ("GET", "/monitoring"),
     ("GET", "/metrics"),
+    ("GET", "/stats"),
     ("GET", "/openapi.json"),
 ];
 
@@ -214,6 +222,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/tasks/{id}/stderr", get(tasks::stderr))
         .route("/monitoring", get(status::monitoring))
         .route("/metrics", get(status::metrics))
+        .route("/stats", get(stats::series))
         .route("/openapi.json", get(openapi::document))
         .merge(ui::routes())
         .fallback(web_root::fallback)

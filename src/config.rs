@@ -28,6 +28,8 @@ pub const DEFAULT_PLUGIN_DIR: &str = "/var/lib/disbatch/plugins";
 pub const DEFAULT_HEARTBEAT_STALE: Duration = Duration::from_secs(30);
 /// Default `orphan_claimed_after`: the spec's 5 minutes for tasks stuck claimed.
 pub const DEFAULT_ORPHAN_CLAIMED_AFTER: Duration = Duration::from_secs(300);
+/// Default `stats_retention`: the per-minute counters are kept 7 days.
+pub const DEFAULT_STATS_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 /// Default `shutdown_grace`.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 /// Default `bind` of the web server.
@@ -66,7 +68,7 @@ pub const ENV_OVERRIDES: [(&str, &str); 6] = [
 const IGNORED_KEYS: [&str; 4] = ["web_extensions", "task_runner", "views_dir", "log4perl"];
 
 /// Every key this module reads.
-const KNOWN_KEYS: [&str; 21] = [
+const KNOWN_KEYS: [&str; 22] = [
     "mongohost",
     "database",
     "attributes",
@@ -88,6 +90,7 @@ const KNOWN_KEYS: [&str; 21] = [
     "api_token",
     "bind",
     "max_instances",
+    "stats_retention",
 ];
 
 /// Keys of the `sandbox` object.
@@ -271,6 +274,9 @@ pub struct Config {
     pub orphan_claimed_after: Duration,
     /// Graceful-shutdown wait for running tasks (`shutdown_grace`).
     pub shutdown_grace: Duration,
+    /// How long the per-minute counters of `GET /stats` are kept (`stats_retention`, at
+    /// least a minute).
+    pub stats_retention: Duration,
     /// Sandbox defaults of every task (`sandbox`).
     pub sandbox: Sandbox,
     /// Compiled component cache directory (`cache_dir`).
@@ -304,6 +310,7 @@ impl fmt::Debug for Config {
             .field("heartbeat_stale", &self.heartbeat_stale)
             .field("orphan_claimed_after", &self.orphan_claimed_after)
             .field("shutdown_grace", &self.shutdown_grace)
+            .field("stats_retention", &self.stats_retention)
             .field("sandbox", &self.sandbox)
             .field("cache_dir", &self.cache_dir)
             .field("api_token", &self.api_token.as_ref().map(|_| "<hidden>"))

@@ -33,6 +33,7 @@ mod queues;
 mod result;
 mod retry;
 mod shutdown;
+mod stats;
 mod worker;
 
 use std::collections::HashMap;
@@ -136,6 +137,8 @@ pub struct DenSettings {
     pub protected: Vec<PathBuf>,
     /// QueueBalance settings: whether this DEN balances the queues while it leads.
     pub balance: crate::config::Balance,
+    /// How long the per-minute counters are kept (`stats_retention`).
+    pub stats_retention: Duration,
 }
 
 impl DenSettings {
@@ -156,6 +159,7 @@ impl DenSettings {
             max_instances: config.max_instances,
             protected: Vec::new(),
             balance: config.balance.clone(),
+            stats_retention: config.stats_retention,
         }
     }
 }
@@ -203,6 +207,8 @@ pub struct Den {
     node_problem: Mutex<Option<String>>,
     /// The leader lease's token while this node holds it.
     leading: Mutex<Option<i64>>,
+    /// Runs counted per (minute, queue), not yet stored.
+    minute_stats: stats::MinuteStats,
 }
 
 impl Den {
@@ -231,6 +237,7 @@ impl Den {
             reported_problems: Mutex::new(None),
             node_problem: Mutex::new(None),
             leading: Mutex::new(None),
+            minute_stats: stats::MinuteStats::default(),
         })
     }
 
@@ -284,6 +291,7 @@ impl Den {
             self.drain().await;
             lifecycle_stop.cancel();
             let _ = lifecycle.await;
+            self.flush_stats(true).await;
             let stats = self.stats.lock().unwrap_or_else(|e| e.into_inner()).0.clone();
             if let Err(e) = self.store.report_stats(&node, &stats).await {
                 debug!(error = %e, "cannot report the last durations");
@@ -311,6 +319,7 @@ impl Den {
                     "heartbeat and recovery took longer than heartbeat_stale; trying again next tick"
                 ),
             }
+            self.stats_duties();
         }
         let all = self.store.queues().await?;
         let ready = self.queues.refresh(&*self.store, &self.runner, all, full).await;

@@ -15,6 +15,8 @@
 //!   String-chunk GridFS for large task output, and the embedded SQLite implementation.
 //! - [`runner`]: the sandbox — wasmtime engine, WASI context, limits, plugin loading and
 //!   the result of one task.
+//! - [`stats`]: per-minute task counters (throughput, failures, duration buckets, queue
+//!   depth) behind `GET /stats` and the web UI's overview.
 pub mod api;
 pub mod cli;
 pub mod config;
@@ -22,4 +24,5 @@ pub mod den;
 pub mod launch;
 pub mod model;
 pub mod runner;
+pub mod stats;
 pub mod store;

@@ -140,8 +140,42 @@ pub trait Store: PluginStore + Send + Sync + 'static {
     async fn update_queue(&self, id: ObjectId, update: QueueUpdate) -> StoreResult<Option<Queue>>;
     /// Deletes a queue (its tasks stay). Returns false when there is no such queue.
     async fn delete_queue(&self, id: ObjectId) -> StoreResult<bool>;
-    /// Task counts by status for each queue.
+    /// Task counts by status for each queue: a walk over every task's index entry, so
+    /// the DCI reads it through a cache (see `api/counts.rs`).
     async fn queue_counts(&self) -> StoreResult<BTreeMap<ObjectId, StatusCounts>>;
+    /// Task counts of the active statuses ([`ACTIVE_STATUSES`]: scheduled, blocked,
+    /// queued, claimed, running) for each queue, read from the `{queue, status}` index
+    /// over those statuses only: its cost grows with the tasks not yet finished, never
+    /// with the finished ones.
+    async fn active_counts(&self) -> StoreResult<BTreeMap<ObjectId, StatusCounts>>;
+    /// The id of the newest task (an `_id` index lookup reading the id alone), which
+    /// changes when tasks are created.
+    async fn newest_task_id(&self) -> StoreResult<Option<ObjectId>> {
+        let page = Page {
+            skip: 0,
+            limit: 1,
+            oldest_first: false,
+        };
+        Ok(self
+            .find_tasks(&TaskFilter::default(), page)
+            .await?
+            .first()
+            .map(|t| t.id))
+    }
+
+    // ---- per-minute counters (see [`crate::stats`]) -------------------------------------
+
+    /// Adds `node`'s counters to the rows of each (minute, queue): one upsert per row.
+    async fn add_stats(&self, node: &str, rows: &[(i64, ObjectId, crate::stats::Counters)]) -> StoreResult<()>;
+    /// Records each queue's depth (queued tasks) sampled during `minute`, replacing an
+    /// earlier sample of the same minute.
+    async fn record_depth(&self, minute: i64, depths: &[(ObjectId, i64)]) -> StoreResult<()>;
+    /// Every counter row and depth sample of the minutes `from..to`, of `queue` only when
+    /// given. Malformed rows are left out with a warning (once).
+    async fn read_stats(&self, from: i64, to: i64, queue: Option<ObjectId>)
+        -> StoreResult<Vec<crate::stats::StatsRow>>;
+    /// Deletes the rows of the minutes before `before`. Returns how many were deleted.
+    async fn prune_stats(&self, before: i64) -> StoreResult<u64>;
     /// Records batch `id` at its first submission, with `size` when given (a batch recorded
     /// without a size takes the first size given later). Answers the batch as recorded,
     /// whose size may differ from `size`: the caller refuses such a submission.

@@ -538,6 +538,14 @@ async fn metrics_info_plugins_and_ui() {
     assert_eq!(ui.status, StatusCode::OK);
     assert!(ui.text.contains("<html") || ui.text.contains("<!doctype html>"));
     assert_eq!(get(&app, "/ui/app.js").await.status, StatusCode::OK);
+    // Every script and style the page loads is served.
+    for part in ui.text.split("\"/ui/").skip(1) {
+        let file = part.split('"').next().unwrap();
+        let r = get(&app, &format!("/ui/{file}")).await;
+        assert_eq!(r.status, StatusCode::OK, "/ui/{file}");
+    }
+    assert!(ui.text.matches("<script src=").count() >= 6);
+    assert_eq!(get(&app, "/ui/nope.js").await.status, StatusCode::NOT_FOUND);
     let r = get(&app, "/no/such/route").await;
     assert_eq!(r.status, StatusCode::NOT_FOUND);
     assert!(r.error().contains("no route"));

@@ -1,7 +1,9 @@
 //! The web UI in Debian's headless Chromium, driven by playwright-core (npm), with a real
 //! `den` process running the tasks: create a queue, edit its threads, submit a task and
 //! watch it finish, edit a node's maxthreads and open a finished task's GridFS-backed
-//! output, set the QueueBalance and see the leader's share. Screenshots are saved under `target/browser-artifacts/`.
+//! output, set the QueueBalance and see the leader's share; and the operator's pages (the
+//! overview, a queue's page, a task's page) whose plots must show the numbers of `GET /stats`.
+//! Screenshots are saved under `target/browser-artifacts/{ui,dashboard}/`.
 //!
 //! Needs `/usr/bin/chromium` (`apt-get install -y chromium`) and npm; playwright-core is
 //! installed by the test into `target/browser-test/` from `tests/browser/package-lock.json`.
@@ -22,6 +24,14 @@ fn target_dir() -> PathBuf {
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target"))
 }
 
+/// `target/browser-artifacts/<name>/`, emptied.
+fn artifacts(name: &str) -> PathBuf {
+    let dir = target_dir().join("browser-artifacts").join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 fn chromium() -> PathBuf {
     let path = std::env::var_os("CHROMIUM")
         .map(PathBuf::from)
@@ -40,7 +50,7 @@ fn driver_dir() -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser");
     let dir = target_dir().join("browser-test");
     std::fs::create_dir_all(&dir).unwrap();
-    for f in ["package.json", "package-lock.json", "ui.mjs"] {
+    for f in ["package.json", "package-lock.json", "ui.mjs", "dashboard.mjs"] {
         std::fs::copy(src.join(f), dir.join(f)).unwrap_or_else(|e| panic!("copy tests/browser/{f}: {e}"));
     }
     if !dir.join("node_modules/playwright-core/package.json").is_file() {
@@ -103,9 +113,7 @@ async fn ui_creates_a_queue_submits_a_task_edits_limits_and_shows_output() {
     let web = common::Web::start(&db.uri, &db.name, balance);
     let url = web.url.clone();
 
-    let artifacts = target_dir().join("browser-artifacts");
-    let _ = std::fs::remove_dir_all(&artifacts);
-    std::fs::create_dir_all(&artifacts).unwrap();
+    let artifacts = artifacts("ui");
     let out = tokio::process::Command::new("node")
         .arg(driver.join("ui.mjs"))
         .args([&url, &task.id.to_hex(), "shown in the browser"])
@@ -153,4 +161,81 @@ async fn ui_creates_a_queue_submits_a_task_edits_limits_and_shows_output() {
     assert_eq!(ran.params, bson::doc! {"message": "typed in the browser", "repeat": 3});
     let shots = std::fs::read_dir(&artifacts).unwrap().count();
     assert!(shots >= 5, "expected screenshots in {}", artifacts.display());
+}
+
+#[tokio::test]
+async fn dashboard_plots_show_what_a_real_den_ran() {
+    let chromium = chromium();
+    let driver = driver_dir();
+    let db = common::test_db("browser_dash").await;
+    let den = common::DenProcess::start(&db.uri, &db.name, "dash-node", json!({}));
+    let web = common::Web::start(&db.uri, &db.name, json!({}));
+    let url = web.url.clone();
+    let client = reqwest::Client::new();
+    let post = |path: &str, body: serde_json::Value| {
+        let req = client.post(format!("{url}{path}")).json(&body);
+        async move {
+            let resp = req.send().await.unwrap();
+            assert!(resp.status().is_success(), "{}", resp.text().await.unwrap());
+            resp.json::<serde_json::Value>().await.unwrap()
+        }
+    };
+    post("/queues", json!({"name": "dash-q", "plugin": "demo", "threads": 3})).await;
+    let mut params: Vec<serde_json::Value> = (0..9)
+        .map(|i| json!({"message": format!("run {i}"), "sleep_ms": 20 * i}))
+        .collect();
+    params.push(json!({"status": 2, "stderr": "bad input"}));
+    params.push(json!({"status": 2, "stderr": "bad input"}));
+    let created = post("/tasks", json!({"queue": "dash-q", "params": params})).await;
+    let ids: Vec<String> = serde_json::from_value(created["ids"].clone()).unwrap();
+    let first: bson::oid::ObjectId = ids[0].parse().unwrap();
+    common::wait_for(Duration::from_secs(60), "the tasks to finish", || async {
+        let unfinished = disbatch::store::TaskFilter {
+            status: Some(vec![-2, -1, 0]),
+            ..Default::default()
+        };
+        db.store.count_tasks(&unfinished).await.unwrap() == 0
+    })
+    .await;
+    post("/nodes/dash-node", json!({"maxthreads": 3})).await;
+
+    let artifacts = artifacts("dashboard");
+    let out = tokio::process::Command::new("node")
+        .arg(driver.join("dashboard.mjs"))
+        .args([url.as_str(), "dash-q", "9", "2", &first.to_hex()])
+        .arg(&artifacts)
+        .env("CHROMIUM", &chromium)
+        .current_dir(&driver)
+        .output()
+        .await
+        .expect("run node (install Node.js)");
+    assert!(
+        out.status.success(),
+        "the dashboard script failed (screenshots in {}):\n{}\n{}\nDEN log:\n{}",
+        artifacts.display(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        den.log()
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("the script's JSON report");
+    assert_eq!(report["points"], 61);
+    let shots = std::fs::read_dir(&artifacts).unwrap().count();
+    assert!(
+        shots >= 6,
+        "expected screenshots of each page in {}",
+        artifacts.display()
+    );
+    let queue = db
+        .store
+        .queues()
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|q| q.name == "dash-q")
+        .unwrap();
+    assert_eq!(
+        (queue.threads, queue.on_orphan),
+        (Some(3), disbatch::model::OnOrphan::Requeue),
+        "the settings saved from the queue page"
+    );
 }

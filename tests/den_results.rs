@@ -32,6 +32,7 @@ fn settings(node: &str, gfs: Gfs) -> DenSettings {
         heartbeat_stale: Duration::from_secs(30),
         orphan_claimed_after: Duration::from_secs(300),
         shutdown_grace: Duration::from_secs(10),
+        stats_retention: disbatch::config::DEFAULT_STATS_RETENTION,
         sandbox: Sandbox {
             timeout: Duration::from_secs(60),
             ..Sandbox::default()

@@ -60,6 +60,7 @@ impl Fixture {
             heartbeat_stale: Duration::from_secs(30),
             orphan_claimed_after: Duration::from_secs(300),
             shutdown_grace: Duration::from_secs(5),
+            stats_retention: disbatch::config::DEFAULT_STATS_RETENTION,
             sandbox: Sandbox {
                 timeout: Duration::from_secs(20),
                 memory: 256 << 20,

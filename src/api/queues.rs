@@ -74,7 +74,7 @@ pub(super) async fn find(state: &Shared, key: &str) -> Result<Queue, ApiError> {
 pub(super) async fn list(State(state): State<Shared>) -> Result<Json<Value>, ApiError> {
     let queues = state.store.queues().await?;
     let unreadable = state.store.unreadable_queues().await?;
-    let counts = state.store.queue_counts().await?;
+    let counts = state.counts.counts(state.store.as_ref()).await?;
     let reports = problem_reports(&state).await?;
     let readable = queues
         .iter()
@@ -97,7 +97,7 @@ pub(super) async fn one(
         Err(ApiError::NotFound(_)) if !shape.native => return Ok(Json(Value::Null)),
         found => found?,
     };
-    let counts = state.store.queue_counts().await?;
+    let counts = state.counts.counts(state.store.as_ref()).await?;
     let reports = problem_reports(&state).await?;
     let value = match &found {
         Found::Queue(q) => json::queue(q, counts.get(&q.id)),
@@ -227,7 +227,7 @@ pub(super) async fn update(
     };
     let changed = changed.ok_or_else(|| ApiError::NotFound(format!("no queue {key:?}")))?;
     let result = json::mongo::update(true, plain(&before) != plain(&changed));
-    let counts = state.store.queue_counts().await?;
+    let counts = state.counts.counts(state.store.as_ref()).await?;
     let value = match &changed {
         Found::Queue(q) => json::queue(q, counts.get(&q.id)),
         Found::Unreadable(u) => json::unreadable_queue(u, counts.get(&u.id)),

@@ -101,7 +101,7 @@ fn label(s: &str) -> String {
 /// heartbeat ages and limits, in the Prometheus text format.
 pub(super) async fn metrics(State(state): State<Shared>) -> Result<impl IntoResponse, ApiError> {
     let queues = state.store.queues().await?;
-    let counts = state.store.queue_counts().await?;
+    let counts = state.counts.counts(state.store.as_ref()).await?;
     let nodes = state.store.nodes().await?;
     let now = DateTime::now();
     let mut out = String::new();

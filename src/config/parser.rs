@@ -9,7 +9,8 @@ use serde_json::{Map, Value};
 use super::{
     check_database, check_mongohost, check_plugin_name, Config, ConfigError, Gfs, StoreKind, DEFAULT_BIND,
     DEFAULT_HEARTBEAT_STALE, DEFAULT_MAX_INSTANCES, DEFAULT_ORPHAN_CLAIMED_AFTER, DEFAULT_PLUGIN_DIR,
-    DEFAULT_SHUTDOWN_GRACE, IGNORED_KEYS, KNOWN_KEYS, MAX_DURATION, MAX_INSTANCES, MIN_API_TOKEN_LEN,
+    DEFAULT_SHUTDOWN_GRACE, DEFAULT_STATS_RETENTION, IGNORED_KEYS, KNOWN_KEYS, MAX_DURATION, MAX_INSTANCES,
+    MIN_API_TOKEN_LEN,
 };
 
 /// A value for a message: scalars as written (long strings shortened), containers by kind.
@@ -137,6 +138,14 @@ impl<'a> Parser<'a> {
         self.bounded(key, Duration::try_from_secs_f64(secs).ok())
     }
 
+    pub(super) fn stats_retention(&self) -> Result<Duration, ConfigError> {
+        let d = self.seconds("stats_retention", DEFAULT_STATS_RETENTION)?;
+        if d < Duration::from_secs(60) {
+            return Err(self.invalid("stats_retention", "must be at least 60 seconds"));
+        }
+        Ok(d)
+    }
+
     pub(super) fn bounded(&self, key: &str, d: Option<Duration>) -> Result<Duration, ConfigError> {
         d.filter(|d| *d <= MAX_DURATION).ok_or_else(|| {
             self.invalid(
@@ -239,6 +248,7 @@ impl<'a> Parser<'a> {
             heartbeat_stale: self.seconds("heartbeat_stale", DEFAULT_HEARTBEAT_STALE)?,
             orphan_claimed_after: self.seconds("orphan_claimed_after", DEFAULT_ORPHAN_CLAIMED_AFTER)?,
             shutdown_grace: self.seconds("shutdown_grace", DEFAULT_SHUTDOWN_GRACE)?,
+            stats_retention: self.stats_retention()?,
             sandbox: self.sandbox()?,
             cache_dir: self.opt_str("cache_dir")?.map(PathBuf::from),
             mongohost,

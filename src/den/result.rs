@@ -48,6 +48,8 @@ pub(super) struct TaskResult {
     pub attempt: Option<crate::model::Attempt>,
     /// The follow-up tasks the plugin submitted, created only when it succeeded.
     pub submitted: Vec<crate::runner::Submission>,
+    /// How long the plugin ran (counted in the per-minute counters once stored).
+    pub took: Duration,
 }
 
 impl Den {
@@ -104,7 +106,7 @@ impl Den {
             Ok(v) => v,
             Err(Stop::Refused(e)) => {
                 self.discard_files(task.id, files).await;
-                self.fail_refused(task, "store output", &e).await;
+                self.fail_refused(task, "store output", &e, result.took).await;
                 return;
             }
             Err(Stop::GaveUp) => {
@@ -123,14 +125,17 @@ impl Den {
             })
             .await;
         match written {
-            Ok(true) => self.settle_end(task, chained).await,
+            Ok(true) => {
+                self.count_result(task.queue, result.status, result.took);
+                self.settle_end(task, chained).await
+            }
             Ok(false) => {
                 warn!(task = %task.id, "task was recovered by another node meanwhile; result not written");
                 self.discard_files(task.id, files).await;
             }
             Err(Stop::Refused(e)) => {
                 self.discard_files(task.id, files).await;
-                self.fail_refused(task, "write result", &e).await;
+                self.fail_refused(task, "write result", &e, result.took).await;
             }
             Err(Stop::GaveUp) => {
                 error!(task = %task.id, "result lost: the database stayed unreachable past the shutdown")
@@ -193,8 +198,9 @@ impl Den {
     }
 
     /// The database refused `task`'s result (`what` failed with `e`): fail the task with
-    /// the reason in stderr, or with a bare status when even that is refused.
-    async fn fail_refused(&self, task: &Task, what: &str, e: &StoreError) {
+    /// the reason in stderr, or with a bare status when even that is refused; a failure
+    /// written is counted as a failed run of `took`.
+    async fn fail_refused(&self, task: &Task, what: &str, e: &StoreError, took: std::time::Duration) {
         let node = &self.settings.node;
         let reason = format!(
             "disbatch: the result of task {} could not be stored, so the task failed: {what}: {e}",
@@ -218,7 +224,10 @@ impl Den {
                 })
                 .await;
             match written {
-                Ok(true) => return,
+                Ok(true) => {
+                    self.count_result(task.queue, status::FAILED, took);
+                    return;
+                }
                 Ok(false) => {
                     warn!(task = %task.id, "task was recovered by another node meanwhile; failure not written");
                     return;

@@ -182,6 +182,7 @@ impl Den {
         let attempt = match super::retry::next_run(task, &queue.queue, node, status, &outcome, &stdout, &stderr) {
             super::retry::NextRun::Retry(retry) => {
                 if self.write_retry(task, &retry).await {
+                    self.count_run(task.queue, crate::stats::End::Retried, outcome.duration);
                     return;
                 }
                 None
@@ -202,6 +203,7 @@ impl Den {
                 progress,
                 attempt,
                 submitted: outcome.submitted,
+                took: outcome.duration,
             },
         )
         .await;

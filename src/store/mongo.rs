@@ -38,11 +38,13 @@ mod recovery;
 mod retries;
 mod running;
 mod slots;
+mod stats;
 
 pub use self::plugins::{PLUGIN_CHUNKS, PLUGIN_FILES};
 
 pub use self::connect::MongoOptions;
 pub use self::counts::queue_counts_pipeline;
+pub use self::stats::MINUTE_STATS;
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -206,6 +208,42 @@ impl Store for MongoStore {
 
     async fn queue_counts(&self) -> StoreResult<BTreeMap<ObjectId, StatusCounts>> {
         self.count_by_queue_and_status().await
+    }
+
+    async fn active_counts(&self) -> StoreResult<BTreeMap<ObjectId, StatusCounts>> {
+        self.count_active().await
+    }
+
+    async fn newest_task_id(&self) -> StoreResult<Option<ObjectId>> {
+        let newest = self
+            .tasks
+            .find_one(doc! {})
+            .sort(doc! { "_id": -1 })
+            .projection(doc! { "_id": 1 })
+            .await
+            .map_err(db_err("find the newest task"))?;
+        Ok(newest.and_then(|d| d.get_object_id("_id").ok()))
+    }
+
+    async fn add_stats(&self, node: &str, rows: &[(i64, ObjectId, crate::stats::Counters)]) -> StoreResult<()> {
+        self.increment_stats(node, rows).await
+    }
+
+    async fn record_depth(&self, minute: i64, depths: &[(ObjectId, i64)]) -> StoreResult<()> {
+        self.write_depth(minute, depths).await
+    }
+
+    async fn read_stats(
+        &self,
+        from: i64,
+        to: i64,
+        queue: Option<ObjectId>,
+    ) -> StoreResult<Vec<crate::stats::StatsRow>> {
+        self.find_stats(from, to, queue).await
+    }
+
+    async fn prune_stats(&self, before: i64) -> StoreResult<u64> {
+        self.delete_stats(before).await
     }
 
     // ---- claiming and running (the DEN) ------------------------------------------------

@@ -47,6 +47,7 @@ mod retries;
 mod rows;
 mod schema;
 mod slots;
+mod stats;
 mod tasks;
 mod watch;
 mod writer;
@@ -212,6 +213,7 @@ impl Store for SqliteStore {
             conn.execute_batch(plugins::SCHEMA).map_err(db_err("create schema"))?;
             conn.execute_batch(batches::SCHEMA).map_err(db_err("create schema"))?;
             conn.execute_batch(deps::SCHEMA).map_err(db_err("create schema"))?;
+            conn.execute_batch(stats::SCHEMA).map_err(db_err("create schema"))?;
             lifecycle::migrate(conn)?;
             claims::migrate(conn)?;
             deps::migrate(conn)?;
@@ -271,6 +273,31 @@ impl Store for SqliteStore {
 
     async fn delete_queue(&self, id: ObjectId) -> StoreResult<bool> {
         self.delete_queue(id).await
+    }
+
+    async fn active_counts(&self) -> StoreResult<BTreeMap<ObjectId, StatusCounts>> {
+        self.count_active().await
+    }
+
+    async fn add_stats(&self, node: &str, rows: &[(i64, ObjectId, crate::stats::Counters)]) -> StoreResult<()> {
+        self.increment_stats(node, rows).await
+    }
+
+    async fn record_depth(&self, minute: i64, depths: &[(ObjectId, i64)]) -> StoreResult<()> {
+        self.write_depth(minute, depths).await
+    }
+
+    async fn read_stats(
+        &self,
+        from: i64,
+        to: i64,
+        queue: Option<ObjectId>,
+    ) -> StoreResult<Vec<crate::stats::StatsRow>> {
+        self.find_stats(from, to, queue).await
+    }
+
+    async fn prune_stats(&self, before: i64) -> StoreResult<u64> {
+        self.delete_stats(before).await
     }
 
     async fn queue_counts(&self) -> StoreResult<BTreeMap<ObjectId, StatusCounts>> {

@@ -300,6 +300,16 @@ pub type TaskEvents = futures::stream::BoxStream<'static, StoreResult<Option<Obj
 /// Number of tasks per status code, for one queue.
 pub type StatusCounts = BTreeMap<i32, u64>;
 
+/// The statuses of tasks not yet ended, counted live by [`super::Store::active_counts`]:
+/// scheduled, blocked, queued, claimed, running.
+pub const ACTIVE_STATUSES: [i32; 5] = [
+    crate::model::status::SCHEDULED,
+    crate::model::status::BLOCKED,
+    crate::model::status::QUEUED,
+    crate::model::status::CLAIMED,
+    crate::model::status::RUNNING,
+];
+
 /// The cluster's leader lease ([`super::Store::lead`]): one DEN at a time holds it, until
 /// `expires` unless it renews; `token` grows at every change of holder (a fencing token).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -28,7 +28,7 @@ const post = async (path, body) => (await fetch(base + path, { method: "POST", h
 page.on("dialog", (d) => d.accept(d.type() === "prompt" ? "from the browser" : undefined));
 
 try {
-  await page.goto(base + "/");
+  await page.goto(base + "/#/queues");
   await page.waitForSelector("#queues");
   await shot("queues");
 

@@ -21,6 +21,8 @@ pub struct Recording {
     /// The next this many `put_output_file` calls apply, then fail as if their reply had
     /// been lost (a transient error).
     pub lost_file_replies: AtomicUsize,
+    /// How many times every task was counted ([`Store::queue_counts`]).
+    pub full_counts: AtomicUsize,
 }
 
 impl Recording {
@@ -30,6 +32,7 @@ impl Recording {
             claimed: Mutex::default(),
             started: Mutex::default(),
             lost_file_replies: AtomicUsize::new(0),
+            full_counts: AtomicUsize::new(0),
         })
     }
 }
@@ -78,7 +81,28 @@ impl Store for Recording {
         self.inner.delete_queue(id).await
     }
     async fn queue_counts(&self) -> StoreResult<BTreeMap<ObjectId, StatusCounts>> {
+        self.full_counts.fetch_add(1, Ordering::SeqCst);
         self.inner.queue_counts().await
+    }
+    async fn active_counts(&self) -> StoreResult<BTreeMap<ObjectId, StatusCounts>> {
+        self.inner.active_counts().await
+    }
+    async fn add_stats(&self, node: &str, rows: &[(i64, ObjectId, disbatch::stats::Counters)]) -> StoreResult<()> {
+        self.inner.add_stats(node, rows).await
+    }
+    async fn record_depth(&self, minute: i64, depths: &[(ObjectId, i64)]) -> StoreResult<()> {
+        self.inner.record_depth(minute, depths).await
+    }
+    async fn read_stats(
+        &self,
+        from: i64,
+        to: i64,
+        queue: Option<ObjectId>,
+    ) -> StoreResult<Vec<disbatch::stats::StatsRow>> {
+        self.inner.read_stats(from, to, queue).await
+    }
+    async fn prune_stats(&self, before: i64) -> StoreResult<u64> {
+        self.inner.prune_stats(before).await
     }
     async fn open_batch(&self, id: &str, size: Option<i64>) -> StoreResult<Batch> {
         self.inner.open_batch(id, size).await
@@ -222,6 +246,10 @@ impl Store for Recording {
     async fn create_tasks(&self, queue: ObjectId, params: Vec<Document>) -> StoreResult<Vec<ObjectId>> {
         self.inner.create_tasks(queue, params).await
     }
+    async fn newest_task_id(&self) -> StoreResult<Option<ObjectId>> {
+        self.inner.newest_task_id().await
+    }
+
     async fn find_tasks(&self, filter: &TaskFilter, page: Page) -> StoreResult<Vec<disbatch::model::Task>> {
         self.inner.find_tasks(filter, page).await
     }

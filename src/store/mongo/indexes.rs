@@ -93,6 +93,7 @@ impl MongoStore {
             .create_indexes([unique_on(doc! { "queue": 1, "n": 1 }), plain(doc! { "holder": 1 })])
             .await
             .map_err(&err)?;
+        self.create_stats_indexes().await?;
         self.ensure_plugin_indexes().await
     }
 }
