@@ -22,6 +22,7 @@
 //! `threads` holds across DENs through the slot leases; `maxthreads` holds per node because
 //! only this process claims for its node name.
 
+mod backoff;
 mod balance;
 mod chain;
 mod lease;
@@ -203,6 +204,8 @@ pub struct Den {
     node_problem: Mutex<Option<String>>,
     /// The leader lease's token while this node holds it.
     leading: Mutex<Option<i64>>,
+    /// Queues whose claims failed permanently, left alone for a while.
+    claim_backoff: backoff::ClaimBackoff,
 }
 
 impl Den {
@@ -231,6 +234,7 @@ impl Den {
             reported_problems: Mutex::new(None),
             node_problem: Mutex::new(None),
             leading: Mutex::new(None),
+            claim_backoff: backoff::ClaimBackoff::default(),
         })
     }
 
@@ -320,6 +324,9 @@ impl Den {
             if self.stopping.is_cancelled() {
                 break;
             }
+            if self.claim_backoff.waiting(q.queue.id) {
+                continue;
+            }
             while self.has_room() && !self.lease_lapsed() {
                 if !self.store.has_queued(q.queue.id).await? {
                     break;
@@ -335,14 +342,26 @@ impl Den {
                     break;
                 }
                 match self.claim(&q.queue).await {
-                    Ok(Some(task)) => self.spawn_worker(q.clone(), slot, task),
+                    Ok(Some(task)) => {
+                        self.claim_backoff.succeeded(q.queue.id);
+                        self.spawn_worker(q.clone(), slot, task)
+                    }
                     Ok(None) => {
+                        self.claim_backoff.succeeded(q.queue.id);
                         self.give_back(slot).await;
                         break;
                     }
                     Err(e @ StoreError::Database(_)) => {
                         self.give_back(slot).await;
                         return Err(e);
+                    }
+                    Err(e @ StoreError::Rejected(_)) => {
+                        // Retrying at once cannot help: leave the queue alone for a while.
+                        self.give_back(slot).await;
+                        let wait = self.claim_backoff.failed(q.queue.id, s.tick);
+                        error!(queue = %q.queue.name, error = %e, wait_secs = wait.as_secs_f64(),
+                            "cannot claim; trying the queue again later");
+                        break;
                     }
                     Err(e) => {
                         // A task that cannot be read was failed by the store; go on.
