@@ -22,6 +22,7 @@
 //! `threads` holds across DENs through the slot leases; `maxthreads` holds per node because
 //! only this process claims for its node name.
 
+mod backoff;
 mod balance;
 mod chain;
 mod lease;
@@ -209,6 +210,8 @@ pub struct Den {
     leading: Mutex<Option<i64>>,
     /// Runs counted per (minute, queue), not yet stored.
     minute_stats: stats::MinuteStats,
+    /// Queues whose claims failed permanently, left alone for a while.
+    claim_backoff: backoff::ClaimBackoff,
 }
 
 impl Den {
@@ -238,6 +241,7 @@ impl Den {
             node_problem: Mutex::new(None),
             leading: Mutex::new(None),
             minute_stats: stats::MinuteStats::default(),
+            claim_backoff: backoff::ClaimBackoff::default(),
         })
     }
 
@@ -329,6 +333,9 @@ impl Den {
             if self.stopping.is_cancelled() {
                 break;
             }
+            if self.claim_backoff.waiting(q.queue.id) {
+                continue;
+            }
             while self.has_room() && !self.lease_lapsed() {
                 if !self.store.has_queued(q.queue.id).await? {
                     break;
@@ -344,14 +351,26 @@ impl Den {
                     break;
                 }
                 match self.claim(&q.queue).await {
-                    Ok(Some(task)) => self.spawn_worker(q.clone(), slot, task),
+                    Ok(Some(task)) => {
+                        self.claim_backoff.succeeded(q.queue.id);
+                        self.spawn_worker(q.clone(), slot, task)
+                    }
                     Ok(None) => {
+                        self.claim_backoff.succeeded(q.queue.id);
                         self.give_back(slot).await;
                         break;
                     }
                     Err(e @ StoreError::Database(_)) => {
                         self.give_back(slot).await;
                         return Err(e);
+                    }
+                    Err(e @ StoreError::Rejected(_)) => {
+                        // Retrying at once cannot help: leave the queue alone for a while.
+                        self.give_back(slot).await;
+                        let wait = self.claim_backoff.failed(q.queue.id, s.tick);
+                        error!(queue = %q.queue.name, error = %e, wait_secs = wait.as_secs_f64(),
+                            "cannot claim; trying the queue again later");
+                        break;
                     }
                     Err(e) => {
                         // A task that cannot be read was failed by the store; go on.

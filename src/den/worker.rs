@@ -84,6 +84,14 @@ impl Den {
             {
                 Ok((SlotRenewal::Held, Some(next))) => {
                     self.observe(|stats| stats.claim.observe(began.elapsed().as_secs_f64()));
+                    // The lease may have lapsed while the write waited: a task claimed
+                    // after it is not run; it goes back to its queue unless another node
+                    // recovered it meanwhile.
+                    if self.lease_lapsed() {
+                        warn!(task = %next.id, "the node's lease lapsed while claiming; putting the task back");
+                        self.recover_fenced(&next).await;
+                        return Some(slot);
+                    }
                     task = next;
                 }
                 Ok((SlotRenewal::Held | SlotRenewal::OverLimit, _)) => return Some(slot),

@@ -60,7 +60,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bson::oid::ObjectId;
 use bson::{DateTime, Document};
-use rusqlite::{Connection, TransactionBehavior};
+use rusqlite::Connection;
 
 use self::rows::{db_err, read_bson};
 use super::{
@@ -156,11 +156,12 @@ impl SqliteStore {
 
     /// Runs `f` in a `BEGIN IMMEDIATE` transaction on the store's writer thread, answered
     /// once committed; `f` shares the transaction (not its atomicity) with other writes
-    /// waiting at the same time (see `writer`).
+    /// waiting at the same time (see `writer`). `f` runs again alone when the group's
+    /// commit fails, so it must not consume what it captured.
     async fn write<T, F>(&self, op: &'static str, f: F) -> StoreResult<T>
     where
         T: Send + 'static,
-        F: FnOnce(&rusqlite::Transaction<'_>) -> StoreResult<T> + Send + 'static,
+        F: Fn(&rusqlite::Transaction<'_>) -> StoreResult<T> + Send + 'static,
     {
         let value = self.writer.write(op, f).await?;
         self.signal_changed();
@@ -361,17 +362,11 @@ impl Store for SqliteStore {
 
     async fn lead(&self, node: &str, ttl: Duration) -> StoreResult<crate::store::Leader> {
         let node = node.to_owned();
-        // Not `write`: a lease renewal is no change of tasks for their watchers.
-        self.with(move |conn| {
-            let err = db_err("take the leader lease");
-            let tx = conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(&err)?;
-            let lease = leader::lead(&tx, &node, ttl)?;
-            tx.commit().map_err(&err)?;
-            Ok(lease)
-        })
-        .await
+        // On the writer thread, so that it never waits behind it for the write lock; not
+        // `write`: a lease renewal is no change of tasks for their watchers.
+        self.writer
+            .write("take the leader lease", move |tx| leader::lead(tx, &node, ttl))
+            .await
     }
 
     async fn leader(&self) -> StoreResult<Option<crate::store::Leader>> {

@@ -140,7 +140,7 @@ impl SqliteStore {
             .write("requeue task", move |tx| {
                 let now = DateTime::now().timestamp_millis();
                 let mut requeued = Vec::new();
-                for id in tasks {
+                for &id in &tasks {
                     let n = tx
                         .execute(
                             "UPDATE tasks SET status = ?1, node = NULL, rerun = NULL, mtime = ?2

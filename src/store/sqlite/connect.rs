@@ -37,8 +37,8 @@ pub(super) fn connect(path: &Path) -> StoreResult<Connection> {
 }
 
 /// SQLite's busy handler of every connection: whether to try again after the `attempt`-th
-/// failure to get another connection's lock (another process's, mostly: the writes of
-/// this process all go through its writer thread). Sleeps [`BUSY_SLEEP_FIRST`], doubling
+/// failure to get another connection's lock: another process's, or the writer thread's
+/// for the few writes of this process that do not go through it (see `docs/guarantees.md`). Sleeps [`BUSY_SLEEP_FIRST`], doubling
 /// up to [`BUSY_SLEEP_MAX`], and gives up once the sleeps add up to [`BUSY_TIMEOUT`].
 fn busy_wait(attempt: i32) -> bool {
     let attempt = u32::try_from(attempt).unwrap_or(0);

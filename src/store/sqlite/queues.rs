@@ -94,7 +94,7 @@ impl SqliteStore {
             if let Some(name) = &update.name {
                 d.insert("name", name.clone());
             }
-            if let Some(plugin) = update.plugin {
+            if let Some(plugin) = update.plugin.clone() {
                 d.insert("plugin", plugin);
             }
             if let Some(threads) = update.threads {
@@ -103,7 +103,7 @@ impl SqliteStore {
             if let Some(sort) = update.sort {
                 d.insert("sort", sort_str(sort));
             }
-            d.extend(update.extra);
+            d.extend(update.extra.clone());
             let (parsed, _) = queue_from(&d)?;
             d.remove("_id");
             let bytes = bson_bytes(&d)?;
@@ -114,7 +114,7 @@ impl SqliteStore {
                 Ok(_) => Ok(Some(parsed)),
                 Err(e) if is_unique_violation(&e) => Err(StoreError::Duplicate {
                     what: "queue",
-                    name: update.name.unwrap_or_default(),
+                    name: update.name.clone().unwrap_or_default(),
                 }),
                 Err(e) => Err(db_err("update queue")(e)),
             }

@@ -254,8 +254,8 @@ impl SqliteStore {
                     params![status::QUEUED, attempts, now.timestamp_millis(), id],
                 )
                 .map_err(db_err("retry task"))?;
-                if let Some((bytes, new)) = replace {
-                    replace_fields(tx, &id, &bytes, &new, now)?;
+                if let Some((bytes, new)) = &replace {
+                    replace_fields(tx, &id, bytes, new, now)?;
                 }
                 Ok(HandRetry::Queued)
             })

@@ -88,16 +88,18 @@ impl SqliteStore {
     /// [`Store::release_slot`](crate::store::Store::release_slot), fenced on the holder.
     pub(super) async fn give_back_slot(&self, slot: &Slot, node: &str) -> StoreResult<()> {
         let (q, n, node) = (slot.queue.to_hex(), slot.n, node.to_string());
-        self.with(move |conn| {
-            conn.execute(
-                "UPDATE slots SET holder = NULL, want = NULL, want_until = NULL
+        // On the writer thread, so that it never waits behind it for the write lock.
+        self.writer
+            .write("release slot", move |tx| {
+                tx.execute(
+                    "UPDATE slots SET holder = NULL, want = NULL, want_until = NULL
                  WHERE queue = ?1 AND n = ?2 AND holder = ?3",
-                params![q, n, node],
-            )
-            .map_err(db_err("release slot"))?;
-            Ok(())
-        })
-        .await
+                    params![q, n, node],
+                )
+                .map_err(db_err("release slot"))?;
+                Ok(())
+            })
+            .await
     }
 
     /// [`Store::renew_slot`](crate::store::Store::renew_slot): renews the lease when `node`

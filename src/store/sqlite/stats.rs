@@ -85,7 +85,7 @@ impl SqliteStore {
         let rows = rows.to_vec();
         self.write("add the per-minute counters", move |tx| {
             let err = db_err("add the per-minute counters");
-            for (minute, queue, c) in rows {
+            for (minute, queue, c) in &rows {
                 let queue = queue.to_hex();
                 let before: Option<String> = tx
                     .query_row(
@@ -131,7 +131,7 @@ impl SqliteStore {
         let depths = depths.to_vec();
         self.write("record the queue depths", move |tx| {
             let err = db_err("record the queue depths");
-            for (queue, depth) in depths {
+            for (queue, depth) in &depths {
                 tx.execute(
                     "INSERT INTO minute_stats (minute, queue, node, depth) VALUES (?1, ?2, '', ?3)
                      ON CONFLICT (minute, queue, node) DO UPDATE SET depth = excluded.depth",

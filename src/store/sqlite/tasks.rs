@@ -44,8 +44,8 @@ impl SqliteStore {
                      VALUES (?1, ?2, ?3, ?3, NULL, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
                 )
                 .map_err(&err)?;
-            for (id, bytes, status, run_at, priority, key, batch, (after, runs_anyway, dependents)) in encoded {
-                deps::insert_deps(tx, &id, &after)?;
+            for (id, bytes, status, run_at, priority, key, batch, (after, runs_anyway, dependents)) in &encoded {
+                deps::insert_deps(tx, id, after)?;
                 match stmt.execute(params![
                     id,
                     q,
@@ -56,7 +56,7 @@ impl SqliteStore {
                     priority,
                     key,
                     batch,
-                    deps::after_column(&after),
+                    deps::after_column(after),
                     runs_anyway.then_some(1),
                     dependents.then_some(1)
                 ]) {
@@ -66,7 +66,7 @@ impl SqliteStore {
                     {
                         return Err(StoreError::Duplicate {
                             what: "task key",
-                            name: key.unwrap_or_default(),
+                            name: key.clone().unwrap_or_default(),
                         })
                     }
                     Err(e) => return Err(err(e)),

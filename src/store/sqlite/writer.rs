@@ -10,7 +10,7 @@
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
+use std::sync::{mpsc, Mutex};
 
 use rusqlite::{Connection, Transaction, TransactionBehavior};
 
@@ -45,69 +45,133 @@ impl Failed {
     }
 }
 
-/// Answers a write once its group's commit is over (`None`: committed).
-type Answer = Box<dyn FnOnce(Option<&Failed>) + Send>;
+/// A write waiting for the writer: run in a transaction (or told that none could begin),
+/// then answered once that transaction's commit is over. A write can run more than once:
+/// when its group's commit fails, it runs again alone (see [`run`]).
+trait Job: Send {
+    /// Runs the write in `tx`, in a savepoint of its own, keeping its outcome.
+    fn run(&mut self, tx: Result<&Transaction<'_>, &Failed>);
+    /// Answers the caller: `commit` is `None` when the transaction committed.
+    fn answer(self: Box<Self>, commit: Option<&Failed>);
+}
 
-/// A write: run in the group's transaction (or told that none could begin), it gives the
-/// answer to send after the commit.
-type Job = Box<dyn FnOnce(Result<&Transaction<'_>, &Failed>) -> Answer + Send>;
+struct Pending<T, F> {
+    op: &'static str,
+    f: F,
+    ran: Option<StoreResult<T>>,
+    reply: tokio::sync::oneshot::Sender<StoreResult<T>>,
+}
+
+impl<T, F> Job for Pending<T, F>
+where
+    T: Send + 'static,
+    F: Fn(&Transaction<'_>) -> StoreResult<T> + Send + 'static,
+{
+    fn run(&mut self, tx: Result<&Transaction<'_>, &Failed>) {
+        self.ran = Some(match tx {
+            Ok(tx) => in_savepoint(tx, self.op, &self.f),
+            Err(failed) => Err(failed.error(self.op)),
+        });
+    }
+
+    fn answer(self: Box<Self>, commit: Option<&Failed>) {
+        let op = self.op;
+        let result = match (self.ran, commit) {
+            (None, _) => Err(StoreError::Database(format!("{op}: the write did not run"))),
+            (Some(Ok(_)), Some(failed)) => Err(failed.error(op)),
+            (Some(ran), _) => ran,
+        };
+        let _ = self.reply.send(result);
+    }
+}
+
+/// A write and the receiver of its answer.
+fn pending<T, F>(op: &'static str, f: F) -> (Box<dyn Job>, tokio::sync::oneshot::Receiver<StoreResult<T>>)
+where
+    T: Send + 'static,
+    F: Fn(&Transaction<'_>) -> StoreResult<T> + Send + 'static,
+{
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    let job = Pending {
+        op,
+        f,
+        ran: None,
+        reply,
+    };
+    (Box::new(job), answer)
+}
 
 /// Opens a connection with the store's settings.
 pub(super) type Connect = fn(&Path) -> StoreResult<Connection>;
 
 /// The sending side of a store's writer thread; the thread ends when every clone of the
-/// store is gone.
+/// store is gone. A writer thread that died (a bug outside a write's own code) is started
+/// again by the next write; the writes it held are answered with a transient error.
 pub(super) struct Writer {
-    jobs: mpsc::Sender<Job>,
+    jobs: Mutex<mpsc::Sender<Box<dyn Job>>>,
+    path: PathBuf,
+    connect: Connect,
 }
 
 impl Writer {
     /// Starts the writer thread of the file at `path`.
     pub(super) fn start(path: PathBuf, connect: Connect) -> std::io::Result<Writer> {
-        let (jobs, queue) = mpsc::channel();
-        std::thread::Builder::new()
-            .name("disbatch-sqlite-writer".into())
-            .spawn(move || run(&path, connect, &queue))?;
-        Ok(Writer { jobs })
+        let jobs = spawn(&path, connect)?;
+        Ok(Writer {
+            jobs: Mutex::new(jobs),
+            path,
+            connect,
+        })
     }
 
     /// Runs `f` in the writer's transaction, in a savepoint of its own, and answers once
-    /// the commit returned: `f`'s error rolls back `f`'s writes only; a failed commit fails
-    /// every write of the group.
+    /// the commit returned: `f`'s error rolls back `f`'s writes only. When the group's
+    /// commit fails, every write of the group runs again alone, in a transaction of its
+    /// own, and gets that transaction's outcome (so `f` may run more than once; only the
+    /// last run's writes are committed).
     pub(super) async fn write<T, F>(&self, op: &'static str, f: F) -> StoreResult<T>
     where
         T: Send + 'static,
-        F: FnOnce(&Transaction<'_>) -> StoreResult<T> + Send + 'static,
+        F: Fn(&Transaction<'_>) -> StoreResult<T> + Send + 'static,
     {
-        let (reply, answer) = tokio::sync::oneshot::channel::<StoreResult<T>>();
-        let job: Job = Box::new(move |tx| {
-            let ran = match tx {
-                Ok(tx) => in_savepoint(tx, op, f),
-                Err(failed) => Err(failed.error(op)),
-            };
-            Box::new(move |commit: Option<&Failed>| {
-                let result = match (ran, commit) {
-                    (Ok(_), Some(failed)) => Err(failed.error(op)),
-                    (ran, _) => ran,
-                };
-                let _ = reply.send(result);
-            })
-        });
-        let stopped = || {
-            StoreError::Rejected(format!(
-                "{op}: the database writer stopped (a bug; restart the process)"
+        let (job, answer) = pending(op, f);
+        self.send(op, job)?;
+        answer.await.map_err(|_| {
+            StoreError::Database(format!(
+                "{op}: the database writer stopped before answering (it is started again; retry)"
             ))
-        };
-        self.jobs.send(job).map_err(|_| stopped())?;
-        answer.await.map_err(|_| stopped())?
+        })?
     }
+
+    /// Queues `job`, starting the writer thread again if it died.
+    fn send(&self, op: &'static str, job: Box<dyn Job>) -> StoreResult<()> {
+        let mut jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
+        let Err(mpsc::SendError(job)) = jobs.send(job) else {
+            return Ok(());
+        };
+        tracing::error!("the database writer thread stopped; starting it again");
+        *jobs = spawn(&self.path, self.connect)
+            .map_err(|e| StoreError::Database(format!("{op}: cannot start the database writer: {e}")))?;
+        jobs.send(job)
+            .map_err(|_| StoreError::Database(format!("{op}: the database writer stopped; retry")))
+    }
+}
+
+/// Starts a writer thread.
+fn spawn(path: &Path, connect: Connect) -> std::io::Result<mpsc::Sender<Box<dyn Job>>> {
+    let (jobs, queue) = mpsc::channel();
+    let path = path.to_path_buf();
+    std::thread::Builder::new()
+        .name("disbatch-sqlite-writer".into())
+        .spawn(move || run(&path, connect, &queue))?;
+    Ok(jobs)
 }
 
 /// Runs `f` between `SAVEPOINT` and `RELEASE`, rolled back to the savepoint when it fails
 /// or panics.
-fn in_savepoint<T, F>(tx: &Transaction<'_>, op: &'static str, f: F) -> StoreResult<T>
+fn in_savepoint<T, F>(tx: &Transaction<'_>, op: &'static str, f: &F) -> StoreResult<T>
 where
-    F: FnOnce(&Transaction<'_>) -> StoreResult<T>,
+    F: Fn(&Transaction<'_>) -> StoreResult<T>,
 {
     let err = |e: rusqlite::Error| Failed::of(&e).error(op);
     tx.execute_batch("SAVEPOINT write").map_err(err)?;
@@ -125,10 +189,14 @@ where
 }
 
 /// The writer thread: takes the waiting writes, up to [`MAX_GROUP`], runs them in one
-/// transaction and commits, until the store is gone.
-fn run(path: &Path, connect: Connect, queue: &mpsc::Receiver<Job>) {
+/// transaction and commits, until the store is gone. When the group's commit fails (or
+/// SQLite rolled the transaction back), nothing of it was written: each of its writes runs
+/// again alone, in a transaction of its own, so that one write that makes the commit fail
+/// (a full disk, a deferred constraint) fails alone, with its own error, and the others
+/// commit.
+fn run(path: &Path, connect: Connect, queue: &mpsc::Receiver<Box<dyn Job>>) {
     let mut conn: Option<Connection> = None;
-    let mut waiting: VecDeque<Job> = VecDeque::new();
+    let mut waiting: VecDeque<Box<dyn Job>> = VecDeque::new();
     loop {
         if waiting.is_empty() {
             match queue.recv() {
@@ -142,54 +210,184 @@ fn run(path: &Path, connect: Connect, queue: &mpsc::Receiver<Job>) {
                 Err(_) => break,
             }
         }
-        if conn.is_none() {
-            match connect(path) {
-                Ok(c) => conn = Some(c),
-                Err(e) => {
-                    let failed = Failed {
-                        transient: e.is_transient(),
-                        message: e.to_string(),
-                    };
-                    for job in waiting.drain(..) {
-                        job(Err(&failed))(None);
-                    }
-                    continue;
-                }
-            }
-        }
-        let Some(c) = conn.as_mut() else { continue };
-        let tx = match c.transaction_with_behavior(TransactionBehavior::Immediate) {
-            Ok(tx) => tx,
-            Err(e) => {
-                let failed = Failed::of(&e);
-                for job in waiting.drain(..) {
-                    job(Err(&failed))(None);
+        let c = match connection(&mut conn, path, connect) {
+            Ok(c) => c,
+            Err(failed) => {
+                for mut job in waiting.drain(..) {
+                    job.run(Err(&failed));
+                    job.answer(None);
                 }
                 continue;
             }
         };
-        let mut answers = Vec::with_capacity(waiting.len());
-        while let Some(job) = waiting.pop_front() {
-            answers.push(job(Ok(&tx)));
-            if tx.is_autocommit() {
-                // SQLite rolled the whole transaction back (a full disk, an I/O error):
-                // the writes of the group so far are lost; the rest go into the next one.
-                break;
+        let mut group = Vec::with_capacity(waiting.len());
+        let commit = match c.transaction_with_behavior(TransactionBehavior::Immediate) {
+            Err(e) => {
+                let failed = Failed::of(&e);
+                for mut job in waiting.drain(..) {
+                    job.run(Err(&failed));
+                    job.answer(None);
+                }
+                continue;
             }
-        }
-        let commit = if tx.is_autocommit() {
-            drop(tx);
-            Some(Failed {
-                transient: true,
-                message: "the transaction was rolled back by the database after an error of a write in the same \
-                          commit"
-                    .into(),
-            })
-        } else {
-            tx.commit().err().map(|e| Failed::of(&e))
+            Ok(tx) => {
+                while let Some(mut job) = waiting.pop_front() {
+                    job.run(Ok(&tx));
+                    group.push(job);
+                    if tx.is_autocommit() {
+                        // SQLite rolled the whole transaction back (a full disk, an I/O
+                        // error): the rest go into the next group.
+                        break;
+                    }
+                }
+                if tx.is_autocommit() {
+                    Err(())
+                } else {
+                    tx.commit().map_err(|_| ())
+                }
+            }
         };
-        for answer in answers {
-            answer(commit.as_ref());
+        match commit {
+            Ok(()) => group.into_iter().for_each(|job| job.answer(None)),
+            Err(()) => group.into_iter().for_each(|job| alone(c, job)),
         }
+    }
+}
+
+/// The writer's connection, opened if it is not.
+fn connection<'c>(
+    conn: &'c mut Option<Connection>,
+    path: &Path,
+    connect: Connect,
+) -> Result<&'c mut Connection, Failed> {
+    if conn.is_none() {
+        *conn = Some(connect(path).map_err(|e| Failed {
+            transient: e.is_transient(),
+            message: e.to_string(),
+        })?);
+    }
+    conn.as_mut().ok_or_else(|| Failed {
+        transient: true,
+        message: "no connection".into(),
+    })
+}
+
+/// Runs `job` again alone, in a transaction of its own, and answers it with that
+/// transaction's outcome.
+fn alone(c: &mut Connection, mut job: Box<dyn Job>) {
+    let tx = match c.transaction_with_behavior(TransactionBehavior::Immediate) {
+        Ok(tx) => tx,
+        Err(e) => {
+            let failed = Failed::of(&e);
+            job.run(Err(&failed));
+            return job.answer(None);
+        }
+    };
+    job.run(Ok(&tx));
+    let commit = if tx.is_autocommit() {
+        drop(tx);
+        Some(Failed {
+            transient: true,
+            message: "the transaction was rolled back by the database".into(),
+        })
+    } else {
+        tx.commit().err().map(|e| Failed::of(&e))
+    };
+    job.answer(commit.as_ref());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A plain connection with foreign keys checked, so that a deferred constraint makes
+    /// COMMIT fail.
+    fn connect(path: &Path) -> StoreResult<Connection> {
+        let c = Connection::open(path).map_err(|e| StoreError::Database(e.to_string()))?;
+        c.execute_batch("PRAGMA foreign_keys = ON")
+            .map_err(|e| StoreError::Database(e.to_string()))?;
+        Ok(c)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_group_commit_runs_each_write_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.db");
+        connect(&path)
+            .unwrap()
+            .execute_batch(
+                "CREATE TABLE parent (id INTEGER PRIMARY KEY);
+                 CREATE TABLE child (id INTEGER PRIMARY KEY,
+                     parent INTEGER REFERENCES parent(id) DEFERRABLE INITIALLY DEFERRED);",
+            )
+            .unwrap();
+        let writer = Writer::start(path.clone(), connect).unwrap();
+
+        // A first write holds the writer until the next two are queued behind it, so that
+        // those two go into one group.
+        let (started_tx, started) = mpsc::channel();
+        let (release, released) = mpsc::channel::<()>();
+        let released = Mutex::new(released);
+        let (blocker, blocked) = pending("block", move |tx| {
+            let _ = started_tx.send(());
+            let _ = released.lock().unwrap().recv();
+            tx.execute("INSERT INTO parent (id) VALUES (1)", []).unwrap();
+            Ok(())
+        });
+        writer.send("block", blocker).unwrap();
+        started.recv().unwrap();
+        // Its savepoint succeeds; the deferred foreign key fails the group's commit.
+        let (bad, bad_answer) = pending("bad", |tx| {
+            tx.execute("INSERT INTO child (id, parent) VALUES (10, 99)", [])
+                .map_err(|e| StoreError::Rejected(e.to_string()))?;
+            Ok(())
+        });
+        let (good, good_answer) = pending("good", |tx| {
+            tx.execute("INSERT INTO child (id, parent) VALUES (11, 1)", [])
+                .map_err(|e| StoreError::Rejected(e.to_string()))?;
+            Ok(())
+        });
+        writer.send("bad", bad).unwrap();
+        writer.send("good", good).unwrap();
+        release.send(()).unwrap();
+
+        blocked.await.unwrap().unwrap();
+        let bad = bad_answer.await.unwrap();
+        assert!(
+            matches!(&bad, Err(StoreError::Rejected(m)) if m.contains("FOREIGN KEY")),
+            "{bad:?}"
+        );
+        good_answer.await.unwrap().unwrap();
+        let rows: Vec<i64> = {
+            let c = connect(&path).unwrap();
+            let mut stmt = c.prepare("SELECT id FROM child ORDER BY id").unwrap();
+            stmt.query_map([], |r| r.get(0))
+                .unwrap()
+                .collect::<Result<_, _>>()
+                .unwrap()
+        };
+        assert_eq!(rows, vec![11], "only the good write is committed");
+    }
+
+    #[tokio::test]
+    async fn a_write_panicking_is_answered_and_the_writer_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.db");
+        connect(&path)
+            .unwrap()
+            .execute_batch("CREATE TABLE t (id INTEGER)")
+            .unwrap();
+        let writer = Writer::start(path.clone(), connect).unwrap();
+        let panicked = writer
+            .write("panics", |_tx| -> StoreResult<()> { panic!("boom") })
+            .await;
+        assert!(matches!(panicked, Err(StoreError::Rejected(_))), "{panicked:?}");
+        writer
+            .write("insert", |tx| {
+                tx.execute("INSERT INTO t (id) VALUES (1)", [])
+                    .map_err(|e| StoreError::Rejected(e.to_string()))
+            })
+            .await
+            .unwrap();
     }
 }
