@@ -25,6 +25,7 @@
 mod backoff;
 mod balance;
 mod chain;
+mod housekeeping;
 mod lease;
 mod lifecycle;
 mod output;
@@ -54,6 +55,7 @@ use crate::model::{NameHolder, NodeProcess, NodeStats, Queue, Task};
 use crate::runner::{RunControl, Runner, Sandbox};
 use crate::store::{Slot, Store, StoreError, StoreResult};
 
+use housekeeping::name_in_use;
 pub use output::INLINE_BUDGET;
 use queues::Queues;
 
@@ -78,32 +80,6 @@ pub enum DenError {
         /// The process holding it.
         holder: NameHolder,
     },
-}
-
-/// The message of [`DenError::NodeInUse`].
-fn name_in_use(node: &str, holder: &NameHolder) -> String {
-    let advice = "give this DEN another name with DISBATCH_NODE or the config's `node`, or stop the other one";
-    match holder {
-        NameHolder::Den(p) => format!(
-            "node name {node:?} is held by a running DEN (pid {} on {}, since {}); {advice}",
-            p.pid,
-            p.host,
-            p.started.try_to_rfc3339_string().unwrap_or_default()
-        ),
-        NameHolder::Foreign {
-            heartbeat_age,
-            tasks: 0,
-        } => format!(
-            "node name {node:?} is held by a DEN without a process marker (a Disbatch 4 disbatchd?) whose \
-             heartbeat is {:.0} s old; {advice}, and wait until its heartbeat is older than heartbeat_stale",
-            heartbeat_age.as_secs_f64()
-        ),
-        NameHolder::Foreign { tasks, .. } => format!(
-            "node name {node:?} was a Disbatch 4 node and still has {tasks} claimed or running tasks, which its \
-             task runners may still finish; give this DEN another name with DISBATCH_NODE or the config's \
-             `node`, or start it once they have ended"
-        ),
-    }
 }
 
 /// What a DEN needs to know; built from the config file by the `den` binary.
@@ -434,153 +410,6 @@ impl Den {
         let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
         record(&mut stats.0);
         stats.1 = true;
-    }
-
-    /// Takes this DEN's node name, or fails when another live DEN holds it. A holder whose
-    /// heartbeat is stale, or that ran on this machine and whose pid is gone (a DEN
-    /// restarted after a crash), gives the name up.
-    async fn take_node_name(&self) -> Result<(), DenError> {
-        let s = &self.settings;
-        let take = |stale_before| self.store.take_node(&s.node, &self.process, stale_before);
-        let stale_before = before(DateTime::now(), s.heartbeat_stale);
-        let holder = match take(stale_before).await.map_err(DenError::Startup)? {
-            Some(NameHolder::Den(gone)) if gone.is_dead_here() => {
-                info!(pid = gone.pid, "taking over the node name of a DEN that is gone");
-                // Every holder counts as stale now.
-                let always = DateTime::from_millis(i64::MAX);
-                take(always).await.map_err(DenError::Startup)?
-            }
-            other => other,
-        };
-        match holder {
-            None => Ok(()),
-            Some(holder) => Err(DenError::NodeInUse {
-                node: s.node.clone(),
-                holder,
-            }),
-        }
-    }
-
-    /// A heartbeat alone, renewing the running tasks' leases when it succeeds (used while
-    /// a shutdown waits for them).
-    async fn beat(&self) {
-        let s = &self.settings;
-        let sent = (Instant::now(), SystemTime::now());
-        let heartbeat = self.store.heartbeat(&s.node, s.heartbeat_stale).await;
-        if let Err(e) = &heartbeat {
-            debug!(error = %e, "heartbeat during shutdown failed");
-        }
-        self.renew_leases(sent, heartbeat.is_ok());
-    }
-
-    /// Heartbeat (also renewing slot leases and reading `maxthreads`), the duration
-    /// histograms when they changed, and orphan recovery.
-    async fn housekeeping(&self) -> StoreResult<()> {
-        let s = &self.settings;
-        let sent = (Instant::now(), SystemTime::now());
-        let heartbeat = self.store.heartbeat(&s.node, s.heartbeat_stale).await;
-        self.renew_leases(sent, heartbeat.is_ok());
-        let me = heartbeat?;
-        self.give_back_strays().await;
-        if let Some(other) = me.process.filter(|p| p.id != self.process.id) {
-            let mut seen = self.intruder.lock().unwrap_or_else(|e| e.into_inner());
-            if seen.replace(other.id) != Some(other.id) {
-                error!(
-                    pid = other.pid,
-                    host = %other.host,
-                    "another DEN took this node name; give one of them another name (DISBATCH_NODE or `node`)"
-                );
-            }
-        }
-        *self.maxthreads.lock().unwrap_or_else(|e| e.into_inner()) = me.maxthreads;
-        {
-            let mut seen = self.node_problem.lock().unwrap_or_else(|e| e.into_inner());
-            if *seen != me.problem {
-                match &me.problem {
-                    Some(problem) => error!("this node's document: {problem}"),
-                    None => info!("this node's document reads well again"),
-                }
-                seen.clone_from(&me.problem);
-            }
-        }
-        let changed = {
-            let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
-            std::mem::take(&mut stats.1).then(|| stats.0.clone())
-        };
-        let problems = self.queues.problems();
-        let reported = self.reported_problems.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        if reported.as_ref() != Some(&problems) {
-            self.store.report_queue_problems(&s.node, &problems).await?;
-            *self.reported_problems.lock().unwrap_or_else(|e| e.into_inner()) = Some(problems);
-        }
-        if let Some(stats) = changed {
-            if let Err(e) = self.store.report_stats(&s.node, &stats).await {
-                // Reported again next tick; recovery must not wait for it.
-                self.stats.lock().unwrap_or_else(|e| e.into_inner()).1 = true;
-                warn!(error = %e, "cannot report the duration histograms; retrying next tick");
-            }
-        }
-        if self.in_outage.load(Ordering::SeqCst) {
-            *self.outage_ended.lock().unwrap_or_else(|e| e.into_inner()) = Some(tokio::time::Instant::now());
-        }
-        let leads = match self.lead().await {
-            Ok(leads) => leads,
-            Err(e) => {
-                // A lease that cannot be read or written (an outage, a document someone
-                // broke) stops this node's cluster duties, never its claiming.
-                let was = self.leading.lock().unwrap_or_else(|e| e.into_inner()).take();
-                if was.is_some() {
-                    warn!(error = %e, "cannot renew the leader lease; not leading until it can");
-                } else {
-                    debug!(error = %e, "cannot take the leader lease");
-                }
-                false
-            }
-        };
-        if !leads {
-            return Ok(());
-        }
-        let since_outage = *self.outage_ended.lock().unwrap_or_else(|e| e.into_inner());
-        if since_outage.is_some_and(|t| t.elapsed() < s.heartbeat_stale) {
-            // Right after an outage every other node's heartbeat looks stale too.
-            return Ok(());
-        }
-        let now = DateTime::now();
-        let recovered = self
-            .store
-            .recover_orphans(before(now, s.orphan_claimed_after), before(now, s.heartbeat_stale))
-            .await?;
-        if !recovered.orphaned.is_empty() {
-            warn!(count = recovered.orphaned.len(), tasks = ?recovered.orphaned, "marked orphaned tasks (-6)");
-        }
-        if !recovered.requeued.is_empty() {
-            warn!(count = recovered.requeued.len(), tasks = ?recovered.requeued, "requeued tasks of a dead node (-2)");
-        }
-        Ok(())
-    }
-
-    /// Whether this node held the leader lease at its last tick.
-    fn leads(&self) -> bool {
-        self.leading.lock().unwrap_or_else(|e| e.into_inner()).is_some()
-    }
-
-    /// Takes or renews the leader lease; whether this node leads now. Cluster-wide duties
-    /// (the orphan sweep) run on the leader only, and only while its lease has not lapsed.
-    async fn lead(&self) -> StoreResult<bool> {
-        let s = &self.settings;
-        let lease = self.store.lead(&s.node, s.heartbeat_stale).await?;
-        let leads = lease.held_by(&s.node, DateTime::now());
-        let token = leads.then_some(lease.token);
-        let before = std::mem::replace(&mut *self.leading.lock().unwrap_or_else(|e| e.into_inner()), token);
-        match (before, token) {
-            (None, Some(t)) => info!(
-                token = t,
-                "this node leads the cluster now (the orphan sweep runs here)"
-            ),
-            (Some(_), None) => warn!(leader = %lease.node, "this node no longer leads the cluster"),
-            _ => {}
-        }
-        Ok(leads)
     }
 
     /// Follows the store's notifications of queued tasks, waking the loop for each; when

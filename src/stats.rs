@@ -225,7 +225,9 @@ mod tests {
         assert_eq!(bucket_of(0.99), 24);
         assert_eq!(bucket_of(1.01), 25);
         assert_eq!(bucket_of(999.0), 48);
-        assert_eq!(bucket_of(1001.0), BOUNDS);
+        assert_eq!(bucket_of(1001.0), 49);
+        assert_eq!(bucket_of(99_999.0), BOUNDS - 1);
+        assert_eq!(bucket_of(100_001.0), BOUNDS);
         for i in 1..BOUNDS {
             let ratio = bound(i) / bound(i - 1);
             assert!((ratio - 10f64.powf(0.125)).abs() < 1e-9, "bound {i}");

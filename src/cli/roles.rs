@@ -39,7 +39,8 @@ pub const ROLES: [Role; 5] = [
     Role {
         name: "disbatchd",
         used_by: "the DEN (`den`): claims and runs tasks, heartbeats, QueueBalance slots and \
-                  lease, task outputs in GridFS, reads plugins from the store; creates the indexes",
+                  lease, task outputs in GridFS, the per-minute counters, reads plugins from the store; \
+                  creates the indexes",
         privileges: &[
             p("tasks", &["find", "insert", "update", "createIndex", "changeStream"]),
             p("queues", &["find", "update", "createIndex"]),
@@ -48,6 +49,7 @@ pub const ROLES: [Role; 5] = [
             p("balance", &["find", "insert", "update"]),
             p("batches", &["find", "update"]),
             p("leases", &["find", "insert", "update"]),
+            p("minute_stats", &["find", "insert", "update", "remove", "createIndex"]),
             p("tasks.files", &["find", "insert", "update", "remove", "createIndex"]),
             p("tasks.chunks", &["find", "insert", "remove", "createIndex"]),
             p("plugins.files", &["find", "createIndex"]),
@@ -69,6 +71,7 @@ pub const ROLES: [Role; 5] = [
             p("balance", &["find", "insert", "update"]),
             p("batches", &["find", "insert", "update"]),
             p("leases", &["find"]),
+            p("minute_stats", &["find", "createIndex"]),
             p("tasks.files", &["find", "createIndex"]),
             p("tasks.chunks", &["find", "createIndex"]),
             p("plugins.files", &["find", "insert", "update", "remove", "createIndex"]),
