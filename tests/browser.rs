@@ -50,7 +50,13 @@ fn driver_dir() -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser");
     let dir = target_dir().join("browser-test");
     std::fs::create_dir_all(&dir).unwrap();
-    for f in ["package.json", "package-lock.json", "ui.mjs", "dashboard.mjs"] {
+    for f in [
+        "package.json",
+        "package-lock.json",
+        "launch.mjs",
+        "ui.mjs",
+        "dashboard.mjs",
+    ] {
         std::fs::copy(src.join(f), dir.join(f)).unwrap_or_else(|e| panic!("copy tests/browser/{f}: {e}"));
     }
     if !dir.join("node_modules/playwright-core/package.json").is_file() {

@@ -4,23 +4,11 @@
 // the queue's settings are edited with the API's validation messages, and that the pages
 // work from the keyboard, on a narrow window and in the dark theme. Screenshots go to OUT_DIR.
 // Usage: node dashboard.mjs <base-url> <queue> <succeeded> <failed> <finished-task-id> <out-dir>
-import { chromium } from "playwright-core";
-import { mkdtempSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { launch } from "./launch.mjs";
 
 const [base, queue, succeeded, failed, taskId, outDir] = process.argv.slice(2);
-const profile = mkdtempSync(join(tmpdir(), "disbatch-chromium-"));
-const context = await chromium.launchPersistentContext(profile, {
-  executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
-  headless: true,
-  args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync"],
-  viewport: { width: 1280, height: 900 },
-});
-const page = context.pages()[0] || (await context.newPage());
-const errors = [];
-page.on("pageerror", (e) => errors.push(String(e)));
+const { page, errors, close } = await launch({ width: 1280, height: 900 });
 let step = 0;
 const shot = (name) => page.screenshot({ path: join(outDir, `${String(++step).padStart(2, "0")}-${name}.png`), fullPage: true });
 const api = async (path) => (await fetch(base + path)).json();
@@ -185,6 +173,5 @@ try {
   console.error(String(e && e.stack || e));
   process.exitCode = 1;
 } finally {
-  await context.close();
-  rmSync(profile, { recursive: true, force: true });
+  await close();
 }

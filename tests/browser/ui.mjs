@@ -3,23 +3,11 @@
 // opens a finished task's GridFS-backed output, cancels a scheduled task, kills a
 // running one and retries it, uploads a plugin component, shows a DAG around a task. Screenshots go to OUT_DIR.
 // Usage: node ui.mjs <base-url> <finished-task-id> <expected-stdout-snippet> <out-dir> <component.wasm>
-import { chromium } from "playwright-core";
-import { mkdtempSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { launch } from "./launch.mjs";
 
 const [base, taskId, expected, outDir, component] = process.argv.slice(2);
-const profile = mkdtempSync(join(tmpdir(), "disbatch-chromium-"));
-const context = await chromium.launchPersistentContext(profile, {
-  executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
-  headless: true,
-  args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync"],
-  viewport: { width: 1280, height: 800 },
-});
-const page = context.pages()[0] || (await context.newPage());
-const errors = [];
-page.on("pageerror", (e) => errors.push(String(e)));
+const { page, errors, close } = await launch({ width: 1280, height: 800 });
 let step = 0;
 let submitted = null;
 const shot = (name) => page.screenshot({ path: join(outDir, `${String(++step).padStart(2, "0")}-${name}.png`), fullPage: true });
@@ -200,6 +188,5 @@ try {
   console.error(String(e && e.stack || e));
   process.exitCode = 1;
 } finally {
-  await context.close();
-  rmSync(profile, { recursive: true, force: true });
+  await close();
 }
