@@ -303,3 +303,70 @@ async fn a_node_name_is_held_by_one_den_and_taken_over_after_a_crash() {
         third.log()
     );
 }
+
+/// The store's connections do not checkpoint on commit; its writer copies the write-ahead
+/// log into the file as the log fills, and the log starts over rather than growing with
+/// every write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_write_ahead_log_is_copied_into_the_file_and_starts_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("wal.db");
+    let wal = dir.path().join("wal.db-wal");
+    let store = SqliteStore::open(&file).await.unwrap();
+    let q = create_queue(&store, "w", "demo", 1, doc! {}).await;
+    let size = |p: &std::path::Path| std::fs::metadata(p).map_or(0, |m| m.len());
+    let pad = "x".repeat(1000);
+    const TASKS: usize = 24_000;
+    for chunk in 0..TASKS / 100 {
+        let tasks = (0..100).map(|i| doc! {"i": (chunk * 100 + i) as i64, "pad": &pad});
+        store.create_tasks(q, tasks.collect()).await.unwrap();
+    }
+    assert_eq!(count(&store, TaskFilter::default()).await, TASKS as u64);
+    // About 24 MB of tasks were written; while the store is still open, most of it is in
+    // the file, and the log is a fraction of it (it started over after checkpoints).
+    let total = (TASKS * 1000) as u64;
+    let (db, log) = (size(&file), size(&wal));
+    assert!(
+        db >= total / 2,
+        "the file holds {db} of the {total} bytes written: the log was not copied"
+    );
+    assert!(
+        log < total / 2,
+        "the log ({log} bytes) kept growing with the {total} bytes written"
+    );
+}
+
+/// A file from a release with the index of every task's status and `run_at` loses it for
+/// the index of scheduled tasks only, and promoting due tasks uses that index.
+#[tokio::test]
+async fn an_older_file_gets_the_index_of_scheduled_tasks_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("old.db");
+    drop(SqliteStore::open(&file).await.unwrap());
+    let raw = rusqlite::Connection::open(&file).unwrap();
+    raw.execute_batch("DROP INDEX tasks_due; CREATE INDEX tasks_scheduled ON tasks (status, run_at);")
+        .unwrap();
+    drop(raw);
+    drop(SqliteStore::open(&file).await.unwrap());
+    let raw = rusqlite::Connection::open(&file).unwrap();
+    let indexes: Vec<String> = raw
+        .prepare("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'tasks' ORDER BY name")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert!(indexes.contains(&"tasks_due".to_string()), "{indexes:?}");
+    assert!(!indexes.contains(&"tasks_scheduled".to_string()), "{indexes:?}");
+    let plan: Vec<String> = raw
+        .prepare(&format!(
+            "EXPLAIN QUERY PLAN UPDATE tasks INDEXED BY tasks_due SET status = -2 WHERE status = {} AND run_at <= 1",
+            disbatch::model::status::SCHEDULED
+        ))
+        .unwrap()
+        .query_map([], |r| r.get(3))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert!(plan.iter().any(|p| p.contains("tasks_due")), "{plan:?}");
+}

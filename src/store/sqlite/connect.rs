@@ -1,4 +1,5 @@
-//! Connections to the store's file: WAL, `synchronous=NORMAL`, reads through `mmap`, and a
+//! Connections to the store's file: WAL, `synchronous=NORMAL`, no checkpoint on commit,
+//! reads through `mmap`, and a
 //! busy handler that waits in short steps for another connection's write lock.
 
 use std::path::Path;
@@ -15,6 +16,10 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 /// Bytes of the file each connection reads through a memory mapping.
 const MMAP_SIZE: i64 = 1 << 30;
 
+/// Prepared statements each connection keeps: enough for every statement of a task's
+/// claim, start and finish, and the writer's savepoints, with room to spare.
+const STATEMENT_CACHE: usize = 64;
+
 /// The first wait for another connection's lock; each next one doubles, up to
 /// [`BUSY_SLEEP_MAX`]. A write transaction of a DEN holds the lock for tens of
 /// microseconds, so SQLite's own schedule (1 ms, 2 ms, 5 ms, …) would mostly wait idle.
@@ -30,9 +35,12 @@ pub(super) fn connect(path: &Path) -> StoreResult<Connection> {
     conn.busy_handler(Some(busy_wait)).map_err(&open)?;
     conn.pragma_update(None, "journal_mode", "WAL").map_err(&open)?;
     conn.pragma_update(None, "synchronous", "NORMAL").map_err(&open)?;
+    // Only the writer thread checkpoints, at its own pace (see `writer`): not every commit.
+    conn.pragma_update(None, "wal_autocheckpoint", 0).map_err(&open)?;
     // Pages read through a shared mapping, not a read call each: every commit of
     // another connection empties a connection's page cache.
     conn.pragma_update(None, "mmap_size", MMAP_SIZE).map_err(&open)?;
+    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     Ok(conn)
 }
 

@@ -34,13 +34,18 @@ const ADDED_COLUMNS: &[(&str, &str)] = &[
 pub(super) fn migrate(conn: &Connection) -> StoreResult<()> {
     let err = db_err("upgrade schema");
     add_columns(conn, "tasks", ADDED_COLUMNS)?;
-    conn.execute_batch(
-        "CREATE INDEX IF NOT EXISTS tasks_scheduled ON tasks (status, run_at);
+    // Scheduled tasks only: a claim or a finish does not touch it (an index of every
+    // task's status and `run_at` was rewritten by both, and `tasks_status_mtime` serves
+    // the searches by status).
+    conn.execute_batch(&format!(
+        "DROP INDEX IF EXISTS tasks_scheduled;
+         CREATE INDEX IF NOT EXISTS tasks_due ON tasks (run_at) WHERE status = {scheduled};
          CREATE UNIQUE INDEX IF NOT EXISTS tasks_key ON tasks (queue, key) WHERE key IS NOT NULL;
          CREATE INDEX IF NOT EXISTS tasks_key_only ON tasks (key) WHERE key IS NOT NULL;
          CREATE INDEX IF NOT EXISTS tasks_batch ON tasks (batch, status) WHERE batch IS NOT NULL;
          CREATE INDEX IF NOT EXISTS tasks_dependents ON tasks (dependents, status) WHERE dependents = 1;",
-    )
+        scheduled = status::SCHEDULED
+    ))
     .map_err(&err)?;
     Ok(())
 }
@@ -57,12 +62,17 @@ impl SqliteStore {
     pub(super) async fn promote(&self, now: DateTime) -> StoreResult<u64> {
         let n = self
             .write("queue due scheduled tasks", move |tx| {
+                // Through the index of scheduled tasks, which holds only those (the
+                // status is written out, not bound, so that it applies).
                 tx.execute(
-                    "UPDATE tasks SET status = ?1, mtime = ?2 WHERE status = ?3 AND run_at <= ?4",
+                    &format!(
+                        "UPDATE tasks INDEXED BY tasks_due SET status = ?1, mtime = ?2
+                         WHERE status = {} AND run_at <= ?3",
+                        status::SCHEDULED
+                    ),
                     params![
                         status::QUEUED,
                         DateTime::now().timestamp_millis(),
-                        status::SCHEDULED,
                         now.timestamp_millis()
                     ],
                 )

@@ -109,11 +109,10 @@ pub(super) fn finish(
     let err = db_err("finish task");
     // Submitted again but then killed (`stop` on a running task is a kill): it ends here.
     let rerun: Option<Option<i64>> = tx
-        .query_row(
+        .prepare_cached(
             "SELECT CASE WHEN stop IS NULL THEN rerun END FROM tasks WHERE id = ?1 AND node = ?2 AND status = ?3",
-            params![id, node, status::RUNNING],
-            |r| r.get(0),
         )
+        .and_then(|mut s| s.query_row(params![id, node, status::RUNNING], |r| r.get(0)))
         .optional()
         .map_err(&err)?;
     let Some(rerun) = rerun else { return Ok(None) };
@@ -137,12 +136,16 @@ pub(super) fn finish(
     let attempts = extra.attempt.as_ref().map(|a| appended(tx, &id, a)).transpose()?;
     let (out_text, out_file) = output_columns(stdout);
     let (err_text, err_file) = output_columns(stderr);
-    tx.execute(
+    tx.prepare_cached(
         "UPDATE tasks SET status = ?1, stdout = ?2, stdout_file = ?3, stderr = ?4, stderr_file = ?5,
          mtime = ?6, progress = COALESCE(?8, progress), attempts = COALESCE(?9, attempts), rerun = NULL
          WHERE id = ?7",
-        params![code, out_text, out_file, err_text, err_file, now, id, progress, attempts],
     )
+    .and_then(|mut s| {
+        s.execute(params![
+            code, out_text, out_file, err_text, err_file, now, id, progress, attempts
+        ])
+    })
     .map_err(&err)?;
     Ok(Some(false))
 }

@@ -212,11 +212,11 @@ pub(super) fn renew_in(tx: &Connection, slot: &Slot, node: &str, lease: Duration
     let err = db_err("renew slot lease");
     let now = DateTime::now();
     let renewed = tx
-        .execute(
+        .prepare_cached(
             "UPDATE slots SET expires = ?1 WHERE queue = ?2 AND n = ?3 AND holder = ?4
                AND expires > ?5 AND (want IS NULL OR want_until < ?5)",
-            params![lease_end(now, lease), q, n, node, now.timestamp_millis()],
         )
+        .and_then(|mut s| s.execute(params![lease_end(now, lease), q, n, node, now.timestamp_millis()]))
         .map_err(&err)?;
     if renewed == 1 {
         return Ok(SlotRenewal::Held);

@@ -7,10 +7,19 @@
 //! The writes of a group run one after the other, each seeing the ones before it, as they
 //! would in transactions of their own; the group only shares the commit. A write waits at
 //! most for the group before it, never for a timer.
+//!
+//! The writer also copies the write-ahead log into the file (a passive checkpoint) after a
+//! commit leaves [`CHECKPOINT_FRAMES`] or more in the log, at most once per
+//! [`CHECKPOINT_GAP`]. The store's connections do not checkpoint on commit: SQLite's own
+//! checkpoint, once it cannot copy the whole log (a reader holding an older snapshot), is
+//! tried again on every commit, each time syncing the log and the file. Run between two
+//! groups, a checkpoint that copied all of the log lets the next group start the log over.
 
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Mutex};
+use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, Transaction, TransactionBehavior};
 
@@ -19,6 +28,37 @@ use crate::store::{StoreError, StoreResult};
 
 /// Most writes committed together.
 const MAX_GROUP: usize = 64;
+
+/// Pages in the log after a commit from which the writer checkpoints (SQLite's default
+/// threshold).
+const CHECKPOINT_FRAMES: i32 = 1000;
+
+/// The shortest time between two checkpoints of the writer.
+const CHECKPOINT_GAP: Duration = Duration::from_millis(50);
+
+thread_local! {
+    /// Pages in the log after the writer thread's last commit (set by [`record_frames`]).
+    static LOG_FRAMES: Cell<i32> = const { Cell::new(0) };
+}
+
+/// SQLite's hook after each commit of the writer's connection, on the writer's thread.
+fn record_frames(_: &rusqlite::hooks::Wal, frames: std::os::raw::c_int) -> rusqlite::Result<()> {
+    LOG_FRAMES.with(|f| f.set(frames));
+    Ok(())
+}
+
+/// Checkpoints when the last commit left [`CHECKPOINT_FRAMES`] or more in the log and the
+/// last checkpoint was [`CHECKPOINT_GAP`] ago or more. A failed checkpoint is tried again
+/// after the next commit past the gap; the log grows meanwhile, nothing is lost.
+fn checkpoint_if_due(c: &Connection, last: &mut Option<Instant>) {
+    if LOG_FRAMES.with(Cell::get) < CHECKPOINT_FRAMES || last.is_some_and(|t| t.elapsed() < CHECKPOINT_GAP) {
+        return;
+    }
+    *last = Some(Instant::now());
+    if let Err(e) = c.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+        tracing::debug!(error = %e, "checkpoint failed; the writer tries again after a later commit");
+    }
+}
 
 /// Why a write's transaction did not commit: whether retrying can help, and the driver's
 /// message.
@@ -174,17 +214,18 @@ where
     F: Fn(&Transaction<'_>) -> StoreResult<T>,
 {
     let err = |e: rusqlite::Error| Failed::of(&e).error(op);
-    tx.execute_batch("SAVEPOINT write").map_err(err)?;
+    tx.prepare_cached("SAVEPOINT write")
+        .and_then(|mut s| s.execute([]))
+        .map_err(err)?;
     let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(tx)))
         .unwrap_or_else(|_| Err(StoreError::Rejected(format!("{op}: the write panicked"))));
-    let end = if ran.is_ok() {
-        "RELEASE write"
-    } else {
-        "ROLLBACK TO write; RELEASE write"
-    };
     // A transaction SQLite rolled back on its own (a full disk, an I/O error) has no
     // savepoint left: the group's commit then fails, and says why.
-    let _ = tx.execute_batch(end);
+    let end = |sql: &str| tx.prepare_cached(sql).and_then(|mut s| s.execute([]));
+    if ran.is_err() {
+        let _ = end("ROLLBACK TO write");
+    }
+    let _ = end("RELEASE write");
     ran
 }
 
@@ -197,6 +238,7 @@ where
 fn run(path: &Path, connect: Connect, queue: &mpsc::Receiver<Box<dyn Job>>) {
     let mut conn: Option<Connection> = None;
     let mut waiting: VecDeque<Box<dyn Job>> = VecDeque::new();
+    let mut checkpointed: Option<Instant> = None;
     loop {
         if waiting.is_empty() {
             match queue.recv() {
@@ -251,6 +293,7 @@ fn run(path: &Path, connect: Connect, queue: &mpsc::Receiver<Box<dyn Job>>) {
             Ok(()) => group.into_iter().for_each(|job| job.answer(None)),
             Err(()) => group.into_iter().for_each(|job| alone(c, job)),
         }
+        checkpoint_if_due(c, &mut checkpointed);
     }
 }
 
@@ -261,10 +304,12 @@ fn connection<'c>(
     connect: Connect,
 ) -> Result<&'c mut Connection, Failed> {
     if conn.is_none() {
-        *conn = Some(connect(path).map_err(|e| Failed {
+        let c = connect(path).map_err(|e| Failed {
             transient: e.is_transient(),
             message: e.to_string(),
-        })?);
+        })?;
+        c.wal_hook(Some(record_frames));
+        *conn = Some(c);
     }
     conn.as_mut().ok_or_else(|| Failed {
         transient: true,
