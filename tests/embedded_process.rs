@@ -334,6 +334,11 @@ async fn the_write_ahead_log_is_copied_into_the_file_and_starts_over() {
         log < total / 2,
         "the log ({log} bytes) kept growing with the {total} bytes written"
     );
+    // With no write coming, the writer copies the rest of the log within seconds.
+    wait_for(Duration::from_secs(30), "the whole log copied while idle", || async {
+        size(&file) >= total
+    })
+    .await;
 }
 
 /// A file from a release with the index of every task's status and `run_at` loses it for

@@ -1,6 +1,6 @@
-//! Connections to the store's file: WAL, `synchronous=NORMAL`, no checkpoint on commit,
-//! reads through `mmap`, and a
-//! busy handler that waits in short steps for another connection's write lock.
+//! Connections to the store's file: WAL, `synchronous=NORMAL`, checkpoints left to the
+//! writer thread, reads through `mmap`, and a busy handler that waits in short steps for
+//! another connection's write lock.
 
 use std::path::Path;
 use std::time::Duration;
@@ -15,6 +15,9 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Bytes of the file each connection reads through a memory mapping.
 const MMAP_SIZE: i64 = 1 << 30;
+
+/// Pages in the log from which a commit on a pooled connection checkpoints.
+const POOLED_CHECKPOINT: i64 = 10_000;
 
 /// Prepared statements each connection keeps: enough for every statement of a task's
 /// claim, start and finish, and the writer's savepoints, with room to spare.
@@ -35,8 +38,11 @@ pub(super) fn connect(path: &Path) -> StoreResult<Connection> {
     conn.busy_handler(Some(busy_wait)).map_err(&open)?;
     conn.pragma_update(None, "journal_mode", "WAL").map_err(&open)?;
     conn.pragma_update(None, "synchronous", "NORMAL").map_err(&open)?;
-    // Only the writer thread checkpoints, at its own pace (see `writer`): not every commit.
-    conn.pragma_update(None, "wal_autocheckpoint", 0).map_err(&open)?;
+    // The writer thread checkpoints at its own pace (see `writer`); the rare writes of
+    // pooled connections checkpoint on commit only once the log is far past the writer's
+    // threshold, as a safety net.
+    conn.pragma_update(None, "wal_autocheckpoint", POOLED_CHECKPOINT)
+        .map_err(&open)?;
     // Pages read through a shared mapping, not a read call each: every commit of
     // another connection empties a connection's page cache.
     conn.pragma_update(None, "mmap_size", MMAP_SIZE).map_err(&open)?;

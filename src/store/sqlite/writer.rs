@@ -10,10 +10,12 @@
 //!
 //! The writer also copies the write-ahead log into the file (a passive checkpoint) after a
 //! commit leaves [`CHECKPOINT_FRAMES`] or more in the log, at most once per
-//! [`CHECKPOINT_GAP`]. The store's connections do not checkpoint on commit: SQLite's own
-//! checkpoint, once it cannot copy the whole log (a reader holding an older snapshot), is
-//! tried again on every commit, each time syncing the log and the file. Run between two
-//! groups, a checkpoint that copied all of the log lets the next group start the log over.
+//! [`CHECKPOINT_GAP`], and after [`IDLE_CHECKPOINT`] without a write (which also covers
+//! the few writes made on pooled connections). The writer's connection does not checkpoint
+//! on commit: SQLite's own checkpoint, once it cannot copy the whole log (a reader holding
+//! an older snapshot), is tried again on every commit, each time syncing the log and the
+//! file. Run between two groups, a checkpoint that copied all of the log lets the next
+//! group start the log over.
 
 use std::cell::Cell;
 use std::collections::VecDeque;
@@ -36,6 +38,9 @@ const CHECKPOINT_FRAMES: i32 = 1000;
 /// The shortest time between two checkpoints of the writer.
 const CHECKPOINT_GAP: Duration = Duration::from_millis(50);
 
+/// How long the writer waits for a write before it checkpoints whatever the log holds.
+const IDLE_CHECKPOINT: Duration = Duration::from_secs(1);
+
 thread_local! {
     /// Pages in the log after the writer thread's last commit (set by [`record_frames`]).
     static LOG_FRAMES: Cell<i32> = const { Cell::new(0) };
@@ -55,8 +60,47 @@ fn checkpoint_if_due(c: &Connection, last: &mut Option<Instant>) {
         return;
     }
     *last = Some(Instant::now());
-    if let Err(e) = c.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
-        tracing::debug!(error = %e, "checkpoint failed; the writer tries again after a later commit");
+    checkpoint(c);
+}
+
+/// One passive checkpoint; the log's pages left uncopied count towards the next one.
+fn checkpoint(c: &Connection) {
+    let done = c.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
+        Ok((r.get::<_, i32>(1)?, r.get::<_, i32>(2)?))
+    });
+    match done {
+        Ok((log, copied)) => {
+            LOG_FRAMES.with(|f| f.set(log.max(0)));
+            if copied < log {
+                tracing::debug!(
+                    log,
+                    copied,
+                    "checkpoint copied part of the log (a reader holds an older snapshot)"
+                );
+            }
+        }
+        Err(e) => tracing::debug!(error = %e, "checkpoint failed; the writer tries again later"),
+    }
+}
+
+/// Takes the next write; after [`IDLE_CHECKPOINT`] without one, checkpoints (opening the
+/// connection if need be) and waits again. `None` when the store is gone.
+fn next_job(
+    queue: &mpsc::Receiver<Box<dyn Job>>,
+    conn: &mut Option<Connection>,
+    path: &Path,
+    connect: Connect,
+) -> Option<Box<dyn Job>> {
+    loop {
+        match queue.recv_timeout(IDLE_CHECKPOINT) {
+            Ok(job) => return Some(job),
+            Err(mpsc::RecvTimeoutError::Disconnected) => return None,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                if let Ok(c) = connection(conn, path, connect) {
+                    checkpoint(c);
+                }
+            }
+        }
     }
 }
 
@@ -241,9 +285,9 @@ fn run(path: &Path, connect: Connect, queue: &mpsc::Receiver<Box<dyn Job>>) {
     let mut checkpointed: Option<Instant> = None;
     loop {
         if waiting.is_empty() {
-            match queue.recv() {
-                Ok(job) => waiting.push_back(job),
-                Err(_) => return,
+            match next_job(queue, &mut conn, path, connect) {
+                Some(job) => waiting.push_back(job),
+                None => return,
             }
         }
         while waiting.len() < MAX_GROUP {
@@ -308,6 +352,10 @@ fn connection<'c>(
             transient: e.is_transient(),
             message: e.to_string(),
         })?;
+        // Checkpoints are the writer's own (see the module's text); the pragma replaces
+        // the commit hook, so it comes first.
+        c.pragma_update(None, "wal_autocheckpoint", 0)
+            .map_err(|e| Failed::of(&e))?;
         c.wal_hook(Some(record_frames));
         *conn = Some(c);
     }
