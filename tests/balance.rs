@@ -250,7 +250,20 @@ async fn paused_leader(store: Arc<dyn Store>, start_den: impl Fn(&str) -> DenPro
     // the process): then it is resumed and paused again at another moment.
     let mut took_over = false;
     for attempt in 1..=3 {
-        let Some(name) = leader().await else { continue };
+        // After a resume the lease may have lapsed: wait until a node leads again, so that
+        // every attempt pauses a leader.
+        let mut name = None;
+        let start = std::time::Instant::now();
+        while name.is_none() && start.elapsed() < Duration::from_secs(30) {
+            name = leader().await;
+            if name.is_none() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        let Some(name) = name else {
+            println!("attempt {attempt}: no leader within 30 s");
+            continue;
+        };
         let paused = if name == "paused-a" { &dens[0] } else { &dens[1] };
         paused.pause();
         let start = std::time::Instant::now();
