@@ -12,6 +12,7 @@ mod bindings;
 mod cache;
 mod classify;
 mod clock;
+mod compile;
 mod control;
 mod egress;
 mod engine;
@@ -38,6 +39,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 pub use cache::{default_key_path, grant_conflict, protected_paths};
 pub(crate) use cache::{private_dir, write_atomically};
+pub use compile::{serve_compile_child, DEFAULT_COMPILE_CPU, DEFAULT_COMPILE_MEMORY};
 pub use control::{RunControl, StopReason};
 pub use egress::{is_internal, parse_allow as parse_network_allow};
 pub use engine::{default_cache_dir, EngineOptions, EPOCH_TICK};
@@ -54,11 +56,14 @@ pub use outcome::{Failure, Outcome, Progress, FAILED, SUCCEEDED};
 pub use output::{escape_controls, human_bytes, truncation_marker, Captured, PLUGIN_LINE_PREFIX};
 pub use quota::{DEFAULT_FILE_QUOTA, DEFAULT_WRITE_QUOTA};
 pub use sandbox::{DirGrant, Sandbox, DEFAULT_MEMORY, DEFAULT_OUTPUT_CAP, DEFAULT_TIMEOUT, MAX_MEMORY};
-pub use shape::{Shape, MAX_COMPONENT_BYTES, MAX_TOTAL_LOCALS};
+pub use shape::{
+    check as check_shape, FunctionShape, Shape, MAX_COMPONENT_BYTES, MAX_FUNCTION_COST, MAX_FUNCTION_OPS,
+    MAX_TOTAL_COST, MAX_TOTAL_LOCALS, MAX_TOTAL_OPS,
+};
 pub use submit::{Submission, DEFAULT_SUBMIT_MAX, MAX_SUBMIT_MAX, MAX_SUBMIT_PARAMS, MAX_SUBMIT_TOTAL};
 
 use bindings::{disbatch::plugin::host, PluginPre};
-use classify::{classify, trap_message};
+use classify::classify;
 use output::CappedOutput;
 
 /// How many progress reports an [`Outcome`] keeps (the most recent ones).
@@ -139,6 +144,8 @@ struct Inner {
     engine: Engine,
     linker: Linker<TaskState>,
     cache_dir: Option<PathBuf>,
+    /// Limits of a compile child.
+    compile_limits: compile::CompileLimits,
     loaded: Mutex<HashMap<PathBuf, (FileStamp, Arc<Plugin>)>>,
     /// One per task the instance pool is sized for.
     slots: Slots,
@@ -268,6 +275,7 @@ impl host::Host for TaskState {
 impl Runner {
     /// Creates the engine (with its epoch ticker) and the linker with WASI and the host API.
     pub fn new(opts: &EngineOptions) -> Result<Self, RunnerError> {
+        let compile_limits = compile::CompileLimits::from_env().map_err(RunnerError::Engine)?;
         let engine = engine::build_engine(opts)?;
         engine::start_epoch_ticker(&engine);
         let mut linker = Linker::new(&engine);
@@ -285,6 +293,7 @@ impl Runner {
                 engine,
                 linker,
                 cache_dir: opts.cache_dir.clone(),
+                compile_limits,
                 loaded: Mutex::new(HashMap::new()),
                 slots: Slots::new(opts.max_instances),
             }),
@@ -318,15 +327,10 @@ impl Runner {
                 return Ok(p.clone());
             }
         }
-        if meta.len() > MAX_COMPONENT_BYTES as u64 {
-            return Err(RunnerError::InvalidComponent {
-                path: path.to_owned(),
-                reason: format!(
-                    "the component is {} bytes, over the limit of {MAX_COMPONENT_BYTES} bytes (256 MiB) the host compiles (retrying cannot help)",
-                    meta.len()
-                ),
-            });
-        }
+        shape::check_size(meta.len()).map_err(|reason| RunnerError::InvalidComponent {
+            path: path.to_owned(),
+            reason,
+        })?;
         let bytes = std::fs::read(path).map_err(io)?;
         let plugin = Arc::new(self.load_bytes(&bytes, path)?);
         self.lock_loaded().insert(path.to_owned(), (stamp, plugin.clone()));
@@ -347,9 +351,15 @@ impl Runner {
         check_header(bytes).map_err(invalid)?;
         shape::check(bytes).map_err(invalid)?;
         let hash = cache::content_hash(bytes);
-        let (component, from_cache) =
-            cache::compile_cached(&self.inner.engine, bytes, &hash, self.inner.cache_dir.as_deref())
-                .map_err(|e| invalid(format!("not a valid component: {}", trap_message(&e))))?;
+        let limits = compile::in_child().then_some(&self.inner.compile_limits);
+        let (component, from_cache) = cache::compile_cached(
+            &self.inner.engine,
+            bytes,
+            &hash,
+            self.inner.cache_dir.as_deref(),
+            limits,
+        )
+        .map_err(|e| invalid(compile::failure_reason(&e)))?;
         let instance_pre = self
             .inner
             .linker

@@ -27,6 +27,8 @@ struct Cli {
 }
 
 fn main() {
+    // Compiles a component and exits when started as a compile child.
+    disbatch::runner::serve_compile_child();
     let code = den_main();
     // Exit at once after the drain: a plugin thread stuck in a host call must not keep the
     // process alive (the runtime's drop would wait for it).

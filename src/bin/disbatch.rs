@@ -10,6 +10,8 @@ use disbatch::launch;
 use tokio_util::sync::CancellationToken;
 
 fn main() -> ExitCode {
+    // Compiles a component and exits when started as a compile child.
+    disbatch::runner::serve_compile_child();
     let cli = Cli::parse();
     let runtime = match launch::runtime(DEFAULT_MAX_INSTANCES) {
         Ok(r) => r,

@@ -110,6 +110,8 @@ struct ExecArgs {
 }
 
 fn main() {
+    // Compiles a component and exits when started as a compile child.
+    disbatch::runner::serve_compile_child();
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
@@ -441,6 +443,23 @@ fn check(path: &std::path::Path) -> anyhow::Result<u8> {
         "  declares {} core modules, {} core instances, {} memories, {} tables",
         found.modules, found.core_instances, found.memories, found.tables
     );
+    // Over a limit, the verdict of loading it below says which.
+    if let Ok(shape) = disbatch::runner::check_shape(&bytes) {
+        use disbatch::runner::{MAX_FUNCTION_COST, MAX_TOTAL_COST, MAX_TOTAL_OPS};
+        let f = shape.costliest;
+        println!(
+            "  compiles {} functions, {} operators (limit {MAX_TOTAL_OPS}), cost {} (limit {MAX_TOTAL_COST})",
+            shape.functions, shape.ops, shape.cost
+        );
+        println!(
+            "  costliest function {} of core module {}: {} values x {} blocks and branches = {} (limit {MAX_FUNCTION_COST})",
+            f.index,
+            f.module,
+            f.values(),
+            f.control,
+            f.cost()
+        );
+    }
     println!("  exports");
     for e in &found.exports {
         println!("    {} ({})", e.name, e.kind);

@@ -16,6 +16,8 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsE
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
+
+use super::compile::{compile_in_child, CompileLimits};
 use wasmtime::component::Component;
 use wasmtime::Engine;
 
@@ -193,13 +195,15 @@ fn same_mac(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// Compiles `bytes`, or loads the compiled artifact from the cache directory; the flag
-/// tells whether it came from the cache.
+/// Compiles `bytes` (in a child under `limits` when given, see [`super::compile`]), or loads
+/// the compiled artifact from the cache directory; the flag tells whether it came from the
+/// cache.
 pub(crate) fn compile_cached(
     engine: &Engine,
     bytes: &[u8],
     hash: &str,
     cache_dir: Option<&Path>,
+    limits: Option<&CompileLimits>,
 ) -> Result<(Component, bool), wasmtime::Error> {
     let usable = cache_dir.map(|d| {
         private_dir(d, 0o022)?;
@@ -209,9 +213,9 @@ pub(crate) fn compile_cached(
         Some(Ok(v)) => v,
         Some(Err(why)) => {
             tracing::warn!("component cache disabled: {why}");
-            return Ok((Component::new(engine, bytes)?, false));
+            return Ok((compile(engine, bytes, limits)?.0, false));
         }
-        None => return Ok((Component::new(engine, bytes)?, false)),
+        None => return Ok((compile(engine, bytes, limits)?.0, false)),
     };
     let ekey = engine_key(engine);
     let path = dir.join(format!("{hash}-{ekey}.cwasm"));
@@ -233,13 +237,33 @@ pub(crate) fn compile_cached(
         }
         let _ = fs::remove_file(&path);
     }
-    let component = Component::new(engine, bytes)?;
-    let artifact = component.serialize()?;
+    let (component, artifact) = compile(engine, bytes, limits)?;
+    let artifact = match artifact {
+        Some(a) => a,
+        None => component.serialize()?,
+    };
     let tag = mac(&key, hash, &ekey, &artifact);
     if let Err(e) = write_atomically(&path, &[&tag, &artifact]) {
         tracing::warn!(path = %path.display(), error = %e, "cannot cache compiled component");
     }
     Ok((component, false))
+}
+
+/// Compiles `bytes`: in a child under `limits` when given, then also returning the
+/// child's artifact; in this process otherwise.
+fn compile(
+    engine: &Engine,
+    bytes: &[u8],
+    limits: Option<&CompileLimits>,
+) -> Result<(Component, Option<Vec<u8>>), wasmtime::Error> {
+    let Some(limits) = limits else {
+        return Ok((Component::new(engine, bytes)?, None));
+    };
+    let artifact = compile_in_child(bytes, limits)?;
+    // SAFETY: the artifact is what `Engine::precompile_component` of this same executable,
+    // under the same compilation config, wrote into a pipe only this process reads.
+    let component = unsafe { Component::deserialize(engine, &artifact) }?;
+    Ok((component, Some(artifact)))
 }
 
 /// Writes `parts` one after the other to `path` (mode 0600) through a temporary file

@@ -43,7 +43,11 @@ pub fn default_cache_dir() -> Option<PathBuf> {
     Some(base.join("disbatch").join("components"))
 }
 
-fn base_config() -> Config {
+/// What decides the compiled code: the one configuration a compile child
+/// ([`super::compile`]) and this process's engine share, so that the child's artifacts
+/// deserialize here. The instance allocator added by [`build_engine`] does not change the
+/// code.
+pub(crate) fn compile_config() -> Config {
     let mut cfg = Config::new();
     cfg.epoch_interruption(true);
     cfg.wasm_component_model(true);
@@ -68,7 +72,7 @@ pub(crate) fn build_engine(opts: &EngineOptions) -> Result<Engine, RunnerError> 
         .linear_memory_keep_resident(2 << 20)
         .table_keep_resident(64 << 10)
         .pagemap_scan(Enabled::Auto);
-    let mut cfg = base_config();
+    let mut cfg = compile_config();
     cfg.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
     Engine::new(&cfg).map_err(|e| {
         RunnerError::Engine(format!(
