@@ -68,6 +68,7 @@ pub use self::error::ApiError;
 pub use self::form::SHAPE_HEADER;
 pub use self::openapi::OPENAPI_JSON;
 pub use self::source::DocumentSource;
+pub use self::tasks::{FULL_OUTPUT_CAP, MAX_FULL_LIMIT};
 pub use self::watch::{WaitLimits, DEFAULT_MAX_WAITED_IDS, DEFAULT_MAX_WAITERS};
 
 /// Default largest request body: 16 MiB.

@@ -377,6 +377,10 @@ impl Store for SqliteStore {
         self.watch_tasks().await
     }
 
+    async fn output_stream(&self, output: &Output) -> StoreResult<super::OutputStream> {
+        self.stream_file(output).await
+    }
+
     async fn task_marks(&self, ids: &[ObjectId]) -> StoreResult<Vec<(ObjectId, u64)>> {
         self.marks(ids).await
     }

@@ -61,6 +61,11 @@ impl Web {
         Web { child, url, _dir: dir }
     }
 
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Runs `disbatch <args>` against this server.
     pub fn run(&self, args: &[&str]) -> Output {
         self.run_with(args, None, &[])
