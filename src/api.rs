@@ -68,6 +68,8 @@ pub use self::error::ApiError;
 pub use self::form::SHAPE_HEADER;
 pub use self::openapi::OPENAPI_JSON;
 pub use self::source::DocumentSource;
+pub use self::tasks::{FULL_OUTPUT_CAP, MAX_FULL_LIMIT};
+pub use self::watch::{WaitLimits, DEFAULT_MAX_WAITED_IDS, DEFAULT_MAX_WAITERS};
 
 /// Default largest request body: 16 MiB.
 pub const DEFAULT_BODY_LIMIT: usize = 16 << 20;
@@ -102,6 +104,8 @@ pub struct ApiState {
     pub cors_origins: Vec<String>,
     /// Follows task changes for the waiters of `GET /tasks/wait` and `/tasks/{id}/events`.
     pub(crate) watch: Arc<watch::TaskWatch>,
+    /// Caps on those waiters.
+    pub wait_limits: WaitLimits,
     /// Compiles uploaded components to check them (`POST /plugins`); `None` refuses
     /// uploads with 503.
     pub checker: Option<Runner>,
@@ -128,6 +132,7 @@ impl ApiState {
             body_limit: DEFAULT_BODY_LIMIT,
             cors_origins: Vec::new(),
             watch: Arc::default(),
+            wait_limits: WaitLimits::default(),
             checker: None,
             upload_turn: Arc::new(tokio::sync::Semaphore::new(1)),
             counts: Arc::default(),
@@ -147,6 +152,7 @@ impl std::fmt::Debug for ApiState {
             .field("balance", &self.balance)
             .field("body_limit", &self.body_limit)
             .field("cors_origins", &self.cors_origins)
+            .field("wait_limits", &self.wait_limits)
             .field("checker", &self.checker.is_some())
             .field("web_root", &self.web_root)
             .finish()

@@ -264,6 +264,23 @@ pub trait Store: PluginStore + Send + Sync + 'static {
     async fn watch_tasks(&self) -> StoreResult<Option<TaskEvents>> {
         Ok(None)
     }
+    /// For each of `ids` (at most a thousand) that names a task, a number that changes
+    /// whenever the task's `status`, `mtime` or progress changes: the waiters' hub compares
+    /// these after a "something changed" notice instead of every waiter reading its tasks.
+    /// The default reads the tasks; a store may read less.
+    async fn task_marks(&self, ids: &[ObjectId]) -> StoreResult<Vec<(ObjectId, u64)>> {
+        let filter = TaskFilter {
+            ids: Some(ids.to_vec()),
+            ..Default::default()
+        };
+        let page = Page {
+            skip: 0,
+            limit: ids.len() as u64,
+            oldest_first: false,
+        };
+        let tasks = self.find_tasks(&filter, page).await?;
+        Ok(tasks.iter().map(|t| (t.id, task_mark(t))).collect())
+    }
     /// Claims the next queued task of `queue` for `node` in one atomic step: the first
     /// task matching `{node: null, status: -2, queue}` that `node` is not leaving to the
     /// others (`avoid_node` is `node` and `avoid_until` is still to come: a retry prefers
@@ -452,6 +469,17 @@ pub trait Store: PluginStore + Send + Sync + 'static {
     async fn output_stream(&self, output: &Output) -> StoreResult<OutputStream> {
         Ok(one_piece(self.read_output(output).await?))
     }
+}
+
+/// The default [`Store::task_marks`] of one task: a hash of its status, `mtime` and progress.
+pub fn task_mark(t: &Task) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (t.status, t.mtime.timestamp_millis()).hash(&mut h);
+    if let Some(p) = &t.progress {
+        (p.percent.map(f64::to_bits), &p.info, p.at.timestamp_millis()).hash(&mut h);
+    }
+    h.finish()
 }
 
 /// The node a slot should be asked from ([`Store::want_slot`]): of the holders of a queue's

@@ -292,7 +292,7 @@ async fn tasks_from_params_search_and_read_back() {
     let full = get(&app, "/tasks?node=n1&full=1").await.json();
     assert_eq!(full[0]["stdout"].as_str().unwrap(), big);
     assert_eq!(full[0]["stderr"], "warn");
-    assert_bad(&get(&app, "/tasks?node=n1&full=1&limit=101").await, "\"limit\"");
+    assert_bad(&get(&app, "/tasks?node=n1&full=1&limit=11").await, "\"limit\"");
     assert_bad(&get(&app, "/tasks?node=n1&full=1&terse=1").await, "\"terse\"");
     let pretty = get(&app, "/tasks?node=n1&fields=status&pretty=1").await;
     assert!(pretty.text.contains("\n  {\n"), "indented: {}", pretty.text);

@@ -943,7 +943,7 @@ async fn limit_and_skip_out_of_range_are_400_naming_them() {
             "\"skip\" must be at most 9223372036854775807",
         ),
         ("limit=5&skip=18446744073709551615", "\"skip\" must be at most"),
-        ("queue=q&full=1&limit=101", "\"limit\" must be at most 100"),
+        ("queue=q&full=1&limit=11", "\"limit\" must be at most 10"),
     ];
     for (query, mentions) in cases {
         let r = get(&app, &format!("/tasks?{query}")).await;

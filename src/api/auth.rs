@@ -36,6 +36,15 @@ pub(super) async fn require_token(State(state): State<Shared>, request: Request,
     }
 }
 
+/// Whether a request with `headers` may see secrets: no token is configured, or it carries
+/// the configured one (as a write must).
+pub(super) fn authorized(state: &Shared, headers: &HeaderMap) -> bool {
+    match state.api_token.as_deref() {
+        None => true,
+        Some(token) => given_token(headers).is_some_and(|g| constant_time_eq(g.as_bytes(), token.as_bytes())),
+    }
+}
+
 /// The token of an `Authorization` header: a bearer token, or a basic password.
 fn given_token(headers: &HeaderMap) -> Option<String> {
     let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?.trim();

@@ -42,6 +42,10 @@ pub enum ApiError {
     /// This DCI cannot do what was asked for now (503); the message says why.
     #[error("{0}")]
     Unavailable(String),
+    /// A limit on what this DCI holds at once is reached (503 with `Retry-After: 1`); the
+    /// message names the limit. Trying again later can succeed.
+    #[error("{0}")]
+    Busy(String),
     /// The store failed (503 when the database is unreachable or briefly unable, 500 when
     /// it refused the operation or for bad stored data).
     #[error(transparent)]
@@ -99,7 +103,7 @@ impl ApiError {
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::NotJson(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Unavailable(_) | ApiError::Busy(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Store(e) => store_status(e),
             ApiError::PartlyCreated(p) => store_status(&p.error),
         }
@@ -119,6 +123,11 @@ impl IntoResponse for ApiError {
             body["unconfirmed"] = json!(p.unconfirmed.iter().map(|id| id.to_hex()).collect::<Vec<_>>());
         }
         let mut response = (status, Json(body)).into_response();
+        if matches!(self, ApiError::Busy(_)) {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+        }
         if matches!(self, ApiError::Unauthorized) {
             response
                 .headers_mut()

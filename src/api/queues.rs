@@ -5,8 +5,13 @@
 //! (`MongoDB::InsertOneResult`, `MongoDB::UpdateResult`, `MongoDB::DeleteResult`). In
 //! Disbatch 4's shape (the default) a new queue's `id` is `{"$oid": …}` and an unknown
 //! queue is `null`; the native shape ([`Shape`]) gives the hex string and 404.
+//!
+//! The values of a queue's `sandbox.env` (how an HTTP plugin gets its API key) are shown
+//! only to a request carrying the API token when one is configured; other reads see
+//! [`HIDDEN`] in their place, and a write sending [`HIDDEN`] back keeps the stored value.
 
 use axum::extract::State;
+use axum::http::HeaderMap;
 use axum::Json;
 use bson::oid::ObjectId;
 use serde_json::{json, Value};
@@ -17,6 +22,51 @@ use super::queue_fields::{check_next, check_pin, fields, QUEUE_FIELDS};
 use super::{json, ApiError, Shared};
 use crate::model::{Queue, UnreadableQueue};
 use crate::store::{NewQueue, QueueUpdate, StoreError};
+
+/// What a hidden `sandbox.env` value reads as.
+pub const HIDDEN: &str = "***";
+
+/// `value` (a queue as shown) with its `sandbox.env` values hidden unless `headers` carry
+/// the API token (or none is configured).
+fn shown(state: &Shared, headers: &HeaderMap, mut value: Value) -> Value {
+    if !super::auth::authorized(state, headers) {
+        if let Some(env) = value.pointer_mut("/sandbox/env").and_then(Value::as_object_mut) {
+            for v in env.values_mut() {
+                *v = Value::String(HIDDEN.into());
+            }
+        }
+    }
+    value
+}
+
+/// Puts the stored value back for each `sandbox.env` value of an update given as
+/// [`HIDDEN`] (a queue document read without the token and sent back); 400 naming the
+/// variable when the queue has none of that name.
+fn keep_hidden(body: &mut serde_json::Map<String, Value>, before: &Found) -> Result<(), ApiError> {
+    let Some(env) = body
+        .get_mut("sandbox")
+        .and_then(|s| s.get_mut("env"))
+        .and_then(Value::as_object_mut)
+    else {
+        return Ok(());
+    };
+    for (name, v) in env.iter_mut() {
+        if v.as_str() != Some(HIDDEN) {
+            continue;
+        }
+        let stored = match before {
+            Found::Queue(q) => q.sandbox.env.get(name),
+            Found::Unreadable(_) => None,
+        };
+        let Some(stored) = stored else {
+            return Err(ApiError::bad(format!(
+                "field \"sandbox.env.{name}\" is {HIDDEN:?}, which stands for a hidden value, but the queue has no variable {name:?} to keep: give its value"
+            )));
+        };
+        *v = Value::String(stored.clone());
+    }
+    Ok(())
+}
 
 /// The fields of a queue a form may give as JSON text.
 const JSON_FIELDS: [&str; 2] = ["sandbox", "retry"];
@@ -71,7 +121,7 @@ pub(super) async fn find(state: &Shared, key: &str) -> Result<Queue, ApiError> {
 
 /// `GET /queues`: every queue with its counts and problems; a queue document that cannot
 /// be read is listed too, with its `problem`.
-pub(super) async fn list(State(state): State<Shared>) -> Result<Json<Value>, ApiError> {
+pub(super) async fn list(State(state): State<Shared>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
     let queues = state.store.queues().await?;
     let unreadable = state.store.unreadable_queues().await?;
     let counts = state.counts.counts(state.store.as_ref()).await?;
@@ -82,6 +132,7 @@ pub(super) async fn list(State(state): State<Shared>) -> Result<Json<Value>, Api
     let unreadable = unreadable
         .iter()
         .map(|u| with_problems(json::unreadable_queue(u, counts.get(&u.id)), u.id, &reports));
+    let readable = readable.map(|v| shown(&state, &headers, v));
     Ok(Json(Value::Array(readable.chain(unreadable).collect())))
 }
 
@@ -91,6 +142,7 @@ pub(super) async fn list(State(state): State<Shared>) -> Result<Json<Value>, Api
 pub(super) async fn one(
     State(state): State<Shared>,
     shape: Shape,
+    headers: HeaderMap,
     PathKey(key): PathKey,
 ) -> Result<Json<Value>, ApiError> {
     let found = match find_any(&state, &key).await {
@@ -103,7 +155,11 @@ pub(super) async fn one(
         Found::Queue(q) => json::queue(q, counts.get(&q.id)),
         Found::Unreadable(u) => json::unreadable_queue(u, counts.get(&u.id)),
     };
-    Ok(Json(with_problems(value, found.id(), &reports)))
+    Ok(Json(shown(
+        &state,
+        &headers,
+        with_problems(value, found.id(), &reports),
+    )))
 }
 
 /// The queue problems of the fresh nodes: `(node, queue id in hex → reason)`.
@@ -189,10 +245,12 @@ pub(super) async fn update(
     PathKey(key): PathKey,
     params: Params,
 ) -> Result<Json<Value>, ApiError> {
-    let body = queue_body(params)?;
+    let mut body = queue_body(params)?;
     if body.is_empty() {
         return Err(ApiError::bad(format!("nothing to change: give one of {QUEUE_FIELDS}")));
     }
+    let before = find_any(&state, &key).await?;
+    keep_hidden(&mut body, &before)?;
     let f = fields(&state, &body)?;
     if let Some(p) = &f.plugin {
         check_pin(&state, p).await?;
@@ -202,7 +260,6 @@ pub(super) async fn update(
             return Err(ApiError::bad("field \"name\" must not look like an ObjectId"));
         }
     }
-    let before = find_any(&state, &key).await?;
     let id = before.id();
     let own = match &f.name {
         Some(n) => n.clone(),

@@ -14,7 +14,7 @@ use axum::http::request::Parts;
 use bson::oid::ObjectId;
 use serde_json::{Map, Value};
 
-use super::body::{content_type, is_form, json_object, kind, read};
+use super::body::{content_type, is_form, json_object, kind};
 use super::form::{decode, to_fields};
 use super::tasks::object_id;
 use super::{queues, ApiError, Shared};
@@ -25,6 +25,13 @@ use crate::store::TaskFilter;
 const OPTIONS: [&str; 12] = [
     "limit", "skip", "count", "fields", "epoch", "terse", "full", "pretty", "new", "next", "timeout", "shape",
 ];
+
+/// Largest body of a `GET /tasks` (filters and options only): 1 MiB.
+pub const MAX_READ_BODY: usize = 1 << 20;
+/// Most task ids the `id` filter may list.
+pub const MAX_FILTER_IDS: usize = 1000;
+/// Most statuses the `status` filter may list.
+const MAX_FILTER_STATUSES: usize = 64;
 
 /// The request's filters and options, each option under its name without the dot.
 #[derive(Debug, Default)]
@@ -227,7 +234,12 @@ impl Input {
 /// a body of another type.
 async fn body_fields(parts: Parts, body: axum::body::Body) -> Result<Map<String, Value>, ApiError> {
     let headers = parts.headers.clone();
-    let bytes = read(Request::from_parts(parts, body), &()).await?;
+    let bytes = axum::body::to_bytes(body, MAX_READ_BODY).await.map_err(|_| {
+        ApiError::TooLarge(format!(
+            "a GET /tasks body (its filters and options) must be at most {} KiB: give long lists of ids in several requests",
+            MAX_READ_BODY >> 10
+        ))
+    })?;
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(Map::new());
     }
@@ -310,7 +322,16 @@ pub(super) async fn filter(state: &Shared, pairs: &Map<String, Value>) -> Result
                 };
                 f.queue = Some(queue);
             }
-            "status" => f.status = Some(statuses(v)?),
+            "status" => {
+                let list = statuses(v)?;
+                if list.len() > MAX_FILTER_STATUSES {
+                    return Err(ApiError::bad(format!(
+                        "filter \"status\" lists {} statuses; at most {MAX_FILTER_STATUSES}",
+                        list.len()
+                    )));
+                }
+                f.status = Some(list)
+            }
             "node" => {
                 f.node = Some(match single(k, v)? {
                     Value::Null => None,
@@ -327,6 +348,12 @@ pub(super) async fn filter(state: &Shared, pairs: &Map<String, Value>) -> Result
             "id" | "_id" => {
                 let bad = || ApiError::bad(format!("filter {k:?} must be a task id (or a list of them)"));
                 match v {
+                    Value::Array(items) if items.len() > MAX_FILTER_IDS => {
+                        return Err(ApiError::bad(format!(
+                            "filter {k:?} lists {} task ids; at most {MAX_FILTER_IDS} per request",
+                            items.len()
+                        )))
+                    }
                     Value::Array(items) => {
                         let ids = items.iter().map(|x| object_id(x).ok_or_else(bad));
                         f.ids = Some(ids.collect::<Result<Vec<ObjectId>, _>>()?);

@@ -148,6 +148,16 @@ pub(super) async fn metrics(State(state): State<Shared>) -> Result<impl IntoResp
             node_age(n, now)
         );
     }
+    let (waiters, waited_ids) = state.watch.held();
+    out.push_str(
+        "# HELP disbatch_api_waiters Waits and event streams open on this DCI (GET /tasks/wait, /tasks/{id}/events).\n",
+    );
+    let _ = writeln!(out, "# TYPE disbatch_api_waiters gauge\ndisbatch_api_waiters {waiters}");
+    out.push_str("# HELP disbatch_api_waited_ids Task ids those waiters name together.\n");
+    let _ = writeln!(
+        out,
+        "# TYPE disbatch_api_waited_ids gauge\ndisbatch_api_waited_ids {waited_ids}"
+    );
     out.push_str("# HELP disbatch_node_maxthreads The node's maxthreads (-1 when unlimited).\n");
     out.push_str("# TYPE disbatch_node_maxthreads gauge\n");
     for n in &nodes {

@@ -44,7 +44,12 @@ pub(super) fn object_id(v: &Value) -> Option<ObjectId> {
 }
 
 /// Most tasks one `GET /tasks?full=1` may return, since each may read files back.
-pub const MAX_FULL_LIMIT: u64 = 100;
+pub const MAX_FULL_LIMIT: u64 = 10;
+
+/// Most bytes of one file-backed output that `GET /tasks?full=1` puts in its answer; a
+/// longer output is cut there (at a character boundary) and marked with `<name>_cut`, which
+/// links to `GET /tasks/{id}/<name>` for the whole text.
+pub const FULL_OUTPUT_CAP: usize = 1 << 20;
 
 /// What stands for an inline stdout/stderr with `terse`, as in Disbatch 4.
 pub const TERSE: &str = "[terse mode]";
@@ -170,7 +175,16 @@ pub(super) async fn search(State(state): State<Shared>, shape: Shape, request: R
             }
             match stream {
                 Some(Output::Inline(_)) if terse => value[name] = Value::String(TERSE.into()),
-                Some(o @ Output::File(_)) if full => value[name] = Value::String(state.store.read_output(o).await?),
+                Some(o @ Output::File(_)) if full => {
+                    let (text, cut) = head(&state, o, FULL_OUTPUT_CAP).await?;
+                    if cut {
+                        value[format!("{name}_cut")] = json!({
+                            "shown_bytes": text.len(),
+                            "full_text": format!("/tasks/{}/{name}", t.id),
+                        });
+                    }
+                    value[name] = Value::String(text);
+                }
                 _ => {}
             }
         }
@@ -186,6 +200,27 @@ pub(super) async fn search(State(state): State<Shared>, shape: Shape, request: R
         response.headers_mut().insert(NEXT_HEADER, next);
     }
     Ok(response)
+}
+
+/// The first `cap` bytes of an output (cut back to a character boundary) and whether it
+/// had more, read piece by piece so that no more than a piece past `cap` is held.
+async fn head(state: &Shared, output: &Output, cap: usize) -> Result<(String, bool), ApiError> {
+    use futures::StreamExt;
+    let mut pieces = state.store.output_stream(output).await?;
+    let mut text = String::new();
+    while let Some(piece) = pieces.next().await {
+        let piece = piece?;
+        if text.len() + piece.len() > cap {
+            let mut end = cap - text.len();
+            while !piece.is_char_boundary(end) {
+                end -= 1;
+            }
+            text.push_str(&piece[..end]);
+            return Ok((text, true));
+        }
+        text.push_str(&piece);
+    }
+    Ok((text, false))
 }
 
 /// The tasks `filter` finds, waiting up to `wait` for the first of them to be created.

@@ -2,32 +2,34 @@
 //! ended (or at the timeout, with their states then), and `GET /tasks/{id}/events` is a
 //! server-sent-events stream of a task's status and progress changes.
 //!
-//! Waiters never poll the database on a timer: one [`TaskWatch`] per API process follows
-//! [`Store::watch_tasks`](crate::store::Store::watch_tasks) (a MongoDB change stream, or the
-//! embedded store's in-process signal) and tells each waiter when one of its tasks — or,
-//! after a gap in notification, any task — may have changed; the waiter then reads its
-//! tasks again. With a store that cannot notify, waiters look again every 500 ms.
+//! Waiters never poll the database on a timer: they register with the process's
+//! [`TaskWatch`] (see `hub`), which follows
+//! [`Store::watch_tasks`](crate::store::Store::watch_tasks) and wakes a waiter only when
+//! one of its tasks may have changed; the waiter then reads its tasks again. With a store
+//! that cannot notify, waiters look again every 500 ms. Waiters are capped
+//! ([`WaitLimits`]).
 
-use std::collections::{HashMap, HashSet};
+mod hub;
+
+use std::collections::HashMap;
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Query, State};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::Json;
 use bson::oid::ObjectId;
-use futures::{Stream, StreamExt};
+use futures::Stream;
 use serde_json::{json, Value};
 use tokio::sync::broadcast;
-use tracing::debug;
 
+pub(super) use self::hub::Change;
+use self::hub::Waiter;
+pub use self::hub::{TaskWatch, WaitLimits, DEFAULT_MAX_WAITED_IDS, DEFAULT_MAX_WAITERS};
 use super::body::PathKey;
 use super::json::{self, TaskView};
 use super::{ApiError, Shared};
 use crate::model::{status, Task};
-use crate::store::Store;
 
 /// Longest `timeout` of `GET /tasks/wait`.
 pub const MAX_WAIT: Duration = Duration::from_secs(300);
@@ -38,84 +40,9 @@ pub const MAX_WAIT_IDS: usize = 1000;
 /// How often a waiter looks again while the store cannot notify.
 const UNWATCHED_POLL: Duration = Duration::from_millis(500);
 
-/// A change a waiter may care about.
-#[derive(Debug, Clone, Copy)]
-pub(super) enum Change {
-    /// This task changed.
-    Task(ObjectId),
-    /// Any task may have changed.
-    Any,
-}
-
-/// The notification hub of one API process.
-#[derive(Debug)]
-pub struct TaskWatch {
-    tx: broadcast::Sender<Change>,
-    started: AtomicBool,
-    live: Arc<AtomicBool>,
-}
-
-impl Default for TaskWatch {
-    fn default() -> Self {
-        TaskWatch {
-            tx: broadcast::channel(4096).0,
-            started: AtomicBool::new(false),
-            live: Arc::new(AtomicBool::new(false)),
-        }
-    }
-}
-
-impl TaskWatch {
-    /// A receiver of changes, following the store from the first call on.
-    pub(super) fn subscribe(&self, store: &Arc<dyn Store>) -> broadcast::Receiver<Change> {
-        let rx = self.tx.subscribe();
-        if !self.started.swap(true, Ordering::SeqCst) {
-            tokio::spawn(follow(store.clone(), self.tx.clone(), self.live.clone()));
-        }
-        rx
-    }
-
-    /// Whether changes are being followed now.
-    fn live(&self) -> bool {
-        self.live.load(Ordering::SeqCst)
-    }
-}
-
-/// Follows the store's task changes into `tx` for as long as the process runs, starting
-/// again after an error; every (re)start sends [`Change::Any`], so a change missed in a
-/// gap is looked at.
-async fn follow(store: Arc<dyn Store>, tx: broadcast::Sender<Change>, live: Arc<AtomicBool>) {
-    loop {
-        match store.watch_tasks().await {
-            Ok(Some(mut events)) => {
-                live.store(true, Ordering::SeqCst);
-                let _ = tx.send(Change::Any);
-                while let Some(e) = events.next().await {
-                    match e {
-                        Ok(Some(id)) => {
-                            let _ = tx.send(Change::Task(id));
-                        }
-                        Ok(None) => {
-                            let _ = tx.send(Change::Any);
-                        }
-                        Err(e) => {
-                            debug!(error = %e, "task notification stopped; starting it again");
-                            break;
-                        }
-                    }
-                }
-                live.store(false, Ordering::SeqCst);
-                let _ = tx.send(Change::Any);
-            }
-            Ok(None) => return,
-            Err(e) => debug!(error = %e, "cannot follow task changes; waiters look again every 500 ms"),
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
-}
-
-/// Waits until `rx` says a task `wanted` (or any task) may have changed, or `limit` passes.
-/// Returns false at the limit.
+/// Waits until `rx` says a task `wanted` (or any task) may have changed, or `limit` passes
+/// (for the followers of new tasks, which watch no ids of their own). Returns false at the
+/// limit.
 pub(super) async fn changed(
     watch: &TaskWatch,
     rx: &mut broadcast::Receiver<Change>,
@@ -212,8 +139,7 @@ pub(super) async fn wait(
     }
     let limit = timeout(&q)?;
     let started = tokio::time::Instant::now();
-    let set: HashSet<ObjectId> = ids.iter().copied().collect();
-    let mut rx = state.watch.subscribe(&state.store);
+    let waiter = state.watch.register(&state.store, &ids, state.wait_limits).await?;
     let answer = |tasks: &[Task], done: bool| {
         let view = TaskView::default();
         Json(json!({
@@ -231,7 +157,7 @@ pub(super) async fn wait(
             return Ok(answer(&tasks, true));
         }
         let left = limit.saturating_sub(started.elapsed());
-        if left.is_zero() || !changed(&state.watch, &mut rx, |id| set.contains(id), left).await {
+        if left.is_zero() || !waiter.changed(&state.watch, left, UNWATCHED_POLL).await {
             let tasks = read(&state, &ids).await?;
             let done = tasks.iter().all(|t| status::finished(t.status));
             return Ok(answer(&tasks, done));
@@ -256,31 +182,29 @@ pub(super) async fn events(
     PathKey(id): PathKey,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     let oid = ObjectId::parse_str(&id).map_err(|_| ApiError::bad(format!("invalid task id {id:?}")))?;
-    let rx = state.watch.subscribe(&state.store);
+    let waiter = state.watch.register(&state.store, &[oid], state.wait_limits).await?;
     let first = state
         .store
         .task(oid)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("no task {id}")))?;
-    let set: HashSet<ObjectId> = [oid].into();
     let event = |t: &Task| {
         let data = json::task(t, &TaskView::default()).to_string();
         Event::default().event("task").data(data)
     };
     struct Follow {
         state: Shared,
-        rx: broadcast::Receiver<Change>,
+        waiter: Waiter,
         last: Option<Task>,
         ended: bool,
     }
     let start = Follow {
         state,
-        rx,
+        waiter,
         last: None,
         ended: false,
     };
     let stream = futures::stream::unfold((start, Some(first)), move |(mut f, pending)| {
-        let set = set.clone();
         async move {
             if let Some(t) = pending {
                 f.ended = status::finished(t.status);
@@ -292,7 +216,7 @@ pub(super) async fn events(
                 return None;
             }
             loop {
-                changed(&f.state.watch, &mut f.rx, |id| set.contains(id), MAX_WAIT).await;
+                f.waiter.changed(&f.state.watch, MAX_WAIT, UNWATCHED_POLL).await;
                 let t = match f.state.store.task(oid).await {
                     Ok(Some(t)) => t,
                     // Deleted: the stream ends.

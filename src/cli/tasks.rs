@@ -13,7 +13,7 @@ use super::CliError;
 /// Tasks per request with `--limit 0` (the DCI's largest `limit`).
 const PAGE: u64 = 10_000;
 /// Tasks per request with `--limit 0 --full` (the DCI's largest `limit` with `full`).
-const FULL_PAGE: u64 = 100;
+const FULL_PAGE: u64 = crate::api::MAX_FULL_LIMIT;
 
 /// The query of `GET /tasks` for these options, without `limit`.
 pub(super) fn query(cli: &Cli, filter: Option<&str>) -> Result<Vec<String>, CliError> {

@@ -49,6 +49,7 @@ mod schema;
 mod slots;
 mod stats;
 mod tasks;
+mod touched;
 mod watch;
 mod writer;
 
@@ -63,6 +64,7 @@ use bson::{DateTime, Document};
 use rusqlite::Connection;
 
 use self::rows::{db_err, read_bson};
+use self::touched::Touched;
 use super::{
     Batch, Dependency, FinishExtra, HandRetry, NewQueue, NewTask, OutputValue, Page, QueueUpdate, Recovery, Resolved,
     Slot, SlotRenewal, StatusCounts, Store, StoreError, StoreResult, TaskFilter, TaskTarget,
@@ -81,6 +83,9 @@ const POOL_SIZE: usize = 8;
 /// Queued-task signals kept for a slow watcher (more coalesce into one).
 const QUEUED_EVENTS: usize = 16;
 
+/// Task-change signals kept for a slow watcher (past these, it is told "any task").
+const TASK_EVENTS: usize = 1024;
+
 /// The [`Store`] on a SQLite file. Cloning is cheap: clones share the connection pool.
 #[derive(Clone)]
 pub struct SqliteStore {
@@ -93,8 +98,9 @@ pub struct SqliteStore {
     warned: Arc<Mutex<HashSet<String>>>,
     /// Signals tasks queued through this store, for [`Store::watch_queued`].
     queued: tokio::sync::broadcast::Sender<()>,
-    /// Signals writes through this store, for [`Store::watch_tasks`].
-    changed: tokio::sync::broadcast::Sender<()>,
+    /// Signals task changes through this store, for [`Store::watch_tasks`]: the ids
+    /// changed, or `None` for any task.
+    changed: tokio::sync::broadcast::Sender<Option<Arc<[ObjectId]>>>,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -117,7 +123,7 @@ impl SqliteStore {
             ),
             warned: Arc::new(Mutex::new(HashSet::new())),
             queued: tokio::sync::broadcast::channel(QUEUED_EVENTS).0,
-            changed: tokio::sync::broadcast::channel(QUEUED_EVENTS).0,
+            changed: tokio::sync::broadcast::channel(TASK_EVENTS).0,
         };
         store.ensure_indexes().await?;
         Ok(store)
@@ -152,30 +158,6 @@ impl SqliteStore {
         })
         .await
         .map_err(|e| StoreError::Rejected(format!("database task failed: {e}")))?
-    }
-
-    /// Runs `f` in a `BEGIN IMMEDIATE` transaction on the store's writer thread, answered
-    /// once committed; `f` shares the transaction (not its atomicity) with other writes
-    /// waiting at the same time (see `writer`). `f` runs again alone when the group's
-    /// commit fails, so it must not consume what it captured.
-    async fn write<T, F>(&self, op: &'static str, f: F) -> StoreResult<T>
-    where
-        T: Send + 'static,
-        F: Fn(&rusqlite::Transaction<'_>) -> StoreResult<T> + Send + 'static,
-    {
-        let value = self.writer.write(op, f).await?;
-        self.signal_changed();
-        Ok(value)
-    }
-
-    /// Tells the watchers of [`Store::watch_tasks`] that tasks changed.
-    fn signal_changed(&self) {
-        let _ = self.changed.send(());
-    }
-
-    /// Tells the watchers of [`Store::watch_queued`] that tasks were queued.
-    fn signal_queued(&self) {
-        let _ = self.queued.send(());
     }
 
     /// Logs a problem with a stored document once per process.
@@ -393,6 +375,14 @@ impl Store for SqliteStore {
 
     async fn watch_tasks(&self) -> StoreResult<Option<super::TaskEvents>> {
         self.watch_tasks().await
+    }
+
+    async fn output_stream(&self, output: &Output) -> StoreResult<super::OutputStream> {
+        self.stream_file(output).await
+    }
+
+    async fn task_marks(&self, ids: &[ObjectId]) -> StoreResult<Vec<(ObjectId, u64)>> {
+        self.marks(ids).await
     }
 
     async fn has_queued(&self, queue: ObjectId) -> StoreResult<bool> {

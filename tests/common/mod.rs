@@ -6,6 +6,7 @@
 //!   [`MongoStore`](disbatch::store::mongo::MongoStore).
 //! - [`components`]: raw components in WAT around a `run` export.
 //! - [`den`]: the `den` binary as a process ([`DenProcess`]) and [`wait_for`].
+//! - [`dev`]: `disbatch dev` as a process ([`dev::Dev`]).
 //! - [`docs`]: spec documents inserted with the plain driver, and a shared runner.
 //! - [`http`]: the REST API router on a test database, and requests to it in-process or
 //!   over TCP.
@@ -19,6 +20,7 @@
 pub mod components;
 pub mod db;
 pub mod den;
+pub mod dev;
 pub mod docs;
 pub mod http;
 pub mod plugins;

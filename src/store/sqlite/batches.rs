@@ -38,7 +38,7 @@ impl SqliteStore {
     /// [`Store::open_batch`](crate::store::Store::open_batch), in one transaction.
     pub(super) async fn record_batch(&self, id: &str, size: Option<i64>) -> StoreResult<Batch> {
         let id = id.to_string();
-        self.write("record the batch", move |tx| {
+        self.write_quiet("record the batch", move |tx| {
             let err = db_err("record the batch");
             tx.execute(
                 "INSERT OR IGNORE INTO batches (id, size, ctime) VALUES (?1, ?2, ?3)",

@@ -8,7 +8,7 @@ use std::time::Duration;
 use rusqlite::{params, Connection, OptionalExtension, Transaction};
 
 use super::rows::{db_err, task_from_row, CLAIMED_COLUMNS};
-use super::{recovery, retries, slots, SqliteStore};
+use super::{recovery, retries, slots, SqliteStore, Touched};
 use crate::model::{status, Queue, Sort, Task};
 use crate::store::{FinishExtra, OutputValue, Recovery, Slot, SlotRenewal, StoreResult};
 
@@ -55,8 +55,12 @@ impl SqliteStore {
     /// Claims `queue`'s next task for `node`, giving it `claimed` (-1, or 0 to start it too).
     async fn claim_as(&self, queue: &Queue, node: &str, claimed: i32) -> StoreResult<Option<Task>> {
         let (queue, node) = (queue.clone(), node.to_string());
-        self.write("claim task", move |tx| claim_in(tx, &queue, &node, claimed))
-            .await?
+        self.write_touching(
+            "claim task",
+            move |tx| claim_in(tx, &queue, &node, claimed),
+            claimed_touched,
+        )
+        .await?
     }
 
     /// [`Store::renew_and_claim`](crate::store::Store::renew_and_claim) in one transaction.
@@ -69,14 +73,18 @@ impl SqliteStore {
     ) -> StoreResult<(SlotRenewal, Option<Task>)> {
         let (slot, queue, node) = (slot.clone(), queue.clone(), node.to_string());
         let (renewal, claimed) = self
-            .write("renew slot lease and claim", move |tx| {
-                let renewal = slots::renew_in(tx, &slot, &node, lease)?;
-                let claimed = match renewal {
-                    SlotRenewal::Held => claim_in(tx, &queue, &node, status::RUNNING)?,
-                    _ => Ok(None),
-                };
-                Ok((renewal, claimed))
-            })
+            .write_touching(
+                "renew slot lease and claim",
+                move |tx| {
+                    let renewal = slots::renew_in(tx, &slot, &node, lease)?;
+                    let claimed = match renewal {
+                        SlotRenewal::Held => claim_in(tx, &queue, &node, status::RUNNING)?,
+                        _ => Ok(None),
+                    };
+                    Ok((renewal, claimed))
+                },
+                |(_, claimed)| claimed_touched(claimed),
+            )
             .await?;
         Ok((renewal, claimed?))
     }
@@ -109,7 +117,7 @@ impl SqliteStore {
                 .map_err(db_err("start task"))
             })
             .await;
-        self.signal_changed();
+        self.signal_task(task);
         started
     }
 
@@ -124,7 +132,7 @@ impl SqliteStore {
     ) -> StoreResult<bool> {
         let (node, extra) = (node.to_string(), extra.clone());
         let done = self
-            .write("finish task", move |tx| {
+            .write_task("finish task", task, move |tx| {
                 retries::finish(tx, task, &node, status, &stdout, &stderr, &extra)
             })
             .await?;
@@ -136,41 +144,46 @@ impl SqliteStore {
 
     pub(super) async fn requeue_own(&self, node: &str, tasks: &[ObjectId]) -> StoreResult<Vec<ObjectId>> {
         let (node, tasks) = (node.to_string(), tasks.to_vec());
+        let touched = tasks.clone();
         let requeued = self
-            .write("requeue task", move |tx| {
-                let now = DateTime::now().timestamp_millis();
-                let mut requeued = Vec::new();
-                for &id in &tasks {
-                    let n = tx
-                        .execute(
-                            "UPDATE tasks SET status = ?1, node = NULL, rerun = NULL, mtime = ?2
+            .write_touching(
+                "requeue task",
+                move |tx| {
+                    let now = DateTime::now().timestamp_millis();
+                    let mut requeued = Vec::new();
+                    for &id in &tasks {
+                        let n = tx
+                            .execute(
+                                "UPDATE tasks SET status = ?1, node = NULL, rerun = NULL, mtime = ?2
                          WHERE id = ?3 AND node = ?4 AND status IN (?5, ?6) AND stop IS NULL",
-                            params![status::QUEUED, now, id.to_hex(), node, status::CLAIMED, status::RUNNING],
-                        )
-                        .map_err(db_err("requeue task"))?;
-                    if n == 1 {
-                        requeued.push(id);
-                        continue;
-                    }
-                    // A task someone asked to kill ends failed rather than running again.
-                    tx.execute(
-                        "UPDATE tasks SET status = ?1, stdout = '', stdout_file = NULL, stderr = ?2,
+                                params![status::QUEUED, now, id.to_hex(), node, status::CLAIMED, status::RUNNING],
+                            )
+                            .map_err(db_err("requeue task"))?;
+                        if n == 1 {
+                            requeued.push(id);
+                            continue;
+                        }
+                        // A task someone asked to kill ends failed rather than running again.
+                        tx.execute(
+                            "UPDATE tasks SET status = ?1, stdout = '', stdout_file = NULL, stderr = ?2,
                              stderr_file = NULL, mtime = ?3
                          WHERE id = ?4 AND node = ?5 AND status IN (?6, ?7) AND stop IS NOT NULL",
-                        params![
-                            status::FAILED,
-                            crate::store::KILLED_AT_SHUTDOWN,
-                            now,
-                            id.to_hex(),
-                            node,
-                            status::CLAIMED,
-                            status::RUNNING
-                        ],
-                    )
-                    .map_err(db_err("end killed task"))?;
-                }
-                Ok(requeued)
-            })
+                            params![
+                                status::FAILED,
+                                crate::store::KILLED_AT_SHUTDOWN,
+                                now,
+                                id.to_hex(),
+                                node,
+                                status::CLAIMED,
+                                status::RUNNING
+                            ],
+                        )
+                        .map_err(db_err("end killed task"))?;
+                    }
+                    Ok(requeued)
+                },
+                move |_| Touched::Tasks(touched),
+            )
             .await?;
         if !requeued.is_empty() {
             self.signal_queued();
@@ -188,14 +201,34 @@ impl SqliteStore {
     ) -> StoreResult<Recovery> {
         let (claimed_before, stale_before) = (claimed_before.timestamp_millis(), stale_before.timestamp_millis());
         let recovery = self
-            .write("recover orphans", move |tx| {
-                recovery::recover_orphans(tx, claimed_before, stale_before)
-            })
+            .write_touching(
+                "recover orphans",
+                move |tx| recovery::recover_orphans(tx, claimed_before, stale_before),
+                |r| {
+                    Touched::Tasks(
+                        [&r.orphaned, &r.requeued, &r.retried]
+                            .into_iter()
+                            .flatten()
+                            .copied()
+                            .collect(),
+                    )
+                },
+            )
             .await?;
         if !recovery.requeued.is_empty() || !recovery.retried.is_empty() {
             self.signal_queued();
         }
         Ok(recovery)
+    }
+}
+
+/// The task a claim changed.
+fn claimed_touched(claimed: &StoreResult<Option<Task>>) -> Touched {
+    match claimed {
+        Ok(Some(t)) => Touched::Tasks(vec![t.id]),
+        Ok(None) => Touched::Nothing,
+        // The claimed row was marked failed; which one is in the error only.
+        Err(_) => Touched::Any,
     }
 }
 

@@ -63,7 +63,7 @@ impl SqliteStore {
     /// [`Store::mark_dependents`](crate::store::Store::mark_dependents).
     pub(super) async fn mark_waited(&self, deps: &[Dependency]) -> StoreResult<()> {
         let deps = deps.to_vec();
-        self.write("mark tasks waited for", move |tx| {
+        self.write_quiet("mark tasks waited for", move |tx| {
             let err = db_err("mark tasks waited for");
             for d in &deps {
                 match d {
@@ -108,7 +108,7 @@ impl SqliteStore {
         let key = dep.key();
         let stop = failed.map(|s| bson_bytes(&s.to_document())).transpose()?;
         let (resolved, released) = self
-            .write("release a blocked task", move |tx| {
+            .write_task("release a blocked task", task, move |tx| {
                 let err = db_err("release a blocked task");
                 let id = task.to_hex();
                 let row: Option<BlockedRow> = tx
@@ -175,7 +175,7 @@ impl SqliteStore {
     /// [`Store::settled`](crate::store::Store::settled).
     pub(super) async fn clear_waited(&self, dep: &Dependency) -> StoreResult<()> {
         let dep = dep.clone();
-        self.write("mark a dependency settled", move |tx| {
+        self.write_quiet("mark a dependency settled", move |tx| {
             match &dep {
                 Dependency::Task(id) => tx.execute(
                     &format!("UPDATE tasks SET dependents = NULL WHERE id = ?1 AND {ENDED}"),

@@ -4,11 +4,12 @@
 
 use bson::oid::ObjectId;
 use bson::DateTime;
-use rusqlite::params;
+use rusqlite::{params, OptionalExtension};
 
 use super::rows::db_err;
-use super::SqliteStore;
-use crate::store::StoreResult;
+use super::{SqliteStore, OUTPUT_FILES};
+use crate::model::Output;
+use crate::store::{one_piece, OutputStream, StoreError, StoreResult};
 
 impl SqliteStore {
     /// [`Store::put_output_file`](crate::store::Store::put_output_file): one row, replaced
@@ -39,7 +40,7 @@ impl SqliteStore {
     /// transaction, each row unless the task row points at it.
     pub(super) async fn discard_files(&self, task: ObjectId, files: &[ObjectId]) -> StoreResult<()> {
         let files: Vec<String> = files.iter().map(|f| f.to_hex()).collect();
-        self.write("discard output files", move |tx| {
+        self.write_quiet("discard output files", move |tx| {
             for file in &files {
                 tx.execute(
                     "DELETE FROM output_files WHERE id = ?1 AND task = ?2 AND NOT EXISTS
@@ -51,5 +52,80 @@ impl SqliteStore {
             Ok(())
         })
         .await
+    }
+}
+
+/// Bytes of an output file read at a time by [`SqliteStore::stream_file`].
+const PIECE: usize = 256 << 10;
+
+impl SqliteStore {
+    /// [`Store::output_stream`](crate::store::Store::output_stream): a file is read
+    /// [`PIECE`] bytes at a time through SQLite's incremental blob I/O, so serving it holds
+    /// one piece, not the whole text.
+    pub(super) async fn stream_file(&self, output: &Output) -> StoreResult<OutputStream> {
+        let id = match output {
+            Output::Inline(s) => return Ok(one_piece(s.clone())),
+            Output::File(id) => *id,
+        };
+        let malformed = move |reason: String| StoreError::Malformed {
+            collection: OUTPUT_FILES,
+            id: id.to_hex(),
+            reason,
+        };
+        let found: Option<(i64, i64)> = self
+            .with(move |conn| {
+                conn.query_row(
+                    "SELECT rowid, length FROM output_files WHERE id = ?1",
+                    [id.to_hex()],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .optional()
+                .map_err(db_err("read output file"))
+            })
+            .await?;
+        let (rowid, length) = found.ok_or_else(|| malformed("no such file".into()))?;
+        let length = usize::try_from(length).map_err(|_| malformed(format!("length is {length}")))?;
+        let store = self.clone();
+        // (offset read so far, bytes of a character cut at the end of the last piece)
+        let pieces = futures::stream::try_unfold((0usize, Vec::new()), move |(offset, carry)| {
+            let store = store.clone();
+            async move {
+                if offset >= length {
+                    if !carry.is_empty() {
+                        return Err(malformed("the text ends inside a UTF-8 character".into()));
+                    }
+                    return Ok(None);
+                }
+                let want = PIECE.min(length - offset);
+                let mut bytes = store
+                    .with(move |conn| {
+                        let err = db_err("read output file");
+                        let blob = conn
+                            .blob_open(rusqlite::MAIN_DB, OUTPUT_FILES, "data", rowid, true)
+                            .map_err(&err)?;
+                        if blob.len() != length {
+                            return Err(malformed(format!(
+                                "length is {length} but the data has {} bytes",
+                                blob.len()
+                            )));
+                        }
+                        let mut buf = vec![0u8; want];
+                        blob.read_at_exact(&mut buf, offset).map_err(&err)?;
+                        Ok(buf)
+                    })
+                    .await?;
+                let mut piece = carry;
+                piece.append(&mut bytes);
+                let valid = match std::str::from_utf8(&piece) {
+                    Ok(_) => piece.len(),
+                    Err(e) if e.error_len().is_none() => e.valid_up_to(),
+                    Err(e) => return Err(malformed(format!("not UTF-8 text: {e}"))),
+                };
+                let rest = piece.split_off(valid);
+                let text = String::from_utf8(piece).map_err(|e| malformed(format!("not UTF-8 text: {e}")))?;
+                Ok(Some((text, (offset + want, rest))))
+            }
+        });
+        Ok(Box::pin(pieces))
     }
 }

@@ -8,7 +8,7 @@ use bson::DateTime;
 use rusqlite::{params, Connection};
 
 use super::rows::{add_columns, bson_bytes, db_err, read_bson};
-use super::SqliteStore;
+use super::{SqliteStore, Touched};
 use crate::model::{status, StopAction, StopRequest, TaskProgress};
 use crate::store::{StoreResult, TaskTarget};
 
@@ -61,23 +61,27 @@ impl SqliteStore {
     /// [`Store::promote_due`](crate::store::Store::promote_due).
     pub(super) async fn promote(&self, now: DateTime) -> StoreResult<u64> {
         let n = self
-            .write("queue due scheduled tasks", move |tx| {
-                // Through the index of scheduled tasks, which holds only those (the
-                // status is written out, not bound, so that it applies).
-                tx.execute(
-                    &format!(
-                        "UPDATE tasks INDEXED BY tasks_due SET status = ?1, mtime = ?2
+            .write_touching(
+                "queue due scheduled tasks",
+                move |tx| {
+                    // Through the index of scheduled tasks, which holds only those (the
+                    // status is written out, not bound, so that it applies).
+                    tx.execute(
+                        &format!(
+                            "UPDATE tasks INDEXED BY tasks_due SET status = ?1, mtime = ?2
                          WHERE status = {} AND run_at <= ?3",
-                        status::SCHEDULED
-                    ),
-                    params![
-                        status::QUEUED,
-                        DateTime::now().timestamp_millis(),
-                        now.timestamp_millis()
-                    ],
-                )
-                .map_err(db_err("queue due scheduled tasks"))
-            })
+                            status::SCHEDULED
+                        ),
+                        params![
+                            status::QUEUED,
+                            DateTime::now().timestamp_millis(),
+                            now.timestamp_millis()
+                        ],
+                    )
+                    .map_err(db_err("queue due scheduled tasks"))
+                },
+                |n| if *n > 0 { Touched::Any } else { Touched::Nothing },
+            )
             .await?;
         if n > 0 {
             self.signal_queued();
@@ -103,14 +107,18 @@ impl SqliteStore {
             statuses.iter().map(i32::to_string).collect::<Vec<_>>().join(", ")
         );
         let list = self
-            .write(op, move |tx| {
-                let mut stmt = tx.prepare(&sql).map_err(db_err(op))?;
-                let now = DateTime::now().timestamp_millis();
-                let rows = stmt
-                    .query_map(params![record, now, key], |r| r.get::<_, String>(0))
-                    .map_err(db_err(op))?;
-                rows.collect::<Result<Vec<_>, _>>().map_err(db_err(op))
-            })
+            .write_touching(
+                op,
+                move |tx| {
+                    let mut stmt = tx.prepare(&sql).map_err(db_err(op))?;
+                    let now = DateTime::now().timestamp_millis();
+                    let rows = stmt
+                        .query_map(params![record, now, key], |r| r.get::<_, String>(0))
+                        .map_err(db_err(op))?;
+                    rows.collect::<Result<Vec<_>, _>>().map_err(db_err(op))
+                },
+                |ids| Touched::Tasks(ids.iter().filter_map(|s| ObjectId::parse_str(s).ok()).collect()),
+            )
             .await?;
         Ok(list.iter().filter_map(|s| ObjectId::parse_str(s).ok()).collect())
     }
@@ -150,7 +158,7 @@ impl SqliteStore {
                 Ok(n == 1)
             })
             .await;
-        self.signal_changed();
+        self.signal_task(task);
         stored
     }
 

@@ -8,14 +8,14 @@ use bson::DateTime;
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::rows::{db_err, lease_end};
-use super::{parse_oid, recovery, SqliteStore};
+use super::{parse_oid, recovery, SqliteStore, Touched};
 use crate::model::{NameHolder, Node, NodeProcess, NodeStats};
 use crate::store::{StoreError, StoreResult};
 
 impl SqliteStore {
     pub(super) async fn heartbeat(&self, node: &str, lease: Duration) -> StoreResult<Node> {
         let node = node.to_string();
-        self.write("heartbeat", move |tx| {
+        self.write_quiet("heartbeat", move |tx| {
             let now = DateTime::now();
             renew_slots(tx, &node, lease_end(now, lease))?;
             let err = db_err("heartbeat");
@@ -42,32 +42,36 @@ impl SqliteStore {
         let id = process.id;
         // Ok(holder) when the name is held, Err(whether tasks were requeued) when taken.
         let taken: Result<NodeProcess, bool> = self
-            .write("take node name", move |tx| {
-                let err = db_err("take node name");
-                if let Some(current) = read_node(tx, &node).map_err(&err)? {
-                    let current = node_from(current)?;
-                    if let Some(holder) = current.process {
-                        if holder.id != id && current.timestamp >= stale_before {
-                            return Ok(Ok(holder));
+            .write_touching(
+                "take node name",
+                move |tx| {
+                    let err = db_err("take node name");
+                    if let Some(current) = read_node(tx, &node).map_err(&err)? {
+                        let current = node_from(current)?;
+                        if let Some(holder) = current.process {
+                            if holder.id != id && current.timestamp >= stale_before {
+                                return Ok(Ok(holder));
+                            }
                         }
                     }
-                }
-                tx.execute(
-                    "INSERT INTO nodes (id, node, timestamp, maxthreads) VALUES (?1, ?2, ?3, NULL)
+                    tx.execute(
+                        "INSERT INTO nodes (id, node, timestamp, maxthreads) VALUES (?1, ?2, ?3, NULL)
                  ON CONFLICT (node) DO UPDATE SET timestamp = excluded.timestamp",
-                    params![ObjectId::new().to_hex(), node, DateTime::now().timestamp_millis()],
-                )
-                .map_err(&err)?;
-                tx.execute(
-                    "INSERT INTO node_process (node, id, process) VALUES (?1, ?2, ?3)
+                        params![ObjectId::new().to_hex(), node, DateTime::now().timestamp_millis()],
+                    )
+                    .map_err(&err)?;
+                    tx.execute(
+                        "INSERT INTO node_process (node, id, process) VALUES (?1, ?2, ?3)
                  ON CONFLICT (node) DO UPDATE SET id = excluded.id, process = excluded.process",
-                    params![node, id.to_hex(), text],
-                )
-                .map_err(&err)?;
-                // Whatever the node's name still holds belongs to a process that is gone.
-                let recovered = recovery::recover_node(tx, &node)?;
-                Ok(Err(!recovered.requeued.is_empty()))
-            })
+                        params![node, id.to_hex(), text],
+                    )
+                    .map_err(&err)?;
+                    // Whatever the node's name still holds belongs to a process that is gone.
+                    let recovered = recovery::recover_node(tx, &node)?;
+                    Ok(Err(!recovered.requeued.is_empty()))
+                },
+                |taken| if taken.is_ok() { Touched::Nothing } else { Touched::Any },
+            )
             .await?;
         match taken {
             Ok(holder) => Ok(Some(NameHolder::Den(holder))),

@@ -42,7 +42,7 @@ impl PluginStore for SqliteStore {
     async fn put_plugin(&self, version: &PluginVersion, bytes: &[u8]) -> StoreResult<Pushed> {
         let (v, bytes) = (version.clone(), bytes.to_vec());
         let size = i64::try_from(v.size).map_err(|_| StoreError::Rejected("plugin size out of range".into()))?;
-        self.write("store plugin", move |tx| {
+        self.write_quiet("store plugin", move |tx| {
             let touched = tx
                 .execute(
                     "UPDATE plugins SET uploaded = ?3, uploaded_by = ?4 WHERE name = ?1 AND sha256 = ?2",
@@ -103,7 +103,7 @@ impl PluginStore for SqliteStore {
 
     async fn delete_plugin(&self, name: &str) -> StoreResult<u64> {
         let name = name.to_owned();
-        self.write("delete plugin", move |tx| {
+        self.write_quiet("delete plugin", move |tx| {
             let n = tx
                 .execute("DELETE FROM plugins WHERE name = ?1", params![name])
                 .map_err(db_err("delete plugin"))?;

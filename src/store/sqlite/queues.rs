@@ -81,7 +81,7 @@ impl SqliteStore {
         if let Some(threads) = update.threads {
             check_threads(threads)?;
         }
-        self.write("update queue", move |tx| {
+        self.write_quiet("update queue", move |tx| {
             let hex = id.to_hex();
             let found: Option<Vec<u8>> = tx
                 .query_row("SELECT doc FROM queues WHERE id = ?1", [&hex], |r| r.get(0))

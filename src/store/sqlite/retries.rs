@@ -156,7 +156,7 @@ impl SqliteStore {
         let bytes = bson_bytes(&task.params)?;
         let task = task.clone();
         let done = self
-            .write("submit a task again", move |tx| {
+            .write_task("submit a task again", id, move |tx| {
                 let key = id.to_hex();
                 let waiting: bool = tx
                     .query_row(
@@ -179,7 +179,7 @@ impl SqliteStore {
 
     /// [`Store::request_rerun`](crate::store::Store::request_rerun).
     pub(super) async fn rerun(&self, id: ObjectId) -> StoreResult<bool> {
-        self.write("submit a running task again", move |tx| {
+        self.write_task("submit a running task again", id, move |tx| {
             let n = tx
                 .execute(
                     "UPDATE tasks SET rerun = 1 WHERE id = ?1 AND status IN (?2, ?3)",
@@ -195,7 +195,7 @@ impl SqliteStore {
     pub(super) async fn retry_run(&self, task: ObjectId, node: &str, retry: &RetryAt) -> StoreResult<bool> {
         let (node, retry) = (node.to_owned(), retry.clone());
         let done = self
-            .write("retry task", move |tx| {
+            .write_task("retry task", task, move |tx| {
                 // A running task's `stop` can only be a kill request: it stops the retry
                 // unless the run was killed and the policy retries kills.
                 let fence = if retry.after_kill {
@@ -231,7 +231,7 @@ impl SqliteStore {
             .map(|t| bson_bytes(&t.params).map(|p| (p, t.clone())))
             .transpose()?;
         let answer = self
-            .write("retry task", move |tx| {
+            .write_task("retry task", task, move |tx| {
                 let id = task.to_hex();
                 let row = tx
                     .query_row(

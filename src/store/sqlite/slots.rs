@@ -37,7 +37,7 @@ impl SqliteStore {
         }
         let queue_id = queue.id;
         let node = node.to_string();
-        self.write("acquire slot", move |tx| {
+        self.write_quiet("acquire slot", move |tx| {
             let err = db_err("acquire slot");
             let q = queue_id.to_hex();
             let threads = stored_limit(tx, &q)?;
@@ -106,7 +106,7 @@ impl SqliteStore {
     /// still holds the slot and nobody asked for it; gives it up to an asker.
     pub(super) async fn renew_one_slot(&self, slot: &Slot, node: &str, lease: Duration) -> StoreResult<SlotRenewal> {
         let (slot, node) = (slot.clone(), node.to_string());
-        self.write("renew slot lease", move |tx| renew_in(tx, &slot, &node, lease))
+        self.write_quiet("renew slot lease", move |tx| renew_in(tx, &slot, &node, lease))
             .await
     }
 
@@ -119,7 +119,7 @@ impl SqliteStore {
             return Ok(None);
         }
         let (q, node) = (queue.id.to_hex(), node.to_string());
-        self.write("ask for a slot", move |tx| {
+        self.write_quiet("ask for a slot", move |tx| {
             let err = db_err("ask for a slot");
             let now = DateTime::now();
             let millis = now.timestamp_millis();

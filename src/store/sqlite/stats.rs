@@ -83,7 +83,7 @@ impl SqliteStore {
     pub(super) async fn increment_stats(&self, node: &str, rows: &[(i64, ObjectId, Counters)]) -> StoreResult<()> {
         let node = node.to_string();
         let rows = rows.to_vec();
-        self.write("add the per-minute counters", move |tx| {
+        self.write_quiet("add the per-minute counters", move |tx| {
             let err = db_err("add the per-minute counters");
             for (minute, queue, c) in &rows {
                 let queue = queue.to_hex();
@@ -129,7 +129,7 @@ impl SqliteStore {
     /// [`Store::record_depth`](crate::store::Store::record_depth).
     pub(super) async fn write_depth(&self, minute: i64, depths: &[(ObjectId, i64)]) -> StoreResult<()> {
         let depths = depths.to_vec();
-        self.write("record the queue depths", move |tx| {
+        self.write_quiet("record the queue depths", move |tx| {
             let err = db_err("record the queue depths");
             for (queue, depth) in &depths {
                 tx.execute(
@@ -176,7 +176,7 @@ impl SqliteStore {
 
     /// [`Store::prune_stats`](crate::store::Store::prune_stats).
     pub(super) async fn delete_stats(&self, before: i64) -> StoreResult<u64> {
-        self.write("delete old per-minute counters", move |tx| {
+        self.write_quiet("delete old per-minute counters", move |tx| {
             let n = tx
                 .execute("DELETE FROM minute_stats WHERE minute < ?1", [before])
                 .map_err(db_err("delete old per-minute counters"))?;

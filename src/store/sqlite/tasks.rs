@@ -6,7 +6,7 @@ use bson::DateTime;
 use rusqlite::{params, OptionalExtension};
 
 use super::rows::{bson_bytes, db_err, task_from_row, TASK_COLUMNS};
-use super::{deps, SqliteStore, OUTPUT_FILES};
+use super::{deps, SqliteStore, Touched, OUTPUT_FILES};
 use crate::model::{Output, Task};
 use crate::store::{NewTask, Page, StoreError, StoreResult, TaskFilter};
 
@@ -34,46 +34,51 @@ impl SqliteStore {
                 })
             })
             .collect::<StoreResult<Vec<_>>>()?;
-        self.write("create tasks", move |tx| {
-            let err = db_err("create tasks");
-            let q = queue.to_hex();
-            let mut stmt = tx
+        let touched: Vec<ObjectId> = tasks.iter().map(|t| t.id).collect();
+        self.write_touching(
+            "create tasks",
+            move |tx| {
+                let err = db_err("create tasks");
+                let q = queue.to_hex();
+                let mut stmt = tx
                 .prepare_cached(
                     "INSERT INTO tasks (id, queue, ctime, mtime, node, status, params, run_at, priority, key, batch,
                                         after, after_failure, dependents)
                      VALUES (?1, ?2, ?3, ?3, NULL, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
                 )
                 .map_err(&err)?;
-            for (id, bytes, status, run_at, priority, key, batch, (after, runs_anyway, dependents)) in &encoded {
-                deps::insert_deps(tx, id, after)?;
-                match stmt.execute(params![
-                    id,
-                    q,
-                    now.timestamp_millis(),
-                    status,
-                    bytes,
-                    run_at,
-                    priority,
-                    key,
-                    batch,
-                    deps::after_column(after),
-                    runs_anyway.then_some(1),
-                    dependents.then_some(1)
-                ]) {
-                    Ok(_) => {}
-                    Err(rusqlite::Error::SqliteFailure(e, _))
-                        if e.code == rusqlite::ErrorCode::ConstraintViolation && key.is_some() =>
-                    {
-                        return Err(StoreError::Duplicate {
-                            what: "task key",
-                            name: key.clone().unwrap_or_default(),
-                        })
+                for (id, bytes, status, run_at, priority, key, batch, (after, runs_anyway, dependents)) in &encoded {
+                    deps::insert_deps(tx, id, after)?;
+                    match stmt.execute(params![
+                        id,
+                        q,
+                        now.timestamp_millis(),
+                        status,
+                        bytes,
+                        run_at,
+                        priority,
+                        key,
+                        batch,
+                        deps::after_column(after),
+                        runs_anyway.then_some(1),
+                        dependents.then_some(1)
+                    ]) {
+                        Ok(_) => {}
+                        Err(rusqlite::Error::SqliteFailure(e, _))
+                            if e.code == rusqlite::ErrorCode::ConstraintViolation && key.is_some() =>
+                        {
+                            return Err(StoreError::Duplicate {
+                                what: "task key",
+                                name: key.clone().unwrap_or_default(),
+                            })
+                        }
+                        Err(e) => return Err(err(e)),
                     }
-                    Err(e) => return Err(err(e)),
                 }
-            }
-            Ok(())
-        })
+                Ok(())
+            },
+            move |_| Touched::Tasks(touched),
+        )
         .await?;
         self.signal_queued();
         Ok(())

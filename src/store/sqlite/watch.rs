@@ -1,5 +1,6 @@
 //! Watching the embedded store for queued tasks and task changes.
 
+use bson::oid::ObjectId;
 use rusqlite::Connection;
 
 use super::rows::db_err;
@@ -18,17 +19,23 @@ impl SqliteStore {
         Ok(Some(Box::pin(events)))
     }
 
-    /// Writes through this store are signalled at once; writes by other processes on the
-    /// same file (a DEN beside `disbatch web`) are seen by a look at `PRAGMA data_version`
-    /// every [`OTHER_WRITERS_POLL`], one per watching process.
+    /// Writes through this store are signalled at once, by task id (or as "any task" by a
+    /// write that does not list them); writes by other processes on the same file (a DEN
+    /// beside `disbatch web`) are seen by a look at `PRAGMA data_version` every
+    /// [`OTHER_WRITERS_POLL`], one per watching process, as "any task" (the version also
+    /// moves with this process's own writes, which are signalled by id already).
     pub(super) async fn watch_tasks(&self) -> StoreResult<Option<crate::store::TaskEvents>> {
+        use futures::StreamExt;
         use tokio::sync::broadcast::error::RecvError;
         let here = futures::stream::unfold(self.changed.subscribe(), |mut rx| async move {
-            match rx.recv().await {
-                Ok(()) | Err(RecvError::Lagged(_)) => Some((Ok(None), rx)),
-                Err(RecvError::Closed) => None,
-            }
-        });
+            let events: Vec<StoreResult<Option<ObjectId>>> = match rx.recv().await {
+                Ok(Some(ids)) => ids.iter().map(|id| Ok(Some(*id))).collect(),
+                Ok(None) | Err(RecvError::Lagged(_)) => vec![Ok(None)],
+                Err(RecvError::Closed) => return None,
+            };
+            Some((futures::stream::iter(events), rx))
+        })
+        .flatten();
         let conn = super::connect::connect(&self.path)?;
         let version = |c: &Connection| {
             c.query_row("PRAGMA data_version", [], |r| r.get::<_, i64>(0))
@@ -46,5 +53,41 @@ impl SqliteStore {
             }
         });
         Ok(Some(Box::pin(futures::stream::select(here, elsewhere))))
+    }
+
+    /// [`Store::task_marks`](crate::store::Store::task_marks): a hash of the status, `mtime`
+    /// and progress columns, read without the rest of the row.
+    pub(super) async fn marks(&self, ids: &[ObjectId]) -> StoreResult<Vec<(ObjectId, u64)>> {
+        use std::hash::{Hash, Hasher};
+        let keys: Vec<String> = ids.iter().map(|i| i.to_hex()).collect();
+        self.with(move |conn| {
+            let err = db_err("read task states");
+            let sql = format!(
+                "SELECT id, status, mtime, progress FROM tasks WHERE id IN ({})",
+                vec!["?"; keys.len()].join(", ")
+            );
+            let mut stmt = conn.prepare(&sql).map_err(&err)?;
+            let rows = stmt
+                .query_map(rusqlite::params_from_iter(keys.iter()), |r| {
+                    let mut h = std::collections::hash_map::DefaultHasher::new();
+                    (
+                        r.get::<_, i64>(1)?,
+                        r.get::<_, i64>(2)?,
+                        r.get::<_, Option<Vec<u8>>>(3)?,
+                    )
+                        .hash(&mut h);
+                    Ok((r.get::<_, String>(0)?, h.finish()))
+                })
+                .map_err(&err)?;
+            let mut out = Vec::with_capacity(keys.len());
+            for row in rows {
+                let (id, mark) = row.map_err(&err)?;
+                if let Ok(id) = ObjectId::parse_str(&id) {
+                    out.push((id, mark));
+                }
+            }
+            Ok(out)
+        })
+        .await
     }
 }
