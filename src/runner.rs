@@ -55,7 +55,10 @@ pub use output::{escape_controls, human_bytes, truncation_marker, Captured, PLUG
 pub use quota::{DEFAULT_FILE_QUOTA, DEFAULT_WRITE_QUOTA};
 pub use sandbox::{DirGrant, Sandbox, DEFAULT_MEMORY, DEFAULT_OUTPUT_CAP, DEFAULT_TIMEOUT, MAX_MEMORY};
 pub use shape::{Shape, MAX_COMPONENT_BYTES, MAX_TOTAL_LOCALS};
-pub use submit::{Submission, DEFAULT_SUBMIT_MAX, MAX_SUBMIT_MAX, MAX_SUBMIT_PARAMS, MAX_SUBMIT_TOTAL};
+pub use submit::{
+    Submission, DEFAULT_SUBMIT_DEPTH, DEFAULT_SUBMIT_MAX, MAX_SUBMIT_DEPTH, MAX_SUBMIT_MAX, MAX_SUBMIT_PARAMS,
+    MAX_SUBMIT_TOTAL,
+};
 
 use bindings::{disbatch::plugin::host, PluginPre};
 use classify::{classify, trap_message};
