@@ -387,6 +387,14 @@ impl Store for SqliteStore {
         self.with(move |conn| balance::set(conn, &fields)).await
     }
 
+    async fn set_share(&self, queue: ObjectId, share: Option<i64>, token: i64) -> StoreResult<bool> {
+        self.write_share(queue, share, token).await
+    }
+
+    async fn fence_shares(&self, queues: &[ObjectId], token: i64) -> StoreResult<()> {
+        self.fence_queue_shares(queues, token).await
+    }
+
     async fn watch_queued(&self) -> StoreResult<Option<super::QueuedEvents>> {
         self.watch_queued().await
     }
