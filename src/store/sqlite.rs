@@ -168,6 +168,18 @@ impl SqliteStore {
         Ok(value)
     }
 
+    /// [`Self::write`] for a write that keeps a lease alive (a heartbeat, a slot lease): the
+    /// writer takes it before every ordinary write waiting (see `writer`).
+    async fn write_liveness<T, F>(&self, op: &'static str, f: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: Fn(&rusqlite::Transaction<'_>) -> StoreResult<T> + Send + 'static,
+    {
+        let value = self.writer.write_as(writer::Priority::Liveness, op, f).await?;
+        self.signal_changed();
+        Ok(value)
+    }
+
     /// Tells the watchers of [`Store::watch_tasks`] that tasks changed.
     fn signal_changed(&self) {
         let _ = self.changed.send(());
@@ -365,7 +377,9 @@ impl Store for SqliteStore {
         // On the writer thread, so that it never waits behind it for the write lock; not
         // `write`: a lease renewal is no change of tasks for their watchers.
         self.writer
-            .write("take the leader lease", move |tx| leader::lead(tx, &node, ttl))
+            .write_as(writer::Priority::Liveness, "take the leader lease", move |tx| {
+                leader::lead(tx, &node, ttl)
+            })
             .await
     }
 
