@@ -94,7 +94,7 @@ const KNOWN_KEYS: [&str; 22] = [
 ];
 
 /// Keys of the `sandbox` object.
-const SANDBOX_KEYS: [&str; 14] = [
+const SANDBOX_KEYS: [&str; 15] = [
     "timeout",
     "memory_mib",
     "output_cap_mib",
@@ -109,6 +109,7 @@ const SANDBOX_KEYS: [&str; 14] = [
     "http_max_body_mib",
     "submit",
     "submit_max",
+    "submit_depth",
 ];
 /// Keys of the `balance` object.
 const BALANCE_KEYS: [&str; 4] = ["enabled", "log", "verbose", "pretend"];

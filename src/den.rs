@@ -53,7 +53,7 @@ use tracing::{debug, error, info, info_span, warn, Instrument};
 use crate::config::{Config, Gfs};
 use crate::model::{NameHolder, NodeProcess, NodeStats, Queue, Task};
 use crate::runner::{RunControl, Runner, Sandbox};
-use crate::store::{Slot, Store, StoreError, StoreResult};
+use crate::store::{Slot, SlotRenewal, Store, StoreError, StoreResult};
 
 use housekeeping::name_in_use;
 pub use output::INLINE_BUDGET;
@@ -326,7 +326,16 @@ impl Den {
                     self.give_back(slot).await;
                     break;
                 }
-                match self.claim(&q.queue).await {
+                // Claimed only while the slot is still held (renewed in the same
+                // transaction on the embedded store): a DEN paused here past its lease may
+                // have lost the slot to another node, which then runs the queue's limit.
+                match self.claim_with(&slot, &q.queue).await {
+                    Ok(Some(task)) if self.lease_lapsed() => {
+                        warn!(task = %task.id, "the node's lease lapsed while claiming; putting the task back");
+                        self.recover_fenced(&task).await;
+                        self.give_back(slot).await;
+                        break;
+                    }
                     Ok(Some(task)) => {
                         self.claim_backoff.succeeded(q.queue.id);
                         self.spawn_worker(q.clone(), slot, task)
@@ -397,13 +406,24 @@ impl Den {
 
     /// The spec's claim ([`Store::claim_to_run`]: the task may come back running), its
     /// duration recorded when it got a task.
-    async fn claim(&self, queue: &Queue) -> StoreResult<Option<Task>> {
+    async fn claim_with(&self, slot: &Slot, queue: &Queue) -> StoreResult<Option<Task>> {
         let began = std::time::Instant::now();
-        let claimed = self.store.claim_to_run(queue, &self.settings.node).await;
-        if let Ok(Some(_)) = &claimed {
+        let s = &self.settings;
+        let claimed = match self
+            .store
+            .renew_and_claim(slot, queue, &s.node, s.heartbeat_stale)
+            .await?
+        {
+            (SlotRenewal::Held, claimed) => claimed,
+            (renewal, _) => {
+                debug!(queue = %queue.name, ?renewal, "the slot just taken was lost before the claim");
+                None
+            }
+        };
+        if claimed.is_some() {
             self.observe(|stats| stats.claim.observe(began.elapsed().as_secs_f64()));
         }
-        claimed
+        Ok(claimed)
     }
 
     fn observe(&self, record: impl FnOnce(&mut NodeStats)) {

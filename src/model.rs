@@ -243,6 +243,9 @@ pub struct QueueSandbox {
     /// Follow-up tasks one task may submit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub submit_max: Option<u32>,
+    /// The deepest a follow-up may be in its lineage of follow-ups.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submit_depth: Option<u32>,
 }
 
 impl QueueSandbox {
@@ -288,6 +291,9 @@ impl QueueSandbox {
         s.submit.extend(self.submit.iter().cloned());
         if let Some(n) = self.submit_max {
             s.submit_max = n;
+        }
+        if let Some(n) = self.submit_depth {
+            s.submit_depth = n;
         }
         s.validate().map_err(|e| format!("sandbox: {e}"))?;
         Ok(s)

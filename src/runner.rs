@@ -60,7 +60,10 @@ pub use shape::{
     check as check_shape, FunctionShape, Shape, MAX_COMPONENT_BYTES, MAX_FUNCTION_COST, MAX_FUNCTION_OPS,
     MAX_TOTAL_COST, MAX_TOTAL_LOCALS, MAX_TOTAL_OPS,
 };
-pub use submit::{Submission, DEFAULT_SUBMIT_MAX, MAX_SUBMIT_MAX, MAX_SUBMIT_PARAMS, MAX_SUBMIT_TOTAL};
+pub use submit::{
+    Submission, DEFAULT_SUBMIT_DEPTH, DEFAULT_SUBMIT_MAX, MAX_SUBMIT_DEPTH, MAX_SUBMIT_MAX, MAX_SUBMIT_PARAMS,
+    MAX_SUBMIT_TOTAL,
+};
 
 use bindings::{disbatch::plugin::host, PluginPre};
 use classify::classify;

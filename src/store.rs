@@ -247,6 +247,16 @@ pub trait Store: PluginStore + Send + Sync + 'static {
     async fn balance(&self) -> StoreResult<Option<Document>>;
     /// Sets `fields` in the QueueBalance document, creating it when there is none.
     async fn set_balance(&self, fields: Document) -> StoreResult<()>;
+    /// Writes a QueueBalance share: `queue`'s `maxthreads` (`None` clears it), for the
+    /// leader that holds the lease as `token`. Fenced: changes nothing and answers `false`
+    /// when the lease is no longer held as `token`, or when a leader with a higher token
+    /// wrote or fenced the queue's share (`balance_token` on the queue); `false` too when the
+    /// queue is gone. See [`Store::fence_shares`].
+    async fn set_share(&self, queue: ObjectId, share: Option<i64>, token: i64) -> StoreResult<bool>;
+    /// Marks `queues` as balanced by the leader holding the lease as `token` (their
+    /// `balance_token`, raised, never lowered), so that no share write of an earlier leader
+    /// lands after it. A new leader calls it before it reads the queues for a pass.
+    async fn fence_shares(&self, queues: &[ObjectId], token: i64) -> StoreResult<()>;
     /// Whether `queue` has a claimable task (`{node: null, status: -2, queue}`): a cheap
     /// probe so an idle DEN does not take slot leases for empty queues.
     async fn has_queued(&self, queue: ObjectId) -> StoreResult<bool>;

@@ -306,7 +306,10 @@ async fn a_node_name_is_held_by_one_den_and_taken_over_after_a_crash() {
 
 /// The store's connections do not checkpoint on commit; its writer copies the write-ahead
 /// log into the file as the log fills, and the log starts over rather than growing with
-/// every write.
+/// every write: across rounds of writes the log is restarted again and again (the
+/// checkpoint sequence number in its header goes up at each restart) and never holds all
+/// that was written, and once writes stop the whole log is copied into the file. Without
+/// the writer's checkpoints the log is never restarted and holds every write.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_write_ahead_log_is_copied_into_the_file_and_starts_over() {
     let dir = tempfile::tempdir().unwrap();
@@ -315,30 +318,46 @@ async fn the_write_ahead_log_is_copied_into_the_file_and_starts_over() {
     let store = SqliteStore::open(&file).await.unwrap();
     let q = create_queue(&store, "w", "demo", 1, doc! {}).await;
     let size = |p: &std::path::Path| std::fs::metadata(p).map_or(0, |m| m.len());
+    // The checkpoint sequence number of the log's header (bytes 12..16, big-endian).
+    let restarts = || {
+        std::fs::read(&wal)
+            .ok()
+            .filter(|h| h.len() >= 32)
+            .map_or(0, |h| u32::from_be_bytes([h[12], h[13], h[14], h[15]]))
+    };
     let pad = "x".repeat(1000);
-    const TASKS: usize = 24_000;
-    for chunk in 0..TASKS / 100 {
-        let tasks = (0..100).map(|i| doc! {"i": (chunk * 100 + i) as i64, "pad": &pad});
-        store.create_tasks(q, tasks.collect()).await.unwrap();
+    const ROUNDS: usize = 8;
+    const PER_ROUND: usize = 3_000;
+    let mut seen = Vec::new();
+    for round in 0..ROUNDS {
+        for chunk in 0..PER_ROUND / 100 {
+            let first = round * PER_ROUND + chunk * 100;
+            let tasks = (0..100).map(|i| doc! {"i": (first + i) as i64, "pad": &pad});
+            store.create_tasks(q, tasks.collect()).await.unwrap();
+        }
+        seen.push((size(&wal), restarts()));
     }
-    assert_eq!(count(&store, TaskFilter::default()).await, TASKS as u64);
-    // About 24 MB of tasks were written; while the store is still open, most of it is in
-    // the file, and the log is a fraction of it (it started over after checkpoints).
-    let total = (TASKS * 1000) as u64;
-    let (db, log) = (size(&file), size(&wal));
+    assert_eq!(count(&store, TaskFilter::default()).await, (ROUNDS * PER_ROUND) as u64);
+    // About 24 MB of tasks were written, 3 MB a round.
+    let total = (ROUNDS * PER_ROUND * 1000) as u64;
+    let (log, restarted) = seen[ROUNDS - 1];
     assert!(
-        db >= total / 2,
-        "the file holds {db} of the {total} bytes written: the log was not copied"
+        restarted - seen[0].1 >= (ROUNDS / 2) as u32,
+        "the log was restarted {} times over {} rounds (log bytes, restarts after each: {seen:?})",
+        restarted - seen[0].1,
+        ROUNDS - 1
     );
     assert!(
-        log < total / 2,
-        "the log ({log} bytes) kept growing with the {total} bytes written"
+        log < total,
+        "the log ({log} bytes) holds all of the {total} bytes written: {seen:?}"
     );
-    // With no write coming, the writer copies the rest of the log within seconds.
-    wait_for(Duration::from_secs(30), "the whole log copied while idle", || async {
+    // With no write coming, the writer copies the rest of the log within seconds: the file
+    // then holds every task.
+    wait_for(Duration::from_secs(60), "the whole log copied while idle", || async {
         size(&file) >= total
     })
     .await;
+    println!("log bytes and restarts after each round: {seen:?}; file {} bytes", size(&file));
 }
 
 /// A file from a release with the index of every task's status and `run_at` loses it for

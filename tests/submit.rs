@@ -454,3 +454,93 @@ async fn follow_ups_on_the_embedded_store() {
     })
     .await;
 }
+
+/// A queue granted `submit` to itself, whose every task submits two copies of itself:
+/// the lineage stops at `sandbox.submit_depth` 3, so exactly 1 + 2 + 4 + 8 tasks exist
+/// once the DEN is idle, and the deepest tasks show the refused calls.
+async fn a_self_granting_queue_stops_at_the_depth_bound(store: Arc<dyn Store>, start_den: impl Fn() -> DenProcess) {
+    let app = router(ApiState::new(store.clone(), vec!["submit".into()]));
+    let r = post(
+        &app,
+        "/queues",
+        json!({"name": "loop", "plugin": "submit", "threads": 4,
+               "sandbox": {"submit": ["loop"], "submit_depth": 3}}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_bad(
+        &post(
+            &app,
+            "/queues",
+            json!({"name": "x", "plugin": "submit", "sandbox": {"submit_depth": 1001}}),
+        )
+        .await,
+        "field \"sandbox.submit_depth\" must be an integer from 0 to 1000, got 1001",
+    );
+    let root = create(&app, "loop", json!({"again": {"queue": "loop", "times": 2}})).await;
+    let _den = start_den();
+    let tasks = || async {
+        let r = get(&app, "/tasks?queue=loop&limit=1000").await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+        r.json().as_array().unwrap().clone()
+    };
+    wait_for(Duration::from_secs(120), "15 tasks to end", || async {
+        let all = tasks().await;
+        all.len() >= 15 && all.iter().all(|t| t["status"].as_i64().is_some_and(|s| s > 0))
+    })
+    .await;
+    let all = tasks().await;
+    assert_eq!(all.len(), 15, "the lineage grew past submit_depth 3");
+    let mut deepest = 0;
+    for listed in &all {
+        let t = task(&app, listed["_id"]["$oid"].as_str().unwrap()).await;
+        assert_eq!(t["status"], 1, "{t}");
+        let stdout = t["stdout"].as_str().unwrap();
+        if stdout.contains("err loop") {
+            deepest += 1;
+            assert_eq!(
+                stdout
+                    .matches("err loop: follow-up refused: it would be at depth 4 of its lineage of follow-ups, past sandbox.submit_depth 3")
+                    .count(),
+                2,
+                "{t}"
+            );
+            assert!(
+                t["stderr"]
+                    .as_str()
+                    .unwrap()
+                    .contains("2 follow-up task(s) were refused for a bound (sandbox.submit_max 100, sandbox.submit_depth 3 at depth 3"),
+                "{t}"
+            );
+            assert!(listed["key"].as_str().unwrap().ends_with(":3"), "{listed}");
+        } else {
+            assert_eq!(stdout, "ok loop\nok loop\n", "{t}");
+        }
+    }
+    assert_eq!(deepest, 8, "the 8 tasks at depth 3 were refused");
+    assert!(all.iter().any(|t| t["_id"]["$oid"] == root.as_str()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_self_granting_queue_stops_at_the_depth_bound_on_mongodb() {
+    let t = common::test_db("submit_depth").await;
+    let store: Arc<dyn Store> = Arc::new(t.store.clone());
+    let plugins = json!({"plugins": ["submit"]});
+    a_self_granting_queue_stops_at_the_depth_bound(store, || {
+        DenProcess::start(&t.uri, &t.name, "depth-den", plugins.clone())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_self_granting_queue_stops_at_the_depth_bound_on_the_embedded_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("d.db");
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&file).await.unwrap());
+    let file: &Path = &file;
+    let plugins = json!({"plugins": ["submit"]});
+    a_self_granting_queue_stops_at_the_depth_bound(store, || {
+        DenProcess::start_embedded(file, "depth-den", plugins.clone())
+    })
+    .await;
+}

@@ -181,7 +181,7 @@ fn check_sandbox(s: &QueueSandbox) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// `sandbox.submit` and `sandbox.submit_max` checked before the sandbox is read, so that
+/// `sandbox.submit`, `sandbox.submit_max` and `sandbox.submit_depth` checked before the sandbox is read, so that
 /// an error names the field.
 fn submit_types(sandbox: &Value) -> Result<(), ApiError> {
     let bad = |key: &str, message: String| ApiError::bad(format!("field \"sandbox.{key}\" {message}"));
@@ -202,14 +202,18 @@ fn submit_types(sandbox: &Value) -> Result<(), ApiError> {
             ))
         }
     }
-    let max = crate::runner::MAX_SUBMIT_MAX;
-    match sandbox.get("submit_max") {
-        Some(v) if !v.is_null() && v.as_u64().is_none_or(|n| n > u64::from(max)) => Err(bad(
-            "submit_max",
-            format!("must be an integer from 0 to {max}, got {v}"),
-        )),
-        _ => Ok(()),
+    for (key, max) in [
+        ("submit_max", crate::runner::MAX_SUBMIT_MAX),
+        ("submit_depth", crate::runner::MAX_SUBMIT_DEPTH),
+    ] {
+        match sandbox.get(key) {
+            Some(v) if !v.is_null() && v.as_u64().is_none_or(|n| n > u64::from(max)) => {
+                return Err(bad(key, format!("must be an integer from 0 to {max}, got {v}")))
+            }
+            _ => {}
+        }
     }
+    Ok(())
 }
 
 fn name(v: &Value) -> Result<String, ApiError> {

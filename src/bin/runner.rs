@@ -190,6 +190,7 @@ fn sandbox(args: &ExecArgs) -> anyhow::Result<Sandbox> {
             .context("--http-max-body is too large")?,
         submit: args.submit.clone(),
         submit_max: args.submit_max,
+        ..Sandbox::default()
     };
     s.validate().map_err(anyhow::Error::msg)?;
     let cache = engine_options(args.no_cache, args.max_instances).cache_dir;

@@ -41,6 +41,9 @@ impl Parser<'_> {
                     }
                 }
                 "submit_max" => s.submit_max = self.integer(&key, v, 0, crate::runner::MAX_SUBMIT_MAX.into())? as u32,
+                "submit_depth" => {
+                    s.submit_depth = self.integer(&key, v, 0, crate::runner::MAX_SUBMIT_DEPTH.into())? as u32
+                }
                 "submit" => {
                     let Value::Array(items) = v else {
                         return Err(self.invalid(

@@ -10,14 +10,18 @@
 //! So the running tasks of the balanced queues never exceed it, even while the shares
 //! move: a task already running is never stopped, a priority lane waits for a default
 //! one to end.
+//!
+//! Share writes are fenced by the leader lease ([`Store::set_share`](crate::store::Store::set_share)):
+//! a pass fences the queues with its token before it reads them, and a write refused by
+//! the fence ends the pass, so a leader deposed in the middle of one changes nothing more.
 
-use bson::{doc, Bson, DateTime};
+use bson::{doc, DateTime};
 use tracing::{debug, info, warn};
 
 use super::Den;
 use crate::model::balance::{allocate, Balance};
 use crate::model::{status, Queue};
-use crate::store::{QueueUpdate, StoreResult, TaskFilter};
+use crate::store::{StoreResult, TaskFilter};
 
 /// What one pass reported in the `balance` document.
 struct Report {
@@ -50,6 +54,10 @@ impl Den {
     pub(super) async fn balance_queues(&self) {
         let report = match self.balance_pass().await {
             Ok(r) => r,
+            Err(crate::store::StoreError::Invalid(m)) if m == DEPOSED => {
+                info!("QueueBalance: {m}");
+                return;
+            }
             Err(e) => Report {
                 status: "CRITICAL",
                 message: format!("QueueBalance cannot read or write the database: {e}"),
@@ -74,6 +82,13 @@ impl Den {
 
     async fn balance_pass(&self) -> StoreResult<Report> {
         let store = self.store.as_ref();
+        let Some(token) = self.token() else {
+            return Err(deposed());
+        };
+        // Fenced before the queues are read: a share write of an earlier leader either
+        // landed before (and is read here) or changes nothing.
+        let ids: Vec<_> = store.queues().await?.iter().map(|q| q.id).collect();
+        store.fence_shares(&ids, token).await?;
         let queues = store.queues().await?;
         let doc = match store.balance().await {
             Ok(Some(d)) => d,
@@ -190,7 +205,7 @@ impl Den {
     /// Lowers the shares that must go down, counts the slots in use again, then raises
     /// shares, in priority order, while the budget holds them. Whether any share changed.
     async fn apply_shares(&self, members: &mut [Member], budget: i64) -> StoreResult<bool> {
-        let token = *self.leading.lock().unwrap_or_else(|e| e.into_inner());
+        let token = self.token();
         let mut changed = false;
         // Lowered, or given a share for the first time (never more than it may run now).
         for m in members
@@ -228,6 +243,11 @@ impl Den {
         Ok(changed)
     }
 
+    /// The token of the leader lease this node held at its last tick, if it led.
+    fn token(&self) -> Option<i64> {
+        *self.leading.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Whether this node still holds the leader lease it held as `token`, with at least a
     /// quarter of `heartbeat_stale` left: shares are raised only then, so a leader paused in
     /// the middle of a pass past its lease raises nothing on counts its successor has moved
@@ -260,8 +280,13 @@ impl Den {
         Ok(())
     }
 
-    /// Writes a queue's share (`maxthreads`), unless pretending.
+    /// Writes a queue's share (`maxthreads`), unless pretending, fenced by the leader
+    /// lease this node held at its last tick: a write after the lease passed on changes
+    /// nothing and ends the pass with [`StoreError::Invalid`](crate::store::StoreError).
     async fn set_share(&self, queue: &Queue, share: Option<i64>, was: i64) -> StoreResult<()> {
+        let Some(token) = self.token() else {
+            return Err(deposed());
+        };
         let b = &self.settings.balance;
         if b.log || b.verbose {
             let to = share.map_or("its threads".to_string(), |s| s.to_string());
@@ -270,13 +295,19 @@ impl Den {
         if b.pretend {
             return Ok(());
         }
-        let update = QueueUpdate {
-            extra: doc! { "maxthreads": share.map_or(Bson::Null, Bson::Int64) },
-            ..QueueUpdate::default()
-        };
-        self.store.update_queue(queue.id, update).await?;
+        if !self.store.set_share(queue.id, share, token).await? {
+            return Err(deposed());
+        }
         Ok(())
     }
+}
+
+/// Why a share write was refused by the fence.
+const DEPOSED: &str = "the leader lease passed on (or the queue is gone); this node writes no share";
+
+/// A share write refused by the fence: another node leads now.
+fn deposed() -> crate::store::StoreError {
+    crate::store::StoreError::Invalid(DEPOSED.into())
 }
 
 fn critical(message: String) -> Report {

@@ -13,6 +13,13 @@
 //! same way, when the task succeeded: keyed `submit:<task id>:<n>` (n the 0-based index of
 //! the accepted call) in the queue each names, waiting for the task. A queue that does not
 //! exist (any more) is a permanent error: the worker fails the task with it.
+//!
+//! Lineage: the key also records how deep a follow-up is in its lineage (see [`depth`]). A
+//! task submitted through the API is at depth 0; a follow-up a plugin submitted is one
+//! deeper than its parent, a chain's follow-up as deep as its parent (a chain makes one
+//! task of one, it cannot multiply them). The runner refuses a `submit` past the queue's
+//! `sandbox.submit_depth`, so a queue granted `submit` to itself, or a cycle of grants
+//! (through chains too), stops growing there.
 
 use bson::oid::ObjectId;
 use bson::Document;
@@ -38,9 +45,31 @@ pub(crate) fn follow_up_params(stdout: &str) -> Document {
     }
 }
 
-/// The key of `task`'s follow-up in its next queue.
-pub(crate) fn follow_up_key(task: ObjectId) -> String {
-    format!("chain:{task}")
+/// The key of `task`'s follow-up in its next queue, `task` being at `depth` (carried on
+/// when it is not 0).
+pub(crate) fn follow_up_key(task: ObjectId, depth: u32) -> String {
+    match depth {
+        0 => format!("chain:{task}"),
+        d => format!("chain:{task}:{d}"),
+    }
+}
+
+/// The depth in its lineage of follow-ups of a task keyed `key`: `submit:<parent>:<n>`
+/// is at depth 1, `submit:<parent>:<n>:<depth>` and `chain:<parent>:<depth>` at `depth`;
+/// any other task (submitted through the API, `chain:<parent>`) at 0. Disbatch 4 readers
+/// ignore keys.
+pub(crate) fn depth(key: Option<&str>) -> u32 {
+    let Some(key) = key else { return 0 };
+    let (rest, first) = if let Some(rest) = key.strip_prefix("submit:") {
+        (rest, 1)
+    } else if let Some(rest) = key.strip_prefix("chain:") {
+        (rest, 0)
+    } else {
+        return 0;
+    };
+    let parts: Vec<&str> = rest.split(':').collect();
+    let given = if first == 1 { parts.get(2) } else { parts.get(1) };
+    given.and_then(|d| d.parse().ok()).unwrap_or(first)
 }
 
 /// Creates (once) the follow-up of `task`, which succeeded with `stdout`, in `queue`'s
@@ -66,16 +95,20 @@ pub(crate) async fn follow_up<S: Store + ?Sized>(
         store,
         target.id,
         task.id,
-        follow_up_key(task.id),
+        follow_up_key(task.id, depth(task.key.as_deref())),
         follow_up_params(stdout),
     )
     .await?;
     Ok(Some(id))
 }
 
-/// The key of the follow-up `task` submitted in its `n`-th accepted `submit` call.
-pub(crate) fn submitted_key(task: ObjectId, n: usize) -> String {
-    format!("submit:{task}:{n}")
+/// The key of the follow-up `task` submitted in its `n`-th accepted `submit` call, the
+/// follow-up being at `depth` (left out when 1).
+pub(crate) fn submitted_key(task: ObjectId, n: usize, depth: u32) -> String {
+    match depth {
+        1 => format!("submit:{task}:{n}"),
+        d => format!("submit:{task}:{n}:{d}"),
+    }
 }
 
 /// Creates (once each) the follow-ups `task`, which succeeded, submitted, in call order,
@@ -88,6 +121,7 @@ pub(crate) async fn submitted<S: Store + ?Sized>(store: &S, task: &Task, submitt
     }
     let queues = store.queues().await?;
     store.mark_dependents(&[Dependency::Task(task.id)]).await?;
+    let below = depth(task.key.as_deref()).saturating_add(1);
     for (n, s) in submitted.iter().enumerate() {
         let Some(target) = Queue::find(&queues, &s.queue) else {
             return Err(StoreError::Invalid(format!(
@@ -104,7 +138,7 @@ pub(crate) async fn submitted<S: Store + ?Sized>(store: &S, task: &Task, submitt
                 )))
             }
         };
-        create_after(store, target.id, task.id, submitted_key(task.id, n), params).await?;
+        create_after(store, target.id, task.id, submitted_key(task.id, n, below), params).await?;
     }
     Ok(())
 }
@@ -141,6 +175,18 @@ mod tests {
         assert_eq!(follow_up_params("[1, 2]"), doc! {"result": [1, 2]});
         assert_eq!(follow_up_params("done: ok"), doc! {"result": "done: ok"});
         assert_eq!(follow_up_params(""), doc! {});
+    }
+
+    #[test]
+    fn the_key_records_the_depth() {
+        let parent = ObjectId::new();
+        let at = |key: Option<String>| depth(key.as_deref());
+        assert_eq!(at(None), 0);
+        assert_eq!(at(Some("mine".into())), 0);
+        assert_eq!(at(Some(follow_up_key(parent, 0))), 0);
+        assert_eq!(at(Some(follow_up_key(parent, 4))), 4);
+        assert_eq!(at(Some(submitted_key(parent, 3, 1))), 1);
+        assert_eq!(at(Some(submitted_key(parent, 3, 7))), 7);
     }
 
     #[tokio::test]
@@ -193,8 +239,8 @@ mod tests {
         assert_eq!(
             keys,
             vec![
-                (submitted_key(task.id, 0), doc! {"n": 0}),
-                (submitted_key(task.id, 1), doc! {"n": 1})
+                (submitted_key(task.id, 0, 1), doc! {"n": 0}),
+                (submitted_key(task.id, 1, 1), doc! {"n": 1})
             ]
         );
         let gone = [Submission {

@@ -230,7 +230,10 @@ impl Den {
     ) -> Outcome {
         let runner = self.runner.clone();
         let plugin = queue.plugin.clone();
-        let sandbox = queue.sandbox.clone();
+        let sandbox = crate::runner::Sandbox {
+            depth: super::chain::depth(task.key.as_deref()),
+            ..queue.sandbox.clone()
+        };
         let timeout = sandbox.timeout;
         let params = task.params_json();
         let task_id = task.id;
@@ -276,7 +279,7 @@ impl Den {
     /// A task whose plugin was stopped because this node's lease lapsed: if no other node
     /// recovered it meanwhile (the write is fenced on this node and status -1/0), put it
     /// back in its queue, as a shutdown does with the plugins it stops.
-    async fn recover_fenced(&self, task: &Task) {
+    pub(super) async fn recover_fenced(&self, task: &Task) {
         let node = &self.settings.node;
         let ids = [task.id];
         match self.retry("requeue", || self.store.requeue_own(node, &ids)).await {

@@ -114,6 +114,12 @@ pub struct Sandbox {
     pub submit: Vec<String>,
     /// Follow-up tasks one task may submit.
     pub submit_max: u32,
+    /// The deepest a follow-up may be in its lineage (`sandbox.submit_depth`).
+    pub submit_depth: u32,
+    /// This task's depth in its lineage of follow-ups: 0 for a task submitted through the
+    /// API, its parent's + 1 for a follow-up (set per task by the DEN, see
+    /// `den::chain::depth`).
+    pub depth: u32,
 }
 
 impl Default for Sandbox {
@@ -133,6 +139,8 @@ impl Default for Sandbox {
             http_max_body: super::http::DEFAULT_MAX_BODY,
             submit: Vec::new(),
             submit_max: super::submit::DEFAULT_SUBMIT_MAX,
+            submit_depth: super::submit::DEFAULT_SUBMIT_DEPTH,
+            depth: 0,
         }
     }
 }
@@ -177,6 +185,13 @@ impl Sandbox {
                 "submit_max must be at most {}, got {}",
                 super::submit::MAX_SUBMIT_MAX,
                 self.submit_max
+            ));
+        }
+        if self.submit_depth > super::submit::MAX_SUBMIT_DEPTH {
+            return Err(format!(
+                "submit_depth must be at most {}, got {}",
+                super::submit::MAX_SUBMIT_DEPTH,
+                self.submit_depth
             ));
         }
         if self.submit.iter().any(|q| q.trim().is_empty()) {

@@ -14,6 +14,11 @@ use super::TaskState;
 pub const DEFAULT_SUBMIT_MAX: u32 = 100;
 /// The largest `sandbox.submit_max` a sandbox may set.
 pub const MAX_SUBMIT_MAX: u32 = 10_000;
+/// Default `sandbox.submit_depth`: how deep a lineage of follow-ups may go (a task
+/// submitted through the API is at depth 0, a follow-up one deeper than its parent).
+pub const DEFAULT_SUBMIT_DEPTH: u32 = 8;
+/// The largest `sandbox.submit_depth` a sandbox may set.
+pub const MAX_SUBMIT_DEPTH: u32 = 1000;
 /// Longest `params` text of one follow-up, in bytes (1 MiB).
 pub const MAX_SUBMIT_PARAMS: usize = 1 << 20;
 /// Most `params` bytes of all of one task's follow-ups together (16 MiB).
@@ -35,6 +40,10 @@ pub(super) struct TaskSubmits {
     grant: Vec<String>,
     /// `sandbox.submit_max`.
     max: u32,
+    /// This task's depth in its lineage of follow-ups.
+    depth: u32,
+    /// `sandbox.submit_depth`: the deepest a follow-up may be.
+    max_depth: u32,
     /// Bytes of params accepted so far.
     bytes: usize,
     /// The accepted follow-ups, in call order.
@@ -48,6 +57,8 @@ impl TaskSubmits {
         TaskSubmits {
             grant: sandbox.submit.clone(),
             max: sandbox.submit_max,
+            depth: sandbox.depth,
+            max_depth: sandbox.submit_depth,
             ..TaskSubmits::default()
         }
     }
@@ -62,6 +73,14 @@ impl TaskSubmits {
                 } else {
                     self.grant.join(", ")
                 }
+            ));
+        }
+        if self.depth >= self.max_depth {
+            self.refused += 1;
+            return Err(format!(
+                "follow-up refused: it would be at depth {} of its lineage of follow-ups, past sandbox.submit_depth {} (a queue granted submit to itself, or a cycle of grants, stops here; retrying cannot help)",
+                u64::from(self.depth) + 1,
+                self.max_depth
             ));
         }
         if self.accepted.len() >= self.max as usize {
@@ -113,9 +132,11 @@ impl TaskSubmits {
     pub(super) fn note(&self) -> Option<String> {
         (self.refused > 0).then(|| {
             format!(
-                "{} follow-up task(s) were refused for a bound (sandbox.submit_max {}, 1 MiB per follow-up's params, 16 MiB per task); {} were accepted",
+                "{} follow-up task(s) were refused for a bound (sandbox.submit_max {}, sandbox.submit_depth {} at depth {}, 1 MiB per follow-up's params, 16 MiB per task); {} were accepted",
                 self.refused,
                 self.max,
+                self.max_depth,
+                self.depth,
                 self.accepted.len()
             )
         })
@@ -195,5 +216,22 @@ mod tests {
         assert_eq!(s.accepted.len(), 2);
         assert!(s.note().unwrap().starts_with("2 follow-up task(s) were refused"));
         assert_eq!(granted(1).note(), None);
+    }
+
+    #[test]
+    fn a_follow_up_past_the_depth_bound_is_refused() {
+        let at = |depth: u32| {
+            TaskSubmits::new(&crate::runner::Sandbox {
+                submit: vec!["b".into()],
+                submit_depth: 2,
+                depth,
+                ..crate::runner::Sandbox::default()
+            })
+        };
+        at(1).submit("b".into(), "{}").unwrap();
+        let mut deep = at(2);
+        let e = deep.submit("b".into(), "{}").unwrap_err();
+        assert!(e.contains("depth 3") && e.contains("sandbox.submit_depth 2"), "{e}");
+        assert!(deep.note().unwrap().contains("sandbox.submit_depth 2 at depth 2"));
     }
 }

@@ -321,6 +321,14 @@ impl Store for MongoStore {
         self.write_balance(fields).await
     }
 
+    async fn set_share(&self, queue: ObjectId, share: Option<i64>, token: i64) -> StoreResult<bool> {
+        self.write_share(queue, share, token).await
+    }
+
+    async fn fence_shares(&self, queues: &[ObjectId], token: i64) -> StoreResult<()> {
+        self.fence_queue_shares(queues, token).await
+    }
+
     /// A change stream on `tasks`: inserts of queued tasks and updates that set a task's
     /// status back to queued.
     async fn watch_queued(&self) -> StoreResult<Option<super::QueuedEvents>> {

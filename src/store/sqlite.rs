@@ -347,7 +347,9 @@ impl Store for SqliteStore {
         // On the writer thread, so that it never waits behind it for the write lock; not
         // `write`: a lease renewal is no change of tasks for their watchers.
         self.writer
-            .write("take the leader lease", move |tx| leader::lead(tx, &node, ttl))
+            .write_as(writer::Priority::Liveness, "take the leader lease", move |tx| {
+                leader::lead(tx, &node, ttl)
+            })
             .await
     }
 
@@ -367,6 +369,14 @@ impl Store for SqliteStore {
     async fn set_balance(&self, fields: Document) -> StoreResult<()> {
         // Not `write`: the balance is no change of tasks for their watchers.
         self.with(move |conn| balance::set(conn, &fields)).await
+    }
+
+    async fn set_share(&self, queue: ObjectId, share: Option<i64>, token: i64) -> StoreResult<bool> {
+        self.write_share(queue, share, token).await
+    }
+
+    async fn fence_shares(&self, queues: &[ObjectId], token: i64) -> StoreResult<()> {
+        self.fence_queue_shares(queues, token).await
     }
 
     async fn watch_queued(&self) -> StoreResult<Option<super::QueuedEvents>> {

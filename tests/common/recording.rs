@@ -160,6 +160,12 @@ impl Store for Recording {
     async fn set_balance(&self, fields: bson::Document) -> StoreResult<()> {
         self.inner.set_balance(fields).await
     }
+    async fn set_share(&self, queue: ObjectId, share: Option<i64>, token: i64) -> StoreResult<bool> {
+        self.inner.set_share(queue, share, token).await
+    }
+    async fn fence_shares(&self, queues: &[ObjectId], token: i64) -> StoreResult<()> {
+        self.inner.fence_shares(queues, token).await
+    }
     async fn has_queued(&self, queue: ObjectId) -> StoreResult<bool> {
         self.inner.has_queued(queue).await
     }

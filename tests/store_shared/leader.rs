@@ -1,12 +1,13 @@
 //! The leader lease: one holder at a time, renewed by its holder with the same token, taken
 //! by another node once it lapses with a greater token, and one winner among many
-//! contenders at once.
+//! contenders at once. QueueBalance share writes fenced by the lease's token.
 
 use super::*;
 
 on_both_stores!(
     one_leader_at_a_time_and_a_lapsed_lease_passes_on,
     contenders_at_once_agree_on_one_leader,
+    a_deposed_leaders_share_write_changes_nothing,
 );
 
 async fn one_leader_at_a_time_and_a_lapsed_lease_passes_on(s: Stores) {
@@ -49,4 +50,42 @@ async fn contenders_at_once_agree_on_one_leader(s: Stores) {
     let lease = s.a.leader().await.unwrap().unwrap();
     assert!(holders.contains(&lease.node));
     assert_eq!(lease.token, 1, "taken once");
+}
+
+async fn a_deposed_leaders_share_write_changes_nothing(s: Stores) {
+    let q =
+        s.a.create_queue(NewQueue {
+            name: "shared".into(),
+            plugin: "demo".into(),
+            threads: Some(10),
+            sort: Sort::Fifo,
+            extra: Document::new(),
+        })
+        .await
+        .unwrap();
+    let maxthreads = || async {
+        let queues = s.b.queues().await.unwrap();
+        queues.into_iter().find(|x| x.id == q.id).unwrap().maxthreads
+    };
+    let first = s.a.lead("n1", LEASE).await.unwrap();
+    assert!(s.a.set_share(q.id, Some(3), first.token).await.unwrap());
+    assert_eq!(maxthreads().await, Some(3));
+    // n1's lease lapses and n2 takes it: n1's late write changes nothing, even before n2
+    // wrote or fenced anything.
+    s.a.lead("n1", Duration::ZERO).await.unwrap();
+    let second = s.b.lead("n2", LEASE).await.unwrap();
+    assert_eq!(second.token, first.token + 1);
+    assert!(!s.a.set_share(q.id, Some(7), first.token).await.unwrap());
+    assert_eq!(maxthreads().await, Some(3));
+    assert!(!s.a.set_share(q.id, None, first.token).await.unwrap());
+    assert_eq!(maxthreads().await, Some(3));
+    // The leader writes; once it fenced the queue, a write with the older token is refused
+    // by the queue's `balance_token` as well (whatever the lease says).
+    s.b.fence_shares(&[q.id], second.token).await.unwrap();
+    assert!(s.b.set_share(q.id, Some(2), second.token).await.unwrap());
+    assert_eq!(maxthreads().await, Some(2));
+    assert!(s.b.set_share(q.id, None, second.token).await.unwrap());
+    assert_eq!(maxthreads().await, None);
+    // A queue that is gone takes no share.
+    assert!(!s.b.set_share(ObjectId::new(), Some(1), second.token).await.unwrap());
 }

@@ -15,7 +15,7 @@ use crate::store::{StoreError, StoreResult};
 impl SqliteStore {
     pub(super) async fn heartbeat(&self, node: &str, lease: Duration) -> StoreResult<Node> {
         let node = node.to_string();
-        self.write_quiet("heartbeat", move |tx| {
+        self.write_liveness("heartbeat", move |tx| {
             let now = DateTime::now();
             renew_slots(tx, &node, lease_end(now, lease))?;
             let err = db_err("heartbeat");

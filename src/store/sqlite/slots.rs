@@ -106,7 +106,7 @@ impl SqliteStore {
     /// still holds the slot and nobody asked for it; gives it up to an asker.
     pub(super) async fn renew_one_slot(&self, slot: &Slot, node: &str, lease: Duration) -> StoreResult<SlotRenewal> {
         let (slot, node) = (slot.clone(), node.to_string());
-        self.write_quiet("renew slot lease", move |tx| renew_in(tx, &slot, &node, lease))
+        self.write_liveness("renew slot lease", move |tx| renew_in(tx, &slot, &node, lease))
             .await
     }
 

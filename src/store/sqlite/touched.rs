@@ -43,6 +43,16 @@ impl SqliteStore {
         self.write_touching(op, f, |_| Touched::Nothing).await
     }
 
+    /// [`Self::write_quiet`] for a write that keeps a lease alive (a heartbeat, a slot
+    /// lease): the writer takes it before every ordinary write waiting (see `writer`).
+    pub(super) async fn write_liveness<T, F>(&self, op: &'static str, f: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: Fn(&rusqlite::Transaction<'_>) -> StoreResult<T> + Send + 'static,
+    {
+        self.writer.write_as(super::writer::Priority::Liveness, op, f).await
+    }
+
     /// [`Self::write`] telling the watchers of tasks which tasks changed: `touched` reads
     /// them from the write's value.
     pub(super) async fn write_touching<T, F>(

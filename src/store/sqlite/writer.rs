@@ -16,20 +16,33 @@
 //! an older snapshot), is tried again on every commit, each time syncing the log and the
 //! file. Run between two groups, a checkpoint that copied all of the log lets the next
 //! group start the log over.
+//!
+//! The writes wait in two bounded queues (see [`queue`]): the liveness writes (heartbeats,
+//! the leader lease, slot renewals) are taken first, and a group takes no more writes once
+//! it ran for [`GROUP_TIME`], so a heartbeat waits for at most the group in progress, not
+//! for every write queued before it. A full queue makes its callers wait for room.
+
+mod queue;
 
 use std::cell::Cell;
-use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
-use std::sync::{mpsc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, Transaction, TransactionBehavior};
 
 use super::rows::is_transient;
 use crate::store::{StoreError, StoreResult};
+pub(crate) use queue::Priority;
+use queue::{Queued, Queues};
 
 /// Most writes committed together.
 const MAX_GROUP: usize = 64;
+
+/// How long a group takes more writes: past it, the group commits with those it ran, and
+/// the writes still waiting (liveness writes first) go into the next.
+const GROUP_TIME: Duration = Duration::from_millis(100);
 
 /// Pages in the log after a commit from which the writer checkpoints (SQLite's default
 /// threshold).
@@ -85,17 +98,12 @@ fn checkpoint(c: &Connection) {
 
 /// Takes the next write; after [`IDLE_CHECKPOINT`] without one, checkpoints (opening the
 /// connection if need be) and waits again. `None` when the store is gone.
-fn next_job(
-    queue: &mpsc::Receiver<Box<dyn Job>>,
-    conn: &mut Option<Connection>,
-    path: &Path,
-    connect: Connect,
-) -> Option<Box<dyn Job>> {
+fn next_job(queues: &Queues, conn: &mut Option<Connection>, path: &Path, connect: Connect) -> Option<Queued> {
     loop {
-        match queue.recv_timeout(IDLE_CHECKPOINT) {
+        match queues.pop(IDLE_CHECKPOINT) {
             Ok(job) => return Some(job),
-            Err(mpsc::RecvTimeoutError::Disconnected) => return None,
-            Err(mpsc::RecvTimeoutError::Timeout) => {
+            Err(true) => return None,
+            Err(false) => {
                 if let Ok(c) = connection(conn, path, connect) {
                     checkpoint(c);
                 }
@@ -188,21 +196,32 @@ where
 /// Opens a connection with the store's settings.
 pub(super) type Connect = fn(&Path) -> StoreResult<Connection>;
 
-/// The sending side of a store's writer thread; the thread ends when every clone of the
-/// store is gone. A writer thread that died (a bug outside a write's own code) is started
-/// again by the next write; the writes it held are answered with a transient error.
+/// The store's side of its writer thread; the thread ends when every clone of the store is
+/// gone. A writer thread that died (a bug outside a write's own code) is started again by
+/// the next write; the writes it held are answered with a transient error, those still
+/// queued are run by the new thread.
 pub(super) struct Writer {
-    jobs: Mutex<mpsc::Sender<Box<dyn Job>>>,
+    queues: Arc<Queues>,
+    /// Whether the current thread still runs.
+    alive: Mutex<Arc<AtomicBool>>,
     path: PathBuf,
     connect: Connect,
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        self.queues.close();
+    }
 }
 
 impl Writer {
     /// Starts the writer thread of the file at `path`.
     pub(super) fn start(path: PathBuf, connect: Connect) -> std::io::Result<Writer> {
-        let jobs = spawn(&path, connect)?;
+        let queues = Queues::new();
+        let alive = spawn(&path, connect, &queues)?;
         Ok(Writer {
-            jobs: Mutex::new(jobs),
+            queues,
+            alive: Mutex::new(alive),
             path,
             connect,
         })
@@ -212,14 +231,23 @@ impl Writer {
     /// the commit returned: `f`'s error rolls back `f`'s writes only. When the group's
     /// commit fails, every write of the group runs again alone, in a transaction of its
     /// own, and gets that transaction's outcome (so `f` may run more than once; only the
-    /// last run's writes are committed).
+    /// last run's writes are committed). Waits for room in the queue when it is full.
     pub(super) async fn write<T, F>(&self, op: &'static str, f: F) -> StoreResult<T>
     where
         T: Send + 'static,
         F: Fn(&Transaction<'_>) -> StoreResult<T> + Send + 'static,
     {
+        self.write_as(Priority::Ordinary, op, f).await
+    }
+
+    /// [`Self::write`] at `priority`.
+    pub(super) async fn write_as<T, F>(&self, priority: Priority, op: &'static str, f: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: Fn(&Transaction<'_>) -> StoreResult<T> + Send + 'static,
+    {
         let (job, answer) = pending(op, f);
-        self.send(op, job)?;
+        self.send(op, job, priority).await?;
         answer.await.map_err(|_| {
             StoreError::Database(format!(
                 "{op}: the database writer stopped before answering (it is started again; retry)"
@@ -228,27 +256,41 @@ impl Writer {
     }
 
     /// Queues `job`, starting the writer thread again if it died.
-    fn send(&self, op: &'static str, job: Box<dyn Job>) -> StoreResult<()> {
-        let mut jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
-        let Err(mpsc::SendError(job)) = jobs.send(job) else {
-            return Ok(());
-        };
-        tracing::error!("the database writer thread stopped; starting it again");
-        *jobs = spawn(&self.path, self.connect)
-            .map_err(|e| StoreError::Database(format!("{op}: cannot start the database writer: {e}")))?;
-        jobs.send(job)
-            .map_err(|_| StoreError::Database(format!("{op}: the database writer stopped; retry")))
+    async fn send(&self, op: &'static str, job: Box<dyn Job>, priority: Priority) -> StoreResult<()> {
+        {
+            let mut alive = self.alive.lock().unwrap_or_else(|e| e.into_inner());
+            if !alive.load(Ordering::SeqCst) {
+                tracing::error!("the database writer thread stopped; starting it again");
+                *alive = spawn(&self.path, self.connect, &self.queues)
+                    .map_err(|e| StoreError::Database(format!("{op}: cannot start the database writer: {e}")))?;
+            }
+        }
+        self.queues.push(job, priority).await;
+        Ok(())
     }
 }
 
-/// Starts a writer thread.
-fn spawn(path: &Path, connect: Connect) -> std::io::Result<mpsc::Sender<Box<dyn Job>>> {
-    let (jobs, queue) = mpsc::channel();
-    let path = path.to_path_buf();
+/// Marks its thread as gone when dropped (the thread returned or panicked).
+struct Alive(Arc<AtomicBool>);
+
+impl Drop for Alive {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
+}
+
+/// Starts a writer thread; answers the flag that says whether it still runs.
+fn spawn(path: &Path, connect: Connect, queues: &Arc<Queues>) -> std::io::Result<Arc<AtomicBool>> {
+    let alive = Arc::new(AtomicBool::new(true));
+    let guard = Alive(alive.clone());
+    let (path, queues) = (path.to_path_buf(), queues.clone());
     std::thread::Builder::new()
         .name("disbatch-sqlite-writer".into())
-        .spawn(move || run(&path, connect, &queue))?;
-    Ok(jobs)
+        .spawn(move || {
+            let _guard = guard;
+            run(&path, connect, &queues)
+        })?;
+    Ok(alive)
 }
 
 /// Runs `f` between `SAVEPOINT` and `RELEASE`, rolled back to the savepoint when it fails
@@ -273,57 +315,45 @@ where
     ran
 }
 
-/// The writer thread: takes the waiting writes, up to [`MAX_GROUP`], runs them in one
-/// transaction and commits, until the store is gone. When the group's commit fails (or
-/// SQLite rolled the transaction back), nothing of it was written: each of its writes runs
-/// again alone, in a transaction of its own, so that one write that makes the commit fail
-/// (a full disk, a deferred constraint) fails alone, with its own error, and the others
-/// commit.
-fn run(path: &Path, connect: Connect, queue: &mpsc::Receiver<Box<dyn Job>>) {
+/// The writer thread: takes the waiting writes (liveness writes first), up to
+/// [`MAX_GROUP`] or for [`GROUP_TIME`], runs them in one transaction and commits, until the
+/// store is gone. When the group's commit fails (or SQLite rolled the transaction back),
+/// nothing of it was written: each of its writes runs again alone, in a transaction of its
+/// own, so that one write that makes the commit fail (a full disk, a deferred constraint)
+/// fails alone, with its own error, and the others commit.
+fn run(path: &Path, connect: Connect, queues: &Queues) {
     let mut conn: Option<Connection> = None;
-    let mut waiting: VecDeque<Box<dyn Job>> = VecDeque::new();
     let mut checkpointed: Option<Instant> = None;
     loop {
-        if waiting.is_empty() {
-            match next_job(queue, &mut conn, path, connect) {
-                Some(job) => waiting.push_back(job),
-                None => return,
-            }
-        }
-        while waiting.len() < MAX_GROUP {
-            match queue.try_recv() {
-                Ok(job) => waiting.push_back(job),
-                Err(_) => break,
-            }
-        }
+        let Some(first) = next_job(queues, &mut conn, path, connect) else {
+            return;
+        };
         let c = match connection(&mut conn, path, connect) {
             Ok(c) => c,
             Err(failed) => {
-                for mut job in waiting.drain(..) {
-                    job.run(Err(&failed));
-                    job.answer(None);
-                }
+                refuse(first, &failed);
                 continue;
             }
         };
-        let mut group = Vec::with_capacity(waiting.len());
+        let mut group = Vec::new();
         let commit = match c.transaction_with_behavior(TransactionBehavior::Immediate) {
             Err(e) => {
-                let failed = Failed::of(&e);
-                for mut job in waiting.drain(..) {
-                    job.run(Err(&failed));
-                    job.answer(None);
-                }
+                refuse(first, &Failed::of(&e));
                 continue;
             }
             Ok(tx) => {
-                while let Some(mut job) = waiting.pop_front() {
-                    job.run(Ok(&tx));
+                let began = Instant::now();
+                let mut next = Some(first);
+                while let Some(mut job) = next.take() {
+                    job.job.run(Ok(&tx));
                     group.push(job);
                     if tx.is_autocommit() {
                         // SQLite rolled the whole transaction back (a full disk, an I/O
                         // error): the rest go into the next group.
                         break;
+                    }
+                    if group.len() < MAX_GROUP && began.elapsed() < GROUP_TIME {
+                        next = queues.try_pop();
                     }
                 }
                 if tx.is_autocommit() {
@@ -339,6 +369,12 @@ fn run(path: &Path, connect: Connect, queue: &mpsc::Receiver<Box<dyn Job>>) {
         }
         checkpoint_if_due(c, &mut checkpointed);
     }
+}
+
+/// Answers `job` with the error that kept its transaction from beginning.
+fn refuse(mut job: Queued, failed: &Failed) {
+    job.job.run(Err(failed));
+    job.answer(None);
 }
 
 /// The writer's connection, opened if it is not.
@@ -367,16 +403,12 @@ fn connection<'c>(
 
 /// Runs `job` again alone, in a transaction of its own, and answers it with that
 /// transaction's outcome.
-fn alone(c: &mut Connection, mut job: Box<dyn Job>) {
+fn alone(c: &mut Connection, mut job: Queued) {
     let tx = match c.transaction_with_behavior(TransactionBehavior::Immediate) {
         Ok(tx) => tx,
-        Err(e) => {
-            let failed = Failed::of(&e);
-            job.run(Err(&failed));
-            return job.answer(None);
-        }
+        Err(e) => return refuse(job, &Failed::of(&e)),
     };
-    job.run(Ok(&tx));
+    job.job.run(Ok(&tx));
     let commit = if tx.is_autocommit() {
         drop(tx);
         Some(Failed {
@@ -390,97 +422,4 @@ fn alone(c: &mut Connection, mut job: Box<dyn Job>) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A plain connection with foreign keys checked, so that a deferred constraint makes
-    /// COMMIT fail.
-    fn connect(path: &Path) -> StoreResult<Connection> {
-        let c = Connection::open(path).map_err(|e| StoreError::Database(e.to_string()))?;
-        c.execute_batch("PRAGMA foreign_keys = ON")
-            .map_err(|e| StoreError::Database(e.to_string()))?;
-        Ok(c)
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_failed_group_commit_runs_each_write_alone() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("w.db");
-        connect(&path)
-            .unwrap()
-            .execute_batch(
-                "CREATE TABLE parent (id INTEGER PRIMARY KEY);
-                 CREATE TABLE child (id INTEGER PRIMARY KEY,
-                     parent INTEGER REFERENCES parent(id) DEFERRABLE INITIALLY DEFERRED);",
-            )
-            .unwrap();
-        let writer = Writer::start(path.clone(), connect).unwrap();
-
-        // A first write holds the writer until the next two are queued behind it, so that
-        // those two go into one group.
-        let (started_tx, started) = mpsc::channel();
-        let (release, released) = mpsc::channel::<()>();
-        let released = Mutex::new(released);
-        let (blocker, blocked) = pending("block", move |tx| {
-            let _ = started_tx.send(());
-            let _ = released.lock().unwrap().recv();
-            tx.execute("INSERT INTO parent (id) VALUES (1)", []).unwrap();
-            Ok(())
-        });
-        writer.send("block", blocker).unwrap();
-        started.recv().unwrap();
-        // Its savepoint succeeds; the deferred foreign key fails the group's commit.
-        let (bad, bad_answer) = pending("bad", |tx| {
-            tx.execute("INSERT INTO child (id, parent) VALUES (10, 99)", [])
-                .map_err(|e| StoreError::Rejected(e.to_string()))?;
-            Ok(())
-        });
-        let (good, good_answer) = pending("good", |tx| {
-            tx.execute("INSERT INTO child (id, parent) VALUES (11, 1)", [])
-                .map_err(|e| StoreError::Rejected(e.to_string()))?;
-            Ok(())
-        });
-        writer.send("bad", bad).unwrap();
-        writer.send("good", good).unwrap();
-        release.send(()).unwrap();
-
-        blocked.await.unwrap().unwrap();
-        let bad = bad_answer.await.unwrap();
-        assert!(
-            matches!(&bad, Err(StoreError::Rejected(m)) if m.contains("FOREIGN KEY")),
-            "{bad:?}"
-        );
-        good_answer.await.unwrap().unwrap();
-        let rows: Vec<i64> = {
-            let c = connect(&path).unwrap();
-            let mut stmt = c.prepare("SELECT id FROM child ORDER BY id").unwrap();
-            stmt.query_map([], |r| r.get(0))
-                .unwrap()
-                .collect::<Result<_, _>>()
-                .unwrap()
-        };
-        assert_eq!(rows, vec![11], "only the good write is committed");
-    }
-
-    #[tokio::test]
-    async fn a_write_panicking_is_answered_and_the_writer_goes_on() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("w.db");
-        connect(&path)
-            .unwrap()
-            .execute_batch("CREATE TABLE t (id INTEGER)")
-            .unwrap();
-        let writer = Writer::start(path.clone(), connect).unwrap();
-        let panicked = writer
-            .write("panics", |_tx| -> StoreResult<()> { panic!("boom") })
-            .await;
-        assert!(matches!(panicked, Err(StoreError::Rejected(_))), "{panicked:?}");
-        writer
-            .write("insert", |tx| {
-                tx.execute("INSERT INTO t (id) VALUES (1)", [])
-                    .map_err(|e| StoreError::Rejected(e.to_string()))
-            })
-            .await
-            .unwrap();
-    }
-}
+mod tests;
