@@ -73,9 +73,9 @@ use crate::store::Store;
 pub use self::error::ApiError;
 pub use self::form::SHAPE_HEADER;
 pub use self::hosts::AllowedHosts;
-pub use self::timed_body::{BodyTimeout, TimedBody, MIN_BODY_RATE};
 pub use self::openapi::OPENAPI_JSON;
 pub use self::source::DocumentSource;
+pub use self::timed_body::{BodyTimeout, TimedBody, MIN_BODY_RATE};
 
 /// Default largest request body: 16 MiB.
 pub const DEFAULT_BODY_LIMIT: usize = 16 << 20;

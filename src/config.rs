@@ -441,11 +441,11 @@ mod relaxed;
 mod sandbox;
 mod sections;
 
+pub use checks::{check_database, check_mongohost, check_plugin_name, plugin_file, redact_uri};
 pub use http::{
     HttpSettings, DEFAULT_HTTP_BODY_TIMEOUT, DEFAULT_HTTP_HEADER_TIMEOUT, DEFAULT_HTTP_IDLE_TIMEOUT,
     DEFAULT_HTTP_MAX_CONNECTIONS, MAX_HTTP_CONNECTIONS,
 };
-pub use checks::{check_database, check_mongohost, check_plugin_name, plugin_file, redact_uri};
 use parser::{describe, hint, Parser};
 pub use relaxed::parse_relaxed;
 #[cfg(test)]

@@ -173,7 +173,10 @@ fn read_until_closed(s: &mut TcpStream, limit: Duration) -> Vec<u8> {
             Ok(0) => return got,
             Ok(n) => got.extend_from_slice(&buf[..n]),
             Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
-                panic!("the server kept the connection open for {limit:?}; read {:?}", String::from_utf8_lossy(&got))
+                panic!(
+                    "the server kept the connection open for {limit:?}; read {:?}",
+                    String::from_utf8_lossy(&got)
+                )
             }
             Err(_) => return got,
         }
@@ -217,7 +220,14 @@ async fn disbatch_dev_runs_a_task_submitted_while_a_flood_is_held() {
         .pool_max_idle_per_host(1)
         .build()
         .unwrap();
-    let queues: Value = http.get(format!("{}/queues", dev.url)).send().await.unwrap().json().await.unwrap();
+    let queues: Value = http
+        .get(format!("{}/queues", dev.url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert!(queues.to_string().contains("demo"), "{queues}");
     let base = dev.fds();
     // More connections than the whole open-files limit.
@@ -266,7 +276,8 @@ async fn a_slowloris_head_and_an_idle_keep_alive_connection_are_cut() {
     let web = Proc::web(json!({"http_header_timeout": 2, "http_idle_timeout": 3}));
     // Half a request head, then nothing.
     let mut slow = TcpStream::connect(web.addr).unwrap();
-    slow.write_all(b"GET /info HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ").unwrap();
+    slow.write_all(b"GET /info HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+        .unwrap();
     let start = Instant::now();
     let got = read_until_closed(&mut slow, Duration::from_secs(25));
     eprintln!("half a head: closed after {:?}", start.elapsed());
@@ -275,7 +286,8 @@ async fn a_slowloris_head_and_an_idle_keep_alive_connection_are_cut() {
 
     // A whole request answered, then an idle keep-alive connection.
     let mut idle = TcpStream::connect(web.addr).unwrap();
-    idle.write_all(b"GET /info HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
+    idle.write_all(b"GET /info HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        .unwrap();
     let start = Instant::now();
     let got = String::from_utf8(read_until_closed(&mut idle, Duration::from_secs(25))).unwrap();
     eprintln!("idle keep-alive connection: closed after {:?}", start.elapsed());
@@ -350,7 +362,10 @@ async fn a_stalled_upload_is_cut_with_408_and_the_next_upload_goes_on() {
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
     let error: Value = serde_json::from_str(raw_body(&answer)).unwrap();
     let error = error["error"].as_str().unwrap();
-    assert!(error.contains("stalled") && error.contains("http_body_timeout"), "{error}");
+    assert!(
+        error.contains("stalled") && error.contains("http_body_timeout"),
+        "{error}"
+    );
     let listed: Value = client()
         .get(format!("http://{addr}/plugins?full=1"))
         .send()
@@ -359,12 +374,24 @@ async fn a_stalled_upload_is_cut_with_408_and_the_next_upload_goes_on() {
         .json()
         .await
         .unwrap();
-    let names: Vec<&str> = listed.as_array().unwrap().iter().filter_map(|p| p["name"].as_str()).collect();
+    let names: Vec<&str> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["name"].as_str())
+        .collect();
     assert!(names.contains(&"second") && !names.contains(&"stalled"), "{listed}");
 }
 
 /// A raw request to `addr` with `host` as Host and the extra `headers`.
-async fn raw(addr: SocketAddr, method: &str, path: &str, host: &str, headers: &str, body: &str) -> (Option<u16>, String) {
+async fn raw(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    host: &str,
+    headers: &str,
+    body: &str,
+) -> (Option<u16>, String) {
     let request = format!(
         "{method} {path} HTTP/1.1\r\nHost: {host}\r\n{headers}Content-Type: application/json\r\n\
          Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
@@ -381,7 +408,15 @@ async fn a_foreign_host_or_origin_cannot_write_dns_rebinding() {
     let queue = |name: &str| json!({"name": name, "plugin": "demo"}).to_string();
 
     // A page on evil.example whose name now points at 127.0.0.1.
-    let (status, answer) = raw(addr, "POST", "/queues", "evil.example:1234", "Origin: http://evil.example:1234\r\n", &queue("evil")).await;
+    let (status, answer) = raw(
+        addr,
+        "POST",
+        "/queues",
+        "evil.example:1234",
+        "Origin: http://evil.example:1234\r\n",
+        &queue("evil"),
+    )
+    .await;
     assert_eq!(status, Some(403), "{answer}");
     let error = raw_body(&answer);
     assert!(error.contains("Host") && error.contains("allowed_hosts"), "{error}");
@@ -389,7 +424,15 @@ async fn a_foreign_host_or_origin_cannot_write_dns_rebinding() {
     assert_eq!(status, Some(403), "reads too: {answer}");
 
     // Our own Host, but a write from another site.
-    let (status, answer) = raw(addr, "POST", "/queues", &own, "Origin: http://evil.example\r\n", &queue("cross")).await;
+    let (status, answer) = raw(
+        addr,
+        "POST",
+        "/queues",
+        &own,
+        "Origin: http://evil.example\r\n",
+        &queue("cross"),
+    )
+    .await;
     assert_eq!(status, Some(403), "{answer}");
     let error = raw_body(&answer);
     assert!(error.contains("Origin") && error.contains("cors_origins"), "{error}");

@@ -141,7 +141,10 @@ fn check(state: &super::ApiState, method: &Method, headers: &HeaderMap, uri: &Ur
     };
     let origin = String::from_utf8_lossy(origin.as_bytes()).trim().to_ascii_lowercase();
     if host.as_deref().is_some_and(|h| same_origin(&origin, h))
-        || state.cors_origins.iter().any(|o| o == "*" || o.eq_ignore_ascii_case(&origin))
+        || state
+            .cors_origins
+            .iter()
+            .any(|o| o == "*" || o.eq_ignore_ascii_case(&origin))
     {
         return Ok(());
     }
@@ -172,7 +175,13 @@ mod tests {
         ] {
             assert!(h.allows(ok), "{ok}");
         }
-        for bad in ["evil.example", "evil.example:8080", "127.0.0.1.evil.example", "localhost.evil", ""] {
+        for bad in [
+            "evil.example",
+            "evil.example:8080",
+            "127.0.0.1.evil.example",
+            "localhost.evil",
+            "",
+        ] {
             assert!(!h.allows(bad), "{bad}");
         }
         assert!(AllowedHosts::new(["*".to_owned()]).allows("evil.example"));

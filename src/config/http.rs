@@ -78,7 +78,8 @@ impl Parser<'_> {
             Value::String(s) if s == "*" => Ok(s.clone()),
             Value::String(s)
                 if (s.starts_with("http://") || s.starts_with("https://"))
-                    && s.split_once("://").is_some_and(|(_, a)| !a.is_empty() && !a.contains('/')) =>
+                    && s.split_once("://")
+                        .is_some_and(|(_, a)| !a.is_empty() && !a.contains('/')) =>
             {
                 Ok(s.to_ascii_lowercase())
             }

@@ -120,7 +120,10 @@ pub async fn serve(
     }
     drop(listener);
     let all = u32::try_from(cap).unwrap_or(u32::MAX);
-    if tokio::time::timeout(DRAIN_LIMIT, slots.acquire_many(all)).await.is_err() {
+    if tokio::time::timeout(DRAIN_LIMIT, slots.acquire_many(all))
+        .await
+        .is_err()
+    {
         tracing::warn!(
             "requests still in progress {}s after the shutdown began are dropped",
             DRAIN_LIMIT.as_secs()
@@ -133,7 +136,10 @@ pub async fn serve(
 /// rather than one connection's, waits a little before the next.
 async fn accept_failed(e: &io::Error) {
     use io::ErrorKind::*;
-    if matches!(e.kind(), ConnectionAborted | ConnectionReset | ConnectionRefused | Interrupted) {
+    if matches!(
+        e.kind(),
+        ConnectionAborted | ConnectionReset | ConnectionRefused | Interrupted
+    ) {
         return;
     }
     tracing::warn!(error = %e, "cannot accept a connection; trying again in 1 s");
