@@ -194,7 +194,11 @@ mod tests {
         b.received = 60;
         let (deadline, slow) = b.deadline(started);
         assert!(slow);
-        assert!(deadline < started + t + Duration::from_millis(10), "{:?}", deadline - started);
+        assert!(
+            deadline < started + t + Duration::from_millis(10),
+            "{:?}",
+            deadline - started
+        );
         // At the rate, the deadline moves on with every byte.
         b.received = MIN_BODY_RATE * 60;
         b.last = started + Duration::from_secs(60);
