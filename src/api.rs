@@ -15,11 +15,15 @@
 //!
 //! Every error is a JSON object `{"error": "…"}`: 400 naming the offending field for bad
 //! input, 401 for a write without the bearer token when one is configured, 403 for a form
-//! from another site, 404 for an unknown id or name, 413 for a body over the limit, 415
-//! for a body neither JSON nor (where taken) a form, 503 when the database is unreachable.
+//! from another site, a `Host` the DCI does not answer to or a write from a browser on
+//! another site (`hosts`), 404 for an unknown id or name, 413 for a body over the limit, 415
+//! for a body neither JSON nor (where taken) a form, 408 for a body that stalls
+//! (`timed_body`), 503 when the database is unreachable.
 //!
-//! Parts: `error` ([`ApiError`] → HTTP), `auth` (bearer token on writes), `body` (the JSON
-//! body, form and path extractors), `form` (forms, the same-site check, answer shapes),
+//! Parts: `error` ([`ApiError`] → HTTP), `auth` (bearer token on writes), `hosts` (the
+//! `Host` allowlist and the `Origin` check of writes), `body` (the JSON body, form and
+//! path extractors), `timed_body` (bodies that must keep coming), `form` (forms, the
+//! same-site check, answer shapes),
 //! `json` (documents → JSON), `nodes`, `plugins`, `queues` (with `queue_fields`), `tasks`
 //! (with `search`, the parameters of `GET /tasks`), `create` (`POST /tasks`),
 //! `status` (info, monitoring, metrics), `counts` (task counts per queue without walking
@@ -35,6 +39,7 @@ mod counts;
 mod create;
 mod error;
 mod form;
+mod hosts;
 mod json;
 mod keys;
 mod lifecycle;
@@ -49,6 +54,7 @@ mod source;
 mod stats;
 mod status;
 mod tasks;
+mod timed_body;
 mod ui;
 mod watch;
 mod web_root;
@@ -66,10 +72,12 @@ use crate::store::Store;
 
 pub use self::error::ApiError;
 pub use self::form::SHAPE_HEADER;
+pub use self::hosts::AllowedHosts;
 pub use self::openapi::OPENAPI_JSON;
 pub use self::source::DocumentSource;
 pub use self::tasks::{FULL_OUTPUT_CAP, MAX_FULL_LIMIT};
 pub use self::watch::{WaitLimits, DEFAULT_MAX_WAITED_IDS, DEFAULT_MAX_WAITERS};
+pub use self::timed_body::{BodyTimeout, TimedBody, MIN_BODY_RATE};
 
 /// Default largest request body: 16 MiB.
 pub const DEFAULT_BODY_LIMIT: usize = 16 << 20;
@@ -100,8 +108,11 @@ pub struct ApiState {
     pub balance: crate::config::Balance,
     /// Largest request body in bytes.
     pub body_limit: usize,
-    /// Origins allowed by CORS; empty (the default) sends no CORS headers at all.
+    /// Origins allowed by CORS, and to write from a browser on another site; empty (the
+    /// default) sends no CORS headers at all.
     pub cors_origins: Vec<String>,
+    /// The `Host` names answered besides IP literals and `localhost` (the `hosts` check).
+    pub allowed_hosts: AllowedHosts,
     /// Follows task changes for the waiters of `GET /tasks/wait` and `/tasks/{id}/events`.
     pub(crate) watch: Arc<watch::TaskWatch>,
     /// Caps on those waiters.
@@ -131,6 +142,7 @@ impl ApiState {
             balance: crate::config::Balance::default(),
             body_limit: DEFAULT_BODY_LIMIT,
             cors_origins: Vec::new(),
+            allowed_hosts: AllowedHosts::new([]),
             watch: Arc::default(),
             wait_limits: WaitLimits::default(),
             checker: None,
@@ -153,6 +165,7 @@ impl std::fmt::Debug for ApiState {
             .field("body_limit", &self.body_limit)
             .field("cors_origins", &self.cors_origins)
             .field("wait_limits", &self.wait_limits)
+            .field("allowed_hosts", &self.allowed_hosts)
             .field("checker", &self.checker.is_some())
             .field("web_root", &self.web_root)
             .finish()
@@ -236,6 +249,10 @@ pub fn router(state: ApiState) -> Router {
         .layer(axum::middleware::from_fn_with_state(
             shared.clone(),
             auth::require_token,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            shared.clone(),
+            hosts::check_host_and_origin,
         ))
         .layer(DefaultBodyLimit::max(body_limit))
         .with_state(shared);

@@ -68,7 +68,7 @@ pub const ENV_OVERRIDES: [(&str, &str); 6] = [
 const IGNORED_KEYS: [&str; 4] = ["web_extensions", "task_runner", "views_dir", "log4perl"];
 
 /// Every key this module reads.
-const KNOWN_KEYS: [&str; 22] = [
+const KNOWN_KEYS: [&str; 28] = [
     "mongohost",
     "database",
     "attributes",
@@ -91,6 +91,12 @@ const KNOWN_KEYS: [&str; 22] = [
     "bind",
     "max_instances",
     "stats_retention",
+    "http_max_connections",
+    "http_header_timeout",
+    "http_idle_timeout",
+    "http_body_timeout",
+    "allowed_hosts",
+    "cors_origins",
 ];
 
 /// Keys of the `sandbox` object.
@@ -288,6 +294,8 @@ pub struct Config {
     pub bind: String,
     /// Plugin instances one process may run at once (`max_instances`).
     pub max_instances: u32,
+    /// The DCI's HTTP settings (`http_*`, `allowed_hosts`, `cors_origins`).
+    pub http: HttpSettings,
     /// Problems that are not errors (unknown keys, keys without effect, weak settings).
     pub warnings: Vec<String>,
 }
@@ -317,6 +325,7 @@ impl fmt::Debug for Config {
             .field("api_token", &self.api_token.as_ref().map(|_| "<hidden>"))
             .field("bind", &self.bind)
             .field("max_instances", &self.max_instances)
+            .field("http", &self.http)
             .field("warnings", &self.warnings)
             .finish()
     }
@@ -427,12 +436,17 @@ impl Config {
 }
 
 mod checks;
+mod http;
 mod parser;
 mod relaxed;
 mod sandbox;
 mod sections;
 
 pub use checks::{check_database, check_mongohost, check_plugin_name, plugin_file, redact_uri};
+pub use http::{
+    HttpSettings, DEFAULT_HTTP_BODY_TIMEOUT, DEFAULT_HTTP_HEADER_TIMEOUT, DEFAULT_HTTP_IDLE_TIMEOUT,
+    DEFAULT_HTTP_MAX_CONNECTIONS, MAX_HTTP_CONNECTIONS,
+};
 use parser::{describe, hint, Parser};
 pub use relaxed::parse_relaxed;
 #[cfg(test)]

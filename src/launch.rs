@@ -7,7 +7,8 @@
 //! - [`open_store`]: MongoDB ([`MongoStore`]) or the embedded SQLite file ([`SqliteStore`]),
 //!   schema and indexes ensured.
 //! - [`den`] and [`run_den`]: a DEN on that store.
-//! - [`listen`], [`api_state`] and [`serve_dci`]: the DCI (REST API and web UI).
+//! - [`listen`], [`api_state`] and [`serve_dci`]: the DCI (REST API and web UI), served
+//!   by [`serve`] under a connection cap and timeouts.
 //! - [`runtime`], [`init_tracing`] and [`signals`]: the process around them.
 //!
 //! Errors are [`StartError`]s: bad flags or config (exit code 2), or a failure to start or
@@ -19,13 +20,15 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::api::{router, ApiState, DocumentSource};
-use crate::config::{check_plugin_name, redact_uri, Config, ConfigError, StoreKind};
+use crate::api::{router, AllowedHosts, ApiState, DocumentSource};
+use crate::config::{check_plugin_name, redact_uri, Config, ConfigError, HttpSettings, StoreKind};
 use crate::den::{Den, DenSettings};
 use crate::runner::{EngineOptions, Runner};
 use crate::store::mongo::MongoStore;
 use crate::store::sqlite::SqliteStore;
 use crate::store::Store;
+
+pub mod serve;
 
 /// The config file used when neither `--config` nor `--embedded` is given and the file
 /// exists (Disbatch 4's default).
@@ -311,12 +314,23 @@ pub async fn run_den(den: Arc<Den>, shutdown: CancellationToken) -> Result<(), S
     den.run(shutdown).await.map_err(|e| StartError::Failed(e.to_string()))
 }
 
-/// The DCI's state for `config` on `store`: its plugins, token and monitoring setting.
-/// The DCI compiles uploaded components to check them (`POST /plugins`) with an engine of
+/// The DCI's state for `config` on `store`, served at `bind`: its plugins, token,
+/// monitoring setting, the `Host` names it answers to (the config's `allowed_hosts` and
+/// the host of `bind`) and `cors_origins`. The DCI compiles uploaded components to check them (`POST /plugins`) with an engine of
 /// its own, sharing the config's compile cache; when that engine cannot be made, uploads
 /// are refused with the reason logged.
-pub fn api_state(config: &Config, store: &OpenStore) -> ApiState {
+pub fn api_state(config: &Config, store: &OpenStore, bind: &str) -> ApiState {
     let mut state = ApiState::new(store.store.clone(), config.plugins.clone());
+    let bind_host = bind.rsplit_once(':').map_or(bind, |(host, _)| host);
+    state.allowed_hosts = AllowedHosts::new(
+        config
+            .http
+            .allowed_hosts
+            .iter()
+            .cloned()
+            .chain([bind_host.trim_matches(['[', ']']).to_owned()]),
+    );
+    state.cors_origins = config.http.cors_origins.clone();
     state.api_token = config.api_token.clone();
     state.documents = store.documents.clone();
     state.database = Some(store.database.clone());
@@ -348,16 +362,15 @@ pub async fn listen(bind: &str) -> Result<(tokio::net::TcpListener, SocketAddr),
     Ok((listener, addr))
 }
 
-/// Serves the DCI ([`router`]) of `state` on `listener` until `shutdown` is cancelled.
+/// Serves the DCI ([`router`]) of `state` on `listener` under the connection cap and
+/// timeouts of `http` ([`serve::serve`]) until `shutdown` is cancelled.
 pub async fn serve_dci(
     listener: tokio::net::TcpListener,
     state: ApiState,
+    http: &HttpSettings,
     shutdown: CancellationToken,
 ) -> Result<(), StartError> {
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await
-        .map_err(|e| StartError::Failed(format!("the web server failed: {e}")))
+    serve::serve(listener, router(state), http, shutdown).await
 }
 
 /// A multi-threaded runtime whose blocking pool holds `max_instances` running plugins plus

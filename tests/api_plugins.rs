@@ -234,7 +234,7 @@ async fn refusals_come_before_the_body_is_read() {
         ("application/wasm", MAX_PLUGIN_BYTES as u64 + 1, 413),
     ] {
         let request = format!(
-            "POST /plugins?name=demo HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: {content_type}\r\nContent-Length: {length}\r\n\r\n"
+            "POST /plugins?name=demo HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: {content_type}\r\nContent-Length: {length}\r\n\r\n"
         );
         let answer = tokio::time::timeout(
             std::time::Duration::from_secs(30),

@@ -192,7 +192,7 @@ async fn malformed_json_bodies_are_400_on_every_json_route() {
 /// POSTs `body` over a real connection and returns the status and the JSON body.
 async fn tcp_post(addr: SocketAddr, path: &str, body: &[u8]) -> (Option<u16>, String) {
     let mut request = format!(
-        "POST {path} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     )
     .into_bytes();
@@ -202,7 +202,7 @@ async fn tcp_post(addr: SocketAddr, path: &str, body: &[u8]) -> (Option<u16>, St
 }
 
 async fn tcp_get(addr: SocketAddr, path: &str) -> (Option<u16>, String) {
-    let request = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
     let (status, answer) = raw_http(addr, request.as_bytes(), false).await;
     (status, raw_body(&answer).to_owned())
 }
@@ -833,7 +833,7 @@ async fn a_body_over_the_limit_is_413_and_the_server_stays_up() {
         let (status, answer) = tcp_post(addr, route, text.as_bytes()).await;
         assert_eq!(status, Some(413), "POST {route} over TCP: {answer}");
         let chunked = format!(
-            "POST {route} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n{:x}\r\n{text}\r\n0\r\n\r\n",
+            "POST {route} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n{:x}\r\n{text}\r\n0\r\n\r\n",
             text.len()
         );
         let (status, answer) = raw_http(addr, chunked.as_bytes(), false).await;
@@ -1366,22 +1366,22 @@ async fn query_strings_that_are_not_utf8_or_repeat_keys_are_handled() {
 async fn truncated_and_garbage_requests_over_tcp_leave_the_server_up() {
     let (db, app) = with_queue_and_node("hapi_wire", |_| {}).await;
     let addr = serve(app).await;
-    let truncated = "POST /queues HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\nContent-Length: 100\r\nConnection: close\r\n\r\n{\"name\":";
+    let truncated = "POST /queues HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 100\r\nConnection: close\r\n\r\n{\"name\":";
     let (status, answer) = raw_http(addr, truncated.as_bytes(), true).await;
     assert_eq!(status, Some(400), "a body cut short: {answer}");
     assert!(raw_body(&answer).contains("cannot read the request body"), "{answer}");
 
     let cases: [(&str, &[u8], u16); 4] = [
         ("a garbage request line", b"GARBAGE\r\n\r\n", 400),
-        ("a raw 0xFF in the path", b"GET /queues/\xff HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n", 400),
+        ("a raw 0xFF in the path", b"GET /queues/\xff HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n", 400),
         (
             "a bad chunk size",
-            b"POST /tasks HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
+            b"POST /tasks HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
             400,
         ),
         (
             "a negative Content-Length",
-            b"POST /tasks HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: -5\r\nConnection: close\r\n\r\n{}",
+            b"POST /tasks HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: -5\r\nConnection: close\r\n\r\n{}",
             400,
         ),
     ];
@@ -1390,7 +1390,7 @@ async fn truncated_and_garbage_requests_over_tcp_leave_the_server_up() {
         assert_eq!(status, Some(expected), "{label}: {answer}");
     }
     let many_headers: String = (0..200).map(|i| format!("X-H{i}: v\r\n")).collect();
-    let request = format!("GET /queues HTTP/1.1\r\nHost: t\r\n{many_headers}Connection: close\r\n\r\n");
+    let request = format!("GET /queues HTTP/1.1\r\nHost: localhost\r\n{many_headers}Connection: close\r\n\r\n");
     let (status, answer) = raw_http(addr, request.as_bytes(), false).await;
     assert_eq!(status, Some(431), "200 headers: {answer}");
 

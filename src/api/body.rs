@@ -29,7 +29,9 @@ impl<S: Send + Sync> FromRequest<S> for JsonBody {
 /// The request body, within the limit.
 pub(super) async fn read<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, ApiError> {
     Bytes::from_request(req, state).await.map_err(|e: BytesRejection| {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        if let Some(t) = super::timed_body::timed_out(&e) {
+            ApiError::Timeout(t.to_string())
+        } else if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::TooLarge("the request body is larger than the limit".into())
         } else {
             ApiError::bad(format!("cannot read the request body: {e}"))

@@ -29,6 +29,10 @@ pub enum ApiError {
     /// a running task; the message says why and what applies instead.
     #[error("{0}")]
     Conflict(String),
+    /// The request body stopped coming or came too slowly (408); the message says which
+    /// and that sending it again can help.
+    #[error("{0}")]
+    Timeout(String),
     /// The route exists but not with this method (405).
     #[error("method not allowed")]
     MethodNotAllowed,
@@ -100,6 +104,7 @@ impl ApiError {
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::Timeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::NotJson(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,

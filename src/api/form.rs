@@ -84,33 +84,13 @@ pub(super) fn check_same_site(headers: &HeaderMap, uri: &Uri) -> Result<(), ApiE
         return Ok(());
     };
     let origin = String::from_utf8_lossy(origin.as_bytes()).trim().to_ascii_lowercase();
-    let host = headers
-        .get(header::HOST)
-        .map(|h| String::from_utf8_lossy(h.as_bytes()).trim().to_ascii_lowercase())
-        .or_else(|| uri.authority().map(|a| a.as_str().to_ascii_lowercase()));
-    let Some((scheme, authority)) = origin
-        .split_once("://")
-        .filter(|(_, a)| !a.is_empty() && !a.contains('/'))
-    else {
-        return Err(refuse(format!("Origin: {origin}")));
-    };
-    let Some(host) = host else {
+    let Some(host) = super::hosts::request_host(headers, uri) else {
         return Err(refuse(format!("Origin: {origin}, and the request names no Host")));
     };
-    if without_default_port(scheme, authority) != without_default_port(scheme, &host) {
+    if !super::hosts::same_origin(&origin, &host) {
         return Err(refuse(format!("Origin: {origin}, Host: {host}")));
     }
     Ok(())
-}
-
-/// `host:port` without the scheme's default port.
-fn without_default_port<'a>(scheme: &str, authority: &'a str) -> &'a str {
-    let default = match scheme {
-        "http" => ":80",
-        "https" => ":443",
-        _ => return authority,
-    };
-    authority.strip_suffix(default).unwrap_or(authority)
 }
 
 /// The `key=value` pairs of a form body or query string, in order, `+` and `%XX` decoded

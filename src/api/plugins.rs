@@ -7,6 +7,8 @@
 //! most [`MAX_PLUGIN_BYTES`], and compiles as a component of the `disbatch:plugin` world
 //! within the host's limits. A `sha256` query parameter, when given, must match the body.
 //! One upload at a time is read and checked; the others wait before their body is read.
+//! An upload whose body stalls or trickles is cut with 408 (the DCI's server reads every
+//! body under `http_body_timeout`, see `timed_body`), which gives the turn to the next.
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
@@ -188,7 +190,10 @@ async fn read_body(request: Request) -> Result<Vec<u8>, ApiError> {
     let mut stream = request.into_body().into_data_stream();
     let mut bytes = Vec::new();
     while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| ApiError::bad(format!("cannot read the request body: {e}")))?;
+        let chunk = chunk.map_err(|e| match super::timed_body::timed_out(&e) {
+            Some(t) => ApiError::Timeout(format!("the upload was cut to let other uploads go on: {t}")),
+            None => ApiError::bad(format!("cannot read the request body: {e}")),
+        })?;
         if bytes.len() + chunk.len() > MAX_PLUGIN_BYTES {
             return Err(too_large());
         }

@@ -69,7 +69,8 @@ pub async fn run(args: &DevArgs, shutdown: CancellationToken) -> Result<(), CliE
     let demo = ensure_demo_queue(&*store.store, &config.plugins).await?;
     let protected: Vec<_> = embedded.map(Path::to_owned).into_iter().collect();
     let den = launch::den(&config, store.store.clone(), &protected)?;
-    let (listener, addr) = launch::listen(args.bind.as_deref().unwrap_or(&config.bind)).await?;
+    let bind = args.bind.as_deref().unwrap_or(&config.bind);
+    let (listener, addr) = launch::listen(bind).await?;
     let url = format!("http://{addr}");
     let try_line = if demo {
         format!("disbatch --url {url} create-task {DEMO_QUEUE} message hello")
@@ -84,14 +85,14 @@ pub async fn run(args: &DevArgs, shutdown: CancellationToken) -> Result<(), CliE
     println!("disbatch dev: try   {try_line}");
     let _ = std::io::stdout().flush();
     tracing::info!(%addr, store = %store.description, node = %config.node, "serving the DCI and running a DEN");
-    let state = launch::api_state(&config, &store);
+    let state = launch::api_state(&config, &store, bind);
     let den = async {
         let r = launch::run_den(den, shutdown.clone()).await;
         shutdown.cancel();
         r
     };
     let web = async {
-        let r = launch::serve_dci(listener, state, shutdown.clone()).await;
+        let r = launch::serve_dci(listener, state, &config.http, shutdown.clone()).await;
         shutdown.cancel();
         r
     };

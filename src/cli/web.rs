@@ -16,10 +16,12 @@ pub async fn serve(args: &StoreArgs, bind: Option<&str>, shutdown: CancellationT
         tracing::warn!("config: {w}");
     }
     let store = launch::open_store(&config, args.embedded.as_deref(), "disbatch_web").await?;
-    let (listener, addr) = launch::listen(bind.unwrap_or(&config.bind)).await?;
+    let bind = bind.unwrap_or(&config.bind);
+    let (listener, addr) = launch::listen(bind).await?;
     println!("disbatch web: listening on http://{addr}/");
     let _ = std::io::stdout().flush();
     tracing::info!(%addr, store = %store.description, "serving the DCI");
-    launch::serve_dci(listener, launch::api_state(&config, &store), shutdown).await?;
+    let state = launch::api_state(&config, &store, bind);
+    launch::serve_dci(listener, state, &config.http, shutdown).await?;
     Ok(())
 }

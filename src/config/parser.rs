@@ -263,6 +263,7 @@ impl<'a> Parser<'a> {
             api_token,
             bind,
             max_instances,
+            http: self.http()?,
             warnings: self.warnings,
         })
     }

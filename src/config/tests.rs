@@ -213,3 +213,27 @@ fn defaults_take_the_environment() {
     assert!(check_database("").is_err() && check_database("ok_name").is_ok());
     assert!(check_mongohost("mongodb://h:1").is_ok() && check_mongohost("h:1").is_err());
 }
+
+#[test]
+fn http_keys() {
+    let c = parse("").unwrap();
+    assert_eq!(c.http, HttpSettings::default());
+    assert_eq!(c.http.max_connections, DEFAULT_HTTP_MAX_CONNECTIONS);
+    let c = parse(
+        r#""http_max_connections":10,"http_header_timeout":2.5,"http_idle_timeout":3,"http_body_timeout":4,
+           "allowed_hosts":["Disbatch.Example.com."],"cors_origins":["https://UI.example:8443","*"]"#,
+    )
+    .unwrap();
+    assert_eq!(c.http.max_connections, 10);
+    assert_eq!(c.http.header_timeout, Duration::from_millis(2500));
+    assert_eq!(c.http.idle_timeout, Duration::from_secs(3));
+    assert_eq!(c.http.body_timeout, Duration::from_secs(4));
+    assert_eq!(c.http.allowed_hosts, ["disbatch.example.com"]);
+    assert_eq!(c.http.cors_origins, ["https://ui.example:8443", "*"]);
+    assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+    assert!(err(r#""http_max_connections":0"#).contains("\"http_max_connections\" must be an integer from 1"));
+    assert!(err(r#""http_idle_timeout":-1"#).contains("\"http_idle_timeout\" must be a positive"));
+    assert!(err(r#""allowed_hosts":["http://x"]"#).contains("\"allowed_hosts[0]\" must be a host name"));
+    assert!(err(r#""cors_origins":["ui.example"]"#).contains("\"cors_origins[0]\" must be an origin"));
+    assert!(err(r#""cors_origins":["http://ui.example/path"]"#).contains("cors_origins[0]"));
+}
