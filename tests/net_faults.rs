@@ -212,7 +212,7 @@ async fn dens_behind_latency_resets_and_a_partition_keep_threads_and_run_each_ta
             .map(|(id, _)| *id)
             .collect();
         freeze = match freeze {
-            Freeze::Before if !held_now.is_empty() && samples % 10 == 0 => {
+            Freeze::Before if !held_now.is_empty() && samples.is_multiple_of(10) => {
                 if count(&t.db, doc! {"status": 1}).await as usize >= TASKS / 5 {
                     proxies[FROZEN].freeze();
                     Freeze::Frozen {
@@ -274,7 +274,7 @@ async fn dens_behind_latency_resets_and_a_partition_keep_threads_and_run_each_ta
             }
             other => other,
         };
-        if samples % 20 == 0 && count(&t.db, doc! {"status": {"$in": [-2, -1, 0]}}).await == 0 {
+        if samples.is_multiple_of(20) && count(&t.db, doc! {"status": {"$in": [-2, -1, 0]}}).await == 0 {
             break;
         }
         assert!(
