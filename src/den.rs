@@ -25,6 +25,7 @@
 mod backoff;
 mod balance;
 mod chain;
+mod claims;
 mod housekeeping;
 mod lease;
 mod lifecycle;
@@ -153,8 +154,12 @@ pub struct Den {
     running: AtomicUsize,
     /// `maxthreads` of this node as last read (None = no limit).
     maxthreads: Mutex<Option<i64>>,
-    /// Slots to give back that could not be given back when their worker stopped.
-    stray_slots: Mutex<Vec<Slot>>,
+    /// Slots to give back that could not be given back when their worker stopped, each
+    /// with whether its last claim failed (its lost claims are settled first, see `claims`).
+    stray_slots: Mutex<Vec<(Slot, bool)>>,
+    /// Held (shared) by each claim until its task is in `in_flight`, alone by the settling
+    /// of lost claims (see `claims`).
+    claims: tokio::sync::RwLock<()>,
     /// When this DEN last lost the database; recovery by stale heartbeat waits until the
     /// connection has been back for `heartbeat_stale`, so live nodes can heartbeat first.
     outage_ended: Mutex<Option<tokio::time::Instant>>,
@@ -184,6 +189,8 @@ pub struct Den {
     node_problem: Mutex<Option<String>>,
     /// The leader lease's token while this node holds it.
     leading: Mutex<Option<i64>>,
+    /// Whether the leader's duties (lease, orphan recovery) are running.
+    leader_busy: std::sync::atomic::AtomicBool,
     /// Runs counted per (minute, queue), not yet stored.
     minute_stats: stats::MinuteStats,
     /// Queues whose claims failed permanently, left alone for a while.
@@ -202,6 +209,7 @@ impl Den {
             running: AtomicUsize::new(0),
             maxthreads: Mutex::new(None),
             stray_slots: Mutex::new(Vec::new()),
+            claims: tokio::sync::RwLock::new(()),
             outage_ended: Mutex::new(None),
             in_outage: std::sync::atomic::AtomicBool::new(false),
             in_flight: Mutex::new(HashMap::new()),
@@ -216,6 +224,7 @@ impl Den {
             reported_problems: Mutex::new(None),
             node_problem: Mutex::new(None),
             leading: Mutex::new(None),
+            leader_busy: std::sync::atomic::AtomicBool::new(false),
             minute_stats: stats::MinuteStats::default(),
             claim_backoff: backoff::ClaimBackoff::default(),
         })
@@ -252,8 +261,8 @@ impl Den {
                     _ = interval.tick() => true,
                     _ = self.wake.notified() => false,
                 };
-                let full = std::mem::take(&mut first) || ticked;
-                match self.tick(full).await {
+                let first_pass = std::mem::take(&mut first);
+                match self.tick(first_pass || ticked, first_pass).await {
                     Ok(()) => {
                         if self.in_outage.swap(false, Ordering::SeqCst) {
                             info!("database reachable again");
@@ -286,17 +295,27 @@ impl Den {
     }
 
     /// One pass of the loop. A `full` pass (every tick) also heartbeats and recovers
-    /// orphans; a pass woken by a freed slot or a queued task only claims.
-    async fn tick(self: &Arc<Self>, full: bool) -> StoreResult<()> {
+    /// orphans (the `first` pass waits for the recovery before it claims); a pass woken by
+    /// a freed slot or a queued task only claims.
+    async fn tick(self: &Arc<Self>, full: bool, first: bool) -> StoreResult<()> {
         let s = &self.settings;
         if full {
             // A store call that never answers must not stop the claiming: past the stale
             // window the others count this node dead anyway, and the next tick tries again.
             match tokio::time::timeout(s.heartbeat_stale, self.housekeeping()).await {
-                Ok(done) => done?,
+                Ok(done) => {
+                    done?;
+                    let duties = self.spawn_leader_duties();
+                    if first {
+                        // The first pass recovers orphans before it claims.
+                        if let Some(d) = duties {
+                            let _ = d.await;
+                        }
+                    }
+                }
                 Err(_) => warn!(
                     limit_secs = s.heartbeat_stale.as_secs_f64(),
-                    "heartbeat and recovery took longer than heartbeat_stale; trying again next tick"
+                    "the heartbeat took longer than heartbeat_stale; trying again next tick"
                 ),
             }
             self.stats_duties();
@@ -329,8 +348,17 @@ impl Den {
                 // Claimed only while the slot is still held (renewed in the same
                 // transaction on the embedded store): a DEN paused here past its lease may
                 // have lost the slot to another node, which then runs the queue's limit.
-                match self.claim_with(&slot, &q.queue).await {
-                    Ok(Some(task)) if self.lease_lapsed() => {
+                let (claimed, lapsed) = {
+                    let _claiming = self.claims.read().await;
+                    let claimed = self.claim_with(&slot, &q.queue).await;
+                    let lapsed = matches!(claimed, Ok(Some(_))) && self.lease_lapsed();
+                    if let (Ok(Some(task)), false) = (&claimed, lapsed) {
+                        self.register(task, &slot);
+                    }
+                    (claimed, lapsed)
+                };
+                match claimed {
+                    Ok(Some(task)) if lapsed => {
                         warn!(task = %task.id, "the node's lease lapsed while claiming; putting the task back");
                         self.recover_fenced(&task).await;
                         self.give_back(slot).await;
@@ -346,7 +374,10 @@ impl Den {
                         break;
                     }
                     Err(e @ StoreError::Database(_)) => {
-                        self.give_back(slot).await;
+                        // The claim may have been made on the server with its reply lost.
+                        if let Some(slot) = self.after_failed_claim(slot).await {
+                            self.give_back(slot).await;
+                        }
                         return Err(e);
                     }
                     Err(e @ StoreError::Rejected(_)) => {
@@ -374,14 +405,25 @@ impl Den {
     pub(super) async fn give_back(&self, slot: Slot) {
         if let Err(e) = self.store.release_slot(&slot, &self.settings.node).await {
             debug!(error = %e, "cannot give a slot back; trying again next tick");
-            self.stray_slots.lock().unwrap_or_else(|e| e.into_inner()).push(slot);
+            self.stray_slots
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push((slot, false));
         }
     }
 
     /// Gives back the slots that could not be given back before.
     async fn give_back_strays(&self) {
         let strays = std::mem::take(&mut *self.stray_slots.lock().unwrap_or_else(|e| e.into_inner()));
-        for slot in strays {
+        for (slot, failed_claim) in strays {
+            let slot = if failed_claim {
+                match self.after_failed_claim(slot).await {
+                    Some(slot) => slot,
+                    None => continue,
+                }
+            } else {
+                slot
+            };
             self.give_back(slot).await;
         }
     }

@@ -2,6 +2,7 @@
 //! `maxthreads`), the leader lease and the duties that go with it.
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use bson::DateTime;
@@ -10,6 +11,10 @@ use tracing::{debug, error, info, warn};
 use super::{before, Den, DenError};
 use crate::model::NameHolder;
 use crate::store::StoreResult;
+
+/// The leader's duties (lease and orphan recovery) are given up after this many stale
+/// windows and tried again at the next tick.
+const LEADER_DUTIES_BOUND: u32 = 5;
 
 impl Den {
     /// Takes this DEN's node name, or fails when another live DEN holds it. A holder whose
@@ -49,8 +54,9 @@ impl Den {
         self.renew_leases(sent, heartbeat.is_ok());
     }
 
-    /// Heartbeat (also renewing slot leases and reading `maxthreads`), the duration
-    /// histograms when they changed, and orphan recovery.
+    /// Heartbeat (also renewing slot leases and reading `maxthreads`) and the duration
+    /// histograms when they changed. The leader's duties run apart
+    /// ([`Den::leader_duties`]).
     pub(super) async fn housekeeping(&self) -> StoreResult<()> {
         let s = &self.settings;
         let sent = (Instant::now(), SystemTime::now());
@@ -99,6 +105,38 @@ impl Den {
         if self.in_outage.load(Ordering::SeqCst) {
             *self.outage_ended.lock().unwrap_or_else(|e| e.into_inner()) = Some(tokio::time::Instant::now());
         }
+        Ok(())
+    }
+
+    /// The leader's duties after a heartbeat, in a task of their own (skipped while the
+    /// previous one still runs), bounded by [`LEADER_DUTIES_BOUND`] stale windows: over a
+    /// slow link they take several round trips each, and cutting them short with the
+    /// heartbeat's bound would leave a dead node's tasks unrecovered for as long as the
+    /// link stays slow. A call that never answers holds up only these duties, and the
+    /// lease they renew lapses meanwhile, so another node takes them over. Returns the
+    /// task when it started one.
+    pub(super) fn spawn_leader_duties(self: &Arc<Self>) -> Option<tokio::task::JoinHandle<()>> {
+        if self.leader_busy.swap(true, Ordering::SeqCst) {
+            return None;
+        }
+        let den = Arc::clone(self);
+        Some(tokio::spawn(async move {
+            let bound = den.settings.heartbeat_stale.saturating_mul(LEADER_DUTIES_BOUND);
+            match tokio::time::timeout(bound, den.leader_duties()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => warn!(error = %e, "orphan recovery failed; trying again next tick"),
+                Err(_) => warn!(
+                    limit_secs = bound.as_secs_f64(),
+                    "the leader lease and orphan recovery took too long; trying again next tick"
+                ),
+            }
+            den.leader_busy.store(false, Ordering::SeqCst);
+        }))
+    }
+
+    /// Takes or renews the leader lease and, while this node leads, recovers orphans.
+    async fn leader_duties(&self) -> StoreResult<()> {
+        let s = &self.settings;
         let leads = match self.lead().await {
             Ok(leads) => leads,
             Err(e) => {

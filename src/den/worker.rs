@@ -38,10 +38,15 @@ impl Den {
     async fn work(self: Arc<Self>, mut queue: Arc<QueueState>, slot: Slot, first: Task) -> Option<Slot> {
         let mut task = first;
         loop {
-            self.in_flight
+            // Registered in `in_flight` by its claim; a drain that took it since requeued it.
+            if !self
+                .in_flight
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .insert(task.id, slot.clone());
+                .contains_key(&task.id)
+            {
+                return None;
+            }
             let span = info_span!("task", task = %task.id, queue = %queue.queue.name);
             self.execute(&queue, &task).instrument(span).await;
             let ours = self
@@ -77,11 +82,18 @@ impl Den {
                 return Some(slot);
             }
             let began = std::time::Instant::now();
-            match self
-                .store
-                .renew_and_claim(&slot, &queue.queue, &self.settings.node, self.settings.heartbeat_stale)
-                .await
-            {
+            let claimed = {
+                let _claiming = self.claims.read().await;
+                let claimed = self
+                    .store
+                    .renew_and_claim(&slot, &queue.queue, &self.settings.node, self.settings.heartbeat_stale)
+                    .await;
+                if let Ok((SlotRenewal::Held, Some(next))) = &claimed {
+                    self.register(next, &slot);
+                }
+                claimed
+            };
+            match claimed {
                 Ok((SlotRenewal::Held, Some(next))) => {
                     self.observe(|stats| stats.claim.observe(began.elapsed().as_secs_f64()));
                     // The lease may have lapsed while the write waited: a task claimed
@@ -90,7 +102,13 @@ impl Den {
                     if self.lease_lapsed() {
                         warn!(task = %next.id, "the node's lease lapsed while claiming; putting the task back");
                         self.recover_fenced(&next).await;
-                        return Some(slot);
+                        let ours = self
+                            .in_flight
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .remove(&next.id)
+                            .is_some();
+                        return ours.then_some(slot);
                     }
                     task = next;
                 }
@@ -104,8 +122,9 @@ impl Den {
                     return None;
                 }
                 Err(e) => {
+                    // The claim may have been made on the server with its reply lost.
                     debug!(error = %e, "cannot renew the slot lease or claim");
-                    return Some(slot);
+                    return self.after_failed_claim(slot).await;
                 }
             }
         }

@@ -11,6 +11,8 @@
 //! - [`http`]: the REST API router on a test database, and requests to it in-process or
 //!   over TCP.
 //! - [`plugins`]: the guest plugins, built once per test binary for `wasm32-wasip2`.
+//! - [`proxy`]: a TCP fault proxy (latency, resets, freezes, refused connections) to put
+//!   between a DEN and the database.
 //! - [`recording`]: a store wrapper recording which tasks a DEN claimed and started.
 //! - [`web`]: `disbatch web` as a process and the `disbatch` client verbs against it.
 //!
@@ -24,6 +26,7 @@ pub mod dev;
 pub mod docs;
 pub mod http;
 pub mod plugins;
+pub mod proxy;
 pub mod recording;
 pub mod server;
 pub mod web;
@@ -32,6 +35,7 @@ pub use db::{test_db, test_db_at, unique_db_name, TestDb};
 pub use den::{wait_for, DenProcess};
 pub use docs::{count_tasks, find_docs, insert_queue, insert_task, insert_tasks, shared_runner, task_doc_of};
 pub use plugins::{plugin_path, plugins_dir};
+pub use proxy::{FaultProxy, Latency};
 pub use recording::Recording;
 pub use server::{server_uri, TestServer};
 pub use web::Web;
