@@ -357,7 +357,10 @@ async fn the_write_ahead_log_is_copied_into_the_file_and_starts_over() {
         size(&file) >= total
     })
     .await;
-    println!("log bytes and restarts after each round: {seen:?}; file {} bytes", size(&file));
+    println!(
+        "log bytes and restarts after each round: {seen:?}; file {} bytes",
+        size(&file)
+    );
 }
 
 /// A file from a release with the index of every task's status and `run_at` loses it for
