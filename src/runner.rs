@@ -16,14 +16,17 @@ mod compile;
 mod control;
 mod egress;
 mod engine;
+mod fds;
 mod http;
 pub mod inspect;
+mod kernelfs;
 mod limits;
 mod outcome;
 mod output;
 mod quota;
 mod sandbox;
 mod shape;
+mod sockets;
 mod special;
 mod submit;
 mod waits;
@@ -43,6 +46,7 @@ pub use compile::{serve_compile_child, DEFAULT_COMPILE_CPU, DEFAULT_COMPILE_MEMO
 pub use control::{RunControl, StopReason};
 pub use egress::{is_internal, parse_allow as parse_network_allow};
 pub use engine::{default_cache_dir, EngineOptions, EPOCH_TICK};
+pub use fds::descriptor_budget;
 pub use http::{
     HttpRule, BODY_CHUNK as HTTP_BODY_CHUNK, DEFAULT_MAX_BODY as DEFAULT_HTTP_MAX_BODY,
     DEFAULT_MAX_REQUESTS as DEFAULT_HTTP_MAX_REQUESTS, FIELD_SIZE_LIMIT as HTTP_FIELD_SIZE_LIMIT,
@@ -168,6 +172,13 @@ struct TaskState {
     limiter: TaskLimiter,
     /// What the task may still write into its grants.
     quota: Arc<quota::WriteQuota>,
+    /// The task's account on the process's descriptor budget.
+    fds: Arc<fds::TaskFds>,
+    /// The descriptors the task holds, by the handle (resource rep) that holds each: given
+    /// back when the plugin drops the handle or the task ends. The grants' preopened
+    /// directories are held under no handle.
+    held: HashMap<u32, fds::FdToken>,
+    _preopens: Vec<fds::FdToken>,
     started: Instant,
     /// Base of the guest's monotonic clock.
     clock_base: Instant,
@@ -405,6 +416,11 @@ impl Runner {
         let stdout = CappedOutput::new(sandbox.output_cap);
         let stderr = CappedOutput::new(sandbox.output_cap);
         let clock = clock::TaskClock { base: started };
+        let fds = fds::TaskFds::new(limits::max_handles(sandbox.memory));
+        let preopens: Option<Vec<_>> = sandbox.dirs.iter().map(|_| fds.take("a granted directory")).collect();
+        let Some(preopens) = preopens else {
+            return Outcome::not_run(Failure::Sandbox(fds.note().unwrap_or_default()));
+        };
         let wasi = match sandbox.wasi_ctx(stdout.clone(), stderr.clone(), clock) {
             Ok(w) => w,
             Err(e) => return Outcome::not_run(Failure::Sandbox(e)),
@@ -417,9 +433,12 @@ impl Runner {
             TaskState {
                 wasi,
                 table,
-                http: http::TaskHttp::new(sandbox, deadline, control.clone()),
+                http: http::TaskHttp::new(sandbox, deadline, control.clone(), fds.clone()),
                 limiter: TaskLimiter::new(sandbox.memory),
                 quota: quota::WriteQuota::new(sandbox.write_quota, sandbox.file_quota),
+                fds,
+                held: HashMap::new(),
+                _preopens: preopens,
                 started,
                 clock_base: started,
                 deadline,
@@ -444,6 +463,7 @@ impl Runner {
         drop(state.wasi);
         let mut sandbox_notes = state.http.hooks.take_notes();
         sandbox_notes.extend(state.submits.note());
+        sandbox_notes.extend(state.fds.note());
         Outcome {
             status,
             stdout: stdout.take(),

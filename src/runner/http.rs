@@ -100,10 +100,18 @@ pub(crate) struct Hooks {
     resolver: Option<hickory_resolver::TokioResolver>,
     deadline: Instant,
     control: RunControl,
+    /// The task's account on the process's descriptor budget: an open request holds a
+    /// connection.
+    fds: Arc<super::fds::TaskFds>,
 }
 
 impl TaskHttp {
-    pub(crate) fn new(sandbox: &super::Sandbox, deadline: Instant, control: RunControl) -> Self {
+    pub(crate) fn new(
+        sandbox: &super::Sandbox,
+        deadline: Instant,
+        control: RunControl,
+        fds: Arc<super::fds::TaskFds>,
+    ) -> Self {
         let mut ctx = WasiHttpCtx::new();
         ctx.set_field_size_limit(FIELD_SIZE_LIMIT);
         TaskHttp {
@@ -118,6 +126,7 @@ impl TaskHttp {
                 resolver: None,
                 deadline,
                 control,
+                fds,
             },
         }
     }
@@ -140,12 +149,16 @@ struct Target {
     open: Open,
 }
 
-/// One open request of a task; dropping it closes its place.
-struct Open(Arc<AtomicU32>);
+/// One open request of a task and the descriptor of its connection; dropping it closes
+/// its place.
+struct Open {
+    count: Arc<AtomicU32>,
+    _fd: super::fds::FdToken,
+}
 
 impl Drop for Open {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
+        self.count.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -228,7 +241,11 @@ impl Hooks {
             ));
             return Err(Error::ConnectionLimitReached);
         }
-        let open = Open(open);
+        let Some(fd) = self.fds.take(&format!("a connection to {origin}")) else {
+            open.fetch_sub(1, Ordering::SeqCst);
+            return Err(Error::ConnectionLimitReached);
+        };
+        let open = Open { count: open, _fd: fd };
         self.sent += 1;
         Ok(Target {
             https,

@@ -146,12 +146,20 @@ impl Default for Sandbox {
 }
 
 impl Sandbox {
-    /// Checks the limits and that every granted directory exists.
     /// Refuses any directory grant that equals, contains or lies inside one of the
     /// `protected` host paths (the component cache, its key, the plugin directory, the
     /// DEN's configuration and database): a plugin must never reach what the host trusts.
+    /// Refuses as well any grant on a kernel filesystem (procfs, sysfs, devtmpfs…) or
+    /// holding a mount of one (see [`super::kernelfs`]).
     pub fn check_grants(&self, protected: &[PathBuf]) -> Result<(), String> {
         for d in &self.dirs {
+            if let Some(why) = super::kernelfs::grant_problem(&d.host) {
+                return Err(format!(
+                    "grant of {} is refused: {why}; kernel filesystems expose the host's processes, memory and devices \
+                     (grant a directory that is on no such filesystem and holds no mount of one)",
+                    d.host.display()
+                ));
+            }
             if let Some(p) = super::cache::grant_conflict(&d.host, protected) {
                 return Err(format!(
                     "grant of {} is refused: it overlaps the protected host path {} (retrying cannot help; grant a directory that neither contains nor lies inside it)",
@@ -163,6 +171,7 @@ impl Sandbox {
         Ok(())
     }
 
+    /// Checks the limits and that every granted directory exists.
     pub fn validate(&self) -> Result<(), String> {
         if self.timeout.is_zero() {
             return Err("timeout must be greater than zero".into());
@@ -221,6 +230,16 @@ impl Sandbox {
             b.env(k, v);
         }
         for d in &self.dirs {
+            match super::kernelfs::of_path(&d.host) {
+                Ok(None) => {}
+                Ok(Some(fs)) => {
+                    return Err(format!(
+                        "granted directory {} is on a kernel filesystem ({fs}) and is refused (retrying cannot help)",
+                        d.host.display()
+                    ))
+                }
+                Err(e) => return Err(format!("cannot open granted directory {}: {e}", d.host.display())),
+            }
             let perms = if d.writable {
                 FsPerms::ReadWrite
             } else {

@@ -9,9 +9,13 @@
 //! with no writer), where no deadline reaches it. `descriptor.open-at` is therefore
 //! redefined: it first stats the path through the same directory descriptor, with the same
 //! symlink flag as the open, and refuses (`access`) anything that is not a regular file, a
-//! directory or a symlink, before handing the call to wasmtime-wasi.
+//! directory or a symlink, before handing the call to wasmtime-wasi. The descriptor it
+//! opens is taken from the process's descriptor budget (see [`super::fds`]) and checked
+//! not to be on a kernel filesystem (see [`super::kernelfs`]).
 
-use wasmtime::component::{Linker, Resource};
+use std::os::fd::AsFd;
+
+use wasmtime::component::{Linker, Resource, ResourceType};
 use wasmtime::StoreContextMut;
 use wasmtime_wasi::filesystem::WasiFilesystemView;
 use wasmtime_wasi::p2::bindings::sync::filesystem::types::{
@@ -30,6 +34,10 @@ fn open_at(
     (fd, path_flags, path, oflags, flags): OpenAtArgs,
 ) -> wasmtime::Result<(Result<Resource<Descriptor>, ErrorCode>,)> {
     let quota = store.data().quota.clone();
+    // The descriptor about to be opened is taken from the process's budget first.
+    let Some(token) = store.data().fds.take("a file") else {
+        return Ok((Err(ErrorCode::InsufficientMemory),));
+    };
     let mut fs = store.data_mut().filesystem();
     let dir = Resource::<Descriptor>::new_borrow(fd.rep());
     match fs.stat_at(dir, path_flags, path.clone()) {
@@ -51,10 +59,28 @@ fn open_at(
         }
         Err(_) => {}
     }
-    match fs.open_at(fd, path_flags, path, oflags, flags) {
-        Ok(d) => Ok((Ok(d),)),
-        Err(e) => Ok((Err(fs.convert_error_code(e)?),)),
+    let opened = match fs.open_at(fd, path_flags, path, oflags, flags) {
+        Ok(d) => d,
+        Err(e) => return Ok((Err(fs.convert_error_code(e)?),)),
+    };
+    // What was opened may be on a kernel filesystem mounted inside the grant: one fstatfs.
+    let kernel = match store.data().table.get(&opened)? {
+        Descriptor::File(f) => super::kernelfs::of_fd(f.file.as_fd()),
+        Descriptor::Dir(d) => super::kernelfs::of_fd(d.dir.as_fd()),
+    };
+    if !matches!(kernel, Ok(None)) {
+        store.data_mut().table.delete(opened)?;
+        return Ok((Err(ErrorCode::Access),));
     }
+    store.data_mut().held.insert(opened.rep(), token);
+    Ok((Ok(opened),))
+}
+
+/// Drops a descriptor and gives its place in the budget back.
+fn drop_descriptor(mut store: StoreContextMut<'_, TaskState>, rep: u32) -> wasmtime::Result<()> {
+    HostDescriptor::drop(&mut store.data_mut().filesystem(), Resource::new_own(rep))?;
+    store.data_mut().held.remove(&rep);
+    Ok(())
 }
 
 fn symlink_at(
@@ -72,8 +98,10 @@ pub(crate) fn add_to_linker(linker: &mut Linker<TaskState>) -> wasmtime::Result<
         let mut types = linker.instance(FILESYSTEM_TYPES)?;
         types.func_wrap("[method]descriptor.open-at", open_at)?;
         types.func_wrap("[method]descriptor.symlink-at", symlink_at)?;
+        types.resource("descriptor", ResourceType::host::<Descriptor>(), drop_descriptor)?;
     }
     super::quota::add_to_linker(linker, FILESYSTEM_TYPES)?;
+    super::sockets::add_to_linker(linker)?;
     linker.allow_shadowing(false);
     Ok(())
 }

@@ -21,18 +21,29 @@ impl DenProcess {
         for (k, v) in extra.as_object().unwrap() {
             config[k] = v.clone();
         }
-        DenProcess::spawn(node, config, &[])
+        DenProcess::spawn(node, config, &[], |_| {})
     }
 
     /// Starts `den --embedded <file>` as `node`, with a config file of the same test
     /// defaults as [`DenProcess::start`] (no `mongohost`, no `database`) overridden by `extra`.
     pub fn start_embedded(file: &Path, node: &str, extra: serde_json::Value) -> DenProcess {
-        DenProcess::spawn(node, extra, &["--embedded".as_ref(), file.as_os_str()])
+        DenProcess::start_embedded_with(file, node, extra, |_| {})
+    }
+
+    /// [`DenProcess::start_embedded`] with the command adjusted by `adjust` before it runs
+    /// (e.g. resource limits set in the child).
+    pub fn start_embedded_with(
+        file: &Path,
+        node: &str,
+        extra: serde_json::Value,
+        adjust: impl FnOnce(&mut Command),
+    ) -> DenProcess {
+        DenProcess::spawn(node, extra, &["--embedded".as_ref(), file.as_os_str()], adjust)
     }
 
     /// Starts `den <args> --config <file>`, the config being the test defaults overridden
     /// by `extra`.
-    fn spawn(node: &str, extra: serde_json::Value, args: &[&OsStr]) -> DenProcess {
+    fn spawn(node: &str, extra: serde_json::Value, args: &[&OsStr], adjust: impl FnOnce(&mut Command)) -> DenProcess {
         let dir = tempfile::tempdir().unwrap();
         let mut config = serde_json::json!({
             "plugins": ["demo"],
@@ -47,16 +58,17 @@ impl DenProcess {
         let config_path = dir.path().join("den.json");
         std::fs::write(&config_path, config.to_string()).unwrap();
         let log = dir.path().join("den.log");
-        let child = Command::new(env!("CARGO_BIN_EXE_den"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_den"));
+        command
             .args(args)
             .arg("--config")
             .arg(&config_path)
             .env("DISBATCH_CACHE_DIR", dir.path().join("cache"))
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("start den");
+            .stderr(std::fs::File::create(&log).unwrap());
+        adjust(&mut command);
+        let child = command.spawn().expect("start den");
         DenProcess { child, log, _dir: dir }
     }
 

@@ -26,6 +26,12 @@
 //! - `tcp-read`: connects to `addr` and waits for one read.
 //! - `tcp-write-drop`: connects to `addr`, writes without blocking until the socket accepts
 //!   no more, then drops it (a naive host waits in the drop for a peer that never reads).
+//! - `read`: reads up to `bytes` bytes (default 64) of `path` from `offset` (default 0), or
+//!   from the start of the first readable mapping listed in `maps` (a `/proc/<pid>/maps`
+//!   file, for reading `mem`); prints `{"read": n, "text": …}`.
+//! - `hold`: opens `path` again and again, keeping every descriptor, until an open fails or
+//!   `count` (default 100,000) are open; reports progress `holding <n>: <error>`, then waits
+//!   until `release` exists (when given) and prints `{"held": n, "error": …}`.
 
 use std::io::Write;
 
@@ -187,6 +193,19 @@ fn run(p: Value) -> Result<u32, String> {
             println!("dropped");
             Ok(disbatch_plugin::SUCCEEDED)
         }
+        "read" => {
+            let path = str_param(&p, "path")?;
+            let offset = match p.get("maps").and_then(Value::as_str) {
+                Some(maps) => first_readable(maps)?,
+                None => u64_param(&p, "offset", 0),
+            };
+            read_at(path, offset, u64_param(&p, "bytes", 64) as usize)
+        }
+        "hold" => hold(
+            str_param(&p, "path")?,
+            u64_param(&p, "count", 100_000),
+            p.get("release").and_then(Value::as_str),
+        ),
         other => Err(format!("unknown attack {other:?}")),
     }
 }
@@ -286,5 +305,54 @@ fn open_many(url: &str, count: u64) -> Result<u32, String> {
         other => format!("{other:?}"),
     };
     println!("{}", serde_json::json!({ "started": open.len(), "last": outcome }));
+    Ok(disbatch_plugin::SUCCEEDED)
+}
+
+/// The start of the first readable mapping in the maps file `maps`.
+fn first_readable(maps: &str) -> Result<u64, String> {
+    let text = std::fs::read_to_string(maps).map_err(|e| format!("read {maps}: {e}"))?;
+    text.lines()
+        .find(|l| l.split(' ').nth(1).is_some_and(|perms| perms.starts_with('r')))
+        .and_then(|l| l.split('-').next())
+        .and_then(|start| u64::from_str_radix(start, 16).ok())
+        .ok_or_else(|| format!("no readable mapping in {maps}"))
+}
+
+/// See `read` above.
+fn read_at(path: &str, offset: u64, bytes: usize) -> Result<u32, String> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open(path).map_err(|e| format!("open {path}: {e}"))?;
+    f.seek(SeekFrom::Start(offset))
+        .map_err(|e| format!("seek {path} to {offset}: {e}"))?;
+    let mut buf = vec![0u8; bytes];
+    let n = f.read(&mut buf).map_err(|e| format!("read {path} at {offset}: {e}"))?;
+    println!(
+        "{}",
+        serde_json::json!({ "read": n, "text": String::from_utf8_lossy(&buf[..n]) })
+    );
+    Ok(disbatch_plugin::SUCCEEDED)
+}
+
+/// See `hold` above.
+fn hold(path: &str, count: u64, release: Option<&str>) -> Result<u32, String> {
+    let mut held = Vec::new();
+    let mut error = None;
+    while (held.len() as u64) < count {
+        match std::fs::File::open(path) {
+            Ok(f) => held.push(f),
+            Err(e) => {
+                error = Some(e.to_string());
+                break;
+            }
+        }
+    }
+    let error = error.unwrap_or_default();
+    disbatch_plugin::progress(100.0, &format!("holding {}: {error}", held.len()));
+    if let Some(release) = release {
+        while std::fs::metadata(release).is_err() {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+    println!("{}", serde_json::json!({ "held": held.len(), "error": error }));
     Ok(disbatch_plugin::SUCCEEDED)
 }
