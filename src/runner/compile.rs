@@ -72,15 +72,22 @@ impl CompileLimits {
     /// The defaults, or the values of [`MEMORY_VAR`] and [`CPU_VAR`] when set; a bad value
     /// is an error naming the variable.
     pub(crate) fn from_env() -> Result<CompileLimits, String> {
+        CompileLimits::from_vars(|var| std::env::var_os(var))
+    }
+
+    /// [`CompileLimits::from_env`] with the variables read by `get`.
+    fn from_vars(get: impl Fn(&str) -> Option<std::ffi::OsString>) -> Result<CompileLimits, String> {
         let read = |var: &str, min: u64| -> Result<Option<u64>, String> {
-            match std::env::var(var) {
-                Ok(v) if v.trim().is_empty() => Ok(None),
-                Ok(v) => match v.trim().parse::<u64>() {
-                    Ok(n) if n >= min && n <= 1 << 20 => Ok(Some(n)),
-                    _ => Err(format!("{var}={v:?} is not a whole number from {min} to {}", 1 << 20)),
-                },
-                Err(std::env::VarError::NotPresent) => Ok(None),
-                Err(_) => Err(format!("{var} is not valid UTF-8")),
+            let Some(v) = get(var) else { return Ok(None) };
+            let Some(v) = v.to_str() else {
+                return Err(format!("{var} is not valid UTF-8"));
+            };
+            if v.trim().is_empty() {
+                return Ok(None);
+            }
+            match v.trim().parse::<u64>() {
+                Ok(n) if n >= min && n <= 1 << 20 => Ok(Some(n)),
+                _ => Err(format!("{var}={v:?} is not a whole number from {min} to {}", 1 << 20)),
             }
         };
         Ok(CompileLimits {
@@ -292,18 +299,16 @@ mod tests {
 
     #[test]
     fn limits_come_from_the_environment_or_the_defaults() {
-        // Only this test sets these variables in the library's test binary.
-        std::env::remove_var(MEMORY_VAR);
-        std::env::remove_var(CPU_VAR);
-        let d = CompileLimits::from_env().unwrap();
+        let limits = |vars: &[(&str, &str)]| {
+            let vars: Vec<(String, String)> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+            CompileLimits::from_vars(move |var| vars.iter().find(|(k, _)| k == var).map(|(_, v)| v.into()))
+        };
+        let d = limits(&[]).unwrap();
         assert_eq!((d.memory, d.cpu), (DEFAULT_COMPILE_MEMORY, DEFAULT_COMPILE_CPU));
-        std::env::set_var(MEMORY_VAR, "512");
-        std::env::set_var(CPU_VAR, "7");
-        let l = CompileLimits::from_env().unwrap();
+        let l = limits(&[(MEMORY_VAR, "512"), (CPU_VAR, "7")]).unwrap();
         assert_eq!((l.memory, l.cpu), (512 << 20, Duration::from_secs(7)));
-        std::env::set_var(MEMORY_VAR, "lots");
-        assert!(CompileLimits::from_env().unwrap_err().contains(MEMORY_VAR));
-        std::env::remove_var(MEMORY_VAR);
-        std::env::remove_var(CPU_VAR);
+        assert_eq!(limits(&[(MEMORY_VAR, " ")]).unwrap().memory, DEFAULT_COMPILE_MEMORY);
+        assert!(limits(&[(MEMORY_VAR, "lots")]).unwrap_err().contains(MEMORY_VAR));
+        assert!(limits(&[(CPU_VAR, "0")]).unwrap_err().contains(CPU_VAR));
     }
 }
