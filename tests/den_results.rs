@@ -154,6 +154,32 @@ async fn a_retried_output_write_leaves_one_file() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_result_whose_reply_was_lost_keeps_its_files() {
+    let t = common::test_db("den_lost_result").await;
+    let q = insert_queue(&t.db, "files", "demo", doc! {}).await;
+    let id = insert_task(&t.db, q, -2, doc! {"message": "kept", "stderr": "also kept"}).await;
+    let store = Recording::new(Arc::new(t.store.clone()));
+    // The result's write applies but its reply is lost: the retry finds the task ended.
+    store.lost_finish_replies.store(1, Ordering::SeqCst);
+    run_until(
+        store.clone(),
+        settings("node-lost-result", Gfs::Always),
+        "the task to end",
+        || async { count(&t.db, doc! {"_id": id, "status": {"$gt": 0}}).await == 1 },
+    )
+    .await;
+    assert_eq!(store.lost_finish_replies.load(Ordering::SeqCst), 0, "the fault fired");
+    let task = t.store.task(id).await.unwrap().unwrap();
+    assert_eq!(task.status, 1);
+    // The files the stored result points at are still there.
+    let stdout = t.store.read_output(task.stdout.as_ref().unwrap()).await.unwrap();
+    assert_eq!(stdout, "kept\n");
+    let stderr = t.store.read_output(task.stderr.as_ref().unwrap()).await.unwrap();
+    assert!(stderr.contains("also kept"), "{stderr}");
+    assert_eq!(docs(&t.db, "tasks.files").await.len(), 2, "both files kept");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_files_of_a_refused_result_are_deleted() {
     let t = common::test_db("den_refused_files").await;
     let q = insert_queue(&t.db, "inline-only", "demo", doc! {}).await;

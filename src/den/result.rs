@@ -118,12 +118,22 @@ impl Den {
             progress: result.progress.clone(),
             attempt: result.attempt.clone(),
         };
+        let tries = std::sync::atomic::AtomicU32::new(0);
         let written = self
             .retry("write result", || {
+                tries.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 self.store
                     .finish_with(task.id, node, result.status, out.clone(), err.clone(), &extra)
             })
             .await;
+        // A write retried after an error may have applied with its reply lost: the fenced
+        // write then finds the task ended and answers false. The stored task tells which.
+        let written = match written {
+            Ok(false) if tries.into_inner() > 1 && self.result_landed(task.id, result.status, &out, &err).await => {
+                Ok(true)
+            }
+            other => other,
+        };
         match written {
             Ok(true) => {
                 self.count_result(task.queue, result.status, result.took);
@@ -246,6 +256,25 @@ impl Den {
             "the database refuses every write of this task's result; it stays running (0) on this node \
              and its slot is freed; fix the cause (permissions, validation) and set its status by hand"
         );
+    }
+
+    /// Whether the stored task holds this node's result: its status and outputs as written.
+    /// When it cannot be read, the result is taken as not stored.
+    async fn result_landed(&self, task: ObjectId, status: i32, out: &OutputValue, err: &OutputValue) -> bool {
+        let same = |stored: &Option<crate::model::Output>, sent: &OutputValue| match (stored, sent) {
+            (Some(crate::model::Output::Inline(a)), OutputValue::Inline(b)) => a == b,
+            (Some(crate::model::Output::File(a)), OutputValue::File(b)) => a == b,
+            _ => false,
+        };
+        match self.store.task(task).await {
+            Ok(Some(t)) => {
+                t.node.as_deref() == Some(self.settings.node.as_str())
+                    && t.status == status
+                    && same(&t.stdout, out)
+                    && same(&t.stderr, err)
+            }
+            _ => false,
+        }
     }
 
     /// Deletes the output files of a result that was not stored (one attempt: when the

@@ -1,6 +1,6 @@
 //! [`Recording`]: a store wrapper that records which tasks a DEN claimed and started, for
 //! the tests that prove no task is claimed or run twice, and can lose the replies of output
-//! file writes that did apply, for the tests of retried writes.
+//! file writes and results that did apply, for the tests of retried writes.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -21,6 +21,9 @@ pub struct Recording {
     /// The next this many `put_output_file` calls apply, then fail as if their reply had
     /// been lost (a transient error).
     pub lost_file_replies: AtomicUsize,
+    /// The next this many `finish_with` calls apply, then fail as if their reply had been
+    /// lost (a transient error).
+    pub lost_finish_replies: AtomicUsize,
     /// How many times every task was counted ([`Store::queue_counts`]).
     pub full_counts: AtomicUsize,
 }
@@ -32,6 +35,7 @@ impl Recording {
             claimed: Mutex::default(),
             started: Mutex::default(),
             lost_file_replies: AtomicUsize::new(0),
+            lost_finish_replies: AtomicUsize::new(0),
             full_counts: AtomicUsize::new(0),
         })
     }
@@ -206,7 +210,18 @@ impl Store for Recording {
         stderr: OutputValue,
         extra: &disbatch::store::FinishExtra,
     ) -> StoreResult<bool> {
-        self.inner.finish_with(task, node, status, stdout, stderr, extra).await
+        let written = self
+            .inner
+            .finish_with(task, node, status, stdout, stderr, extra)
+            .await?;
+        let lose = self
+            .lost_finish_replies
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if lose {
+            return Err(StoreError::Database(format!("reply to the result of task {task} lost")));
+        }
+        Ok(written)
     }
     async fn retry_later(&self, task: ObjectId, node: &str, retry: &disbatch::model::RetryAt) -> StoreResult<bool> {
         self.inner.retry_later(task, node, retry).await

@@ -5,6 +5,7 @@ use super::*;
 on_both_stores!(
     taking_a_dead_process_name_recovers_its_tasks_and_slots,
     an_expired_slot_stays_held_while_its_holder_has_tasks,
+    a_stale_nodes_slot_stays_held_while_a_task_claimed_after_its_heartbeat_runs,
     a_slot_lease_is_revalidated_by_its_holder_only,
     start_succeeds_again_after_a_lost_reply,
 );
@@ -59,6 +60,35 @@ async fn an_expired_slot_stays_held_while_its_holder_has_tasks(s: Stores) {
         "the expired slot's holder still has a running task"
     );
     // Recovery (the holder is stale) orphans the task and frees the slot together.
+    let future = DateTime::from_millis(DateTime::now().timestamp_millis() + 1000);
+    let r = s.b.recover_orphans(ago(3_600_000), future).await.unwrap();
+    assert_eq!(r.orphaned, vec![running]);
+    assert!(s.b.acquire_slot(&q, "other", LEASE).await.unwrap().is_some());
+}
+
+async fn a_stale_nodes_slot_stays_held_while_a_task_claimed_after_its_heartbeat_runs(s: Stores) {
+    let short = Duration::from_millis(200);
+    let q = queue(&*s.a, "late-claim", 1, Sort::Fifo).await;
+    s.a.create_tasks(q.id, vec![doc! {}; 2]).await.unwrap();
+    s.a.heartbeat("paused", LEASE).await.unwrap();
+    pause().await;
+    // The node's last heartbeat is before this moment, its task's claim after it.
+    let between = DateTime::now();
+    pause().await;
+    s.a.acquire_slot(&q, "paused", short).await.unwrap().expect("slot");
+    let running = claim_run(&*s.a, &q, "paused").await;
+    // Past the slot's lease (a lease ends by time alone).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The node is stale, but its task is younger than the stale window: not recovered
+    // yet, so its slot stays held and the queue's one thread stays taken.
+    let r = s.b.recover_orphans(ago(3_600_000), between).await.unwrap();
+    assert!(r.orphaned.is_empty() && r.requeued.is_empty(), "{r:?}");
+    assert_eq!(task(&*s.b, running).await.status, status::RUNNING);
+    assert!(
+        s.b.acquire_slot(&q, "other", LEASE).await.unwrap().is_none(),
+        "the slot of a task still running was freed: the queue would run threads + 1"
+    );
+    // Once the task itself is recovered, its slot goes with it.
     let future = DateTime::from_millis(DateTime::now().timestamp_millis() + 1000);
     let r = s.b.recover_orphans(ago(3_600_000), future).await.unwrap();
     assert_eq!(r.orphaned, vec![running]);

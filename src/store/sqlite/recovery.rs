@@ -118,11 +118,21 @@ pub(super) fn recover_orphans(tx: &Transaction<'_>, claimed_before: i64, stale_b
         params![status::CLAIMED, status::RUNNING, claimed_before, stale_before],
     )?;
     let recovery = recover_tasks(tx, found)?;
+    // Slots are freed only after their tasks: a stale node's task written after its last
+    // heartbeat is not recovered yet (its own mtime is fresh), so its slots stay held,
+    // and only leases that have run out are freed.
     tx.execute(
         "UPDATE slots SET holder = NULL, want = NULL, want_until = NULL
          WHERE holder IS NOT NULL AND holder NOT IN (SELECT node FROM nodes WHERE timestamp >= ?1)
-           AND holder IN (SELECT node FROM nodes)",
-        [stale_before],
+           AND holder IN (SELECT node FROM nodes)
+           AND expires < ?2
+           AND NOT EXISTS (SELECT 1 FROM tasks WHERE tasks.node = slots.holder AND tasks.status IN (?3, ?4))",
+        params![
+            stale_before,
+            DateTime::now().timestamp_millis(),
+            status::CLAIMED,
+            status::RUNNING
+        ],
     )
     .map_err(db_err("recover orphans"))?;
     Ok(recovery)
