@@ -314,7 +314,10 @@ pub trait Store: PluginStore + Send + Sync + 'static {
     /// A worker's next claim with the slot it holds: [`Store::renew_slot`], then, only when
     /// the slot is still held, [`Store::claim_to_run`] of `queue`. The embedded store does
     /// both in one transaction. An error of either step is returned as is (a claimed task
-    /// that cannot be read was failed by the store, as [`Store::claim`] does).
+    /// that cannot be read was failed by the store, as [`Store::claim`] does). Done as two
+    /// writes, the claim is sent only while less than half of `lease` has passed since the
+    /// renewal was sent: a process paused after the renewal (its lease may have run out and
+    /// its slot gone to another node) claims nothing when it wakes.
     async fn renew_and_claim(
         &self,
         slot: &Slot,
@@ -322,7 +325,9 @@ pub trait Store: PluginStore + Send + Sync + 'static {
         node: &str,
         lease: Duration,
     ) -> StoreResult<(SlotRenewal, Option<Task>)> {
+        let sent = std::time::Instant::now();
         match self.renew_slot(slot, node, lease).await? {
+            SlotRenewal::Held if sent.elapsed() >= lease / 2 => Ok((SlotRenewal::Held, None)),
             SlotRenewal::Held => Ok((SlotRenewal::Held, self.claim_to_run(queue, node).await?)),
             other => Ok((other, None)),
         }

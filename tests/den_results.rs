@@ -177,6 +177,10 @@ async fn a_result_whose_reply_was_lost_keeps_its_files() {
     let stderr = t.store.read_output(task.stderr.as_ref().unwrap()).await.unwrap();
     assert!(stderr.contains("also kept"), "{stderr}");
     assert_eq!(docs(&t.db, "tasks.files").await.len(), 2, "both files kept");
+    // The run is counted as the success it is (the DEN flushed its counts at shutdown).
+    let rows = t.store.read_stats(0, i64::MAX, Some(q)).await.unwrap();
+    let succeeded: u64 = rows.iter().map(|r| r.counters.succeeded).sum();
+    assert_eq!(succeeded, 1, "{rows:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
