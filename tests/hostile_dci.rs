@@ -8,7 +8,6 @@ mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::os::unix::process::CommandExt as _;
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -49,19 +48,7 @@ impl Proc {
             .env_remove("DISBATCH_PLUGIN_DIR")
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(&log).unwrap());
-        // SAFETY: setrlimit is async-signal-safe and touches only the child.
-        unsafe {
-            cmd.pre_exec(|| {
-                let lim = libc::rlimit {
-                    rlim_cur: NOFILE,
-                    rlim_max: NOFILE,
-                };
-                if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        common::limit_open_files(&mut cmd, NOFILE);
         let mut child = cmd.spawn().expect("start disbatch");
         let mut stdout = BufReader::new(child.stdout.take().unwrap());
         let mut line = String::new();

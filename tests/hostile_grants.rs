@@ -322,20 +322,7 @@ async fn plugins_together_cannot_take_the_dens_file_descriptors() {
     let reader = create_queue(&store, "reader", 1, &[format!("{}:/in", other.path().display())]).await;
 
     let den = DenProcess::start_embedded_with(&file, "fds", serde_json::json!({"plugins": ["attack"]}), |c| {
-        use std::os::unix::process::CommandExt;
-        // SAFETY: setrlimit is async-signal-safe; nothing else runs in the child.
-        unsafe {
-            c.pre_exec(|| {
-                let lim = libc::rlimit {
-                    rlim_cur: NOFILE,
-                    rlim_max: NOFILE,
-                };
-                if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        common::limit_open_files(c, NOFILE)
     });
     let pid = den.pid();
     wait_for(

@@ -39,3 +39,22 @@ pub use proxy::{FaultProxy, Latency};
 pub use recording::Recording;
 pub use server::{server_uri, TestServer};
 pub use web::Web;
+
+/// Sets the open-files limit (soft and hard) of the child `cmd` starts to `n`, so a test of
+/// what happens at the limit needs hundreds of descriptors, not the machine's limit.
+pub fn limit_open_files(cmd: &mut std::process::Command, n: u64) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: setrlimit is async-signal-safe and touches only the child.
+    unsafe {
+        cmd.pre_exec(move || {
+            let lim = libc::rlimit {
+                rlim_cur: n,
+                rlim_max: n,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
