@@ -282,6 +282,38 @@ async fn a_slowloris_head_and_an_idle_keep_alive_connection_are_cut() {
     assert!(!got.to_ascii_lowercase().contains("connection: close"), "{got}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn clients_that_ask_and_never_read_lose_their_slots() {
+    const SLOTS: usize = 4;
+    let web = Proc::web(json!({"http_max_connections": SLOTS, "http_header_timeout": 2, "http_idle_timeout": 2}));
+    // Every slot taken by a client that pipelines requests for a large answer (the OpenAPI
+    // document, ~90 KB) and never reads: the server's writes back up.
+    let request = b"GET /openapi.json HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".repeat(100);
+    let mut stalled = Vec::new();
+    for _ in 0..SLOTS {
+        let mut s = TcpStream::connect(web.addr).unwrap();
+        s.set_write_timeout(Some(Duration::from_secs(2))).unwrap();
+        // Until the server stops reading (its answers wait for a reader), at most ~100 MB.
+        for _ in 0..10 {
+            if s.write_all(&request).is_err() {
+                break;
+            }
+        }
+        stalled.push(s);
+    }
+    // A new client is served once the stalled ones are cut: before, never.
+    let start = Instant::now();
+    let info = client()
+        .get(format!("{}/info", web.url))
+        .timeout(Duration::from_secs(60))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("a new client was not served: {e}\n{}", web.log()));
+    eprintln!("a new client was served after {:?}", start.elapsed());
+    assert_eq!(info.status(), 200);
+    drop(stalled);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_poll_longer_than_the_timeouts_gets_its_answer() {
     let web = Proc::web(json!({"http_header_timeout": 1, "http_idle_timeout": 1}));

@@ -15,6 +15,9 @@
 //! - **The idle timeout.** A keep-alive connection with no request in progress is closed
 //!   `http_idle_timeout` after its last answer. A request in progress (a long-poll of
 //!   `GET /tasks/wait`, a stream of `GET /tasks/{id}/events`) is never cut by either.
+//! - **The write timeout.** An answer the client does not read (its socket accepts no
+//!   byte) for `http_idle_timeout` closes the connection: a client that asks and never
+//!   reads cannot hold its slot for good.
 //! - **Bodies.** Every request body is read under `http_body_timeout`
 //!   ([`crate::api::TimedBody`]).
 //! - **Graceful shutdown.** When `shutdown` is cancelled the listener closes, idle
@@ -194,7 +197,7 @@ impl Connection {
                 }
                 () = tokio::time::sleep_until(wake) => {
                     if activity.deadline(&self.http).is_some_and(|d| d <= Instant::now()) {
-                        tracing::debug!("HTTP connection closed: no complete request head in time, or idle");
+                        tracing::debug!("HTTP connection closed: no complete request head in time, idle, or its answer not read");
                         return;
                     }
                 }
@@ -212,16 +215,27 @@ enum Phase {
     Busy(usize),
 }
 
-/// A connection's [`Phase`], shared by its socket, its service and its watchdog.
-struct Activity(Mutex<Phase>);
+/// A connection's [`Phase`], and since when its socket has taken no byte of an answer
+/// (`None` while writes go through), shared by its socket, its service and its watchdog.
+struct Activity(Mutex<Phase>, Mutex<Option<Instant>>);
 
 impl Activity {
     fn new() -> Activity {
-        Activity(Mutex::new(Phase::Head(Instant::now())))
+        Activity(Mutex::new(Phase::Head(Instant::now())), Mutex::new(None))
     }
 
     fn with<T>(&self, f: impl FnOnce(&mut Phase) -> T) -> T {
         f(&mut self.0.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// A write went through (`true`) or found the socket full (`false`).
+    fn wrote(&self, through: bool) {
+        let mut blocked = self.1.lock().unwrap_or_else(|e| e.into_inner());
+        match (through, *blocked) {
+            (true, _) => *blocked = None,
+            (false, None) => *blocked = Some(Instant::now()),
+            (false, Some(_)) => {}
+        }
     }
 
     /// Bytes came in: an idle connection starts a request head.
@@ -233,12 +247,15 @@ impl Activity {
         });
     }
 
-    /// When the connection is to be closed if nothing changes; `None` while serving.
+    /// When the connection is to be closed if nothing changes; `None` while serving
+    /// (unless the client stopped reading the answer).
     fn deadline(&self, http: &HttpSettings) -> Option<Instant> {
         match self.with(|p| *p) {
             Phase::Head(since) => Some(since + http.header_timeout),
             Phase::Idle(since) => Some(since + http.idle_timeout),
-            Phase::Busy(_) => None,
+            Phase::Busy(_) => {
+                (*self.1.lock().unwrap_or_else(|e| e.into_inner())).map(|since| since + http.idle_timeout)
+            }
         }
     }
 }
@@ -313,9 +330,21 @@ impl AsyncRead for Watched {
     }
 }
 
+impl Watched {
+    /// Tells the [`Activity`] whether a write went through.
+    fn wrote<T>(&self, r: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
+        match &r {
+            Poll::Pending => self.activity.wrote(false),
+            Poll::Ready(_) => self.activity.wrote(true),
+        }
+        r
+    }
+}
+
 impl AsyncWrite for Watched {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write(cx, buf)
+        let r = Pin::new(&mut self.stream).poll_write(cx, buf);
+        self.wrote(r)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -331,7 +360,8 @@ impl AsyncWrite for Watched {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+        let r = Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
+        self.wrote(r)
     }
 
     fn is_write_vectored(&self) -> bool {
