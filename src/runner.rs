@@ -17,6 +17,7 @@ mod control;
 mod egress;
 mod engine;
 mod fds;
+mod filestreams;
 mod http;
 pub mod inspect;
 mod kernelfs;
@@ -175,7 +176,8 @@ struct TaskState {
     /// The task's account on the process's descriptor budget.
     fds: Arc<fds::TaskFds>,
     /// The descriptors the task holds, by the handle (resource rep) that holds each: given
-    /// back when the plugin drops the handle or the task ends. The grants' preopened
+    /// back when the plugin drops the handle (and every stream made from it) or the task
+    /// ends. The grants' preopened
     /// directories are held under no handle.
     held: HashMap<u32, fds::FdToken>,
     _preopens: Vec<fds::FdToken>,

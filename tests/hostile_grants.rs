@@ -298,6 +298,20 @@ fn open_fds(pid: u32) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plugins_together_cannot_take_the_dens_file_descriptors() {
+    hold_the_dens_file_descriptors("hold").await;
+}
+
+/// A read stream keeps its file open after the file's handle is dropped: it holds the
+/// file's place in the budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_streams_count_in_the_descriptor_budget() {
+    hold_the_dens_file_descriptors("hold-streams").await;
+}
+
+/// Tasks of one queue run the `attack` mode `attack` (`hold` or `hold-streams`) against a
+/// DEN of 1024 open files, holding all they can: their share each, the DEN stays well
+/// under its limit, and a task of another queue still opens a file.
+async fn hold_the_dens_file_descriptors(attack: &str) {
     const NOFILE: u64 = 1024;
     // The budget is half the limit, a task's share a quarter of that.
     const SHARE: u64 = NOFILE / 2 / 4;
@@ -317,7 +331,7 @@ async fn plugins_together_cannot_take_the_dens_file_descriptors() {
         &[format!("{}:/data", held.path().display())],
     )
     .await;
-    let params = doc! {"attack": "hold", "path": "/data/f", "release": "/data/release"};
+    let params = doc! {"attack": attack, "path": "/data/f", "release": "/data/release"};
     let holders = store.create_tasks(hold, vec![params; HOLDERS]).await.unwrap();
     let reader = create_queue(&store, "reader", 1, &[format!("{}:/in", other.path().display())]).await;
 

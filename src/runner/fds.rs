@@ -15,7 +15,10 @@
 //!   task's stderr gets a host note naming the limit; the process goes on.
 //!
 //! A descriptor is counted from the call that makes it until the plugin drops its handle,
-//! or the task ends.
+//! or the task ends. The streams made from an open file (`read-via-stream`,
+//! `write-via-stream`, `append-via-stream`) hold the same descriptor: its place is given
+//! back only when the file's handle and every stream made from it are dropped (see
+//! [`super::filestreams`]).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -107,7 +110,9 @@ impl TaskFds {
             ));
             return None;
         }
-        Some(FdToken(self.clone()))
+        Some(FdToken {
+            _shared: Arc::new(Held(self.clone())),
+        })
     }
 
     fn refuse(&self, message: String) {
@@ -124,10 +129,17 @@ impl TaskFds {
     }
 }
 
-/// One descriptor taken from the budget, given back when dropped.
-pub(crate) struct FdToken(Arc<TaskFds>);
+/// One descriptor taken from the budget. Its clones share it (a file's handle and the
+/// streams made from it hold one descriptor); it is given back when the last is dropped.
+#[derive(Clone)]
+pub(crate) struct FdToken {
+    _shared: Arc<Held>,
+}
 
-impl Drop for FdToken {
+/// The descriptor behind an [`FdToken`] and its clones.
+struct Held(Arc<TaskFds>);
+
+impl Drop for Held {
     fn drop(&mut self) {
         self.0.held.fetch_sub(1, Ordering::SeqCst);
         budget().used.fetch_sub(1, Ordering::SeqCst);
@@ -153,6 +165,17 @@ mod tests {
         assert!(task.take("a file").is_none());
         assert!(task.note().unwrap().contains("its share"));
         drop(tokens);
+        assert!(task.take("a file").is_some());
+    }
+
+    #[test]
+    fn a_shared_descriptor_is_given_back_with_its_last_holder() {
+        let task = TaskFds::new(1);
+        let file = task.take("a file").unwrap();
+        let stream = file.clone();
+        drop(file);
+        assert!(task.take("a file").is_none(), "the stream still holds the descriptor");
+        drop(stream);
         assert!(task.take("a file").is_some());
     }
 }

@@ -20,6 +20,8 @@ use wasmtime_wasi::filesystem::WasiFilesystemView;
 use wasmtime_wasi::p2::bindings::sync::filesystem::types::{Descriptor, ErrorCode, Filesize, Host, HostDescriptor};
 use wasmtime_wasi::p2::{DynOutputStream, OutputStream, Pollable, StreamError, StreamResult};
 
+use super::fds::FdToken;
+use super::filestreams::{holding_output, token_of};
 use super::TaskState;
 
 /// Default bytes one task may write into its grants (1 GiB).
@@ -120,25 +122,30 @@ impl Pollable for QuotaStream {
     }
 }
 
-type FsCall<T> = wasmtime::Result<(Result<T, ErrorCode>,)>;
+pub(crate) type FsCall<T> = wasmtime::Result<(Result<T, ErrorCode>,)>;
 
 /// Hands `result` to the guest, converting a host error into its error code.
-fn answer<T>(store: &mut StoreContextMut<'_, TaskState>, result: wasmtime_wasi::p2::FsResult<T>) -> FsCall<T> {
+pub(crate) fn answer<T>(
+    store: &mut StoreContextMut<'_, TaskState>,
+    result: wasmtime_wasi::p2::FsResult<T>,
+) -> FsCall<T> {
     match result {
         Ok(v) => Ok((Ok(v),)),
         Err(e) => Ok((Err(store.data_mut().filesystem().convert_error_code(e)?),)),
     }
 }
 
-/// Wraps the output stream `res` in a [`QuotaStream`].
+/// Wraps the output stream `res` in a [`QuotaStream`], holding the descriptor budget's
+/// `token` of its file.
 fn wrap_stream(
     store: &mut StoreContextMut<'_, TaskState>,
     res: Resource<DynOutputStream>,
+    token: Option<FdToken>,
 ) -> wasmtime::Result<Resource<DynOutputStream>> {
     let quota = store.data().quota.clone();
     let table = &mut store.data_mut().table;
     let inner = table.delete(res)?;
-    let wrapped: DynOutputStream = Box::new(QuotaStream { inner, quota });
+    let wrapped = holding_output(Box::new(QuotaStream { inner, quota }), token);
     Ok(table.push(wrapped)?)
 }
 
@@ -157,8 +164,9 @@ fn write_via_stream(
     mut store: StoreContextMut<'_, TaskState>,
     (fd, offset): (Resource<Descriptor>, Filesize),
 ) -> FsCall<Resource<DynOutputStream>> {
+    let token = token_of(&store, &fd);
     match store.data_mut().filesystem().write_via_stream(fd, offset) {
-        Ok(s) => Ok((Ok(wrap_stream(&mut store, s)?),)),
+        Ok(s) => Ok((Ok(wrap_stream(&mut store, s, token)?),)),
         Err(e) => answer(&mut store, Err(e)),
     }
 }
@@ -167,8 +175,9 @@ fn append_via_stream(
     mut store: StoreContextMut<'_, TaskState>,
     (fd,): (Resource<Descriptor>,),
 ) -> FsCall<Resource<DynOutputStream>> {
+    let token = token_of(&store, &fd);
     match store.data_mut().filesystem().append_via_stream(fd) {
-        Ok(s) => Ok((Ok(wrap_stream(&mut store, s)?),)),
+        Ok(s) => Ok((Ok(wrap_stream(&mut store, s, token)?),)),
         Err(e) => answer(&mut store, Err(e)),
     }
 }

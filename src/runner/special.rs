@@ -10,8 +10,9 @@
 //! redefined: it first stats the path through the same directory descriptor, with the same
 //! symlink flag as the open, and refuses (`access`) anything that is not a regular file, a
 //! directory or a symlink, before handing the call to wasmtime-wasi. The descriptor it
-//! opens is taken from the process's descriptor budget (see [`super::fds`]) and checked
-//! not to be on a kernel filesystem (see [`super::kernelfs`]).
+//! opens is taken from the process's descriptor budget (see [`super::fds`]; the streams
+//! made from it hold it too, see [`super::filestreams`]) and checked not to be on a
+//! kernel filesystem (see [`super::kernelfs`]).
 
 use std::os::fd::AsFd;
 
@@ -101,6 +102,7 @@ pub(crate) fn add_to_linker(linker: &mut Linker<TaskState>) -> wasmtime::Result<
         types.resource("descriptor", ResourceType::host::<Descriptor>(), drop_descriptor)?;
     }
     super::quota::add_to_linker(linker, FILESYSTEM_TYPES)?;
+    super::filestreams::add_to_linker(linker, FILESYSTEM_TYPES)?;
     super::sockets::add_to_linker(linker)?;
     linker.allow_shadowing(false);
     Ok(())

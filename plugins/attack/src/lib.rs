@@ -32,6 +32,8 @@
 //! - `hold`: opens `path` again and again, keeping every descriptor, until an open fails or
 //!   `count` (default 100,000) are open; reports progress `holding <n>: <error>`, then waits
 //!   until `release` exists (when given) and prints `{"held": n, "error": …}`.
+//! - `hold-streams`: as `hold`, but each time makes a read stream from the file it opened
+//!   and drops the file's handle, keeping only the stream.
 
 use std::io::Write;
 
@@ -202,9 +204,14 @@ fn run(p: Value) -> Result<u32, String> {
             read_at(path, offset, u64_param(&p, "bytes", 64) as usize)
         }
         "hold" => hold(
-            str_param(&p, "path")?,
             u64_param(&p, "count", 100_000),
             p.get("release").and_then(Value::as_str),
+            open_file(str_param(&p, "path")?),
+        ),
+        "hold-streams" => hold(
+            u64_param(&p, "count", 100_000),
+            p.get("release").and_then(Value::as_str),
+            open_stream(str_param(&p, "path")?)?,
         ),
         other => Err(format!("unknown attack {other:?}")),
     }
@@ -333,15 +340,41 @@ fn read_at(path: &str, offset: u64, bytes: usize) -> Result<u32, String> {
     Ok(disbatch_plugin::SUCCEEDED)
 }
 
-/// See `hold` above.
-fn hold(path: &str, count: u64, release: Option<&str>) -> Result<u32, String> {
+/// Opens `path` (for `hold`).
+fn open_file(path: &str) -> impl FnMut() -> Result<std::fs::File, String> + '_ {
+    move || std::fs::File::open(path).map_err(|e| e.to_string())
+}
+
+/// Opens `path`, a file under a preopened directory, makes a read stream from it and drops
+/// the file's handle (for `hold-streams`).
+fn open_stream(path: &str) -> Result<impl FnMut() -> Result<wasip2::io::streams::InputStream, String>, String> {
+    use wasip2::filesystem::types::{DescriptorFlags, OpenFlags, PathFlags};
+    for (dir, guest) in wasip2::filesystem::preopens::get_directories() {
+        let prefix = format!("{}/", guest.trim_end_matches('/'));
+        if let Some(rest) = path.strip_prefix(&prefix) {
+            let rest = rest.to_owned();
+            return Ok(move || {
+                let file = dir
+                    .open_at(PathFlags::empty(), &rest, OpenFlags::empty(), DescriptorFlags::READ)
+                    .map_err(|e| format!("{e:?}"))?;
+                let stream = file.read_via_stream(0).map_err(|e| format!("{e:?}"))?;
+                drop(file);
+                Ok(stream)
+            });
+        }
+    }
+    Err(format!("{path} is not under a granted directory"))
+}
+
+/// See `hold` above: keeps what `open` gives until it fails or `count` are held.
+fn hold<T>(count: u64, release: Option<&str>, mut open: impl FnMut() -> Result<T, String>) -> Result<u32, String> {
     let mut held = Vec::new();
     let mut error = None;
     while (held.len() as u64) < count {
-        match std::fs::File::open(path) {
+        match open() {
             Ok(f) => held.push(f),
             Err(e) => {
-                error = Some(e.to_string());
+                error = Some(e);
                 break;
             }
         }
