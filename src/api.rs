@@ -77,7 +77,7 @@ pub use self::openapi::OPENAPI_JSON;
 pub use self::source::DocumentSource;
 pub use self::tasks::{FULL_OUTPUT_CAP, MAX_FULL_LIMIT};
 pub use self::timed_body::{BodyTimeout, TimedBody, MIN_BODY_RATE};
-pub use self::watch::{WaitLimits, DEFAULT_MAX_WAITED_IDS, DEFAULT_MAX_WAITERS};
+pub use self::watch::{WaitLimits, DEFAULT_MAX_EVENT_STREAM, DEFAULT_MAX_WAITED_IDS, DEFAULT_MAX_WAITERS};
 
 /// Default largest request body: 16 MiB.
 pub const DEFAULT_BODY_LIMIT: usize = 16 << 20;

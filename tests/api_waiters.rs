@@ -188,6 +188,7 @@ async fn waits_and_event_streams_past_their_caps_get_503_with_retry_after() {
     let limits = WaitLimits {
         max_waiters: 2,
         max_waited_ids: 5,
+        ..WaitLimits::default()
     };
     let (base, ids, _dir) = served(limits, 6).await;
     let client = reqwest::Client::new();
@@ -253,4 +254,56 @@ async fn waits_and_event_streams_past_their_caps_get_503_with_retry_after() {
     let answer: Value = r.json().await.unwrap();
     assert_eq!(answer["done"], false);
     long.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_stream_ends_at_its_lifetime_and_frees_its_place() {
+    let limits = WaitLimits {
+        max_waiters: 1,
+        max_event_stream: Duration::from_secs(1),
+        ..WaitLimits::default()
+    };
+    let (base, ids, _dir) = served(limits, 1).await;
+    let client = reqwest::Client::new();
+    let wait = || client.get(format!("{base}/tasks/wait?timeout=0&ids={}", ids[0])).send();
+
+    // The stream on a task that never ends (its queue runs nothing) holds the one place.
+    let started = Instant::now();
+    let stream = client
+        .get(format!("{base}/tasks/{}/events", ids[0]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), 200);
+    let second = wait().await.unwrap();
+    // Refused while the stream lasts (it may already have ended on a very slow machine).
+    if second.status() != 200 {
+        refused(second, "max_waiters").await;
+    }
+
+    // It ends by itself, its first event being the task as it was.
+    let body = tokio::time::timeout(Duration::from_secs(120), stream.text())
+        .await
+        .expect("the event stream ends at its lifetime")
+        .unwrap();
+    assert!(
+        started.elapsed() >= Duration::from_secs(1),
+        "ended after {:?}",
+        started.elapsed()
+    );
+    let first = body
+        .split("\n\n")
+        .find(|e| e.lines().any(|l| l.starts_with("data:")))
+        .expect("an event");
+    assert!(first.lines().any(|l| l == "event: task"), "{body}");
+    let data = first.lines().find_map(|l| l.strip_prefix("data:")).unwrap();
+    let task: Value = serde_json::from_str(data.trim()).unwrap();
+    assert_eq!(task["id"], ids[0], "{body}");
+    assert_eq!(task["status"], -2, "{body}");
+
+    // Its place is free: a wait is admitted.
+    wait_for(Duration::from_secs(30), "a wait admitted", || async {
+        wait().await.unwrap().status() == 200
+    })
+    .await;
 }

@@ -39,6 +39,28 @@ pub(super) async fn read<S: Send + Sync>(req: Request, state: &S) -> Result<Byte
     })
 }
 
+/// The body, at most `limit` bytes: 408 when it stalls or trickles (see `timed_body`),
+/// `too_large` past the limit, 400 when it cannot be read otherwise.
+pub(super) async fn read_limited(
+    body: axum::body::Body,
+    limit: usize,
+    too_large: impl FnOnce() -> ApiError,
+) -> Result<Bytes, ApiError> {
+    axum::body::to_bytes(body, limit).await.map_err(|e| {
+        let mut next: Option<&(dyn std::error::Error + 'static)> = Some(&e);
+        while let Some(cause) = next {
+            if cause.is::<http_body_util::LengthLimitError>() {
+                return too_large();
+            }
+            next = cause.source();
+        }
+        match super::timed_body::timed_out(&e) {
+            Some(t) => ApiError::Timeout(t.to_string()),
+            None => ApiError::bad(format!("cannot read the request body: {e}")),
+        }
+    })
+}
+
 /// A body that must be a JSON object.
 pub(super) fn json_object(bytes: &[u8]) -> Result<Map<String, Value>, ApiError> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
@@ -140,5 +162,41 @@ pub(super) fn kind(v: &Value) -> &'static str {
         Value::String(_) => "a string",
         Value::Array(_) => "an array",
         Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use futures::StreamExt as _;
+    use http_body::Frame;
+    use http_body_util::StreamBody;
+
+    use super::*;
+    use crate::api::TimedBody;
+
+    /// A body of `len` bytes, then nothing more ever when `stall`, cut by a short timeout.
+    fn body(len: usize, stall: bool) -> axum::body::Body {
+        let chunk = futures::stream::iter([Ok::<_, std::io::Error>(Frame::data(Bytes::from(vec![b'x'; len])))]);
+        let s = if stall {
+            chunk.chain(futures::stream::pending()).boxed()
+        } else {
+            chunk.boxed()
+        };
+        axum::body::Body::new(TimedBody::new(StreamBody::new(s), Duration::from_millis(100)))
+    }
+
+    #[tokio::test]
+    async fn a_stalled_body_is_a_timeout_not_too_large() {
+        let big = || ApiError::TooLarge("big".into());
+        let stalled = read_limited(body(10, true), 1000, big).await.unwrap_err();
+        assert!(
+            matches!(stalled, ApiError::Timeout(ref t) if t.contains("stalled")),
+            "{stalled:?}"
+        );
+        let over = read_limited(body(2000, false), 1000, big).await.unwrap_err();
+        assert!(matches!(over, ApiError::TooLarge(_)), "{over:?}");
+        assert_eq!(read_limited(body(10, false), 1000, big).await.unwrap().len(), 10);
     }
 }

@@ -14,7 +14,7 @@ use axum::http::request::Parts;
 use bson::oid::ObjectId;
 use serde_json::{Map, Value};
 
-use super::body::{content_type, is_form, json_object, kind};
+use super::body::{content_type, is_form, json_object, kind, read_limited};
 use super::form::{decode, to_fields};
 use super::tasks::object_id;
 use super::{queues, ApiError, Shared};
@@ -234,12 +234,13 @@ impl Input {
 /// a body of another type.
 async fn body_fields(parts: Parts, body: axum::body::Body) -> Result<Map<String, Value>, ApiError> {
     let headers = parts.headers.clone();
-    let bytes = axum::body::to_bytes(body, MAX_READ_BODY).await.map_err(|_| {
+    let bytes = read_limited(body, MAX_READ_BODY, || {
         ApiError::TooLarge(format!(
             "a GET /tasks body (its filters and options) must be at most {} KiB: give long lists of ids in several requests",
             MAX_READ_BODY >> 10
         ))
-    })?;
+    })
+    .await?;
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(Map::new());
     }

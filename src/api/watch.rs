@@ -25,7 +25,7 @@ use tokio::sync::broadcast;
 
 pub(super) use self::hub::Change;
 use self::hub::Waiter;
-pub use self::hub::{TaskWatch, WaitLimits, DEFAULT_MAX_WAITED_IDS, DEFAULT_MAX_WAITERS};
+pub use self::hub::{TaskWatch, WaitLimits, DEFAULT_MAX_EVENT_STREAM, DEFAULT_MAX_WAITED_IDS, DEFAULT_MAX_WAITERS};
 use super::body::PathKey;
 use super::json::{self, TaskView};
 use super::{ApiError, Shared};
@@ -176,13 +176,15 @@ fn shown(t: &Task) -> (i32, Option<(Option<u64>, String, i64)>) {
 
 /// `GET /tasks/{id}/events`: a server-sent-events stream of the task (`event: task`, the
 /// task's JSON as data), first as it is, then at each change of its status or progress;
-/// it ends after the task has ended.
+/// it ends after the task has ended, or once it has lasted
+/// [`WaitLimits::max_event_stream`] (a client reconnects and gets the task as it is then).
 pub(super) async fn events(
     State(state): State<Shared>,
     PathKey(id): PathKey,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     let oid = ObjectId::parse_str(&id).map_err(|_| ApiError::bad(format!("invalid task id {id:?}")))?;
     let waiter = state.watch.register(&state.store, &[oid], state.wait_limits).await?;
+    let until = tokio::time::Instant::now() + state.wait_limits.max_event_stream;
     let first = state
         .store
         .task(oid)
@@ -216,7 +218,11 @@ pub(super) async fn events(
                 return None;
             }
             loop {
-                f.waiter.changed(&f.state.watch, MAX_WAIT, UNWATCHED_POLL).await;
+                let left = until.saturating_duration_since(tokio::time::Instant::now());
+                // At its lifetime the stream ends, and its waiter place is freed.
+                if left.is_zero() || !f.waiter.changed(&f.state.watch, left, UNWATCHED_POLL).await {
+                    return None;
+                }
                 let t = match f.state.store.task(oid).await {
                     Ok(Some(t)) => t,
                     // Deleted: the stream ends.

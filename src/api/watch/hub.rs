@@ -32,6 +32,8 @@ const LOOK_CHUNK: usize = 1000;
 pub const DEFAULT_MAX_WAITERS: usize = 512;
 /// Default [`WaitLimits::max_waited_ids`].
 pub const DEFAULT_MAX_WAITED_IDS: usize = 256_000;
+/// Default [`WaitLimits::max_event_stream`]: the longest wait.
+pub const DEFAULT_MAX_EVENT_STREAM: Duration = super::MAX_WAIT;
 
 /// Caps on what waiters may hold in one API process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,6 +42,9 @@ pub struct WaitLimits {
     pub max_waiters: usize,
     /// Task ids those waiters name together (an id named by two waiters counts twice).
     pub max_waited_ids: usize,
+    /// Longest life of one event stream (`GET /tasks/{id}/events`): it then ends, freeing
+    /// its place; a client reconnects and gets the task as it is first.
+    pub max_event_stream: Duration,
 }
 
 impl Default for WaitLimits {
@@ -47,6 +52,7 @@ impl Default for WaitLimits {
         WaitLimits {
             max_waiters: DEFAULT_MAX_WAITERS,
             max_waited_ids: DEFAULT_MAX_WAITED_IDS,
+            max_event_stream: DEFAULT_MAX_EVENT_STREAM,
         }
     }
 }

@@ -100,7 +100,23 @@ impl SqliteStore {
                 let mut bytes = store
                     .with(move |conn| {
                         let err = db_err("read output file");
-                        let blob = conn
+                        // One read snapshot: the row is still this file's (a rowid alone may
+                        // have gone to another file since the last piece) as the piece is read.
+                        let tx = conn.transaction().map_err(&err)?;
+                        let same: Option<i64> = tx
+                            .query_row(
+                                "SELECT 1 FROM output_files WHERE rowid = ?1 AND id = ?2",
+                                params![rowid, id.to_hex()],
+                                |r| r.get(0),
+                            )
+                            .optional()
+                            .map_err(&err)?;
+                        if same.is_none() {
+                            return Err(StoreError::Database(format!(
+                                "output file {id} was replaced or deleted while it was read; read it again"
+                            )));
+                        }
+                        let blob = tx
                             .blob_open(rusqlite::MAIN_DB, OUTPUT_FILES, "data", rowid, true)
                             .map_err(&err)?;
                         if blob.len() != length {
@@ -127,5 +143,46 @@ impl SqliteStore {
             }
         });
         Ok(Box::pin(pieces))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::StreamExt as _;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_file_replaced_while_read_is_not_read_as_another_files_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(dir.path().join("f.db")).await.unwrap();
+        let (a, b) = (ObjectId::new(), ObjectId::new());
+        let (task_a, task_b) = (ObjectId::new(), ObjectId::new());
+        let len = 3 * PIECE;
+        store.put_file(a, task_a, "stdout", &"a".repeat(len)).await.unwrap();
+        let mut pieces = store.stream_file(&Output::File(a)).await.unwrap();
+        let first = pieces.next().await.unwrap().unwrap();
+        assert!(!first.is_empty() && first.bytes().all(|c| c == b'a'));
+
+        // The file goes, and another task's file of the same length takes its rowid.
+        store.discard_files(task_a, &[a]).await.unwrap();
+        store.put_file(b, task_b, "stdout", &"b".repeat(len)).await.unwrap();
+        let rowids: Vec<i64> = store
+            .with(|conn| {
+                let mut st = conn.prepare("SELECT rowid FROM output_files").unwrap();
+                let rows = st.query_map([], |r| r.get(0)).unwrap();
+                Ok(rows.map(Result::unwrap).collect())
+            })
+            .await
+            .unwrap();
+        assert_eq!(rowids, vec![1], "the rowid is reused");
+
+        let rest: Vec<_> = pieces.collect().await;
+        assert!(
+            rest.iter().flatten().all(|p| !p.contains('b')),
+            "read the other file's bytes"
+        );
+        let e = rest.iter().find_map(|p| p.as_ref().err()).expect("an error");
+        assert!(e.to_string().contains(&a.to_hex()), "{e}");
     }
 }
