@@ -137,6 +137,7 @@ impl Den {
     /// Takes or renews the leader lease and, while this node leads, recovers orphans.
     async fn leader_duties(&self) -> StoreResult<()> {
         let s = &self.settings;
+        let began = tokio::time::Instant::now();
         let leads = match self.lead().await {
             Ok(leads) => leads,
             Err(e) => {
@@ -152,6 +153,12 @@ impl Den {
             }
         };
         if !leads {
+            return Ok(());
+        }
+        if began.elapsed() >= s.heartbeat_stale {
+            // The store did not answer for a stale window (an outage this task waited
+            // through): every other node's heartbeat may look stale for the same reason.
+            *self.outage_ended.lock().unwrap_or_else(|e| e.into_inner()) = Some(tokio::time::Instant::now());
             return Ok(());
         }
         let since_outage = *self.outage_ended.lock().unwrap_or_else(|e| e.into_inner());
