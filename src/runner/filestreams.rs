@@ -7,14 +7,14 @@
 //! file's [`FdToken`]; the descriptor's place is given back when the last of the file's
 //! handle and its streams is dropped (or the task ends). `read-via-stream` is redefined
 //! here; the two writing streams are already wrapped for the write quota (see
-//! [`super::quota`]), which wraps them with [`holding_output`] too.
+//! [`super::quota`]), whose wrapper holds the token too.
 
 use bytes::Bytes;
 use wasmtime::component::{Linker, Resource};
 use wasmtime::StoreContextMut;
 use wasmtime_wasi::filesystem::WasiFilesystemView;
 use wasmtime_wasi::p2::bindings::sync::filesystem::types::{Descriptor, Filesize, HostDescriptor};
-use wasmtime_wasi::p2::{DynInputStream, DynOutputStream, InputStream, OutputStream, Pollable, StreamResult};
+use wasmtime_wasi::p2::{DynInputStream, InputStream, Pollable, StreamResult};
 
 use super::fds::FdToken;
 use super::quota::{answer, FsCall};
@@ -32,13 +32,6 @@ struct Holding<S> {
 }
 
 /// `inner`, made to hold `token` while it lives.
-pub(crate) fn holding_output(inner: DynOutputStream, token: Option<FdToken>) -> DynOutputStream {
-    match token {
-        Some(token) => Box::new(Holding { inner, _token: token }),
-        None => inner,
-    }
-}
-
 fn holding_input(inner: DynInputStream, token: Option<FdToken>) -> DynInputStream {
     match token {
         Some(token) => Box::new(Holding { inner, _token: token }),
@@ -70,37 +63,7 @@ impl InputStream for Holding<DynInputStream> {
 }
 
 #[wasmtime_wasi::async_trait]
-impl OutputStream for Holding<DynOutputStream> {
-    fn write(&mut self, bytes: Bytes) -> StreamResult<()> {
-        self.inner.write(bytes)
-    }
-
-    fn flush(&mut self) -> StreamResult<()> {
-        self.inner.flush()
-    }
-
-    fn check_write(&mut self) -> StreamResult<usize> {
-        self.inner.check_write()
-    }
-
-    async fn blocking_write_and_flush(&mut self, bytes: Bytes) -> StreamResult<()> {
-        self.inner.blocking_write_and_flush(bytes).await
-    }
-
-    async fn cancel(&mut self) {
-        self.inner.cancel().await
-    }
-}
-
-#[wasmtime_wasi::async_trait]
 impl Pollable for Holding<DynInputStream> {
-    async fn ready(&mut self) {
-        self.inner.ready().await
-    }
-}
-
-#[wasmtime_wasi::async_trait]
-impl Pollable for Holding<DynOutputStream> {
     async fn ready(&mut self) {
         self.inner.ready().await
     }

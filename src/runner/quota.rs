@@ -21,7 +21,7 @@ use wasmtime_wasi::p2::bindings::sync::filesystem::types::{Descriptor, ErrorCode
 use wasmtime_wasi::p2::{DynOutputStream, OutputStream, Pollable, StreamError, StreamResult};
 
 use super::fds::FdToken;
-use super::filestreams::{holding_output, token_of};
+use super::filestreams::token_of;
 use super::TaskState;
 
 /// Default bytes one task may write into its grants (1 GiB).
@@ -80,10 +80,12 @@ impl WriteQuota {
     }
 }
 
-/// A file stream whose writes draw on the task's quota.
+/// A file stream whose writes draw on the task's quota, holding its file's place in the
+/// descriptor budget while it lives (see [`super::filestreams`]).
 struct QuotaStream {
     inner: DynOutputStream,
     quota: Arc<WriteQuota>,
+    _token: Option<FdToken>,
 }
 
 #[wasmtime_wasi::async_trait]
@@ -145,7 +147,11 @@ fn wrap_stream(
     let quota = store.data().quota.clone();
     let table = &mut store.data_mut().table;
     let inner = table.delete(res)?;
-    let wrapped = holding_output(Box::new(QuotaStream { inner, quota }), token);
+    let wrapped: DynOutputStream = Box::new(QuotaStream {
+        inner,
+        quota,
+        _token: token,
+    });
     Ok(table.push(wrapped)?)
 }
 
