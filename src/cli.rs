@@ -310,6 +310,11 @@ pub async fn run(cli: &Cli) -> Result<(), CliError> {
         println!("{}", serde_json::to_string_pretty(&out.value).unwrap_or_default());
     } else {
         print!("{}", (out.human)(&out.value));
+        // What the server allowed but warns about goes where a person sees it, not into
+        // the output a script reads.
+        for w in out.value["warnings"].as_array().map(Vec::as_slice).unwrap_or_default() {
+            eprintln!("disbatch: warning: {}", w.as_str().unwrap_or_default());
+        }
     }
     out.outcome.map_or(Ok(()), Err)
 }

@@ -25,6 +25,19 @@ async fn queues_tasks_and_nodes_through_the_cli() {
     assert_eq!(web.ok(&["status"]), table);
     let q = web.json(&["update-queue", "jobs", "threads", "4", "sort", "lifo"]);
     assert_eq!((q["threads"].as_i64(), q["sort"].as_str()), (Some(4), Some("lifo")));
+    // A warning of the server goes to stderr, after the answer on stdout.
+    let out = web.run(&["update-queue", "jobs", "sandbox", r#"{"submit": ["jobs"]}"#]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("jobs"));
+    assert!(
+        stderr(&out).starts_with(
+            "disbatch: warning: queue \"jobs\" can reach itself through sandbox.submit grants (jobs → jobs)"
+        ),
+        "{}",
+        stderr(&out)
+    );
+    let out = web.run(&["update-queue", "jobs", "sandbox", "{}"]);
+    assert_eq!(stderr(&out), "");
 
     let t = web.json(&["create-task", "jobs", "message", "hi", "repeat", "2"]);
     assert_eq!(t["count"], 1);

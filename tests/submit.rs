@@ -468,6 +468,45 @@ async fn a_self_granting_queue_stops_at_the_depth_bound(store: Arc<dyn Store>, s
     )
     .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    // Allowed (a recursive workflow is legitimate), with a warning naming the cycle and
+    // the bound that stops it.
+    let warning = r.json()["warnings"][0].as_str().unwrap_or_default().to_string();
+    assert!(
+        warning.contains("queue \"loop\" can reach itself through sandbox.submit grants (loop → loop)")
+            && warning.contains("sandbox.submit_depth (3)")
+            && warning.contains("sandbox.submit_max (unset, so the DEN's default (100"),
+        "{}",
+        r.text
+    );
+    // A cycle of two queues warns on the write that closes it, and on every later write
+    // of a queue on it; a queue on none has no warnings.
+    let r = post(
+        &app,
+        "/queues",
+        json!({"name": "ping", "plugin": "submit", "sandbox": {"submit": ["pong"]}}),
+    )
+    .await;
+    assert_eq!(r.json().get("warnings"), None, "{}", r.text);
+    let r = post(
+        &app,
+        "/queues",
+        json!({"name": "pong", "plugin": "submit", "sandbox": {"submit": ["ping"]}}),
+    )
+    .await;
+    assert!(r.text.contains("(pong → ping → pong)"), "{}", r.text);
+    let r = post(
+        &app,
+        "/queues/ping",
+        json!({"sandbox": {"submit": ["pong"], "submit_max": 2}}),
+    )
+    .await;
+    assert!(
+        r.text.contains("(ping → pong → ping)") && r.text.contains("sandbox.submit_max (2)"),
+        "{}",
+        r.text
+    );
+    let r = post(&app, "/queues/ping", json!({"sandbox": {"submit": []}})).await;
+    assert_eq!(r.json().get("warnings"), None, "{}", r.text);
     assert_bad(
         &post(
             &app,

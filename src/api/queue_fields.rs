@@ -291,3 +291,124 @@ pub(super) async fn check_next(
         }
     }
 }
+
+/// The path by which a queue reaches itself through `sandbox.submit` grants (and
+/// `next_queue` chains between them), names from the queue back to it: every task on it may
+/// make follow-ups that come back, which only `sandbox.submit_depth` stops. Such a cycle is
+/// allowed (a crawler or a tree walk grants itself `submit`), so it is a warning, not an
+/// error. `None` when the queue is on no cycle with a grant in it; a cycle of chains alone
+/// is refused where `next_queue` is written.
+pub(super) fn submit_cycle(queues: &[Queue], id: ObjectId) -> Option<Vec<String>> {
+    let start = queues.iter().position(|q| q.id == id)?;
+    let edges = |q: &Queue| {
+        let grants = q.sandbox.submit.iter().map(|k| (k.as_str(), true));
+        let chain = q.next_queue.iter().map(|k| (k.as_str(), false));
+        grants
+            .chain(chain)
+            .filter_map(|(k, grant)| Queue::find(queues, k).map(|to| (to.id, grant)))
+            .collect::<Vec<_>>()
+    };
+    // A breadth-first search over (queue, whether the path to it took a grant), from
+    // (start, no) to (start, yes); `from` holds how each state was first reached.
+    let mut from = std::collections::HashMap::from([((start, false), None)]);
+    let mut todo = std::collections::VecDeque::from([(start, false)]);
+    while let Some((at, granted)) = todo.pop_front() {
+        for (to, grant) in edges(&queues[at]) {
+            let next = (queues.iter().position(|q| q.id == to)?, granted || grant);
+            if from.contains_key(&next) {
+                continue;
+            }
+            from.insert(next, Some((at, granted)));
+            if next == (start, true) {
+                let mut path = vec![queues[start].name.clone()];
+                let mut state = next;
+                while let Some(Some(prev)) = from.get(&state) {
+                    path.push(queues[prev.0].name.clone());
+                    state = *prev;
+                }
+                path.reverse();
+                return Some(path);
+            }
+            todo.push_back(next);
+        }
+    }
+    None
+}
+
+/// The answer's `warnings` for a queue just written: a cycle of follow-up grants through it.
+pub(super) async fn queue_warnings(state: &Shared, id: ObjectId) -> Result<Vec<String>, ApiError> {
+    let queues = state.store.queues().await?;
+    let Some(path) = submit_cycle(&queues, id) else {
+        return Ok(Vec::new());
+    };
+    let queue = queues
+        .iter()
+        .find(|q| q.id == id)
+        .expect("the cycle starts at this queue");
+    let setting = |v: Option<u32>, default: u32| {
+        v.map_or_else(
+            || format!("unset, so the DEN's default ({default} unless its config says otherwise)"),
+            |n| n.to_string(),
+        )
+    };
+    Ok(vec![format!(
+        "queue {:?} can reach itself through sandbox.submit grants ({}): its follow-ups stop only at the depth \
+         bound, sandbox.submit_depth ({}), and one lineage may hold up to sandbox.submit_max ({}) to that power of \
+         tasks; lower either if the cycle is not meant",
+        queue.name,
+        path.join(" → "),
+        setting(queue.sandbox.submit_depth, crate::runner::DEFAULT_SUBMIT_DEPTH),
+        setting(queue.sandbox.submit_max, crate::runner::DEFAULT_SUBMIT_MAX),
+    )])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn queue(name: &str, submit: &[&str], next: Option<&str>) -> Queue {
+        let mut q = Queue {
+            id: ObjectId::new(),
+            name: name.into(),
+            plugin: "p".into(),
+            threads: None,
+            sort: Default::default(),
+            sandbox: Default::default(),
+            on_orphan: Default::default(),
+            retry: None,
+            activity_timeout: None,
+            next_queue: None,
+            maxthreads: None,
+        };
+        q.sandbox.submit = submit.iter().map(|s| s.to_string()).collect();
+        q.next_queue = next.map(str::to_string);
+        q
+    }
+
+    #[test]
+    fn a_cycle_is_one_with_a_grant_through_the_queue() {
+        let queues = vec![
+            queue("a", &["b"], None),
+            queue("b", &[], Some("c")),
+            queue("c", &["a", "gone"], None),
+            queue("d", &["d"], Some("a")),
+            queue("e", &[], Some("f")),
+            queue("f", &[], Some("e")),
+            queue("g", &["a"], None),
+        ];
+        let path = |i: usize| submit_cycle(&queues, queues[i].id).map(|p| p.join(" → "));
+        // Grants and chains together.
+        assert_eq!(path(0).as_deref(), Some("a → b → c → a"));
+        assert_eq!(path(1).as_deref(), Some("b → c → a → b"));
+        // A self-grant; the chain out of d leads away and does not come back.
+        assert_eq!(path(3).as_deref(), Some("d → d"));
+        // Chains alone (refused where next_queue is written), and a queue that leads into a
+        // cycle without being on it.
+        assert_eq!(path(4), None);
+        assert_eq!(path(6), None);
+        // Names or ids.
+        let mut by_id = queues.clone();
+        by_id[1].next_queue = Some(queues[2].id.to_hex());
+        assert_eq!(submit_cycle(&by_id, by_id[0].id).unwrap().join(" → "), "a → b → c → a");
+    }
+}

@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 
 use super::body::{Params, PathKey};
 use super::form::{decode_json_fields, Shape};
-use super::queue_fields::{check_next, check_pin, fields, QUEUE_FIELDS};
+use super::queue_fields::{check_next, check_pin, fields, queue_warnings, QUEUE_FIELDS};
 use super::{json, ApiError, Shared};
 use crate::model::{Queue, UnreadableQueue};
 use crate::store::{NewQueue, QueueUpdate, StoreError};
@@ -227,7 +227,16 @@ pub(super) async fn create(State(state): State<Shared>, shape: Shape, params: Pa
     if !shape.native {
         value["id"] = json::oid(&queue.id);
     }
+    with_warnings(&mut value, queue_warnings(&state, queue.id).await?);
     Ok(Json(value))
+}
+
+/// Adds `warnings` (things the write allowed but that may not be meant) to an answer, when
+/// there are any.
+fn with_warnings(value: &mut Value, warnings: Vec<String>) {
+    if !warnings.is_empty() {
+        value["warnings"] = json!(warnings);
+    }
 }
 
 /// A queue as shown, without counts: what an update compares to see whether it changed.
@@ -289,7 +298,9 @@ pub(super) async fn update(
         Found::Queue(q) => json::queue(q, counts.get(&q.id)),
         Found::Unreadable(u) => json::unreadable_queue(u, counts.get(&u.id)),
     };
-    Ok(Json(json::mongo::with(value, result)))
+    let mut value = json::mongo::with(value, result);
+    with_warnings(&mut value, queue_warnings(&state, id).await?);
+    Ok(Json(value))
 }
 
 /// `DELETE /queues/{queue}`: deletes a queue (its tasks stay), readable or not. Answers
