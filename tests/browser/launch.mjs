@@ -15,6 +15,9 @@ export async function launch(viewport) {
     viewport,
   });
   const page = context.pages()[0] || (await context.newPage());
+  // Every wait is for a condition the page reaches; on a loaded machine that takes longer
+  // than playwright's 30 s default (a streamed output was seen to), never forever.
+  page.setDefaultTimeout(120000);
   const errors = [];
   page.on("pageerror", (e) => errors.push(String(e)));
   const close = async () => {

@@ -47,7 +47,7 @@ try {
   await page.click("#new-task-create");
   await page.waitForFunction(() => location.hash.startsWith("#/task/"));
   submitted = decodeURIComponent((await page.evaluate(() => location.hash)).slice("#/task/".length));
-  await page.waitForFunction(() => (document.querySelector("#task-status")?.textContent || "").includes("succeeded"), null, { timeout: 30000 });
+  await page.waitForFunction(() => (document.querySelector("#task-status")?.textContent || "").includes("succeeded"), null, { timeout: 120000 });
   const ran = await page.textContent("#task-stdout");
   if (ran !== "typed in the browser\n".repeat(3)) throw new Error("submitted task's stdout: " + JSON.stringify(ran));
   await shot("submitted-task-finished");
@@ -73,7 +73,7 @@ try {
   await page.setInputFiles("#plugin-file", component);
   if ((await page.inputValue("#plugin-name")) !== "demo") throw new Error("plugin name not taken from the file name");
   await page.click("#plugin-push");
-  await page.waitForFunction(() => document.querySelector("#message").textContent.startsWith("uploaded demo@sha256:"), null, { timeout: 30000 });
+  await page.waitForFunction(() => document.querySelector("#message").textContent.startsWith("uploaded demo@sha256:"), null, { timeout: 120000 });
   await page.waitForSelector('tr[data-plugin="demo"] .delete-plugin');
   const stored = await api("/plugins/demo");
   if (stored.versions?.length !== 1) throw new Error("uploaded plugin not stored: " + JSON.stringify(stored));
@@ -109,21 +109,21 @@ try {
   // A running task is killed from its page: the DEN stops the plugin and the task fails.
   const long = (await post("/tasks", { queue: "browser-q", params: [{ sleep_ms: 120000 }] })).ids[0];
   await page.goto(base + "/#/task/" + long);
-  await page.waitForSelector("#task-kill", { timeout: 30000 });
-  await page.waitForFunction(() => (document.querySelector("#task-status")?.textContent || "").includes("running"), null, { timeout: 30000 });
+  await page.waitForSelector("#task-kill", { timeout: 120000 });
+  await page.waitForFunction(() => (document.querySelector("#task-status")?.textContent || "").includes("running"), null, { timeout: 120000 });
   // demo reports (0 %, "starting") before it waits: the page shows it as a progress bar.
-  await page.waitForSelector('#task-progress progress[value="0"]', { timeout: 30000 });
+  await page.waitForSelector('#task-progress progress[value="0"]', { timeout: 120000 });
   if (!(await page.textContent("#task-progress")).includes("starting")) throw new Error("progress text: " + (await page.textContent("#task-progress")));
   await shot("task-progress");
   await page.click("#task-kill");
-  await page.waitForFunction(() => (document.querySelector("#task-status")?.textContent || "").includes("failed"), null, { timeout: 30000 });
+  await page.waitForFunction(() => (document.querySelector("#task-status")?.textContent || "").includes("failed"), null, { timeout: 120000 });
   const stderr = await page.textContent("#task-stderr");
   if (!stderr.includes("killed by api") || !stderr.includes("from the browser")) throw new Error("killed task's stderr: " + stderr);
   await shot("task-killed");
 
   // The failed task runs again from its page; its killed run is listed as attempt 1.
   await page.click("#task-retry");
-  await page.waitForSelector("#task-attempts tbody tr", { timeout: 30000 });
+  await page.waitForSelector("#task-attempts tbody tr", { timeout: 120000 });
   const attempt = await page.textContent("#task-attempts tbody tr");
   if (!attempt.includes("failed") || !attempt.includes("retried by hand by api: from the browser")) throw new Error("attempt row: " + attempt);
   const again = await api("/tasks/" + long);
@@ -151,7 +151,7 @@ try {
   if (graph.listed[0] !== "#/task/" + dag[0] || !graph.waiting.includes("waiting for it")) throw new Error("parents list: " + JSON.stringify(graph));
   if (!(await page.textContent("#task-status")).includes("blocked")) throw new Error("b's status: " + (await page.textContent("#task-status")));
   await shot("task-dag-blocked");
-  await page.waitForFunction(() => (document.querySelector("#task-status")?.textContent || "").includes("succeeded"), null, { timeout: 30000 });
+  await page.waitForFunction(() => (document.querySelector("#task-status")?.textContent || "").includes("succeeded"), null, { timeout: 120000 });
   await page.waitForSelector('#task-graph .node.parent[data-status="1"]');
   await shot("task-dag-done");
 
