@@ -7,6 +7,7 @@ on_both_stores!(
     an_expired_slot_stays_held_while_its_holder_has_tasks,
     a_stale_nodes_slot_stays_held_while_a_task_claimed_after_its_heartbeat_runs,
     a_slot_lease_is_revalidated_by_its_holder_only,
+    renewing_an_expired_lease_keeps_the_slot_of_a_running_task,
     start_succeeds_again_after_a_lost_reply,
 );
 
@@ -115,6 +116,27 @@ async fn a_slot_lease_is_revalidated_by_its_holder_only(s: Stores) {
         SlotRenewal::Lost,
         "a slot freed by recovery is lost to its old holder"
     );
+}
+
+async fn renewing_an_expired_lease_keeps_the_slot_of_a_running_task(s: Stores) {
+    let short = Duration::from_millis(200);
+    let q = queue(&*s.a, "renew-late", 1, Sort::Fifo).await;
+    s.a.create_tasks(q.id, vec![doc! {}; 2]).await.unwrap();
+    s.a.heartbeat("late", LEASE).await.unwrap();
+    let slot = s.a.acquire_slot(&q, "late", short).await.unwrap().expect("slot");
+    let running = claim_run(&*s.a, &q, "late").await;
+    // Past the lease (a lease ends by time alone); the holder's task still runs.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // An expired lease is not renewed (the slot may have been counted free since) ...
+    assert_eq!(s.a.renew_slot(&slot, "late", LEASE).await.unwrap(), SlotRenewal::Lost);
+    // ... and the late renewal does not free it either: its holder's task still runs.
+    assert!(
+        s.b.acquire_slot(&q, "other", LEASE).await.unwrap().is_none(),
+        "a late renewal freed the slot of a running task: the queue would run threads + 1"
+    );
+    let empty = OutputValue::Inline(String::new());
+    assert!(s.a.finish(running, "late", 1, empty.clone(), empty).await.unwrap());
+    assert!(s.b.acquire_slot(&q, "other", LEASE).await.unwrap().is_some());
 }
 
 async fn start_succeeds_again_after_a_lost_reply(s: Stores) {

@@ -221,13 +221,14 @@ pub(super) fn renew_in(tx: &Connection, slot: &Slot, node: &str, lease: Duration
     if renewed == 1 {
         return Ok(SlotRenewal::Held);
     }
-    // Asked for (or its lease expired, and it may have been counted free since):
-    // given up, to the asker if any.
+    // Asked for: given up to the asker. An expired lease nobody asked for is lost but
+    // stays with its holder, free only once the holder has no claimed or running task in
+    // the queue (a slot is freed only with or after the recovery of its tasks).
     let to: Option<String> = tx
         .query_row(
             "UPDATE slots SET holder = NULL, reserved = want, reserved_until = want_until,
                  want = NULL, want_until = NULL
-             WHERE queue = ?1 AND n = ?2 AND holder = ?3
+             WHERE queue = ?1 AND n = ?2 AND holder = ?3 AND want IS NOT NULL
              RETURNING reserved",
             params![q, n, node],
             |r| r.get::<_, Option<String>>(0),
