@@ -47,10 +47,24 @@ pub mod status {
     /// Failed.
     pub const FAILED: i32 = 2;
 
+    /// The statuses at or below zero of a task that has ended: with every positive status
+    /// (succeeded, failed, or a plugin's own code), what [`finished`] means.
+    pub const ENDED_HELD: [i32; 3] = [ORPHANED, CANCELLED, TERMINATED];
+
+    /// The statuses of a task waiting to be claimed, the ones a cancel may stop.
+    pub const WAITING: [i32; 3] = [QUEUED, SCHEDULED, BLOCKED];
+
+    /// The statuses of a task a node holds (claimed or running), the ones a kill may stop
+    /// and recovery looks at.
+    pub const BUSY: [i32; 2] = [CLAIMED, RUNNING];
+
+    /// The statuses of a task that has not ended: the complement of [`finished`].
+    pub const UNENDED: [i32; 5] = [SCHEDULED, BLOCKED, QUEUED, CLAIMED, RUNNING];
+
     /// Whether a task with this status has ended (any positive status, orphaned,
     /// cancelled or terminated): it runs no more unless it is retried.
     pub fn finished(code: i32) -> bool {
-        code > 0 || [ORPHANED, CANCELLED, TERMINATED].contains(&code)
+        code > 0 || ENDED_HELD.contains(&code)
     }
 
     /// A short name of a status code.

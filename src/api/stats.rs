@@ -191,7 +191,7 @@ async fn nodes(state: &Shared, now: DateTime) -> Result<Vec<Value>, ApiError> {
     for n in state.store.nodes().await? {
         let filter = TaskFilter {
             node: Some(Some(n.node.clone())),
-            status: Some(vec![status::CLAIMED, status::RUNNING]),
+            status: Some(status::BUSY.to_vec()),
             ..TaskFilter::default()
         };
         let running = state.store.count_tasks(&filter).await?;

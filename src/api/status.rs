@@ -132,7 +132,7 @@ pub(super) async fn metrics(State(state): State<Shared>) -> Result<impl IntoResp
     for n in &nodes {
         let filter = TaskFilter {
             node: Some(Some(n.node.clone())),
-            status: Some(vec![status::CLAIMED, status::RUNNING]),
+            status: Some(status::BUSY.to_vec()),
             ..TaskFilter::default()
         };
         let running = state.store.count_tasks(&filter).await?;

@@ -22,14 +22,6 @@ const PAGE: usize = 500;
 /// Ends settled per sweep of the leader.
 pub const SWEEP: usize = 1000;
 
-/// The statuses of a task that has not ended.
-pub const UNENDED: [i32; 5] = [
-    status::SCHEDULED,
-    status::BLOCKED,
-    status::QUEUED,
-    status::CLAIMED,
-    status::RUNNING,
-];
 
 /// What a dependency came to once it ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,7 +74,7 @@ async fn batch_outcome<S: Store + ?Sized>(store: &S, b: &str) -> StoreResult<Opt
     };
     let open = TaskFilter {
         batch: Some(b.to_string()),
-        status: Some(UNENDED.to_vec()),
+        status: Some(status::UNENDED.to_vec()),
         ..TaskFilter::default()
     };
     if store.count_tasks(&open).await? > 0 {

@@ -497,7 +497,7 @@ impl Store for MongoStore {
         let result = self
             .tasks
             .update_one(
-                doc! { "_id": id, "status": { "$in": [status::CLAIMED, status::RUNNING] } },
+                doc! { "_id": id, "status": { "$in": status::BUSY.to_vec() } },
                 doc! { "$set": { "rerun": true } },
             )
             .await

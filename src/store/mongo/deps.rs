@@ -22,7 +22,7 @@ const CAS_TRIES: usize = 64;
 pub(super) fn ended() -> Document {
     doc! { "$or": [
         { "status": { "$gt": 0 } },
-        { "status": { "$in": [status::ORPHANED, status::CANCELLED, status::TERMINATED] } },
+        { "status": { "$in": status::ENDED_HELD.to_vec() } },
     ] }
 }
 

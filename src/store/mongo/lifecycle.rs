@@ -85,7 +85,7 @@ impl MongoStore {
     pub(super) async fn cancel(&self, target: TaskTarget, stop: &StopRequest) -> StoreResult<Vec<ObjectId>> {
         stop.expect(StopAction::Cancel)?;
         let fence = doc! {
-            "status": { "$in": [status::QUEUED, status::SCHEDULED, status::BLOCKED] },
+            "status": { "$in": status::WAITING.to_vec() },
             "node": super::unclaimed(),
         };
         self.stop_where(
@@ -102,7 +102,7 @@ impl MongoStore {
     pub(super) async fn kill(&self, target: TaskTarget, stop: &StopRequest) -> StoreResult<Vec<ObjectId>> {
         stop.expect(StopAction::Kill)?;
         let fence = doc! {
-            "status": { "$in": [status::CLAIMED, status::RUNNING] },
+            "status": { "$in": status::BUSY.to_vec() },
             "stop.action": { "$ne": "kill" },
         };
         self.stop_where(target, fence, Document::new(), stop, "ask to kill tasks")
@@ -115,7 +115,7 @@ impl MongoStore {
             .tasks
             .find(doc! {
                 "node": node,
-                "status": { "$in": [status::CLAIMED, status::RUNNING] },
+                "status": { "$in": status::BUSY.to_vec() },
                 "stop.action": "kill",
             })
             .projection(doc! { "_id": 1, "stop": 1 })

@@ -250,7 +250,7 @@ impl MongoStore {
             .tasks
             .count_documents(doc! {
                 "queue": queue,
-                "status": { "$in": [status::CLAIMED, status::RUNNING] },
+                "status": { "$in": status::BUSY.to_vec() },
                 "node": { "$in": names },
             })
             .await

@@ -25,7 +25,7 @@ type Policy = (OnOrphan, Option<RetryPolicy>);
 
 /// The filter of the tasks `node` holds: claimed (-1) or running (0) on it.
 pub(super) fn held_by(node: &str) -> Document {
-    doc! { "node": node, "status": { "$in": [status::CLAIMED, status::RUNNING] } }
+    doc! { "node": node, "status": { "$in": status::BUSY.to_vec() } }
 }
 
 /// Whether a task document carries a kill request.
@@ -45,7 +45,7 @@ impl MongoStore {
         let filter = doc! { "$or": [
             { "status": status::CLAIMED, "mtime": { "$lt": claimed_before } },
             {
-                "status": { "$in": [status::CLAIMED, status::RUNNING] },
+                "status": { "$in": status::BUSY.to_vec() },
                 "node": { "$nin": spared },
                 "mtime": { "$lt": stale_before },
             },

@@ -184,7 +184,7 @@ impl MongoStore {
     pub(super) async fn requeue_mine(&self, node: &str, tasks: &[ObjectId]) -> StoreResult<Vec<ObjectId>> {
         let mut requeued = Vec::new();
         for id in tasks {
-            let ours = doc! { "_id": id, "node": node, "status": { "$in": [status::CLAIMED, status::RUNNING] } };
+            let ours = doc! { "_id": id, "node": node, "status": { "$in": status::BUSY.to_vec() } };
             let mut unasked = ours.clone();
             unasked.insert("stop.action", doc! { "$ne": "kill" });
             let result = self

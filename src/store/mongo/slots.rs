@@ -164,7 +164,7 @@ impl MongoStore {
                     .count_documents(doc! {
                         "queue": queue,
                         "node": holder,
-                        "status": { "$in": [status::CLAIMED, status::RUNNING] },
+                        "status": { "$in": status::BUSY.to_vec() },
                     })
                     .limit(1)
                     .await
@@ -212,7 +212,7 @@ impl MongoStore {
                 .count_documents(doc! {
                     "queue": queue.id,
                     "node": holder.clone(),
-                    "status": { "$in": [status::CLAIMED, status::RUNNING] },
+                    "status": { "$in": status::BUSY.to_vec() },
                 })
                 .limit(1)
                 .await

@@ -24,8 +24,11 @@ CREATE TABLE IF NOT EXISTS task_deps (
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS task_deps_dep ON task_deps (dep);";
 
-/// SQL of the ended statuses of `tasks.status`.
-const ENDED: &str = "(status > 0 OR status IN (-6, -5, -3))";
+/// SQL of the ended statuses of `tasks.status` ([`status::finished`]).
+fn ended() -> String {
+    let held: Vec<String> = status::ENDED_HELD.iter().map(i32::to_string).collect();
+    format!("(status > 0 OR status IN ({}))", held.join(", "))
+}
 
 /// A blocked task's `run_at`, `after_failure`, `dependents` and `batch`.
 type BlockedRow = (Option<i64>, Option<i64>, Option<i64>, Option<String>);
@@ -178,7 +181,7 @@ impl SqliteStore {
         self.write_quiet("mark a dependency settled", move |tx| {
             match &dep {
                 Dependency::Task(id) => tx.execute(
-                    &format!("UPDATE tasks SET dependents = NULL WHERE id = ?1 AND {ENDED}"),
+                    &format!("UPDATE tasks SET dependents = NULL WHERE id = ?1 AND {}", ended()),
                     [id.to_hex()],
                 ),
                 Dependency::Batch(b) => tx.execute("UPDATE batches SET dependents = NULL WHERE id = ?1", [b]),
@@ -197,7 +200,7 @@ impl SqliteStore {
             let mut out = Vec::new();
             let mut stmt = conn
                 .prepare_cached(&format!(
-                    "SELECT id FROM tasks WHERE dependents = 1 AND {ENDED} LIMIT ?1"
+                    "SELECT id FROM tasks WHERE dependents = 1 AND {} LIMIT ?1", ended()
                 ))
                 .map_err(&err)?;
             for id in stmt.query_map([limit], |r| r.get::<_, String>(0)).map_err(&err)? {

@@ -127,7 +127,7 @@ impl SqliteStore {
     pub(super) async fn cancel(&self, target: TaskTarget, stop: &StopRequest) -> StoreResult<Vec<ObjectId>> {
         stop.expect(StopAction::Cancel)?;
         let set = format!(", status = {}", status::CANCELLED);
-        let waiting = [status::QUEUED, status::SCHEDULED, status::BLOCKED];
+        let waiting = status::WAITING;
         self.stop_where("cancel tasks", target, stop, &waiting, "node IS NULL", &set)
             .await
     }
@@ -135,7 +135,7 @@ impl SqliteStore {
     /// [`Store::request_kill`](crate::store::Store::request_kill).
     pub(super) async fn kill(&self, target: TaskTarget, stop: &StopRequest) -> StoreResult<Vec<ObjectId>> {
         stop.expect(StopAction::Kill)?;
-        let busy = [status::CLAIMED, status::RUNNING];
+        let busy = status::BUSY;
         self.stop_where("ask to kill tasks", target, stop, &busy, "stop IS NULL", "")
             .await
     }
