@@ -29,6 +29,7 @@ mod claims;
 mod housekeeping;
 mod lease;
 mod lifecycle;
+mod node_name;
 mod output;
 mod plugins;
 mod progress;
@@ -57,7 +58,8 @@ use crate::model::{NameHolder, NodeProcess, NodeStats};
 use crate::runner::{RunControl, Runner, Sandbox};
 use crate::store::{Slot, Store, StoreError, StoreResult};
 
-use housekeeping::name_in_use;
+pub use node_name::DISBATCH4_TAKEOVER_MARGIN;
+use node_name::{disbatch4_running, name_in_use};
 pub use output::INLINE_BUDGET;
 use queues::Queues;
 
@@ -81,6 +83,19 @@ pub enum DenError {
         node: String,
         /// The process holding it.
         holder: NameHolder,
+    },
+    /// A Disbatch 4 DEN holding this node name kept heartbeating while this DEN waited
+    /// `heartbeat_stale` plus [`DISBATCH4_TAKEOVER_MARGIN`] for its heartbeat to go stale.
+    #[error("{}", disbatch4_running(node, *waited, *moves, *heartbeat_age))]
+    Disbatch4Running {
+        /// The node name.
+        node: String,
+        /// How long this DEN waited.
+        waited: Duration,
+        /// How often the heartbeat changed during the wait.
+        moves: u32,
+        /// How long ago the heartbeat last changed.
+        heartbeat_age: Duration,
     },
 }
 
@@ -242,7 +257,10 @@ impl Den {
         let node = self.settings.node.clone();
         async {
             self.store.ensure_indexes().await.map_err(DenError::Startup)?;
-            self.take_node_name().await?;
+            if !self.take_node_name(&shutdown).await? {
+                info!("stopped while waiting for the node name");
+                return Ok(());
+            }
             info!(
                 plugins = ?self.settings.plugins,
                 plugin_dir = %self.settings.plugin_dir.display(),

@@ -411,6 +411,9 @@ pub enum NameHolder {
     /// last heartbeat is `heartbeat_age` old, with `tasks` claimed or running tasks (counted
     /// only once its heartbeat is stale).
     Foreign {
+        /// The node's heartbeat (`timestamp`) as read, when readable: a DEN waiting for it
+        /// to go stale tells a stopped holder from a running one by whether it moves.
+        heartbeat: Option<DateTime>,
         /// Age of the node's heartbeat when the name was asked for.
         heartbeat_age: std::time::Duration,
         /// Its claimed and running tasks, which its task runners may still finish.

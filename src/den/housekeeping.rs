@@ -1,4 +1,4 @@
-//! The DEN's own upkeep: its node name, heartbeats (renewing slot leases and reading
+//! The DEN's own upkeep: heartbeats (renewing slot leases and reading
 //! `maxthreads`), the leader lease and the duties that go with it.
 
 use std::sync::atomic::Ordering;
@@ -8,8 +8,7 @@ use std::time::{Instant, SystemTime};
 use bson::DateTime;
 use tracing::{debug, error, info, warn};
 
-use super::{before, Den, DenError};
-use crate::model::NameHolder;
+use super::{before, Den};
 use crate::store::StoreResult;
 
 /// The leader's duties (lease and orphan recovery) are given up after this many stale
@@ -17,31 +16,6 @@ use crate::store::StoreResult;
 const LEADER_DUTIES_BOUND: u32 = 5;
 
 impl Den {
-    /// Takes this DEN's node name, or fails when another live DEN holds it. A holder whose
-    /// heartbeat is stale, or that ran on this machine and whose pid is gone (a DEN
-    /// restarted after a crash), gives the name up.
-    pub(super) async fn take_node_name(&self) -> Result<(), DenError> {
-        let s = &self.settings;
-        let take = |stale_before| self.store.take_node(&s.node, &self.process, stale_before);
-        let stale_before = before(DateTime::now(), s.heartbeat_stale);
-        let holder = match take(stale_before).await.map_err(DenError::Startup)? {
-            Some(NameHolder::Den(gone)) if gone.is_dead_here() => {
-                info!(pid = gone.pid, "taking over the node name of a DEN that is gone");
-                // Every holder counts as stale now.
-                let always = DateTime::from_millis(i64::MAX);
-                take(always).await.map_err(DenError::Startup)?
-            }
-            other => other,
-        };
-        match holder {
-            None => Ok(()),
-            Some(holder) => Err(DenError::NodeInUse {
-                node: s.node.clone(),
-                holder,
-            }),
-        }
-    }
-
     /// A heartbeat alone, renewing the running tasks' leases when it succeeds (used while
     /// a shutdown waits for them).
     pub(super) async fn beat(&self) {
@@ -202,31 +176,5 @@ impl Den {
             _ => {}
         }
         Ok(leads)
-    }
-}
-
-/// The message of [`DenError::NodeInUse`].
-pub(super) fn name_in_use(node: &str, holder: &NameHolder) -> String {
-    let advice = "give this DEN another name with DISBATCH_NODE or the config's `node`, or stop the other one";
-    match holder {
-        NameHolder::Den(p) => format!(
-            "node name {node:?} is held by a running DEN (pid {} on {}, since {}); {advice}",
-            p.pid,
-            p.host,
-            p.started.try_to_rfc3339_string().unwrap_or_default()
-        ),
-        NameHolder::Foreign {
-            heartbeat_age,
-            tasks: 0,
-        } => format!(
-            "node name {node:?} is held by a DEN without a process marker (a Disbatch 4 disbatchd?) whose \
-             heartbeat is {:.0} s old; {advice}, and wait until its heartbeat is older than heartbeat_stale",
-            heartbeat_age.as_secs_f64()
-        ),
-        NameHolder::Foreign { tasks, .. } => format!(
-            "node name {node:?} was a Disbatch 4 node and still has {tasks} claimed or running tasks, which its \
-             task runners may still finish; give this DEN another name with DISBATCH_NODE or the config's \
-             `node`, or start it once they have ended"
-        ),
     }
 }

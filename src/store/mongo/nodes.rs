@@ -104,6 +104,7 @@ impl MongoStore {
                 };
                 if !stale || tasks > 0 {
                     return Ok(Some(NameHolder::Foreign {
+                        heartbeat,
                         heartbeat_age: age(now, heartbeat),
                         tasks,
                     }));
