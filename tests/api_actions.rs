@@ -23,9 +23,177 @@ fn web(dir: &Path, name: &str) -> Web {
     )
 }
 
+/// `POST path` with `body` as it is, declared JSON: the status and the answer.
+async fn post_raw(web: &Web, path: &str, body: &str) -> (StatusCode, Value) {
+    let r = reqwest::Client::new()
+        .post(format!("{}{path}", web.url))
+        .header("content-type", "application/json")
+        .body(body.to_owned())
+        .send()
+        .await
+        .unwrap();
+    let status = r.status();
+    let text = r.text().await.unwrap();
+    (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+}
+
 /// The ids a `create-task(s)` printed for a script, one per line.
 fn ids(web: &Web, args: &[&str]) -> Vec<String> {
     web.ok(args).lines().map(str::to_owned).collect()
+}
+
+#[tokio::test]
+async fn actions_take_an_empty_json_body_as_no_fields() {
+    let dir = tempfile::tempdir().unwrap();
+    let web = web(dir.path(), "actions");
+    web.ok(&["create-queue", "q", "demo", "--threads", "0"]);
+    let id = ids(&web, &["create-task", "q", "n", "1"]).remove(0);
+
+    // Cancel with an empty body: the defaults, as with `{}`.
+    let (status, task) = post_raw(&web, &format!("/tasks/{id}/cancel"), "").await;
+    assert_eq!(status, StatusCode::OK, "{task}");
+    assert_eq!(task["status"], -5, "{task}");
+    assert_eq!(task["stop"]["by"], "api", "{task}");
+    // Retry and kill too (a queued task cannot be killed: 409 says why, not 400).
+    let (status, task) = post_raw(&web, &format!("/tasks/{id}/retry"), " \n").await;
+    assert_eq!(status, StatusCode::OK, "{task}");
+    assert_eq!(task["status"], -2, "{task}");
+    let (status, answer) = post_raw(&web, &format!("/tasks/{id}/kill"), "").await;
+    assert_eq!(status, StatusCode::CONFLICT, "{answer}");
+    assert!(
+        answer["error"].as_str().unwrap().contains("cancel ends a task"),
+        "{answer}"
+    );
+    // The queue forms: an empty body lacks only the queue, and says so.
+    for verb in ["cancel", "kill"] {
+        let (status, answer) = post_raw(&web, &format!("/tasks/{verb}"), "").await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+        assert!(
+            answer["error"].as_str().unwrap().contains("\"queue\" is required"),
+            "{answer}"
+        );
+    }
+    let (status, answer) = post_raw(&web, "/tasks/cancel", r#"{"queue": "q"}"#).await;
+    assert_eq!((status, &answer["count"]), (StatusCode::OK, &json!(1)), "{answer}");
+    // Still JSON only: an empty body of another type (a browser's cross-site form) is 415.
+    let r = reqwest::Client::new()
+        .post(format!("{}/tasks/{id}/retry", web.url))
+        .header("content-type", "text/plain")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    // Bad fields are still named.
+    let (status, answer) = post_raw(&web, &format!("/tasks/{id}/retry"), r#"{"why": 1}"#).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    assert!(answer["error"].as_str().unwrap().contains("\"why\""), "{answer}");
+}
+
+/// A web and a DEN on one file, a queue `work` whose tasks all ran: three that printed
+/// their message and one that failed.
+struct Ran {
+    web: Web,
+    _den: DenProcess,
+    _dir: tempfile::TempDir,
+    queue: String,
+    ids: Vec<String>,
+}
+
+async fn ran(name: &str) -> Ran {
+    let dir = tempfile::tempdir().unwrap();
+    let web = web(dir.path(), name);
+    let queue = web.json(&["create-queue", "work", "demo", "--threads", "2"])["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let mut ids = ids(
+        &web,
+        &[
+            "create-tasks",
+            "work",
+            r#"[{"message":"one"},{"message":"two"},{"message":"three"}]"#,
+        ],
+    );
+    ids.extend(self::ids(&web, &["create-task", "work", "status:=2"]));
+    let den = DenProcess::start_embedded(&dir.path().join(format!("{name}.db")), "den-1", json!({}));
+    let (url, client) = (web.url.clone(), reqwest::Client::new());
+    wait_for(Duration::from_secs(120), "the four tasks to end", || {
+        let (url, client) = (url.clone(), client.clone());
+        async move {
+            let r = client
+                .get(format!("{url}/tasks?queue=work&status=1,2&count=1"))
+                .send()
+                .await;
+            match r {
+                Ok(r) => r.json::<Value>().await.is_ok_and(|v| v["count"] == 4),
+                Err(_) => false,
+            }
+        }
+    })
+    .await;
+    Ran {
+        web,
+        _den: den,
+        _dir: dir,
+        queue,
+        ids,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn post_tasks_search_answers_as_disbatch_4() {
+    let r = ran("search").await;
+    let search = |body: Value| {
+        let web = &r.web;
+        async move { post_raw(web, "/tasks/search", &body.to_string()).await }
+    };
+    // Disbatch 4's CLI: `{filter, count, terse, pretty, options}`, the queue an id.
+    let (status, answer) = search(json!({"filter": {"queue": r.queue}, "count": 1, "terse": 1,
+        "pretty": 0, "options": null}))
+    .await;
+    assert_eq!((status, answer), (StatusCode::OK, json!({"count": 4})));
+    // The tasks oldest first, dates in epoch seconds, inline outputs terse by default.
+    let (status, list) = search(json!({"filter": {"queue": {"$oid": r.queue}}})).await;
+    assert_eq!(status, StatusCode::OK, "{list}");
+    let list = list.as_array().unwrap();
+    let found: Vec<&str> = list.iter().map(|t| t["_id"]["$oid"].as_str().unwrap()).collect();
+    assert_eq!(found, r.ids, "oldest first");
+    assert!(
+        list.iter().all(|t| t["ctime"].is_f64() || t["ctime"].is_u64()),
+        "{list:?}"
+    );
+    assert_eq!(list[0]["stdout"], "[terse mode]");
+    assert_eq!(list[0]["params"], json!({"message": "one"}));
+    // Not terse: the outputs themselves; a status filter; the options of MongoDB's find.
+    let (_, list) = search(json!({"filter": {"status": 1}, "terse": false,
+        "options": {"limit": 2, "skip": 1, "sort": {"_id": -1}, "projection": {"stdout": 1}}}))
+    .await;
+    let list = list.as_array().unwrap();
+    assert_eq!(list.len(), 2, "{list:?}");
+    assert_eq!(list[0]["stdout"], "two\n", "{list:?}");
+    assert_eq!(list[1]["stdout"], "one\n", "{list:?}");
+    assert!(
+        list[0].get("params").is_none(),
+        "projection keeps stdout only: {list:?}"
+    );
+    // An empty body is every task, up to 100; nothing found is `[]`.
+    let (status, all) = post_raw(&r.web, "/tasks/search", "").await;
+    assert_eq!((status, all.as_array().map(Vec::len)), (StatusCode::OK, Some(4)));
+    let (_, none) = search(json!({"filter": {"status": -5}})).await;
+    assert_eq!(none, json!([]));
+    // Disbatch 4's errors, and ours where its MongoDB would have taken any filter.
+    for (body, error) in [
+        (json!({"filter": []}), "filter and options must be name/value objects"),
+        (json!({"options": {"limit": 101}}), "limit cannot exceed 100"),
+        (json!({"filter": {"params.message": "one"}}), "\"params.message\""),
+        (json!({"options": {"hint": "x"}}), "options.hint"),
+        (json!({"filter": {"queue": "nowhere"}}), "nowhere"),
+    ] {
+        let (status, answer) = search(body.clone()).await;
+        assert!(status.is_client_error(), "{body}: {status} {answer}");
+        let message = answer["error"].as_str().unwrap_or_default();
+        assert!(message.contains(error), "{body}: {message}");
+    }
 }
 
 #[tokio::test]
