@@ -14,6 +14,9 @@ use serde_json::{json, Value};
 use common::web::{stderr, Web};
 use common::{plugins_dir, wait_for, DenProcess};
 
+/// The Prometheus client whose text-format parser reads `/metrics`.
+const PROMETHEUS_CLIENT: &str = "prometheus-client==0.26.0";
+
 /// `disbatch web --embedded <dir>/<name>.db`, every built plugin allowed.
 fn web(dir: &Path, name: &str) -> Web {
     let plugins = plugins_dir();
@@ -193,6 +196,133 @@ async fn post_tasks_search_answers_as_disbatch_4() {
         assert!(status.is_client_error(), "{body}: {status} {answer}");
         let message = answer["error"].as_str().unwrap_or_default();
         assert!(message.contains(error), "{body}: {message}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_parse_with_the_prometheus_client() {
+    let r = ran("metrics").await;
+    let den_node = "den-1";
+    // The DEN's duration histograms reach the store with its heartbeat.
+    let (url, client) = (r.web.url.clone(), reqwest::Client::new());
+    wait_for(Duration::from_secs(60), "the DEN's run durations in /metrics", || {
+        let (url, client) = (url.clone(), client.clone());
+        async move {
+            let text = client
+                .get(format!("{url}/metrics"))
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            text.contains(&format!("disbatch_run_duration_seconds_count{{node=\"{den_node}\"}} 4"))
+        }
+    })
+    .await;
+    let text = client
+        .get(format!("{url}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+
+    let python = common::python::python_with(PROMETHEUS_CLIENT);
+    let script = r#"
+import json, sys
+from prometheus_client.parser import text_string_to_metric_families
+families = [{"name": f.name, "type": f.type, "help": f.documentation,
+             "samples": [[s.name, s.labels, s.value] for s in f.samples]}
+            for f in text_string_to_metric_families(sys.stdin.read())]
+print(json.dumps(families))
+"#;
+    let mut child = std::process::Command::new(&python)
+        .args(["-c", script])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), text.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "the Prometheus parser refused /metrics: {}\n{text}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let families: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    // Every family declared with HELP and TYPE (a sample of an undeclared one would be a
+    // family of type "unknown" without help).
+    for f in &families {
+        assert!(
+            f["help"].as_str().is_some_and(|h| !h.is_empty()) && f["type"] != "unknown",
+            "family {} lacks HELP or TYPE: {f}\n{text}",
+            f["name"]
+        );
+    }
+    // Every sample line was read, none dropped.
+    let lines = text.lines().filter(|l| !l.is_empty() && !l.starts_with('#')).count();
+    let samples: usize = families.iter().map(|f| f["samples"].as_array().unwrap().len()).sum();
+    assert_eq!(samples, lines, "{text}");
+    // No series twice (Prometheus refuses a scrape that has one).
+    let mut series: Vec<String> = families
+        .iter()
+        .flat_map(|f| {
+            f["samples"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| format!("{}{}", s[0], s[1]))
+        })
+        .collect();
+    series.sort();
+    let all = series.len();
+    series.dedup();
+    assert_eq!(series.len(), all, "a series is given twice: {text}");
+    let family = |name: &str| {
+        families
+            .iter()
+            .find(|f| f["name"] == name)
+            .unwrap_or_else(|| panic!("no family {name}: {text}"))
+    };
+    // The labelled series of the tasks that ran.
+    let tasks = family("disbatch_tasks");
+    assert_eq!(tasks["type"], "gauge");
+    let series = |status: &str| {
+        tasks["samples"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s[1]["queue"] == "work" && s[1]["status"] == status)
+            .and_then(|s| s[2].as_f64())
+    };
+    assert_eq!(series("succeeded"), Some(3.0), "{text}");
+    assert_eq!(series("failed"), Some(1.0), "{text}");
+    let run = family("disbatch_run_duration_seconds");
+    assert_eq!(run["type"], "histogram");
+    assert!(
+        run["samples"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s[0] == "disbatch_run_duration_seconds_bucket"
+                && s[1]["node"] == den_node
+                && s[1]["le"] == "+Inf"
+                && s[2].as_f64() == Some(4.0)),
+        "{text}"
+    );
+    for name in [
+        "disbatch_queue_threads",
+        "disbatch_node_running",
+        "disbatch_node_heartbeat_age_seconds",
+        "disbatch_node_maxthreads",
+        "disbatch_claim_duration_seconds",
+        "disbatch_api_waiters",
+        "disbatch_api_waited_ids",
+    ] {
+        family(name);
     }
 }
 
