@@ -5,7 +5,8 @@
 //! (see `docs/api.md`): `GET /info`, `GET /nodes`, `GET|POST /nodes/{node}`, `GET|POST /plugins`,
 //! `GET|DELETE /plugins/{name}`,
 //! `GET|POST /queues`, `GET|POST|DELETE /queues/{queue}`, `GET|POST /tasks`,
-//! `GET /tasks/{id}`, `GET /monitoring`, `GET|POST /balance`, plus `GET /metrics` (Prometheus text),
+//! `GET /tasks/{id}`, `POST /tasks/search` (deprecated), `GET /monitoring`,
+//! `GET|POST /balance`, plus `GET /metrics` (Prometheus text),
 //! `GET /stats` (per-minute series),
 //! `GET /openapi.json` and the web UI at `/`.
 //!
@@ -25,7 +26,8 @@
 //! path extractors), `timed_body` (bodies that must keep coming), `form` (forms, the
 //! same-site check, answer shapes),
 //! `json` (documents → JSON), `nodes`, `plugins`, `queues` (with `queue_fields`), `tasks`
-//! (with `search`, the parameters of `GET /tasks`), `create` (`POST /tasks`),
+//! (with `search`, the parameters of `GET /tasks`, and `legacy_search`, Disbatch 4's
+//! deprecated `POST /tasks/search`), `create` (`POST /tasks`),
 //! `status` (info, monitoring, metrics), `counts` (task counts per queue without walking
 //! the finished tasks), `stats` (`GET /stats`), `source` ([`DocumentSource`] for `POST /tasks` from
 //! a collection), `ui` (embedded HTML/JS/CSS) and `openapi`.
@@ -42,6 +44,7 @@ mod form;
 mod hosts;
 mod json;
 mod keys;
+mod legacy_search;
 mod lifecycle;
 mod nodes;
 mod openapi;
@@ -195,6 +198,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/tasks"),
     ("POST", "/tasks/cancel"),
     ("POST", "/tasks/kill"),
+    ("POST", "/tasks/search"),
     ("GET", "/tasks/{id}"),
     ("POST", "/tasks/{id}/cancel"),
     ("POST", "/tasks/{id}/kill"),
@@ -231,6 +235,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/tasks", get(tasks::search).post(create::create))
         .route("/tasks/cancel", post(lifecycle::cancel_queue))
         .route("/tasks/kill", post(lifecycle::kill_queue))
+        .route("/tasks/search", post(legacy_search::search))
         .route("/tasks/wait", get(watch::wait))
         .route("/tasks/{id}", get(tasks::one))
         .route("/tasks/{id}/cancel", post(lifecycle::cancel))

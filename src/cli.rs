@@ -26,6 +26,8 @@ pub mod users;
 mod wait;
 pub mod web;
 
+use std::io::IsTerminal as _;
+
 use serde_json::{json, Map, Value};
 
 use self::batches::batch_text;
@@ -154,7 +156,11 @@ pub async fn run(cli: &Cli) -> Result<(), CliError> {
             if let Some(s) = sort {
                 body["sort"] = json!(s);
             }
-            Output::new(client.post("/queues", &body).await?, |v| {
+            let v = client.post("/queues", &body).await?;
+            if threads.is_none() {
+                eprint!("{}", paused_warning(cli, name));
+            }
+            Output::new(v, |v| {
                 format!("created queue {} ({})\n", cell(&v["name"]), cell(&v["id"]))
             })
         }
@@ -200,10 +206,12 @@ pub async fn run(cli: &Cli) -> Result<(), CliError> {
                     .as_array()
                     .map(|a| a.iter().map(cell).collect())
                     .unwrap_or_default();
-                eprint!("{}", created(&v));
+                if !cli.json {
+                    eprint!("{}", created(&v));
+                }
                 wait_for_tasks(&client, &WaitArgs { ids, timeout: None }).await?
             } else {
-                Output::new(v, created)
+                Output::created(v)
             }
         }
         Command::Wait(args) => wait_for_tasks(&client, args).await?,
@@ -237,7 +245,7 @@ pub async fn run(cli: &Cli) -> Result<(), CliError> {
                     }
                     batch.add_to(&mut body);
                     after.add_to(&mut body);
-                    Output::new(client.post("/tasks", &Value::Object(body)).await?, created)
+                    Output::created(client.post("/tasks", &Value::Object(body)).await?)
                 }
                 None => {
                     let Value::Array(list) = value else {
@@ -254,7 +262,7 @@ pub async fn run(cli: &Cli) -> Result<(), CliError> {
                     }
                     batch.add_to(&mut extra);
                     after.add_to(&mut extra);
-                    Output::new(create_in_batches(&client, queue, list, &extra).await?, created)
+                    Output::created(create_in_batches(&client, queue, list, &extra).await?)
                 }
             }
         }
@@ -265,7 +273,7 @@ pub async fn run(cli: &Cli) -> Result<(), CliError> {
                 ));
             };
             let body = json!({"queue": queue, "tasks": list});
-            Output::new(client.post("/tasks", &body).await?, created)
+            Output::created(client.post("/tasks", &body).await?)
         }
         Command::Tasks { filter } => tasks::tasks(&client, cli, filter.as_deref()).await?,
         Command::Task { id } => {
@@ -306,17 +314,33 @@ pub async fn run(cli: &Cli) -> Result<(), CliError> {
             Output::new(client.post("/balance", &read_json(text)?).await?, balance::set_text)
         }
     };
-    if cli.json {
-        println!("{}", serde_json::to_string_pretty(&out.value).unwrap_or_default());
-    } else {
-        print!("{}", (out.human)(&out.value));
-        // What the server allowed but warns about goes where a person sees it, not into
-        // the output a script reads.
-        for w in out.value["warnings"].as_array().map(Vec::as_slice).unwrap_or_default() {
-            eprintln!("disbatch: warning: {}", w.as_str().unwrap_or_default());
-        }
-    }
+    out.print(cli.json, cli.quiet || !std::io::stdout().is_terminal());
     out.outcome.map_or(Ok(()), Err)
+}
+
+/// The warning of `create-queue` without `--threads`: the queue is paused (threads unset
+/// runs none of its tasks, as in Disbatch 4) and the command that starts it.
+fn paused_warning(cli: &Cli, queue: &str) -> String {
+    let url = if cli.url == options::DEFAULT_URL {
+        String::new()
+    } else {
+        format!(" --url {}", shell_word(&cli.url))
+    };
+    format!(
+        "disbatch: warning: queue {queue} is paused: without --threads it runs none of its tasks; start it with\n  \
+         disbatch{url} update-queue {} threads 1\n",
+        shell_word(queue)
+    )
+}
+
+/// `word` as one shell word: as it is when it needs no quoting, else in single quotes.
+fn shell_word(word: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "-_./:@%+=,".contains(c);
+    if !word.is_empty() && word.chars().all(plain) {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    }
 }
 
 /// Posts `list` in batches of [`TASK_BATCH`], with a progress bar on a terminal when there

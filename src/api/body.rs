@@ -1,8 +1,9 @@
 //! The extractors, with errors as [`ApiError`]s: [`JsonBody`], a request body parsed as a
 //! JSON object (415 when not declared JSON, 400 for bad JSON or a body that is not an
-//! object, 413 over the limit), [`Params`], the same or a form (the routes where Disbatch 4
-//! read forms; 403 for a form from another site), and [`PathKey`], the one parameter of a
-//! path (400 when it is not UTF-8).
+//! object, 413 over the limit), [`OptionalFields`], the same where every field is optional
+//! so that an empty body is `{}` (the actions on tasks), [`Params`], a JSON object or a
+//! form (the routes where Disbatch 4 read forms; 403 for a form from another site), and
+//! [`PathKey`], the one parameter of a path (400 when it is not UTF-8).
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -24,6 +25,29 @@ impl<S: Send + Sync> FromRequest<S> for JsonBody {
         let bytes = read(req, state).await?;
         json_object(&bytes).map(JsonBody)
     }
+}
+
+/// The JSON object body of a request whose fields are all optional: an empty body (still
+/// declared `Content-Type: application/json`, so that browsers cannot send it cross-site)
+/// is `{}`. Otherwise as [`JsonBody`].
+pub(super) struct OptionalFields(pub Map<String, Value>);
+
+impl<S: Send + Sync> FromRequest<S> for OptionalFields {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        check_json_type(req.headers())?;
+        let bytes = read(req, state).await?;
+        optional_object(&bytes).map(OptionalFields)
+    }
+}
+
+/// A body that is a JSON object or empty (only whitespace), which is `{}`.
+pub(super) fn optional_object(bytes: &[u8]) -> Result<Map<String, Value>, ApiError> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Map::new());
+    }
+    json_object(bytes)
 }
 
 /// The request body, within the limit.
@@ -113,7 +137,7 @@ pub(super) fn is_form(headers: &HeaderMap) -> bool {
 /// Refuses a body whose `Content-Type` is not JSON (`application/json` or `…+json`):
 /// browsers send other types cross-site without asking, so accepting them would let any
 /// web page write to a DCI without a token.
-fn check_json_type(headers: &HeaderMap) -> Result<(), ApiError> {
+pub(super) fn check_json_type(headers: &HeaderMap) -> Result<(), ApiError> {
     let (essence, given) = content_type(headers);
     match essence.as_deref() {
         Some("application/json") => Ok(()),

@@ -7,15 +7,16 @@
 //!   second the task ends failed (2), its stderr saying who killed it, when and why.
 //!   `POST /tasks/kill {queue}` asks it for every claimed or running task of a queue.
 //!
-//! Each takes a JSON body (`{}` at least, so browsers cannot send it cross-site) with
-//! optional `reason` and `by`; both are recorded in the task's `stop` field.
+//! Each takes a JSON body with optional `reason` and `by`, both recorded in the task's
+//! `stop` field: an empty body is `{}`, but it must still be declared `Content-Type:
+//! application/json`, so that browsers cannot send it cross-site.
 
 use axum::extract::State;
 use axum::Json;
 use bson::DateTime;
 use serde_json::{json, Map, Value};
 
-use super::body::{kind, JsonBody, PathKey};
+use super::body::{kind, OptionalFields, PathKey};
 use super::json::{self, TaskView};
 use super::{queues, ApiError, Shared};
 use crate::model::{status, StopAction, StopRequest};
@@ -249,7 +250,7 @@ async fn queue(state: &Shared, action: StopAction, body: &Map<String, Value>) ->
 pub(super) async fn cancel(
     State(state): State<Shared>,
     PathKey(id): PathKey,
-    JsonBody(body): JsonBody,
+    OptionalFields(body): OptionalFields,
 ) -> Result<Json<Value>, ApiError> {
     one(&state, &id, StopAction::Cancel, &body).await.map(Json)
 }
@@ -258,7 +259,7 @@ pub(super) async fn cancel(
 pub(super) async fn kill(
     State(state): State<Shared>,
     PathKey(id): PathKey,
-    JsonBody(body): JsonBody,
+    OptionalFields(body): OptionalFields,
 ) -> Result<Json<Value>, ApiError> {
     one(&state, &id, StopAction::Kill, &body).await.map(Json)
 }
@@ -266,13 +267,16 @@ pub(super) async fn kill(
 /// `POST /tasks/cancel`: `{queue, reason?, by?}`.
 pub(super) async fn cancel_queue(
     State(state): State<Shared>,
-    JsonBody(body): JsonBody,
+    OptionalFields(body): OptionalFields,
 ) -> Result<Json<Value>, ApiError> {
     queue(&state, StopAction::Cancel, &body).await.map(Json)
 }
 
 /// `POST /tasks/kill`: `{queue, reason?, by?}`.
-pub(super) async fn kill_queue(State(state): State<Shared>, JsonBody(body): JsonBody) -> Result<Json<Value>, ApiError> {
+pub(super) async fn kill_queue(
+    State(state): State<Shared>,
+    OptionalFields(body): OptionalFields,
+) -> Result<Json<Value>, ApiError> {
     queue(&state, StopAction::Kill, &body).await.map(Json)
 }
 

@@ -6,7 +6,7 @@ use axum::extract::State;
 use axum::Json;
 use serde_json::Value;
 
-use super::body::{JsonBody, PathKey};
+use super::body::{OptionalFields, PathKey};
 use super::json::{self, TaskView};
 use super::{ApiError, Shared};
 use crate::model::status;
@@ -16,7 +16,7 @@ use crate::store::HandRetry;
 pub(super) async fn retry(
     State(state): State<Shared>,
     PathKey(id): PathKey,
-    JsonBody(body): JsonBody,
+    OptionalFields(body): OptionalFields,
 ) -> Result<Json<Value>, ApiError> {
     let oid = bson::oid::ObjectId::parse_str(&id).map_err(|_| ApiError::bad(format!("invalid task id {id:?}")))?;
     if let Some(k) = body.keys().find(|k| !["reason", "by"].contains(&k.as_str())) {

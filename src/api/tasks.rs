@@ -78,7 +78,18 @@ fn reply(value: Value, pretty: bool) -> Response {
 /// (up to `timeout`, 30 s by default, at most 300 s) before answering `[]`.
 pub(super) async fn search(State(state): State<Shared>, shape: Shape, request: Request) -> Result<Response, ApiError> {
     let input = Input::read(request).await?;
-    let mut filter = search::filter(&state, &input.filters).await?;
+    answer(&state, shape, &input, false).await
+}
+
+/// The answer to a search for `input`'s filters and options, newest first unless
+/// `oldest_first` (or `new`, which lists oldest first).
+pub(super) async fn answer(
+    state: &Shared,
+    shape: Shape,
+    input: &Input,
+    oldest_first: bool,
+) -> Result<Response, ApiError> {
+    let mut filter = search::filter(state, &input.filters).await?;
     let cursor = |key: &str| -> Result<Option<ObjectId>, ApiError> {
         input
             .text(key)
@@ -156,10 +167,10 @@ pub(super) async fn search(State(state): State<Shared>, shape: Shape, request: R
     let page = Page {
         skip,
         limit,
-        oldest_first: new.is_some(),
+        oldest_first: oldest_first || new.is_some(),
     };
     let tasks = match wait {
-        Some(wait) => newer(&state, &filter, page, wait).await?,
+        Some(wait) => newer(state, &filter, page, wait).await?,
         None => state.store.find_tasks(&filter, page).await?,
     };
     let next = match tasks.last() {
@@ -176,7 +187,7 @@ pub(super) async fn search(State(state): State<Shared>, shape: Shape, request: R
             match stream {
                 Some(Output::Inline(_)) if terse => value[name] = Value::String(TERSE.into()),
                 Some(o @ Output::File(_)) if full => {
-                    let (text, cut) = head(&state, o, FULL_OUTPUT_CAP).await?;
+                    let (text, cut) = head(state, o, FULL_OUTPUT_CAP).await?;
                     if cut {
                         value[format!("{name}_cut")] = json!({
                             "shown_bytes": text.len(),

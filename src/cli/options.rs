@@ -14,6 +14,8 @@ use super::CliError;
 /// Where the config file is looked for without `--config` (as Disbatch 4 does): used when
 /// it exists, silently skipped when it does not.
 pub const DEFAULT_CONFIG: &str = "/etc/disbatch/config.json";
+/// The DCI of the client verbs without `--url` (or `DISBATCH_URL`), as in Disbatch 4.
+pub const DEFAULT_URL: &str = "http://localhost:8080";
 
 /// Rows of `tasks` without `--limit` (Disbatch 4's default).
 pub const DEFAULT_TASKS_LIMIT: u64 = 20;
@@ -33,7 +35,7 @@ pub struct Cli {
         short = 'u',
         global = true,
         env = "DISBATCH_URL",
-        default_value = "http://localhost:8080"
+        default_value = DEFAULT_URL
     )]
     pub url: String,
     /// Bearer token for writes (the server's `api_token`).
@@ -59,6 +61,11 @@ pub struct Cli {
     /// Print the API's JSON instead of tables (`--pretty`, Disbatch 4's option, is the same).
     #[arg(long, global = true, visible_alias = "pretty")]
     pub json: bool,
+    /// `create-task`, `create-tasks`, `create-dag`: print only the ids of the tasks on stdout,
+    /// one per line, and the sentence saying what was created on stderr (as when stdout is
+    /// not a terminal).
+    #[arg(long, short = 'q', global = true)]
+    pub quiet: bool,
     /// `tasks`: return at most this many (default 20; 0 for all, fetched page by page).
     #[arg(long, global = true)]
     pub limit: Option<u64>,

@@ -7,11 +7,13 @@ use super::lifecycle::lifecycle_lines;
 use super::table::{cell, render};
 use super::CliError;
 
-/// A verb's answer and how to show it to a person, and for `wait` the outcome that sets
-/// the exit code once it is shown.
+/// A verb's answer and how to show it to a person, what a script reads of it (`ids`, for
+/// the verbs that create tasks), and for `wait` the outcome that sets the exit code once
+/// it is shown.
 pub(super) struct Output {
     pub(super) value: Value,
     pub(super) human: fn(&Value) -> String,
+    pub(super) ids: Option<fn(&Value) -> String>,
     pub(super) outcome: Option<CliError>,
 }
 
@@ -20,7 +22,40 @@ impl Output {
         Output {
             value,
             human,
+            ids: None,
             outcome: None,
+        }
+    }
+
+    /// The answer of a verb that creates tasks: the sentence for a person, the ids for a
+    /// script.
+    pub(super) fn created(value: Value) -> Output {
+        Output {
+            ids: Some(created_ids),
+            ..Output::new(value, created)
+        }
+    }
+
+    /// Prints it: the API's answer with `json`; else for a verb with ids, only the ids on
+    /// stdout and the sentence on stderr when `for_script` (stdout is not a terminal, or
+    /// `--quiet`), both on stdout otherwise; else the text for a person.
+    pub(super) fn print(&self, json: bool, for_script: bool) {
+        if json {
+            println!("{}", serde_json::to_string_pretty(&self.value).unwrap_or_default());
+            return;
+        }
+        match self.ids {
+            Some(ids) if for_script => {
+                eprint!("{}", (self.human)(&self.value));
+                print!("{}", ids(&self.value));
+            }
+            Some(ids) => print!("{}{}", (self.human)(&self.value), ids(&self.value)),
+            None => print!("{}", (self.human)(&self.value)),
+        }
+        // What the server allowed but warns about goes where a person sees it, not into
+        // the output a script reads.
+        for w in self.value["warnings"].as_array().map(Vec::as_slice).unwrap_or_default() {
+            eprintln!("disbatch: warning: {}", w.as_str().unwrap_or_default());
         }
     }
 }
@@ -35,26 +70,35 @@ pub(super) fn lines(v: &Value) -> String {
         .unwrap_or_default()
 }
 
+/// `n task(s)`, singular or plural.
+pub(super) fn tasks_count(n: u64) -> String {
+    format!("{n} task{}", if n == 1 { "" } else { "s" })
+}
+
+/// The sentence saying what a creation did: `created 1 task`, `created 0 tasks, 1 already
+/// there`.
 pub(super) fn created(v: &Value) -> String {
-    let ids = v["ids"].as_array().map(Vec::len).unwrap_or(0);
+    let len = |k: &str| v[k].as_array().map_or(0, |a| a.len() as u64);
     // With keys, `created` counts the new tasks; the others were already there.
-    let mut s = match v.get("created") {
+    let mut line = match v.get("created") {
         Some(n) => {
-            let count = |k: &str| v[k].as_array().map(Vec::len).unwrap_or(0);
-            let mut line = format!("created {} tasks", cell(n));
+            let mut line = format!("created {}", tasks_count(n.as_u64().unwrap_or(0)));
             for (k, what) in [("existing", "already there"), ("resubmitted", "submitted again")] {
-                if count(k) > 0 {
-                    line.push_str(&format!(", {} {what}", count(k)));
+                if len(k) > 0 {
+                    line.push_str(&format!(", {} {what}", len(k)));
                 }
             }
-            line + "\n"
+            line
         }
-        None => format!("created {} tasks\n", cell(&v["count"])),
+        None => format!("created {}", tasks_count(v["count"].as_u64().unwrap_or(len("ids")))),
     };
-    if ids == 1 {
-        s.push_str(&format!("{}\n", cell(&v["ids"][0])));
-    }
-    s
+    line.push('\n');
+    line
+}
+
+/// The ids of the tasks a creation answered, one per line.
+pub(super) fn created_ids(v: &Value) -> String {
+    lines(&v["ids"])
 }
 
 pub(super) fn rows(v: &Value, f: impl Fn(&Value) -> Vec<String>) -> Vec<Vec<String>> {

@@ -25,7 +25,8 @@ pub struct WaitArgs {
 /// How long one request waits before the progress line is drawn again.
 const STEP: Duration = Duration::from_secs(2);
 
-/// Waits for `args.ids`; the answer lists each task's final state.
+/// Waits for `args.ids`; the answer is the last of `GET /tasks/wait`, `{done, tasks}` with
+/// each task's final state.
 pub(super) async fn wait_for_tasks(client: &Client, args: &WaitArgs) -> Result<Output, CliError> {
     let started = Instant::now();
     let draw = std::io::stderr().is_terminal();
@@ -49,8 +50,7 @@ pub(super) async fn wait_for_tasks(client: &Client, args: &WaitArgs) -> Result<O
     if draw {
         eprint!("\r\x1b[K");
     }
-    let tasks = answer["tasks"].clone();
-    let list = tasks.as_array().cloned().unwrap_or_default();
+    let list = answer["tasks"].as_array().cloned().unwrap_or_default();
     let outcome = if answer["done"] != true {
         Some(CliError::Outcome {
             message: format!(
@@ -82,7 +82,7 @@ pub(super) async fn wait_for_tasks(client: &Client, args: &WaitArgs) -> Result<O
             code: 4,
         })
     };
-    let mut out = Output::new(tasks, states);
+    let mut out = Output::new(answer, |v| states(&v["tasks"]));
     out.outcome = outcome;
     Ok(out)
 }

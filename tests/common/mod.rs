@@ -13,6 +13,7 @@
 //! - [`plugins`]: the guest plugins, built once per test binary for `wasm32-wasip2`.
 //! - [`proxy`]: a TCP fault proxy (latency, resets, freezes, refused connections) to put
 //!   between a DEN and the database.
+//! - [`python`]: a Python with a pinned PyPI package, to check our output with its parser.
 //! - [`recording`]: a store wrapper recording which tasks a DEN claimed and started.
 //! - [`web`]: `disbatch web` as a process and the `disbatch` client verbs against it.
 //!
@@ -27,6 +28,7 @@ pub mod docs;
 pub mod http;
 pub mod plugins;
 pub mod proxy;
+pub mod python;
 pub mod recording;
 pub mod server;
 pub mod web;
