@@ -157,7 +157,7 @@ async fn empty_query_values_are_absent() {
         let (status, text) = get(&web, &path).await;
         assert!(status == 200, "GET {path}: {status} {text}");
     }
-    // Timeout absent is the default wait; an empty one must not mean "wait 0" either.
+    // A flag given empty is on; any other parameter given empty is absent.
     let (_, text) = get(&web, "/tasks?queue=&limit=&count=").await;
     let v: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(v["count"], 1, "bare count is on, empty limit absent: {v}");

@@ -22,7 +22,10 @@ pub const OPENAPI_JSON: &str = include_str!("openapi.json");
 
 /// `GET /openapi.json`: the document for this server, with or without the token.
 pub(super) async fn document(State(state): State<super::Shared>) -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, "application/json")], served(state.api_token.is_some()))
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        served(state.api_token.is_some()),
+    )
 }
 
 /// The served document's text, built once for each case.
