@@ -21,7 +21,7 @@ pub(super) async fn require_token(State(state): State<Shared>, request: Request,
     let Some(token) = state.api_token.as_deref() else {
         return next.run(request).await;
     };
-    if matches!(*request.method(), Method::GET | Method::HEAD | Method::OPTIONS) {
+    if !needs_token(request.method()) {
         return next.run(request).await;
     }
     match given_token(request.headers()) {
@@ -34,6 +34,13 @@ pub(super) async fn require_token(State(state): State<Shared>, request: Request,
             response
         }
     }
+}
+
+/// Whether a request of `method` needs the token when one is configured: every write, that
+/// is every method but GET, HEAD and OPTIONS. The OpenAPI document declares its security
+/// requirement by the same rule (`openapi`).
+pub(super) fn needs_token(method: &Method) -> bool {
+    !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
 }
 
 /// Whether a request with `headers` may see secrets: no token is configured, or it carries

@@ -14,6 +14,13 @@ use serde_json::{Map, Value};
 
 use super::ApiError;
 
+/// The value of query parameter `name`, `None` when it is absent or given empty (`since=`):
+/// an empty value is no value. (A flag such as `epoch` is read by `truthy` instead, for
+/// which a bare `epoch` means on.)
+pub(super) fn query_value<'a>(q: &'a std::collections::HashMap<String, String>, name: &str) -> Option<&'a str> {
+    q.get(name).map(|v| v.trim()).filter(|v| !v.is_empty())
+}
+
 /// A JSON object request body.
 pub(super) struct JsonBody(pub Map<String, Value>);
 

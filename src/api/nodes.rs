@@ -1,7 +1,7 @@
 //! `GET /nodes`, `GET /nodes/{node}` and `POST /nodes/{node} {maxthreads}`.
 //!
-//! As in Disbatch 4, a node's `timestamp` is in epoch milliseconds and an unknown node is
-//! `null`; the native shape ([`Shape`]) gives `{"$date"}` and 404.
+//! As in Disbatch 4, a node's `timestamp` is in epoch milliseconds; the native shape
+//! ([`Shape`]) gives `{"$date"}`. An unknown node is 404 in both.
 
 use axum::extract::State;
 use axum::Json;
@@ -53,7 +53,7 @@ pub(super) async fn list(State(state): State<Shared>, shape: Shape) -> Result<Js
     Ok(Json(Value::Array(shown(&state, &nodes, shape).await?)))
 }
 
-/// `GET /nodes/{node}`: the node; an unknown one is `null` (404 in the native shape).
+/// `GET /nodes/{node}`: the node; an unknown one is 404.
 pub(super) async fn one(
     State(state): State<Shared>,
     shape: Shape,
@@ -61,7 +61,6 @@ pub(super) async fn one(
 ) -> Result<Json<Value>, ApiError> {
     let node = match lookup(&state, &key).await? {
         Some(node) => node,
-        None if !shape.native => return Ok(Json(Value::Null)),
         None => return Err(ApiError::NotFound(format!("no node {key:?}"))),
     };
     let mut shown = shown(&state, std::slice::from_ref(&node), shape).await?;

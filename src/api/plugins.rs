@@ -137,7 +137,7 @@ pub(super) async fn upload(
         .map_err(|e| ApiError::Unavailable(format!("uploads are closed: {e}")))?;
     let bytes = read_body(request).await?;
     let sha256 = digest(&bytes);
-    if let Some(want) = q.get("sha256") {
+    if let Some(want) = super::body::query_value(&q, "sha256") {
         if !want.eq_ignore_ascii_case(&sha256) {
             return Err(ApiError::bad(format!(
                 "the body's SHA-256 is {sha256}, not {want:?} as \"sha256\" says: the upload was damaged, send it again"

@@ -3,8 +3,8 @@
 //! Writes take JSON or, as Disbatch 4's `disbatch` CLI sends them, forms, and answer the
 //! queue together with the MongoDB result object Disbatch 4 answered
 //! (`MongoDB::InsertOneResult`, `MongoDB::UpdateResult`, `MongoDB::DeleteResult`). In
-//! Disbatch 4's shape (the default) a new queue's `id` is `{"$oid": …}` and an unknown
-//! queue is `null`; the native shape ([`Shape`]) gives the hex string and 404.
+//! Disbatch 4's shape (the default) a new queue's `id` is `{"$oid": …}`; the native shape
+//! ([`Shape`]) gives the hex string. An unknown queue is 404 in both.
 //!
 //! The values of a queue's `sandbox.env` (how an HTTP plugin gets its API key) are shown
 //! only to a request carrying the API token when one is configured; other reads see
@@ -137,18 +137,13 @@ pub(super) async fn list(State(state): State<Shared>, headers: HeaderMap) -> Res
 }
 
 /// `GET /queues/{queue}`: `{id, plugin, name, threads, queued, running, completed, problems, …}`,
-/// and `problem` for a document that cannot be read as a queue; an unknown queue is `null`
-/// (404 in the native shape).
+/// and `problem` for a document that cannot be read as a queue; an unknown queue is 404.
 pub(super) async fn one(
     State(state): State<Shared>,
-    shape: Shape,
     headers: HeaderMap,
     PathKey(key): PathKey,
 ) -> Result<Json<Value>, ApiError> {
-    let found = match find_any(&state, &key).await {
-        Err(ApiError::NotFound(_)) if !shape.native => return Ok(Json(Value::Null)),
-        found => found?,
-    };
+    let found = find_any(&state, &key).await?;
     let counts = state.counts.counts(state.store.as_ref()).await?;
     let reports = problem_reports(&state).await?;
     let value = match &found {

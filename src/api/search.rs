@@ -26,6 +26,21 @@ const OPTIONS: [&str; 12] = [
     "limit", "skip", "count", "fields", "epoch", "terse", "full", "pretty", "new", "next", "timeout", "shape",
 ];
 
+/// The options that are flags, for which a bare name or an empty value means on.
+const FLAGS: [&str; 5] = ["count", "epoch", "terse", "full", "pretty"];
+
+/// The fields a search may filter on (each indexed).
+const FILTERS: [&str; 6] = ["queue", "status", "node", "id", "batch", "after"];
+
+/// Whether query parameter `key` is a filter or an option given an empty value, which
+/// means it is absent: any but a flag. (An unknown key stays, to be refused by name.)
+fn blank(key: &str, value: &Value) -> bool {
+    let name = key.trim_start_matches('.');
+    matches!(value, Value::String(s) if s.trim().is_empty())
+        && !FLAGS.contains(&name)
+        && (key == "filter" || FILTERS.contains(&key) || OPTIONS.contains(&name))
+}
+
 /// Largest body of a `GET /tasks` (filters and options only): 1 MiB.
 pub const MAX_READ_BODY: usize = 1 << 20;
 /// Most task ids the `id` filter may list.
@@ -49,7 +64,11 @@ impl Input {
     pub async fn read(request: Request) -> Result<Input, ApiError> {
         let (parts, body) = request.into_parts();
         let query = parts.uri.query().unwrap_or_default().as_bytes().to_vec();
-        let query = to_fields(decode(&query));
+        // A parameter given empty (`queue=`) is absent, but for a flag, on when bare (`?count`).
+        let query: Map<String, Value> = to_fields(decode(&query))
+            .into_iter()
+            .filter(|(k, v)| !blank(k, v))
+            .collect();
         let from_body = body_fields(parts, body).await?;
         let mut input = Input::default();
         for (source, fields) in [("query string", query), ("body", from_body)] {
@@ -382,7 +401,8 @@ pub(super) async fn filter(state: &Shared, pairs: &Map<String, Value>) -> Result
             }
             other => {
                 return Err(ApiError::bad(format!(
-                    "cannot filter on {other:?}: only the indexed fields queue, status, node, id, batch and after"
+                    "cannot filter on {other:?}: only the indexed fields {}",
+                    FILTERS.join(", ")
                 )))
             }
         }

@@ -29,7 +29,7 @@ const PARAMS: [&str; 4] = ["since", "until", "step", "queue"];
 
 /// A time parameter: an RFC 3339 time, or a duration before now (`90m`, `1h`, `-1h`).
 fn time_param(q: &HashMap<String, String>, name: &str, now: DateTime) -> Result<Option<DateTime>, ApiError> {
-    let Some(raw) = q.get(name).map(|s| s.trim()) else {
+    let Some(raw) = super::body::query_value(q, name) else {
         return Ok(None);
     };
     if let Ok(t) = jiff::Timestamp::from_str(raw) {
@@ -47,7 +47,7 @@ fn time_param(q: &HashMap<String, String>, name: &str, now: DateTime) -> Result<
 
 /// `step` in minutes: seconds (`300`) or a duration (`5m`, `1h`), a whole number of minutes.
 fn step_param(q: &HashMap<String, String>) -> Result<i64, ApiError> {
-    let Some(raw) = q.get("step").map(|s| s.trim()) else {
+    let Some(raw) = super::body::query_value(q, "step") else {
         return Ok(1);
     };
     let secs = if raw.bytes().all(|b| b.is_ascii_digit()) && !raw.is_empty() {
@@ -125,7 +125,7 @@ pub(super) async fn series(
     }
     let to = from + points * step;
     let queues = state.store.queues().await?;
-    let only: Option<Vec<ObjectId>> = match q.get("queue") {
+    let only: Option<Vec<ObjectId>> = match super::body::query_value(&q, "queue") {
         Some(key) => {
             let found = Queue::find(&queues, key)
                 .ok_or_else(|| ApiError::NotFound(format!("parameter \"queue\": no queue {key:?}")))?;

@@ -288,7 +288,7 @@ pub(super) async fn one(
     PathKey(id): PathKey,
     Query(q): Query<HashMap<String, String>>,
 ) -> Result<Json<Value>, ApiError> {
-    let queue = match q.get("queue") {
+    let queue = match super::body::query_value(&q, "queue") {
         None => None,
         Some(v) => Some(ObjectId::parse_str(v).map_err(|_| ApiError::bad(format!("invalid queue id {v:?}")))?),
     };

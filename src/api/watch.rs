@@ -87,7 +87,7 @@ async fn read(state: &Shared, ids: &[ObjectId]) -> Result<Vec<Task>, ApiError> {
 
 /// `timeout=30s` (a duration, or seconds).
 pub(super) fn timeout(q: &HashMap<String, String>) -> Result<Duration, ApiError> {
-    let Some(t) = q.get("timeout") else {
+    let Some(t) = super::body::query_value(q, "timeout") else {
         return Ok(DEFAULT_WAIT);
     };
     let d = match t.parse::<f64>() {
