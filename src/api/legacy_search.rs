@@ -77,13 +77,17 @@ fn input(body: Map<String, Value>) -> Result<(Input, bool), ApiError> {
         ..Input::default()
     };
     for flag in ["count", "pretty"] {
-        if let Some(v) = body.get(flag) {
+        if let Some(v) = body.get(flag).filter(|v| !v.is_null()) {
             input.options.insert(flag.into(), v.clone());
         }
     }
-    input
-        .options
-        .insert("terse".into(), body.get("terse").cloned().unwrap_or(json!(true)));
+    input.options.insert(
+        "terse".into(),
+        body.get("terse")
+            .filter(|v| !v.is_null())
+            .cloned()
+            .unwrap_or(json!(true)),
+    );
     let terse = input.flag("terse")?;
     if !terse {
         // Not terse: outputs kept in files are read back.
@@ -117,10 +121,16 @@ fn input(body: Map<String, Value>) -> Result<(Input, bool), ApiError> {
         }
     };
     input.options.insert("limit".into(), json!(limit));
-    if let Some(skip) = options.get("skip") {
+    // A null option is the option absent, as for `limit` and `sort`.
+    if let Some(skip) = options.get("skip").filter(|v| !v.is_null()) {
         input.options.insert("skip".into(), skip.clone());
     }
-    if let Some(p) = options.get("projection") {
+    if let Some(p) = options.get("projection").filter(|v| !v.is_null()) {
+        if !p.is_object() {
+            return Err(ApiError::bad(format!(
+                "options.projection must be an object of fields ({{\"status\": 1}} or {{\"stdout\": 0}}), got {p}"
+            )));
+        }
         input.options.insert("fields".into(), p.clone());
     }
     let oldest_first = match options.get("sort") {

@@ -22,7 +22,6 @@ const PAGE: usize = 500;
 /// Ends settled per sweep of the leader.
 pub const SWEEP: usize = 1000;
 
-
 /// What a dependency came to once it ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {

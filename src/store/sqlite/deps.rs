@@ -200,7 +200,8 @@ impl SqliteStore {
             let mut out = Vec::new();
             let mut stmt = conn
                 .prepare_cached(&format!(
-                    "SELECT id FROM tasks WHERE dependents = 1 AND {} LIMIT ?1", ended()
+                    "SELECT id FROM tasks WHERE dependents = 1 AND {} LIMIT ?1",
+                    ended()
                 ))
                 .map_err(&err)?;
             for id in stmt.query_map([limit], |r| r.get::<_, String>(0)).map_err(&err)? {
