@@ -200,9 +200,9 @@ fn readme(name: &str, lang: Lang) -> String {
          ```sh\n{build}\nrunner check {wasm}\nrunner exec {wasm} --params '{{\"name\":\"you\"}}'\n```\n\n\
          Run it as tasks: `disbatch dev` serves the web UI ({url}/) and the API and runs a DEN, \
          with every component of `{dir}` allowed; leave it running and, in a second terminal, \
-         create a queue for the plugin and a task:\n\n\
+         create a queue for the plugin running two tasks at a time, and a task, waiting for it to end:\n\n\
          ```sh\ndisbatch dev --plugin-dir {dir}\n\
-         disbatch --url {url} create-queue {plugin} {plugin}\n\
+         disbatch --url {url} create-queue {plugin} {plugin} --threads 2\n\
          disbatch --url {url} create-task --wait {plugin} name you\n```\n\n\
          Ship it: `disbatch push-plugin {wasm} --name {plugin}` uploads it to a cluster's store, \
          from which every DEN runs it. The guide: docs/plugins.md of Disbatch.\n"
