@@ -219,3 +219,54 @@ fn check_accepts_plugins_and_refuses_other_files() {
         "{shown}"
     );
 }
+
+/// A component whose `run` calls through `bundles` core instances made of exports, around
+/// `instantiations` instances of a module exporting one function.
+fn instances_component(instantiations: usize, bundles: usize) -> Vec<u8> {
+    let mut prelude = String::from("(core module $f (func (export \"f\")))\n");
+    for i in 0..instantiations {
+        prelude.push_str(&format!("(core instance $i{i} (instantiate $f))\n"));
+    }
+    for b in 0..bundles {
+        prelude.push_str(&format!("(core instance $b{b} (export \"f\" (func $i0 \"f\")))\n"));
+    }
+    common::components::component_with(&prelude, common::components::RETURNS_OK)
+}
+
+#[test]
+fn check_warns_of_a_cap_only_when_a_task_would_pass_it() {
+    let dir = tempfile::tempdir().unwrap();
+    // 40 bundles of exports and 2 instantiations (the main module's included): 42 core
+    // instances declared, 2 created by a task. No note, and the task runs.
+    let bundles = dir.path().join("bundles.wasm");
+    std::fs::write(&bundles, instances_component(1, 40)).unwrap();
+    let o = runner(&["check", bundles.to_str().unwrap()]);
+    let shown = text(&o.stdout);
+    assert_eq!(o.status.code(), Some(0), "{shown}{}", text(&o.stderr));
+    assert!(shown.contains("2 instantiations of them"), "{shown}");
+    assert!(!shown.contains("note:") && !shown.contains("over the"), "{shown}");
+    assert!(shown.contains("this host can run it"), "{shown}");
+    let o = runner(&["exec", bundles.to_str().unwrap(), "--params", "{}"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+
+    // 33 instantiations and the main module: over the cap of 32. check says so, naming the
+    // cap, and so does exec, which cannot run it either.
+    let hog = dir.path().join("hog.wasm");
+    std::fs::write(&hog, instances_component(33, 0)).unwrap();
+    let o = runner(&["check", hog.to_str().unwrap()]);
+    let shown = text(&o.stdout);
+    assert_eq!(o.status.code(), Some(2), "{shown}");
+    assert!(shown.contains("34 instantiations of them"), "{shown}");
+    assert!(shown.contains("this host cannot run it: "), "{shown}");
+    assert!(
+        shown.contains("the plugin exceeds the limit of 32 core instances per task"),
+        "{shown}"
+    );
+    let o = runner(&["exec", hog.to_str().unwrap(), "--params", "{}"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("the limit of 32 core instances"),
+        "{}",
+        text(&o.stderr)
+    );
+}

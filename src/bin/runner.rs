@@ -441,8 +441,8 @@ fn check(path: &std::path::Path) -> anyhow::Result<u8> {
     println!("{}", path.display());
     println!("  size     {} bytes", bytes.len());
     println!(
-        "  declares {} core modules, {} core instances, {} memories, {} tables",
-        found.modules, found.core_instances, found.memories, found.tables
+        "  declares {} core modules, {} instantiations of them, {} memories, {} tables",
+        found.modules, found.instantiations, found.memories, found.tables
     );
     // Over a limit, the verdict of loading it below says which.
     if let Ok(shape) = disbatch::runner::check_shape(&bytes) {
@@ -474,11 +474,9 @@ fn check(path: &std::path::Path) -> anyhow::Result<u8> {
         };
         println!("    {:<44} {linked}", format!("{} ({})", i.name, i.kind));
     }
-    // Declared counts bound what a task creates only roughly (a nested component may be
-    // instantiated more than once, or not at all): a note, not the verdict.
-    for note in found.over_limits() {
-        println!("note: {note}; a task past a limit fails when it is instantiated");
-    }
+    // Whether a task stays within the per-task caps of core instances, memories and tables
+    // is the verdict of loading it: loading counts what a task instantiates, as the task's
+    // store then does, and refuses a component over a cap.
     let runner = Runner::new(&engine_options(false, disbatch::config::DEFAULT_MAX_INSTANCES))?;
     match runner.load(path) {
         Ok(plugin) => {

@@ -35,20 +35,15 @@ const WIT: &str = include_str!("../../wit/plugin.wit");
 
 const PY_APP: &str = include_str!("../../plugins/template-python/app.py");
 const JS_APP: &str = include_str!("../../plugins/template-js/app.js");
-/// The build script of a Python or JavaScript project: the SDK and the build tools come from
-/// a checkout of the Disbatch repository.
-const SCRIPT_BUILD: &str = r#"#!/usr/bin/env bash
-# Builds this plugin into the component <this directory's name>.wasm here, or the file
-# given as the argument. The SDK and the build tools come from a checkout of the Disbatch
-# repository: set DISBATCH_REPO to it. The first build installs the tools.
-set -euo pipefail
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-if [ -z "${DISBATCH_REPO:-}" ] || [ ! -x "$DISBATCH_REPO/plugins/build-py-js" ]; then
-    echo "build.sh: set DISBATCH_REPO to a checkout of the Disbatch repository (it has plugins/build-py-js)" >&2
-    exit 1
-fi
-exec "$DISBATCH_REPO/plugins/build-py-js" "$here" "${1:-$here/$(basename "$here").wasm}"
-"#;
+/// The build script of a Python or JavaScript project: builds it with its own SDK, WIT and
+/// pinned tools, installing the tools on first use.
+const BUILD_SCRIPT: &str = include_str!("../../plugins/build-tools/build-plugin");
+const PY_SDK: &str = include_str!("../../plugins/sdk-python/disbatch_plugin.py");
+const PY_TOOLS: &str = include_str!("../../plugins/build-tools/requirements.txt");
+const JS_SDK: &str = include_str!("../../plugins/sdk-js/disbatch-plugin.js");
+const JS_BUNDLE_CONFIG: &str = include_str!("../../plugins/sdk-js/bundle-config.mjs");
+const JS_TOOLS: &str = include_str!("../../plugins/build-tools/package.json");
+const JS_TOOLS_LOCK: &str = include_str!("../../plugins/build-tools/package-lock.json");
 const RUST_SDK_LIB: &str = include_str!("../../plugins/sdk/src/lib.rs");
 const RUST_SDK_HTTP: &str = include_str!("../../plugins/sdk/src/http.rs");
 const RUST_LIB: &str = include_str!("../../plugins/template/src/lib.rs");
@@ -63,7 +58,7 @@ fn files(name: &str, lang: Lang) -> Vec<(String, String)> {
                 "src/lib.rs".into(),
                 RUST_LIB.replace(
                     "plugins/target/wasm32-wasip2/release/template.wasm",
-                    &format!("target/wasm32-wasip2/release/{}.wasm", name.replace('-', "_")),
+                    &wasm_path(name, lang),
                 ),
             ),
             ("sdk/Cargo.toml".into(), RUST_SDK_MANIFEST.into()),
@@ -83,7 +78,9 @@ fn files(name: &str, lang: Lang) -> Vec<(String, String)> {
                     &format!("{name}.wasm"),
                 ),
             ),
-            ("build.sh".into(), SCRIPT_BUILD.into()),
+            ("build.sh".into(), BUILD_SCRIPT.into()),
+            ("sdk/disbatch_plugin.py".into(), PY_SDK.into()),
+            ("tools/requirements.txt".into(), PY_TOOLS.into()),
             wit,
             ("README.md".into(), readme(name, lang)),
         ],
@@ -95,7 +92,11 @@ fn files(name: &str, lang: Lang) -> Vec<(String, String)> {
                     &format!("{name}.wasm"),
                 ),
             ),
-            ("build.sh".into(), SCRIPT_BUILD.into()),
+            ("build.sh".into(), BUILD_SCRIPT.into()),
+            ("sdk/disbatch-plugin.js".into(), JS_SDK.into()),
+            ("sdk/bundle-config.mjs".into(), JS_BUNDLE_CONFIG.into()),
+            ("tools/package.json".into(), JS_TOOLS.into()),
+            ("tools/package-lock.json".into(), JS_TOOLS_LOCK.into()),
             wit,
             ("README.md".into(), readme(name, lang)),
         ],
@@ -145,17 +146,66 @@ strip = true
     )
 }
 
-/// How to build, try and ship the new plugin.
+/// Where the Rust build writes its components, inside the project.
+const RUST_OUT_DIR: &str = "target/wasm32-wasip2/release";
+
+/// The name of the built component, and so of the plugin: cargo turns a package's '-' into
+/// '_' in the name of its library.
+fn plugin_name(name: &str, lang: Lang) -> String {
+    match lang {
+        Lang::Rust => name.replace('-', "_"),
+        Lang::Python | Lang::Js => name.to_owned(),
+    }
+}
+
+/// The directory the build writes the component into, relative to the project.
+fn out_dir(lang: Lang) -> &'static str {
+    match lang {
+        Lang::Rust => RUST_OUT_DIR,
+        Lang::Python | Lang::Js => ".",
+    }
+}
+
+/// The built component, relative to the project.
+fn wasm_path(name: &str, lang: Lang) -> String {
+    let file = format!("{}.wasm", plugin_name(name, lang));
+    match lang {
+        Lang::Rust => format!("{RUST_OUT_DIR}/{file}"),
+        Lang::Python | Lang::Js => file,
+    }
+}
+
+/// How to build, try and run the new plugin. Its two `sh` blocks are commands to run in
+/// the project's directory as they are: the first builds and tries the plugin, the second
+/// starts `disbatch dev` on it (left running) and runs one task through the API.
 fn readme(name: &str, lang: Lang) -> String {
-    let (build, wasm) = match lang {
-        Lang::Rust => (
-            "rustup target add wasm32-wasip2   # once\ncargo build --release --target wasm32-wasip2".to_owned(),
-            format!("target/wasm32-wasip2/release/{}.wasm", name.replace('-', "_")),
-        ),
-        Lang::Python | Lang::Js => ("./build.sh".to_owned(), format!("{name}.wasm")),
+    let build = match lang {
+        Lang::Rust => "rustup target add wasm32-wasip2   # once\ncargo build --release --target wasm32-wasip2",
+        Lang::Python => "./build.sh                        # the first build installs componentize-py (about 30 s)",
+        Lang::Js => "./build.sh                        # the first build installs jco and ComponentizeJS (about 30 s)",
     };
+    let needs = match lang {
+        Lang::Rust => "Rust with rustup",
+        Lang::Python => "python3 with its venv module",
+        Lang::Js => "node and npm",
+    };
+    let wasm = wasm_path(name, lang);
+    let plugin = plugin_name(name, lang);
+    let dir = out_dir(lang);
+    let url = format!("http://{}", crate::config::DEFAULT_BIND);
     format!(
-        "# {name}\n\nA Disbatch plugin. Build it, try it, then push it to the store so every DEN runs it:\n\n```sh\n{build}\nrunner check {wasm}\nrunner exec {wasm} --params '{{\"name\":\"you\"}}'\ndisbatch push-plugin {wasm} --name {name}\n```\n\nThe guide: docs/plugins.md of Disbatch.\n"
+        "# {name}\n\n\
+         A Disbatch plugin. Building it needs {needs}, and the `disbatch` and `runner` commands.\n\n\
+         Build it and try it:\n\n\
+         ```sh\n{build}\nrunner check {wasm}\nrunner exec {wasm} --params '{{\"name\":\"you\"}}'\n```\n\n\
+         Run it as tasks: `disbatch dev` serves the web UI ({url}/) and the API and runs a DEN, \
+         with every component of `{dir}` allowed; leave it running and, in a second terminal, \
+         create a queue for the plugin running two tasks at a time, and a task, waiting for it to end:\n\n\
+         ```sh\ndisbatch dev --plugin-dir {dir}\n\
+         disbatch --url {url} create-queue {plugin} {plugin} --threads 2\n\
+         disbatch --url {url} create-task --wait {plugin} name you\n```\n\n\
+         Ship it: `disbatch push-plugin {wasm} --name {plugin}` uploads it to a cluster's store, \
+         from which every DEN runs it. The guide: docs/plugins.md of Disbatch.\n"
     )
 }
 

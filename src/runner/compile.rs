@@ -120,7 +120,10 @@ pub(crate) fn failure_reason(e: &wasmtime::Error) -> String {
     match e.downcast_ref::<ChildError>() {
         Some(ChildError::Limit(why)) => why.clone(),
         Some(ChildError::Invalid(why)) => format!("not a valid component: {why}"),
-        None => format!("not a valid component: {}", super::classify::trap_message(e)),
+        // The instance pool refuses, when the component is loaded, one that a task could
+        // not instantiate within its caps of core instances, memories and tables.
+        None => super::limits::cap_message(e)
+            .unwrap_or_else(|| format!("not a valid component: {}", super::classify::trap_message(e))),
     }
 }
 

@@ -1,11 +1,11 @@
 //! What a component is made of, read without compiling it: its top-level imports and
-//! exports, and the core modules, instances, memories and tables it declares (every
+//! exports, and the core modules, instantiations, memories and tables it declares (every
 //! nested module and component included). `runner check` prints it next to the verdict
-//! of actually loading the component.
+//! of actually loading the component, which alone says whether a task stays within the
+//! per-task caps: loading counts, as wasmtime instantiates them, the module instances,
+//! memories and tables a task creates, and refuses a component over a cap.
 
-use wasmparser::{Parser, Payload};
-
-use super::limits::{MAX_CORE_INSTANCES_PER_TASK, MAX_MEMORIES_PER_TASK, MAX_TABLES_PER_TASK};
+use wasmparser::{Instance, Parser, Payload};
 
 /// The interfaces of WASI 0.2 this host links (`wasmtime-wasi` preview 2).
 const WASI_INTERFACES: [&str; 31] = [
@@ -60,29 +60,14 @@ pub struct Inspection {
     pub exports: Vec<Item>,
     /// Core modules, nested ones included.
     pub modules: u64,
-    /// Core instances declared (a task creates at least these).
-    pub core_instances: u64,
+    /// Core module instantiations declared. Core instances made of exports (a bundle of
+    /// functions passed to an instantiation) are not counted: a task creates no instance
+    /// for them, and they are not counted against its cap of core instances.
+    pub instantiations: u64,
     /// Linear memories the modules define.
     pub memories: u64,
     /// Tables the modules define.
     pub tables: u64,
-}
-
-impl Inspection {
-    /// Why a task of this component would exceed a per-task limit, if it would.
-    pub fn over_limits(&self) -> Vec<String> {
-        let mut over = Vec::new();
-        for (what, n, max) in [
-            ("core instances", self.core_instances, MAX_CORE_INSTANCES_PER_TASK),
-            ("memories", self.memories, MAX_MEMORIES_PER_TASK),
-            ("tables", self.tables, MAX_TABLES_PER_TASK),
-        ] {
-            if n > max as u64 {
-                over.push(format!("it declares {n} {what}, over the {max} a task may create"));
-            }
-        }
-        over
-    }
 }
 
 /// Whether this host links import `name` (`wasi:io/streams@0.2.3`): the WASI 0.2
@@ -132,7 +117,14 @@ pub fn inspect(bytes: &[u8]) -> Result<Inspection, String> {
                     });
                 }
             }
-            Payload::InstanceSection(reader) => found.core_instances += u64::from(reader.count()),
+            Payload::InstanceSection(reader) => {
+                for instance in reader {
+                    let instance = instance.map_err(|e| format!("not a valid component: {e}"))?;
+                    if matches!(instance, Instance::Instantiate { .. }) {
+                        found.instantiations += 1;
+                    }
+                }
+            }
             Payload::MemorySection(reader) => found.memories += u64::from(reader.count()),
             Payload::TableSection(reader) => found.tables += u64::from(reader.count()),
             _ => {}
