@@ -287,7 +287,7 @@ pub(super) async fn update(
         .update_queue(id, update)
         .await?
         .map(|changed| match changed {
-            QueueState::Readable(q) => Found::Queue(Box::new(q)),
+            QueueState::Readable(q) => Found::Queue(q),
             // Changed, but still not readable (the change left the bad field as it was).
             QueueState::Unreadable(u) => Found::Unreadable(u),
         });

@@ -30,7 +30,7 @@ pub const CORE_FIELDS: [&str; 5] = ["_id", "name", "plugin", "threads", "sort"];
 #[derive(Debug, Clone, PartialEq)]
 pub enum QueueState {
     /// The queue reads.
-    Readable(Queue),
+    Readable(Box<Queue>),
     /// The change was written, but the document still cannot be read as a queue.
     Unreadable(UnreadableQueue),
 }
@@ -39,7 +39,7 @@ impl QueueState {
     /// The queue, when it reads.
     pub fn readable(self) -> Option<Queue> {
         match self {
-            QueueState::Readable(q) => Some(q),
+            QueueState::Readable(q) => Some(*q),
             QueueState::Unreadable(_) => None,
         }
     }
@@ -243,7 +243,7 @@ pub fn state_of(d: &Document, mut warn: impl FnMut(String)) -> Option<QueueState
             for p in problems {
                 warn(format!("queue {:?} ({}): {p}", q.name, q.id));
             }
-            Some(QueueState::Readable(q))
+            Some(QueueState::Readable(Box::new(q)))
         }
         Err(e) => {
             let name = d.get_str("name").unwrap_or("?");
@@ -263,7 +263,7 @@ pub fn sort_out<'a>(
     let mut unreadable = Vec::new();
     for d in docs {
         match state_of(d, &mut warn) {
-            Some(QueueState::Readable(q)) => queues.push(q),
+            Some(QueueState::Readable(q)) => queues.push(*q),
             Some(QueueState::Unreadable(u)) => unreadable.push(u),
             None => warn(format!("ignoring queue {}: its `_id` is not an ObjectId", id_text(d))),
         }
@@ -322,7 +322,7 @@ pub fn updated(before: &Document, set: Document) -> StoreResult<(Document, Queue
     let mut after = before.clone();
     after.extend(set);
     match read(&after) {
-        Ok((q, _)) => Ok((after, QueueState::Readable(q))),
+        Ok((q, _)) => Ok((after, QueueState::Readable(Box::new(q)))),
         Err(e) if read(before).is_ok() => Err(StoreError::Invalid(format!(
             "the change would make the queue unreadable: {e}"
         ))),
