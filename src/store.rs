@@ -13,12 +13,14 @@ pub mod gridfs;
 pub mod keys;
 pub mod mongo;
 pub mod plugins;
+pub mod queue_doc;
 mod retries;
 pub mod sqlite;
 mod types;
 
 pub use self::keys::Keyed;
 pub use self::plugins::{PluginRef, PluginStore, PluginVersion, Pushed};
+pub use self::queue_doc::QueueState;
 pub use self::retries::{FinishExtra, HandRetry};
 pub use self::types::*;
 
@@ -129,15 +131,17 @@ pub trait Store: PluginStore + Send + Sync + 'static {
     /// All queues that can be read (those that cannot are left out: see
     /// [`Store::unreadable_queues`]).
     async fn queues(&self) -> StoreResult<Vec<Queue>>;
-    /// The queue documents that cannot be read as queues, each with its problem, so they
-    /// are shown rather than hidden. A store that holds only what it validated has none.
-    async fn unreadable_queues(&self) -> StoreResult<Vec<UnreadableQueue>> {
-        Ok(Vec::new())
-    }
+    /// The queue documents that cannot be read as queues (written by another tool, or
+    /// raw), each with its problem, so they are shown rather than hidden.
+    async fn unreadable_queues(&self) -> StoreResult<Vec<UnreadableQueue>>;
     /// Creates a queue; fails with [`StoreError::Duplicate`] when the name is taken.
     async fn create_queue(&self, queue: NewQueue) -> StoreResult<Queue>;
-    /// Changes a queue. Returns the new queue, or None when there is no such queue.
-    async fn update_queue(&self, id: ObjectId, update: QueueUpdate) -> StoreResult<Option<Queue>>;
+    /// Changes a queue. Returns the queue as changed, or None when there is no such queue.
+    /// An error means nothing was written: a change that would make a readable queue
+    /// unreadable is [`StoreError::Invalid`]. A queue that was already unreadable (a bad
+    /// field written by another tool) is changed and returned as
+    /// [`QueueState::Unreadable`] with its problem (see [`queue_doc::updated`]).
+    async fn update_queue(&self, id: ObjectId, update: QueueUpdate) -> StoreResult<Option<QueueState>>;
     /// Deletes a queue (its tasks stay). Returns false when there is no such queue.
     async fn delete_queue(&self, id: ObjectId) -> StoreResult<bool>;
     /// Task counts by status for each queue: a walk over every task's index entry, so

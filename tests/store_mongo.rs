@@ -14,7 +14,7 @@ use bson::spec::ElementType;
 use bson::{doc, Bson, DateTime, Document};
 use disbatch::model::{status, OnOrphan, Output, Queue, Sort};
 use disbatch::store::mongo::{MongoOptions, MongoStore};
-use disbatch::store::{NewQueue, OutputValue, Page, QueueUpdate, Store, StoreError, TaskFilter};
+use disbatch::store::{NewQueue, OutputValue, Page, QueueState, QueueUpdate, Store, StoreError, TaskFilter};
 use futures::TryStreamExt;
 use mongodb::{Collection, Database};
 
@@ -455,7 +455,7 @@ async fn lowering_threads_blocks_while_higher_slots_are_held() {
             },
         )
         .await;
-    let two = updated.unwrap().expect("queue exists");
+    let two = updated.unwrap().and_then(QueueState::readable).expect("queue exists");
     assert_eq!(two.threads, Some(2));
     t.store.release_slot(&held[0], "den").await.unwrap();
     assert_eq!(
@@ -873,7 +873,13 @@ async fn queue_crud_and_malformed_queues() {
         sort: Some(Sort::Fifo),
         ..Default::default()
     };
-    let gamma = t.store.update_queue(beta.id, update).await.unwrap().unwrap();
+    let gamma = t
+        .store
+        .update_queue(beta.id, update)
+        .await
+        .unwrap()
+        .and_then(QueueState::readable)
+        .unwrap();
     assert_eq!(
         (gamma.name.as_str(), gamma.threads, gamma.sort),
         ("gamma", None, Sort::Fifo)

@@ -18,7 +18,9 @@ use disbatch::model::{status, NameHolder, NodeProcess, NodeStats, OnOrphan, Outp
 use disbatch::runner::Sandbox;
 use disbatch::store::mongo::MongoStore;
 use disbatch::store::sqlite::SqliteStore;
-use disbatch::store::{NewQueue, OutputValue, Page, QueueUpdate, SlotRenewal, Store, StoreError, TaskFilter};
+use disbatch::store::{
+    NewQueue, OutputValue, Page, QueueState, QueueUpdate, SlotRenewal, Store, StoreError, TaskFilter,
+};
 use tokio_util::sync::CancellationToken;
 
 use common::wait_for;
@@ -109,6 +111,8 @@ mod keys;
 mod leader;
 #[path = "store_shared/lifecycle.rs"]
 mod lifecycle;
+#[path = "store_shared/queues.rs"]
+mod queues;
 #[path = "store_shared/restarts.rs"]
 mod restarts;
 #[path = "store_shared/results.rs"]
@@ -138,7 +142,11 @@ async fn set_threads(s: &dyn Store, q: &Queue, threads: i64) -> Queue {
         threads: Some(Some(threads)),
         ..Default::default()
     };
-    s.update_queue(q.id, update).await.unwrap().expect("the queue")
+    s.update_queue(q.id, update)
+        .await
+        .unwrap()
+        .and_then(QueueState::readable)
+        .expect("the queue")
 }
 
 async fn task(s: &dyn Store, id: ObjectId) -> disbatch::model::Task {
@@ -492,6 +500,7 @@ async fn stale_nodes_tasks_are_recovered_and_fresh_nodes_left_alone(s: Stores) {
         )
         .await
         .unwrap()
+        .and_then(QueueState::readable)
         .unwrap();
     assert_eq!(stale_slot.n, 0);
     assert!(s.b.acquire_slot(&q1, "fresh", LEASE).await.unwrap().is_some());
@@ -667,6 +676,7 @@ async fn queue_crud_and_duplicate_names(s: Stores) {
         )
         .await
         .unwrap()
+        .and_then(QueueState::readable)
         .expect("queue exists");
     assert_eq!(
         (
@@ -689,7 +699,11 @@ async fn queue_crud_and_duplicate_names(s: Stores) {
         )
         .await;
     assert!(matches!(clash, Err(StoreError::Duplicate { .. })));
-    let unchanged = s.a.update_queue(beta.id, QueueUpdate::default()).await.unwrap();
+    let unchanged =
+        s.a.update_queue(beta.id, QueueUpdate::default())
+            .await
+            .unwrap()
+            .and_then(QueueState::readable);
     assert_eq!(unchanged, Some(beta.clone()));
     assert_eq!(
         s.a.update_queue(ObjectId::new(), QueueUpdate::default()).await.unwrap(),

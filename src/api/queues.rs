@@ -21,7 +21,7 @@ use super::form::{decode_json_fields, Shape};
 use super::queue_fields::{check_next, check_pin, fields, queue_warnings, QUEUE_FIELDS};
 use super::{json, ApiError, Shared};
 use crate::model::{Queue, UnreadableQueue};
-use crate::store::{NewQueue, QueueUpdate, StoreError};
+use crate::store::{NewQueue, QueueState, QueueUpdate};
 
 /// What a hidden `sandbox.env` value reads as.
 pub const HIDDEN: &str = "***";
@@ -277,15 +277,15 @@ pub(super) async fn update(
         sort: f.sort,
         extra: f.extra,
     };
-    let changed = match state.store.update_queue(id, update).await {
-        Ok(changed) => changed.map(|q| Found::Queue(Box::new(q))),
-        // Changed, but still not readable (the change left the bad field as it was).
-        Err(StoreError::Malformed { .. }) => {
-            let unreadable = state.store.unreadable_queues().await?;
-            unreadable.into_iter().find(|u| u.id == id).map(Found::Unreadable)
-        }
-        Err(e) => return Err(e.into()),
-    };
+    let changed = state
+        .store
+        .update_queue(id, update)
+        .await?
+        .map(|changed| match changed {
+            QueueState::Readable(q) => Found::Queue(q),
+            // Changed, but still not readable (the change left the bad field as it was).
+            QueueState::Unreadable(u) => Found::Unreadable(u),
+        });
     let changed = changed.ok_or_else(|| ApiError::NotFound(format!("no queue {key:?}")))?;
     let result = json::mongo::update(true, plain(&before) != plain(&changed));
     let counts = state.counts.counts(state.store.as_ref()).await?;

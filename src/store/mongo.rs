@@ -61,8 +61,9 @@ use self::documents::{output_bson, task_filter_doc, task_from, task_or_problem};
 use self::errors::{db_err, is_duplicate_key};
 use super::gridfs;
 use super::{
-    Batch, Dependency, FinishExtra, HandRetry, NewQueue, NewTask, OutputStream, OutputValue, Page, QueueUpdate,
-    Recovery, Resolved, Slot, SlotRenewal, StatusCounts, Store, StoreError, StoreResult, TaskFilter, TaskTarget,
+    Batch, Dependency, FinishExtra, HandRetry, NewQueue, NewTask, OutputStream, OutputValue, Page, QueueState,
+    QueueUpdate, Recovery, Resolved, Slot, SlotRenewal, StatusCounts, Store, StoreError, StoreResult, TaskFilter,
+    TaskTarget,
 };
 use crate::model::{
     status, NameHolder, Node, NodeProcess, NodeStats, Output, Queue, RetryAt, Sort, StopRequest, Task, TaskProgress,
@@ -198,7 +199,7 @@ impl Store for MongoStore {
         self.insert_queue(queue).await
     }
 
-    async fn update_queue(&self, id: ObjectId, update: QueueUpdate) -> StoreResult<Option<Queue>> {
+    async fn update_queue(&self, id: ObjectId, update: QueueUpdate) -> StoreResult<Option<QueueState>> {
         self.change_queue(id, update).await
     }
 

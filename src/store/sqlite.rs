@@ -66,10 +66,12 @@ use rusqlite::Connection;
 use self::rows::{db_err, read_bson};
 use self::touched::Touched;
 use super::{
-    Batch, Dependency, FinishExtra, HandRetry, NewQueue, NewTask, OutputValue, Page, QueueUpdate, Recovery, Resolved,
-    Slot, SlotRenewal, StatusCounts, Store, StoreError, StoreResult, TaskFilter, TaskTarget,
+    Batch, Dependency, FinishExtra, HandRetry, NewQueue, NewTask, OutputValue, Page, QueueState, QueueUpdate, Recovery,
+    Resolved, Slot, SlotRenewal, StatusCounts, Store, StoreError, StoreResult, TaskFilter, TaskTarget,
 };
-use crate::model::{NameHolder, Node, NodeProcess, NodeStats, Output, Queue, RetryAt, StopRequest, Task, TaskProgress};
+use crate::model::{
+    NameHolder, Node, NodeProcess, NodeStats, Output, Queue, RetryAt, StopRequest, Task, TaskProgress, UnreadableQueue,
+};
 
 /// How often a watcher of task changes looks for writes by other processes.
 const OTHER_WRITERS_POLL: Duration = Duration::from_millis(250);
@@ -243,14 +245,18 @@ impl Store for SqliteStore {
     // ---- queues ------------------------------------------------------------------------
 
     async fn queues(&self) -> StoreResult<Vec<Queue>> {
-        self.queues().await
+        Ok(self.read_queues().await?.0)
+    }
+
+    async fn unreadable_queues(&self) -> StoreResult<Vec<UnreadableQueue>> {
+        Ok(self.read_queues().await?.1)
     }
 
     async fn create_queue(&self, queue: NewQueue) -> StoreResult<Queue> {
         self.create_queue(queue).await
     }
 
-    async fn update_queue(&self, id: ObjectId, update: QueueUpdate) -> StoreResult<Option<Queue>> {
+    async fn update_queue(&self, id: ObjectId, update: QueueUpdate) -> StoreResult<Option<QueueState>> {
         self.update_queue(id, update).await
     }
 

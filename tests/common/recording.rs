@@ -75,10 +75,13 @@ impl Store for Recording {
     async fn queues(&self) -> StoreResult<Vec<Queue>> {
         self.inner.queues().await
     }
+    async fn unreadable_queues(&self) -> StoreResult<Vec<disbatch::model::UnreadableQueue>> {
+        self.inner.unreadable_queues().await
+    }
     async fn create_queue(&self, queue: NewQueue) -> StoreResult<Queue> {
         self.inner.create_queue(queue).await
     }
-    async fn update_queue(&self, id: ObjectId, update: QueueUpdate) -> StoreResult<Option<Queue>> {
+    async fn update_queue(&self, id: ObjectId, update: QueueUpdate) -> StoreResult<Option<QueueState>> {
         self.inner.update_queue(id, update).await
     }
     async fn delete_queue(&self, id: ObjectId) -> StoreResult<bool> {

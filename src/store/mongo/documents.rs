@@ -11,7 +11,7 @@
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
 
-use crate::model::{Node, OnOrphan, Output, Queue, QueueSandbox, Sort, Task, UnreadableQueue};
+use crate::model::{Node, Output, Task};
 use crate::store::{OutputValue, StoreError, StoreResult, TaskFilter};
 
 /// An integer as other clients write it (see [`crate::model::lenient_int`]).
@@ -43,25 +43,6 @@ pub(super) fn as_date(value: &Bson) -> Option<DateTime> {
         secs_or_millis
     };
     (millis.abs() <= crate::model::MAX_EXACT_DOUBLE).then(|| DateTime::from_millis(millis.round() as i64))
-}
-
-/// An integer the way the spec's examples store it: Int32 when it fits, else Int64.
-pub(super) fn int_bson(n: i64) -> Bson {
-    i32::try_from(n).map_or(Bson::Int64(n), Bson::Int32)
-}
-
-/// An optional integer: null when absent.
-pub(super) fn opt_int_bson(n: Option<i64>) -> Bson {
-    n.map_or(Bson::Null, int_bson)
-}
-
-/// The spec's `sort` string.
-pub(super) fn sort_str(sort: Sort) -> &'static str {
-    match sort {
-        Sort::Fifo => "fifo",
-        Sort::Lifo => "lifo",
-        Sort::Default => "default",
-    }
 }
 
 /// A finishing task's stdout or stderr as stored: a String or a GridFS file id.
@@ -182,17 +163,6 @@ impl<'a> Fields<'a> {
         match self.get(field) {
             Some(Bson::String(s)) => Ok(s.clone()),
             _ => Err(self.malformed(field, "a string")),
-        }
-    }
-
-    /// A non-negative integer, null or missing.
-    fn opt_count(&self, field: &str) -> StoreResult<Option<i64>> {
-        match self.get(field) {
-            None => Ok(None),
-            Some(v) => match as_int(v) {
-                Some(n) if n >= 0 => Ok(Some(n)),
-                _ => Err(self.malformed(field, "a non-negative integer or null")),
-            },
         }
     }
 
@@ -353,95 +323,6 @@ pub(super) fn task_or_problem(doc: &Document) -> Option<Task> {
     })
 }
 
-/// A queue document, with the problems that were tolerated.
-///
-/// An unknown `sort` is taken as `default` (the spec's order when `sort` is not used) and
-/// reported as a problem. Every other field of the wrong type — `name`, `plugin`,
-/// `threads`, `sandbox`, `on_orphan` — is an error: the queue cannot be run as its
-/// operators meant it to.
-pub(super) fn queue_from(doc: &Document) -> StoreResult<(Queue, Vec<String>)> {
-    let f = Fields::new("queues", doc);
-    let mut problems = Vec::new();
-    let sort = match f.get("sort") {
-        None => Sort::Default,
-        Some(Bson::String(s)) => Sort::parse(s).unwrap_or_else(|e| {
-            problems.push(format!("field `sort`: {e}; claiming in the default order"));
-            Sort::Default
-        }),
-        Some(other) => {
-            problems.push(format!(
-                "field `sort` is {other}, not a string; claiming in the default order"
-            ));
-            Sort::Default
-        }
-    };
-    let sandbox = match f.get("sandbox") {
-        None => QueueSandbox::default(),
-        Some(Bson::Document(d)) => {
-            bson::from_document::<QueueSandbox>(d.clone()).map_err(|e| StoreError::Malformed {
-                collection: "queues",
-                id: f.id_text(),
-                reason: format!("field `sandbox`: {e}"),
-            })?
-        }
-        Some(_) => return Err(f.malformed("sandbox", "an object")),
-    };
-    let on_orphan = match f.get("on_orphan") {
-        None => OnOrphan::default(),
-        Some(Bson::String(s)) if s == "orphan" => OnOrphan::Orphan,
-        Some(Bson::String(s)) if s == "requeue" => OnOrphan::Requeue,
-        Some(_) => return Err(f.malformed("on_orphan", "\"orphan\", \"requeue\" or null")),
-    };
-    let (retry, activity_timeout) =
-        crate::model::queue_lifecycle(f.get("retry"), f.get("activity_timeout")).map_err(|(field, e)| {
-            StoreError::Malformed {
-                collection: "queues",
-                id: f.id_text(),
-                reason: format!("{e} (field `{field}`)"),
-            }
-        })?;
-    let queue = Queue {
-        id: f.object_id("_id")?,
-        name: f.string("name")?,
-        plugin: f.string("plugin")?,
-        threads: f.opt_count("threads")?,
-        sort,
-        sandbox,
-        on_orphan,
-        retry,
-        activity_timeout,
-        next_queue: match f.get("next_queue") {
-            None | Some(Bson::Null) => None,
-            Some(Bson::String(s)) if !s.is_empty() => Some(s.clone()),
-            Some(_) => return Err(f.malformed("next_queue", "a queue name or id")),
-        },
-        maxthreads: Queue::read_maxthreads(f.get("maxthreads"), &mut problems),
-    };
-    Ok((queue, problems))
-}
-
-/// A queue document [`queue_from`] refused with `err`, shown with what could be read of
-/// it. `None` only when the `_id` is not an ObjectId.
-pub(super) fn unreadable_queue(doc: &Document, err: &StoreError) -> Option<UnreadableQueue> {
-    let f = Fields::new("queues", doc);
-    Some(UnreadableQueue {
-        id: f.object_id("_id").ok()?,
-        name: f.string("name").ok(),
-        plugin: f.string("plugin").ok(),
-        threads: f.opt_count("threads").ok().flatten(),
-        problem: err.to_string(),
-    })
-}
-
-/// A queue's `on_orphan` policy for recovery: anything but `"requeue"` is the spec's
-/// orphaning, so a malformed queue still gets its tasks recovered.
-pub(super) fn on_orphan_lenient(doc: &Document) -> OnOrphan {
-    match doc.get("on_orphan") {
-        Some(Bson::String(s)) if s == "requeue" => OnOrphan::Requeue,
-        _ => OnOrphan::Orphan,
-    }
-}
-
 /// A node document. A `maxthreads` that cannot be read is taken as 0 (the node claims
 /// nothing until it is fixed, but heartbeats and recovers orphans) and a `timestamp` that
 /// cannot be read as the epoch (stale), each reported in the node's `problem`; only a
@@ -449,10 +330,8 @@ pub(super) fn on_orphan_lenient(doc: &Document) -> OnOrphan {
 pub(super) fn node_from(doc: &Document) -> StoreResult<Node> {
     let f = Fields::new("nodes", doc);
     let mut problems = Vec::new();
-    let maxthreads = f.opt_count("maxthreads").unwrap_or_else(|e| {
-        problems.push(format!("{e}; claiming nothing until it is fixed"));
-        Some(0)
-    });
+    let (maxthreads, problem) = crate::store::queue_doc::node_maxthreads(f.get("maxthreads"));
+    problems.extend(problem);
     let timestamp = f.date("timestamp").unwrap_or_else(|e| {
         problems.push(format!("{e}; taken as stale"));
         DateTime::from_millis(0)

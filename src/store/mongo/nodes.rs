@@ -19,10 +19,11 @@ use bson::{doc, Bson, DateTime, Document};
 use futures::TryStreamExt;
 use mongodb::options::ReturnDocument;
 
-use super::documents::{as_date, node_from, opt_int_bson};
+use super::documents::{as_date, node_from};
 use super::errors::{db_err, is_duplicate_key};
 use super::{slots, MongoStore};
 use crate::model::{status, NameHolder, Node, NodeProcess, NodeStats};
+use crate::store::queue_doc::opt_int_bson;
 use crate::store::{StoreError, StoreResult};
 
 /// How long the list of foreign nodes is used before it is read again.
@@ -185,9 +186,7 @@ impl MongoStore {
     }
 
     pub(super) async fn write_maxthreads(&self, node: &str, maxthreads: Option<i64>) -> StoreResult<bool> {
-        if let Some(m) = maxthreads.filter(|m| *m < 0) {
-            return Err(StoreError::Invalid(format!("maxthreads must be non-negative, got {m}")));
-        }
+        crate::store::queue_doc::check_count("maxthreads", maxthreads)?;
         let result = self
             .nodes
             .update_one(

@@ -4,34 +4,15 @@
 use bson::oid::ObjectId;
 use bson::{doc, Document};
 use futures::TryStreamExt;
-use mongodb::options::ReturnDocument;
 
-use super::documents::{opt_int_bson, queue_from, sort_str, unreadable_queue};
 use super::{db_err, is_duplicate_key, MongoStore};
 use crate::model::{Queue, UnreadableQueue};
+use crate::store::queue_doc::{self, QueueState};
 use crate::store::{NewQueue, QueueUpdate, StoreError, StoreResult};
 
-/// Keys of a queue document that `extra` fields may not set.
-const QUEUE_CORE_FIELDS: [&str; 5] = ["_id", "name", "plugin", "threads", "sort"];
-
-fn check_extra(extra: &Document) -> StoreResult<()> {
-    match extra
-        .keys()
-        .find(|k| QUEUE_CORE_FIELDS.contains(&k.as_str()) || k.starts_with('$'))
-    {
-        Some(k) => Err(StoreError::Invalid(format!(
-            "field {k:?} cannot be set as an extra queue field"
-        ))),
-        None => Ok(()),
-    }
-}
-
-fn check_threads(threads: Option<i64>) -> StoreResult<()> {
-    match threads {
-        Some(t) if t < 0 => Err(StoreError::Invalid(format!("threads must be non-negative, got {t}"))),
-        _ => Ok(()),
-    }
-}
+/// How many times a change is tried again when the document changed between its read and
+/// its write.
+const CHANGE_ATTEMPTS: usize = 5;
 
 impl MongoStore {
     /// Every queue document: those read as queues, and those that cannot be, each with
@@ -46,93 +27,59 @@ impl MongoStore {
             .try_collect()
             .await
             .map_err(db_err("list queues"))?;
-        let mut queues = Vec::with_capacity(docs.len());
-        let mut unreadable = Vec::new();
-        for d in &docs {
-            match queue_from(d) {
-                Ok((q, problems)) => {
-                    for p in problems {
-                        self.warn_once(format!("queue {:?} ({}): {p}", q.name, q.id));
-                    }
-                    queues.push(q);
-                }
-                Err(e) => {
-                    let name = d.get_str("name").unwrap_or("?");
-                    self.warn_once(format!("cannot run queue {name:?}: {e}"));
-                    unreadable.extend(unreadable_queue(d, &e));
-                }
-            }
-        }
-        Ok((queues, unreadable))
-    }
-
-    async fn find_queue(&self, id: ObjectId) -> StoreResult<Option<Queue>> {
-        let found = self
-            .queues
-            .find_one(doc! { "_id": id })
-            .await
-            .map_err(db_err("find queue"))?;
-        found.map(|d| queue_from(&d).map(|(q, _)| q)).transpose()
+        Ok(queue_doc::sort_out(&docs, |m| self.warn_once(m)))
     }
 
     /// [`Store::create_queue`](crate::store::Store::create_queue).
     pub(super) async fn insert_queue(&self, queue: NewQueue) -> StoreResult<Queue> {
-        check_extra(&queue.extra)?;
-        check_threads(queue.threads)?;
-        let mut d = doc! {
-            "_id": ObjectId::new(),
-            "name": queue.name.clone(),
-            "plugin": queue.plugin.clone(),
-            "threads": opt_int_bson(queue.threads),
-            "sort": sort_str(queue.sort),
-        };
-        d.extend(queue.extra);
-        let (parsed, _) = queue_from(&d).map_err(|e| StoreError::Invalid(e.to_string()))?;
+        let name = queue.name.clone();
+        let (d, parsed) = queue_doc::new_doc(ObjectId::new(), queue)?;
         match self.queues.insert_one(&d).await {
             Ok(_) => Ok(parsed),
-            Err(e) if is_duplicate_key(&e) => Err(StoreError::Duplicate {
-                what: "queue",
-                name: queue.name,
-            }),
+            Err(e) if is_duplicate_key(&e) => Err(StoreError::Duplicate { what: "queue", name }),
             Err(e) => Err(db_err("create queue")(e)),
         }
     }
 
-    /// [`Store::update_queue`](crate::store::Store::update_queue): a document that is
-    /// still unreadable after the change is [`StoreError::Malformed`].
-    pub(super) async fn change_queue(&self, id: ObjectId, update: QueueUpdate) -> StoreResult<Option<Queue>> {
-        check_extra(&update.extra)?;
-        let mut set = Document::new();
-        if let Some(name) = &update.name {
-            set.insert("name", name.clone());
+    /// [`Store::update_queue`](crate::store::Store::update_queue): the change is applied
+    /// to the document as read and checked ([`queue_doc::updated`]) before it is written,
+    /// and written only if the document is still as read.
+    pub(super) async fn change_queue(&self, id: ObjectId, update: QueueUpdate) -> StoreResult<Option<QueueState>> {
+        let set = queue_doc::set_fields(&update)?;
+        for _ in 0..CHANGE_ATTEMPTS {
+            let found = self
+                .queues
+                .find_one(doc! { "_id": id })
+                .await
+                .map_err(db_err("find queue"))?;
+            let Some(before) = found else {
+                return Ok(None);
+            };
+            let (_, state) = queue_doc::updated(&before, set.clone())?;
+            if set.is_empty() {
+                return Ok(Some(state));
+            }
+            // The fence: every field as read, so a concurrent change is not overwritten
+            // with a check made on what it replaced.
+            let result = self
+                .queues
+                .update_one(before.clone(), doc! { "$set": set.clone() })
+                .await;
+            match result {
+                Ok(r) if r.matched_count > 0 => return Ok(Some(state)),
+                Ok(_) => continue,
+                Err(e) if is_duplicate_key(&e) => {
+                    return Err(StoreError::Duplicate {
+                        what: "queue",
+                        name: update.name.unwrap_or_default(),
+                    })
+                }
+                Err(e) => return Err(db_err("update queue")(e)),
+            }
         }
-        if let Some(plugin) = update.plugin {
-            set.insert("plugin", plugin);
-        }
-        if let Some(threads) = update.threads {
-            check_threads(threads)?;
-            set.insert("threads", opt_int_bson(threads));
-        }
-        if let Some(sort) = update.sort {
-            set.insert("sort", sort_str(sort));
-        }
-        set.extend(update.extra);
-        if set.is_empty() {
-            return self.find_queue(id).await;
-        }
-        let result = self
-            .queues
-            .find_one_and_update(doc! { "_id": id }, doc! { "$set": set })
-            .return_document(ReturnDocument::After)
-            .await;
-        match result {
-            Ok(found) => found.map(|d| queue_from(&d).map(|(q, _)| q)).transpose(),
-            Err(e) if is_duplicate_key(&e) => Err(StoreError::Duplicate {
-                what: "queue",
-                name: update.name.unwrap_or_default(),
-            }),
-            Err(e) => Err(db_err("update queue")(e)),
-        }
+        Err(StoreError::Database(format!(
+            "update queue {id}: the queue kept changing while it was updated; retrying may succeed"
+        )))
     }
 
     /// [`Store::delete_queue`](crate::store::Store::delete_queue), with its slots.

@@ -13,10 +13,11 @@ use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
 use futures::TryStreamExt;
 
-use super::documents::{as_date, as_int, on_orphan_lenient};
+use super::documents::{as_date, as_int};
 use super::retries::retry_update;
 use super::{db_err, MongoStore};
 use crate::model::{status, OnOrphan, RetryPolicy};
+use crate::store::queue_doc::on_orphan_lenient;
 use crate::store::retries::{recover_as, Recover};
 use crate::store::{Recovery, StoreResult};
 

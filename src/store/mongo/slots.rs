@@ -131,7 +131,7 @@ impl MongoStore {
             .find_one(doc! { "_id": queue })
             .await
             .map_err(db_err("read the queue's limit"))?
-            .and_then(|d| super::documents::queue_from(&d).ok())
+            .and_then(|d| crate::store::queue_doc::read(&d).ok())
             .map_or(0, |(q, _)| q.limit());
         Ok(stored - foreign)
     }

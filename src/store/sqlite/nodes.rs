@@ -142,9 +142,7 @@ impl SqliteStore {
     }
 
     pub(super) async fn set_maxthreads(&self, node: &str, maxthreads: Option<i64>) -> StoreResult<bool> {
-        if let Some(m) = maxthreads.filter(|m| *m < 0) {
-            return Err(StoreError::Invalid(format!("maxthreads must be non-negative, got {m}")));
-        }
+        crate::store::queue_doc::check_count("maxthreads", maxthreads)?;
         let node = node.to_string();
         self.with(move |conn| {
             let n = conn
@@ -191,7 +189,7 @@ type NodeRow = (
     String,
     String,
     i64,
-    Option<i64>,
+    rusqlite::types::Value,
     Option<String>,
     Option<String>,
     Option<String>,
@@ -225,16 +223,9 @@ fn read_node(conn: &Connection, node: &str) -> rusqlite::Result<Option<NodeRow>>
 }
 
 fn node_from((id, node, timestamp, maxthreads, stats, process, problems): NodeRow) -> StoreResult<Node> {
-    let maxthreads = match maxthreads {
-        Some(m) if m < 0 => {
-            return Err(StoreError::Malformed {
-                collection: "nodes",
-                id,
-                reason: format!("field `maxthreads` must be a non-negative integer or null, found {m}"),
-            })
-        }
-        other => other,
-    };
+    // Read as MongoDB reads it: a value written by hand that is not a non-negative
+    // integer is taken as 0, with the problem recorded, and the node kept.
+    let (maxthreads, problem) = crate::store::queue_doc::node_maxthreads(column_bson(maxthreads).as_ref());
     Ok(Node {
         id: parse_oid("nodes", &id)?,
         node,
@@ -243,6 +234,21 @@ fn node_from((id, node, timestamp, maxthreads, stats, process, problems): NodeRo
         stats: stats.and_then(|s| serde_json::from_str(&s).ok()),
         process: process.and_then(|p| serde_json::from_str(&p).ok()),
         queue_problems: problems.and_then(|p| serde_json::from_str(&p).ok()).unwrap_or_default(),
-        problem: None,
+        problem,
     })
+}
+
+/// A column's value as BSON (a blob as binary), for readers shared with MongoDB.
+fn column_bson(value: rusqlite::types::Value) -> Option<bson::Bson> {
+    use rusqlite::types::Value;
+    match value {
+        Value::Null => None,
+        Value::Integer(n) => Some(bson::Bson::Int64(n)),
+        Value::Real(f) => Some(bson::Bson::Double(f)),
+        Value::Text(s) => Some(bson::Bson::String(s)),
+        Value::Blob(b) => Some(bson::Bson::Binary(bson::Binary {
+            subtype: bson::spec::BinarySubtype::Generic,
+            bytes: b,
+        })),
+    }
 }

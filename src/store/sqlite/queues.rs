@@ -3,16 +3,18 @@
 use std::collections::BTreeMap;
 
 use bson::oid::ObjectId;
-use bson::{Bson, Document};
 use rusqlite::{params, OptionalExtension};
 
-use super::rows::{bson_bytes, db_err, queue_from, sort_str};
+use super::rows::{bson_bytes, db_err};
 use super::{queue_doc, SqliteStore};
-use crate::model::Queue;
+use crate::model::{Queue, UnreadableQueue};
+use crate::store::queue_doc::{self as queue_doc_rules, QueueState};
 use crate::store::{NewQueue, QueueUpdate, StatusCounts, StoreError, StoreResult};
 
 impl SqliteStore {
-    pub(super) async fn queues(&self) -> StoreResult<Vec<Queue>> {
+    /// Every queue document: those read as queues, and those that cannot be, each with
+    /// its problem (logged once).
+    pub(super) async fn read_queues(&self) -> StoreResult<(Vec<Queue>, Vec<UnreadableQueue>)> {
         let rows = self
             .with(|conn| {
                 let err = db_err("list queues");
@@ -25,44 +27,22 @@ impl SqliteStore {
                 Ok(rows)
             })
             .await?;
-        let mut queues = Vec::with_capacity(rows.len());
+        let mut docs = Vec::with_capacity(rows.len());
         for (id, bytes) in rows {
-            let d = match queue_doc("queues", &id, &bytes) {
-                Ok(d) => d,
-                Err(e) => {
-                    self.warn_once(format!("ignoring queue {id}: {e}"));
-                    continue;
-                }
-            };
-            match queue_from(&d) {
-                Ok((q, problems)) => {
-                    for p in problems {
-                        self.warn_once(format!("queue {:?} ({}): {p}", q.name, q.id));
-                    }
-                    queues.push(q);
-                }
-                Err(e) => self.warn_once(format!("ignoring queue {:?}: {e}", d.get_str("name").unwrap_or("?"))),
+            match queue_doc("queues", &id, &bytes) {
+                Ok(d) => docs.push(d),
+                Err(e) => self.warn_once(format!("ignoring queue {id}: {e}")),
             }
         }
-        Ok(queues)
+        Ok(queue_doc_rules::sort_out(&docs, |m| self.warn_once(m)))
     }
 
     pub(super) async fn create_queue(&self, queue: NewQueue) -> StoreResult<Queue> {
-        check_extra(&queue.extra)?;
-        check_threads(queue.threads)?;
         let id = ObjectId::new();
-        let mut d = bson::doc! {
-            "_id": id,
-            "name": queue.name.clone(),
-            "plugin": queue.plugin.clone(),
-            "threads": opt_int_bson(queue.threads),
-            "sort": sort_str(queue.sort),
-        };
-        d.extend(queue.extra);
-        let (parsed, _) = queue_from(&d).map_err(|e| StoreError::Invalid(e.to_string()))?;
+        let name = queue.name.clone();
+        let (mut d, parsed) = queue_doc_rules::new_doc(id, queue)?;
         d.remove("_id");
         let bytes = bson_bytes(&d)?;
-        let name = queue.name;
         self.with(move |conn| {
             match conn.execute(
                 "INSERT INTO queues (id, name, doc) VALUES (?1, ?2, ?3)",
@@ -76,11 +56,11 @@ impl SqliteStore {
         .await
     }
 
-    pub(super) async fn update_queue(&self, id: ObjectId, update: QueueUpdate) -> StoreResult<Option<Queue>> {
-        check_extra(&update.extra)?;
-        if let Some(threads) = update.threads {
-            check_threads(threads)?;
-        }
+    /// [`Store::update_queue`](crate::store::Store::update_queue): the change is applied
+    /// and checked ([`queue_doc_rules::updated`]) inside the write transaction, before anything
+    /// is written.
+    pub(super) async fn update_queue(&self, id: ObjectId, update: QueueUpdate) -> StoreResult<Option<QueueState>> {
+        let set = queue_doc_rules::set_fields(&update)?;
         self.write_quiet("update queue", move |tx| {
             let hex = id.to_hex();
             let found: Option<Vec<u8>> = tx
@@ -90,28 +70,19 @@ impl SqliteStore {
             let Some(bytes) = found else {
                 return Ok(None);
             };
-            let mut d = queue_doc("queues", &hex, &bytes)?;
-            if let Some(name) = &update.name {
-                d.insert("name", name.clone());
+            let before = queue_doc("queues", &hex, &bytes)?;
+            let (mut d, state) = queue_doc_rules::updated(&before, set.clone())?;
+            if set.is_empty() {
+                return Ok(Some(state));
             }
-            if let Some(plugin) = update.plugin.clone() {
-                d.insert("plugin", plugin);
-            }
-            if let Some(threads) = update.threads {
-                d.insert("threads", opt_int_bson(threads));
-            }
-            if let Some(sort) = update.sort {
-                d.insert("sort", sort_str(sort));
-            }
-            d.extend(update.extra.clone());
-            let (parsed, _) = queue_from(&d)?;
             d.remove("_id");
+            let name = d.get_str("name").ok().map(str::to_owned);
             let bytes = bson_bytes(&d)?;
             match tx.execute(
-                "UPDATE queues SET name = ?1, doc = ?2 WHERE id = ?3",
-                params![parsed.name, bytes, hex],
+                "UPDATE queues SET name = COALESCE(?1, name), doc = ?2 WHERE id = ?3",
+                params![name, bytes, hex],
             ) {
-                Ok(_) => Ok(Some(parsed)),
+                Ok(_) => Ok(Some(state)),
                 Err(e) if is_unique_violation(&e) => Err(StoreError::Duplicate {
                     what: "queue",
                     name: update.name.clone().unwrap_or_default(),
@@ -165,27 +136,6 @@ impl SqliteStore {
         }
         Ok(counts)
     }
-}
-
-/// Keys of a queue document that `extra` fields may not set.
-const QUEUE_CORE_FIELDS: [&str; 5] = ["_id", "name", "plugin", "threads", "sort"];
-
-fn check_extra(extra: &Document) -> StoreResult<()> {
-    match extra.keys().find(|k| QUEUE_CORE_FIELDS.contains(&k.as_str())) {
-        Some(k) => Err(StoreError::Invalid(format!("extra queue field {k:?} is not allowed"))),
-        None => Ok(()),
-    }
-}
-
-fn check_threads(threads: Option<i64>) -> StoreResult<()> {
-    match threads {
-        Some(t) if t < 0 => Err(StoreError::Invalid(format!("threads must be non-negative, got {t}"))),
-        _ => Ok(()),
-    }
-}
-
-fn opt_int_bson(n: Option<i64>) -> Bson {
-    n.map_or(Bson::Null, |n| i32::try_from(n).map_or(Bson::Int64(n), Bson::Int32))
 }
 
 fn is_unique_violation(e: &rusqlite::Error) -> bool {

@@ -1,17 +1,16 @@
 //! Rows of the SQLite store ↔ model types.
 //!
-//! Queue documents are parsed with the MongoDB store's leniency: integers may be Int32,
-//! Int64 or an integral Double, optional fields may be null or missing, an unknown `sort`
-//! is `default`. Anything else is [`StoreError::Malformed`], naming the table, the id and
-//! the field.
+//! Queue documents are read by [`crate::store::queue_doc`], as on MongoDB.
 
 use std::time::Duration;
 
 use bson::oid::ObjectId;
-use bson::{Bson, DateTime, Document};
+use bson::{DateTime, Document};
 
-use crate::model::{OnOrphan, Output, Queue, QueueSandbox, Sort, Task};
+use crate::model::{Output, Task};
 use crate::store::{OutputValue, StoreError, StoreResult};
+
+pub(super) use crate::store::queue_doc::{on_orphan_lenient, read as queue_from};
 
 /// The columns of a task row, in the order [`task_from_row`] reads them.
 pub(super) const TASK_COLUMNS: &str =
@@ -75,25 +74,6 @@ pub(super) fn add_columns(conn: &rusqlite::Connection, table: &str, columns: &[(
 pub(super) fn lease_end(now: DateTime, lease: Duration) -> i64 {
     let millis = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
     now.timestamp_millis().saturating_add(millis)
-}
-
-/// An integer as other clients write it: Int32, Int64 or an integral Double.
-pub(super) fn as_int(value: &Bson) -> Option<i64> {
-    match value {
-        Bson::Int32(n) => Some(i64::from(*n)),
-        Bson::Int64(n) => Some(*n),
-        Bson::Double(f) if f.fract() == 0.0 && f.abs() <= crate::model::MAX_EXACT_DOUBLE => Some(*f as i64),
-        _ => None,
-    }
-}
-
-/// The spec's `sort` string.
-pub(super) fn sort_str(sort: Sort) -> &'static str {
-    match sort {
-        Sort::Fifo => "fifo",
-        Sort::Lifo => "lifo",
-        Sort::Default => "default",
-    }
 }
 
 /// A document as BSON bytes.
@@ -193,111 +173,6 @@ pub(super) fn task_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(String, 
         })
     })();
     Ok((id.clone(), task))
-}
-
-fn malformed(id: &Document, field: &str, expected: &str) -> StoreError {
-    let found = match id.get(field) {
-        None => "nothing".to_string(),
-        Some(v) => format!("{:?} {v}", v.element_type()),
-    };
-    StoreError::Malformed {
-        collection: "queues",
-        id: match id.get("_id") {
-            Some(Bson::ObjectId(o)) => o.to_hex(),
-            _ => "?".to_string(),
-        },
-        reason: format!("field `{field}` must be {expected}, found {found}"),
-    }
-}
-
-/// A present, non-null value.
-fn get<'a>(d: &'a Document, field: &str) -> Option<&'a Bson> {
-    d.get(field).filter(|v| !matches!(v, Bson::Null))
-}
-
-/// A queue document, with the problems that were tolerated (the MongoDB store's rules).
-pub(super) fn queue_from(d: &Document) -> StoreResult<(Queue, Vec<String>)> {
-    let mut problems = Vec::new();
-    let sort = match get(d, "sort") {
-        None => Sort::Default,
-        Some(Bson::String(s)) => Sort::parse(s).unwrap_or_else(|e| {
-            problems.push(format!("field `sort`: {e}; claiming in the default order"));
-            Sort::Default
-        }),
-        Some(other) => {
-            problems.push(format!(
-                "field `sort` is {other}, not a string; claiming in the default order"
-            ));
-            Sort::Default
-        }
-    };
-    let sandbox = match get(d, "sandbox") {
-        None => QueueSandbox::default(),
-        Some(Bson::Document(s)) => bson::from_document::<QueueSandbox>(s.clone()).map_err(|e| {
-            let mut err = malformed(d, "sandbox", "a valid sandbox");
-            if let StoreError::Malformed { reason, .. } = &mut err {
-                *reason = format!("field `sandbox`: {e}");
-            }
-            err
-        })?,
-        Some(_) => return Err(malformed(d, "sandbox", "an object")),
-    };
-    let on_orphan = match get(d, "on_orphan") {
-        None => OnOrphan::default(),
-        Some(Bson::String(s)) if s == "orphan" => OnOrphan::Orphan,
-        Some(Bson::String(s)) if s == "requeue" => OnOrphan::Requeue,
-        Some(_) => return Err(malformed(d, "on_orphan", "\"orphan\", \"requeue\" or null")),
-    };
-    let (retry, activity_timeout) = crate::model::queue_lifecycle(get(d, "retry"), get(d, "activity_timeout"))
-        .map_err(|(field, e)| {
-            let mut err = malformed(d, field, "valid");
-            if let StoreError::Malformed { reason, .. } = &mut err {
-                *reason = e;
-            }
-            err
-        })?;
-    let string = |field: &str| match get(d, field) {
-        Some(Bson::String(s)) => Ok(s.clone()),
-        _ => Err(malformed(d, field, "a string")),
-    };
-    let threads = match get(d, "threads") {
-        None => None,
-        Some(v) => match as_int(v) {
-            Some(n) if n >= 0 => Some(n),
-            _ => return Err(malformed(d, "threads", "a non-negative integer or null")),
-        },
-    };
-    let id = match get(d, "_id") {
-        Some(Bson::ObjectId(id)) => *id,
-        _ => return Err(malformed(d, "_id", "an ObjectId")),
-    };
-    let queue = Queue {
-        id,
-        name: string("name")?,
-        plugin: string("plugin")?,
-        threads,
-        sort,
-        sandbox,
-        on_orphan,
-        retry,
-        activity_timeout,
-        next_queue: match get(d, "next_queue") {
-            None | Some(Bson::Null) => None,
-            Some(Bson::String(s)) if !s.is_empty() => Some(s.clone()),
-            Some(_) => return Err(malformed(d, "next_queue", "a queue name or id")),
-        },
-        maxthreads: Queue::read_maxthreads(get(d, "maxthreads"), &mut problems),
-    };
-    Ok((queue, problems))
-}
-
-/// A queue's `on_orphan` policy for recovery: anything but `"requeue"` is the spec's
-/// orphaning, so a malformed queue still gets its tasks recovered.
-pub(super) fn on_orphan_lenient(d: &Document) -> OnOrphan {
-    match d.get("on_orphan") {
-        Some(Bson::String(s)) if s == "requeue" => OnOrphan::Requeue,
-        _ => OnOrphan::Orphan,
-    }
 }
 
 #[cfg(test)]

@@ -34,8 +34,11 @@ fn integers_of_any_width() {
     assert_eq!(as_int(&Bson::String("2.0".into())), Some(2));
     assert_eq!(as_int(&Bson::String("x".into())), None);
     assert_eq!(as_int(&Bson::String("2.5".into())), None);
-    assert_eq!(int_bson(5), Bson::Int32(5));
-    assert_eq!(int_bson(1 << 40), Bson::Int64(1 << 40));
+    assert_eq!(crate::store::queue_doc::opt_int_bson(Some(5)), Bson::Int32(5));
+    assert_eq!(
+        crate::store::queue_doc::opt_int_bson(Some(1 << 40)),
+        Bson::Int64(1 << 40)
+    );
 }
 
 #[test]
@@ -106,42 +109,6 @@ fn task_missing_times_fall_back() {
     let t = task_from(&d).unwrap();
     assert_eq!(t.ctime, t.mtime);
     assert!(t.params.is_empty());
-}
-
-#[test]
-fn queue_threads_widths_and_bad_sort() {
-    let id = ObjectId::new();
-    for threads in [Bson::Int32(3), Bson::Int64(3), Bson::Double(3.0)] {
-        let (q, problems) = queue_from(&doc! { "_id": id, "name": "q", "plugin": "p", "threads": threads }).unwrap();
-        assert_eq!(q.threads, Some(3));
-        assert!(problems.is_empty());
-    }
-    let (q, _) = queue_from(&doc! { "_id": id, "name": "q", "plugin": "p", "threads": null }).unwrap();
-    assert_eq!(q.threads, None);
-    let (q, problems) = queue_from(&doc! { "_id": id, "name": "q", "plugin": "p", "sort": "random" }).unwrap();
-    assert_eq!(q.sort, Sort::Default);
-    assert_eq!(problems.len(), 1);
-    let e = queue_from(&doc! { "_id": id, "name": "q", "plugin": "p", "threads": -1 }).unwrap_err();
-    assert!(reason(e).contains("`threads`"));
-    let e = queue_from(&doc! { "_id": id, "name": "q", "plugin": "p", "sandbox": { "bogus": 1 } }).unwrap_err();
-    assert!(reason(e).contains("`sandbox`"));
-    let e = queue_from(&doc! { "_id": id, "name": "q", "plugin": "p", "on_orphan": "retry" }).unwrap_err();
-    assert!(reason(e).contains("`on_orphan`"));
-}
-
-#[test]
-fn queue_sandbox_and_policy() {
-    let d = doc! {
-        "_id": ObjectId::new(), "name": "q", "plugin": "p", "threads": 2, "sort": "lifo",
-        "sandbox": { "timeout": "30s", "memory_mib": 64 }, "on_orphan": "requeue",
-    };
-    let (q, _) = queue_from(&d).unwrap();
-    assert_eq!(q.sort, Sort::Lifo);
-    assert_eq!(q.sandbox.timeout, Some(std::time::Duration::from_secs(30)));
-    assert_eq!(q.sandbox.memory_mib, Some(64));
-    assert_eq!(q.on_orphan, OnOrphan::Requeue);
-    assert_eq!(on_orphan_lenient(&d), OnOrphan::Requeue);
-    assert_eq!(on_orphan_lenient(&doc! { "on_orphan": 5 }), OnOrphan::Orphan);
 }
 
 #[test]
