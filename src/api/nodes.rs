@@ -87,13 +87,7 @@ pub(super) async fn set_maxthreads(
                 "field \"maxthreads\" is required (a non-negative integer or null)",
             ))
         }
-        Some(Value::Null) => None,
-        Some(v) => Some(non_negative(v).ok_or_else(|| {
-            ApiError::bad(format!(
-                "field \"maxthreads\" must be a non-negative integer or null, got {}",
-                kind(v)
-            ))
-        })?),
+        Some(v) => count("maxthreads", v)?,
     };
     let node = find(&state, &key).await?;
     if !state.store.set_maxthreads(&node.node, maxthreads).await? {
@@ -105,11 +99,22 @@ pub(super) async fn set_maxthreads(
     Ok(Json(json::mongo::with(value, json::mongo::update(true, modified))))
 }
 
-/// A non-negative integer (`3` or `"3"`, as the Perl DCI took form values).
-pub(super) fn non_negative(v: &Value) -> Option<i64> {
-    match v {
-        Value::Number(n) => n.as_i64().filter(|n| *n >= 0),
-        Value::String(s) => s.trim().parse::<i64>().ok().filter(|n| *n >= 0),
+/// A count field (`threads`, `maxthreads`): null is none; a number or a numeric string (as
+/// the Perl DCI took form values) is read as an integer and checked by the stores' own rule
+/// ([`check_count`](crate::store::queue_doc::check_count)), so "at least 0" is written once.
+pub(super) fn count(field: &str, v: &Value) -> Result<Option<i64>, ApiError> {
+    let n = match v {
+        Value::Null => return Ok(None),
+        Value::Number(n) => n.as_i64(),
+        Value::String(s) => s.trim().parse::<i64>().ok(),
         _ => None,
-    }
+    };
+    let n = n.ok_or_else(|| {
+        ApiError::bad(format!(
+            "field {field:?} must be a non-negative integer or null, got {}",
+            kind(v)
+        ))
+    })?;
+    crate::store::queue_doc::check_count(field, Some(n)).map_err(|e| ApiError::bad(e.to_string()))?;
+    Ok(Some(n))
 }

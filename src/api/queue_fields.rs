@@ -6,7 +6,7 @@ use bson::Document;
 use serde_json::{Map, Value};
 
 use super::body::kind;
-use super::nodes::non_negative;
+use super::nodes::count;
 use super::{ApiError, Shared};
 use crate::config::{check_plugin_name, MAX_DURATION, MAX_OUTPUT_CAP_MIB};
 use crate::model::{OnOrphan, Queue, QueueSandbox, Sort};
@@ -32,17 +32,7 @@ pub(super) fn fields(state: &Shared, body: &Map<String, Value>) -> Result<Fields
         match k.as_str() {
             "name" => f.name = Some(name(v)?),
             "plugin" => f.plugin = Some(plugin(state, v)?.to_string()),
-            "threads" => {
-                f.threads = Some(match v {
-                    Value::Null => None,
-                    v => Some(non_negative(v).ok_or_else(|| {
-                        ApiError::bad(format!(
-                            "field \"threads\" must be a non-negative integer or null, got {}",
-                            kind(v)
-                        ))
-                    })?),
-                })
-            }
+            "threads" => f.threads = Some(count("threads", v)?),
             "sort" => {
                 let s = v
                     .as_str()
