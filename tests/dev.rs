@@ -24,11 +24,13 @@ async fn try_the_suggested_task(dev: &Dev) -> Value {
     assert_eq!(args[2..], ["create-task", "demo", "message", "hello"], "{args:?}");
     let out = run_disbatch(&args, None, &[]);
     assert!(out.status.success(), "disbatch {args:?}: {}", stderr(&out));
+    // Not a terminal: the id alone on stdout, the sentence on stderr.
+    assert_eq!(stderr(&out), "created 1 task\n");
     let printed = String::from_utf8_lossy(&out.stdout);
     let id = printed
-        .lines()
-        .nth(1)
-        .unwrap_or_else(|| panic!("no task id in {printed:?}"))
+        .strip_suffix('\n')
+        .filter(|id| id.len() == 24 && !id.contains('\n'))
+        .unwrap_or_else(|| panic!("not one task id in {printed:?}"))
         .to_owned();
     let path = format!("/tasks/{id}");
     let path = path.as_str();
