@@ -199,6 +199,12 @@ async fn post_tasks_search_answers_as_disbatch_4() {
     }
 }
 
+/// The text of `GET /metrics`.
+async fn scrape(client: &reqwest::Client, url: &str) -> String {
+    let r = client.get(format!("{url}/metrics")).send().await.unwrap();
+    r.text().await.unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_parse_with_the_prometheus_client() {
     let r = ran("metrics").await;
@@ -208,26 +214,13 @@ async fn metrics_parse_with_the_prometheus_client() {
     wait_for(Duration::from_secs(60), "the DEN's run durations in /metrics", || {
         let (url, client) = (url.clone(), client.clone());
         async move {
-            let text = client
-                .get(format!("{url}/metrics"))
-                .send()
+            scrape(&client, &url)
                 .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap();
-            text.contains(&format!("disbatch_run_duration_seconds_count{{node=\"{den_node}\"}} 4"))
+                .contains(&format!("disbatch_run_duration_seconds_count{{node=\"{den_node}\"}} 4"))
         }
     })
     .await;
-    let text = client
-        .get(format!("{url}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = scrape(&client, &url).await;
 
     let python = common::python::python_with(PROMETHEUS_CLIENT);
     let script = r#"
