@@ -10,6 +10,8 @@
 //!   serving the DCI, the runtime, logging and signals.
 //! - [`den`]: the Disbatch Execution Node — heartbeat, orphan recovery, queue processing,
 //!   claiming within `threads`/`maxthreads`, running tasks and writing results back.
+//! - [`lifecycle`]: the task state machine above the store — every rule deciding a
+//!   task's status, a slot, a node name, the leader or whether an action is allowed.
 //! - [`model`]: the spec's documents as types — tasks, queues, nodes, status codes.
 //! - [`store`]: the store boundary (the `Store` trait), its MongoDB implementation with
 //!   String-chunk GridFS for large task output, and the embedded SQLite implementation.
@@ -22,6 +24,7 @@ pub mod cli;
 pub mod config;
 pub mod den;
 pub mod launch;
+pub mod lifecycle;
 pub mod model;
 pub mod runner;
 pub mod stats;
