@@ -16,7 +16,7 @@ use std::time::Duration;
 use bson::oid::ObjectId;
 use serde_json::Value;
 
-use crate::runner::Sandbox;
+use crate::sandbox_spec::Sandbox;
 
 /// Environment variable naming the config file when `--config` is not given.
 pub const CONFIG_ENV: &str = "DISBATCH_CONFIG";
@@ -38,8 +38,7 @@ pub const DEFAULT_BIND: &str = "127.0.0.1:8080";
 pub const DEFAULT_MAX_INSTANCES: u32 = 1000;
 /// Largest `max_instances`.
 pub const MAX_INSTANCES: u32 = 100_000;
-/// Longest duration any key accepts (365 days).
-pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+pub use crate::sandbox_spec::MAX_DURATION;
 /// Largest `sandbox.output_cap_mib`.
 pub const MAX_OUTPUT_CAP_MIB: u64 = 4096;
 /// An `api_token` shorter than this gets a warning.
@@ -411,24 +410,6 @@ impl Config {
         }
     }
 
-    /// MongoDB connection settings for `role` (`disbatchd`, `disbatch_web`, …): TLS from
-    /// `attributes`, the role as user name with its password when `auth` has one (the user
-    /// looked up in `auth.auth_source`, else the URI's `authSource`, else `database`), and
-    /// a [`SERVER_SELECTION_TIMEOUT`] so outages surface quickly.
-    pub fn mongo_options(&self, role: &str) -> crate::store::mongo::MongoOptions {
-        let password = self.auth.passwords.get(role).cloned();
-        crate::store::mongo::MongoOptions {
-            tls: self.tls.enabled,
-            tls_ca_file: self.tls.ca_file.clone(),
-            tls_allow_invalid_certificates: self.tls.allow_invalid_certificates,
-            username: password.as_ref().map(|_| role.to_owned()),
-            password,
-            auth_source: self.auth.auth_source.clone(),
-            default_auth_source: Some(self.database.clone()).filter(|d| !d.is_empty()),
-            server_selection_timeout: Some(SERVER_SELECTION_TIMEOUT),
-        }
-    }
-
     /// The file of plugin `name`: `<plugin_dir>/<name>.wasm`, for plain names in `plugins` only.
     pub fn plugin_path(&self, name: &str) -> Result<PathBuf, String> {
         plugin_file(&self.plugin_dir, &self.plugins, name)
@@ -442,7 +423,8 @@ mod relaxed;
 mod sandbox;
 mod sections;
 
-pub use checks::{check_database, check_mongohost, check_plugin_name, plugin_file, redact_uri};
+pub use crate::redact::redact_uri;
+pub use checks::{check_database, check_mongohost, check_plugin_name, plugin_file};
 pub use http::{
     HttpSettings, DEFAULT_HTTP_BODY_TIMEOUT, DEFAULT_HTTP_HEADER_TIMEOUT, DEFAULT_HTTP_IDLE_TIMEOUT,
     DEFAULT_HTTP_MAX_CONNECTIONS, MAX_HTTP_CONNECTIONS,

@@ -20,15 +20,16 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::api::{router, AllowedHosts, ApiState, DocumentSource};
-use crate::config::{check_plugin_name, redact_uri, Config, ConfigError, HttpSettings, StoreKind};
+use crate::api::{router, AllowedHosts, ApiState};
+use crate::config::{check_plugin_name, Config, ConfigError, HttpSettings, StoreKind};
 use crate::den::{Den, DenSettings};
 use crate::runner::{EngineOptions, Runner};
-use crate::store::mongo::MongoStore;
-use crate::store::sqlite::SqliteStore;
 use crate::store::Store;
 
 pub mod serve;
+mod store;
+
+pub use store::{open_store, OpenStore};
 
 /// The config file used when neither `--config` nor `--embedded` is given and the file
 /// exists (Disbatch 4's default).
@@ -229,72 +230,6 @@ pub fn allow_plugins_in_dir(config: &mut Config) -> Result<(), StartError> {
     Ok(())
 }
 
-/// An open store and how to name it.
-#[derive(Clone)]
-pub struct OpenStore {
-    /// The store.
-    pub store: Arc<dyn Store>,
-    /// Other collections of the same database, for `POST /tasks` from documents: MongoDB
-    /// has them, the embedded store does not (`None`: that form answers 400).
-    pub documents: Option<Arc<dyn DocumentSource>>,
-    /// What `GET /info` shows as the database: the MongoDB database name or the file.
-    pub database: String,
-    /// For people: `./disbatch.db (embedded)` or `mongodb://***@host/ database disbatch (MongoDB)`.
-    pub description: String,
-}
-
-impl std::fmt::Debug for OpenStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("OpenStore")
-            .field("description", &self.description)
-            .finish_non_exhaustive()
-    }
-}
-
-/// Opens the embedded store in the file `embedded` when given, else connects to the
-/// config's MongoDB as `role` (`disbatchd`, `disbatch_web`; see [`Config::mongo_options`]),
-/// and ensures the schema or indexes.
-pub async fn open_store(config: &Config, embedded: Option<&Path>, role: &str) -> Result<OpenStore, StartError> {
-    if let Some(path) = embedded {
-        check_store_file(path)?;
-        let store = SqliteStore::open(path)
-            .await
-            .map_err(|e| StartError::Failed(format!("cannot open the embedded store {}: {e}", path.display())))?;
-        return Ok(OpenStore {
-            store: Arc::new(store),
-            documents: None,
-            database: path.display().to_string(),
-            description: format!("{} (embedded)", path.display()),
-        });
-    }
-    let uri = redact_uri(&config.mongohost);
-    let store = MongoStore::connect(&config.mongohost, &config.database, config.mongo_options(role))
-        .await
-        .map_err(|e| StartError::Usage(format!("cannot use MongoDB at {uri}: {e}")))?;
-    store
-        .ensure_indexes()
-        .await
-        .map_err(|e| StartError::Failed(format!("cannot prepare the database {} at {uri}: {e}", config.database)))?;
-    Ok(OpenStore {
-        documents: Some(Arc::new(store.database().clone())),
-        store: Arc::new(store),
-        database: config.database.clone(),
-        description: format!("{uri} database {} (MongoDB)", config.database),
-    })
-}
-
-/// Refuses names SQLite would not take as a plain file: empty (a private temporary
-/// database), `:memory:` and `file:` URIs, which DENs and DCIs could not share.
-fn check_store_file(path: &Path) -> Result<(), StartError> {
-    let text = path.to_string_lossy();
-    if text.is_empty() || text == ":memory:" || text.starts_with("file:") {
-        return Err(StartError::Usage(format!(
-            "the embedded store needs a file name, got {text:?}"
-        )));
-    }
-    Ok(())
-}
-
 /// A DEN on `store` with the settings of `config` and a sandbox sized by its
 /// `max_instances` and `cache_dir`; no queue's grant may reach the `protected` host files
 /// (see [`StoreArgs::host_files`]).
@@ -469,18 +404,6 @@ mod tests {
             e.to_string().contains("none") && e.to_string().contains("--plugin-dir"),
             "{e}"
         );
-    }
-
-    #[tokio::test]
-    async fn the_embedded_store_is_a_plain_file() {
-        let config = Config::defaults(&|_| None).unwrap();
-        for bad in ["", ":memory:", "file:x.db?mode=memory"] {
-            let e = open_store(&config, Some(Path::new(bad)), "disbatchd")
-                .await
-                .unwrap_err();
-            assert_eq!(e.exit_code(), 2, "{bad:?}: {e}");
-            assert!(e.to_string().contains("needs a file name"), "{e}");
-        }
     }
 
     #[test]

@@ -17,6 +17,10 @@
 //!   String-chunk GridFS for large task output, and the embedded SQLite implementation.
 //! - [`runner`]: the sandbox — wasmtime engine, WASI context, limits, plugin loading and
 //!   the result of one task.
+//! - [`sandbox_spec`]: what a task's sandbox grants and its limits (`Sandbox`, the
+//!   directory and HTTP grants, `network_allow`, defaults and bounds) — a leaf read by
+//!   [`config`], [`model`] and [`runner`].
+//! - [`redact`]: URIs with their credentials hidden, for messages and logs — a leaf.
 //! - [`stats`]: per-minute task counters (throughput, failures, duration buckets, queue
 //!   depth) behind `GET /stats` and the web UI's overview.
 pub mod api;
@@ -26,6 +30,8 @@ pub mod den;
 pub mod launch;
 pub mod lifecycle;
 pub mod model;
+pub mod redact;
 pub mod runner;
+pub mod sandbox_spec;
 pub mod stats;
 pub mod store;

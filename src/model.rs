@@ -11,7 +11,7 @@ use bson::oid::ObjectId;
 use bson::{DateTime, Document};
 use serde::{Deserialize, Serialize};
 
-use crate::runner::Sandbox;
+use crate::sandbox_spec::Sandbox;
 
 pub mod balance;
 mod lifecycle;
@@ -290,7 +290,7 @@ impl QueueSandbox {
         }
         s.network |= self.network;
         for a in &self.network_allow {
-            let net = crate::runner::parse_network_allow(a).map_err(|e| format!("sandbox.network_allow: {e}"))?;
+            let net = crate::sandbox_spec::parse_network_allow(a).map_err(|e| format!("sandbox.network_allow: {e}"))?;
             s.network_allow.push(net);
         }
         for h in &self.http {
@@ -619,7 +619,7 @@ impl fmt::Display for Task {
 #[cfg(test)]
 mod tests {
     use super::{Histogram, QueueSandbox};
-    use crate::runner::Sandbox;
+    use crate::sandbox_spec::Sandbox;
 
     #[test]
     fn histogram_buckets_are_inclusive_upper_bounds() {

@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use super::MAX_PLUGIN_NAME_LEN;
+use crate::redact::redact_uri;
 
 /// Checks that `name` is a plain file stem: not empty, at most [`MAX_PLUGIN_NAME_LEN`]
 /// bytes, no path separators, no `..`, no leading `.`, no control characters, no `@`
@@ -63,16 +64,4 @@ pub fn check_database(name: &str) -> Result<(), String> {
         ));
     }
     Ok(())
-}
-
-/// `uri` with any `user:password@` replaced by `***@`, for messages and logs.
-pub fn redact_uri(uri: &str) -> String {
-    let Some((scheme, rest)) = uri.split_once("://") else {
-        return uri.to_owned();
-    };
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
-        Some(at) => format!("{scheme}://***{}", &rest[at..]),
-        None => uri.to_owned(),
-    }
 }

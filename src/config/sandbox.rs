@@ -5,7 +5,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::{describe, hint, ConfigError, Parser, MAX_OUTPUT_CAP_MIB, SANDBOX_KEYS};
-use crate::runner::{DirGrant, HttpRule, Sandbox, MAX_MEMORY};
+use crate::sandbox_spec::{DirGrant, HttpRule, Sandbox, MAX_MEMORY, MAX_SUBMIT_DEPTH, MAX_SUBMIT_MAX};
 
 impl Parser<'_> {
     /// `sandbox`: the same settings as a queue's `sandbox` sub-document, over the runner's
@@ -40,10 +40,8 @@ impl Parser<'_> {
                         s.http.push(rule);
                     }
                 }
-                "submit_max" => s.submit_max = self.integer(&key, v, 0, crate::runner::MAX_SUBMIT_MAX.into())? as u32,
-                "submit_depth" => {
-                    s.submit_depth = self.integer(&key, v, 0, crate::runner::MAX_SUBMIT_DEPTH.into())? as u32
-                }
+                "submit_max" => s.submit_max = self.integer(&key, v, 0, MAX_SUBMIT_MAX.into())? as u32,
+                "submit_depth" => s.submit_depth = self.integer(&key, v, 0, MAX_SUBMIT_DEPTH.into())? as u32,
                 "submit" => {
                     let Value::Array(items) = v else {
                         return Err(self.invalid(
@@ -117,7 +115,7 @@ impl Parser<'_> {
                         let net = item
                             .as_str()
                             .ok_or_else(|| format!("must be a string like \"10.0.0.0/8\", got {}", describe(item)))
-                            .and_then(crate::runner::parse_network_allow)
+                            .and_then(crate::sandbox_spec::parse_network_allow)
                             .map_err(|e| self.invalid(&key, e))?;
                         s.network_allow.push(net);
                     }

@@ -145,14 +145,7 @@ pub(crate) fn in_allowed(allow: &[IpNet], ip: IpAddr) -> bool {
     allow.iter().any(|net| net.contains(&ip) || net.contains(&plain))
 }
 
-/// Parses one `network_allow` entry: a CIDR (`10.0.0.0/8`) or a single address.
-pub fn parse_allow(entry: &str) -> Result<IpNet, String> {
-    let entry = entry.trim();
-    entry
-        .parse::<IpNet>()
-        .or_else(|_| entry.parse::<IpAddr>().map(IpNet::from))
-        .map_err(|_| format!("{entry:?} is not an IP address or a CIDR range like 10.0.0.0/8"))
-}
+pub use crate::sandbox_spec::parse_network_allow as parse_allow;
 
 #[cfg(test)]
 mod tests {

@@ -7,8 +7,8 @@ use std::time::Duration;
 use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 use super::limits::{MAX_CORE_INSTANCES_PER_TASK, MAX_MEMORIES_PER_TASK, MAX_TABLES_PER_TASK};
-use super::sandbox::MAX_MEMORY;
 use super::RunnerError;
+use crate::sandbox_spec::MAX_MEMORY;
 
 /// How often the epoch advances; deadlines are precise to about this much.
 pub const EPOCH_TICK: Duration = Duration::from_millis(10);

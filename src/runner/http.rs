@@ -36,10 +36,7 @@ pub use policy::HttpRule;
 
 use super::{clock, RunControl};
 
-/// Default `http_max_requests`: requests one task may send.
-pub const DEFAULT_MAX_REQUESTS: u32 = 1000;
-/// Default `http_max_body_mib`, in bytes: body bytes one task may send and receive (1 GiB).
-pub const DEFAULT_MAX_BODY: u64 = 1 << 30;
+pub use crate::sandbox_spec::{DEFAULT_MAX_BODY, DEFAULT_MAX_REQUESTS};
 /// How long a connection may take when the guest sets no `connect-timeout`.
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 /// The most notes one task's requests leave in its stderr.

@@ -24,10 +24,7 @@ use super::fds::FdToken;
 use super::filestreams::token_of;
 use super::TaskState;
 
-/// Default bytes one task may write into its grants (1 GiB).
-pub const DEFAULT_WRITE_QUOTA: u64 = 1 << 30;
-/// Default files and directories one task may create (10,000).
-pub const DEFAULT_FILE_QUOTA: u64 = 10_000;
+pub use crate::sandbox_spec::{DEFAULT_FILE_QUOTA, DEFAULT_WRITE_QUOTA};
 
 /// What is left of a task's budgets. Shared by the task's state and its file streams.
 #[derive(Debug)]

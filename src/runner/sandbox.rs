@@ -1,149 +1,12 @@
-//! Sandbox settings of one task and the WASI context built from them.
-//!
-//! The default sandbox grants nothing: no preopened directories, no environment variables,
-//! no arguments, no network, stdin closed. Everything a plugin may touch is granted here
-//! explicitly, per queue (DEN) or per call (`runner exec`).
+//! The runner's half of a task's sandbox: refusing grants of paths the host trusts, and
+//! the WASI context built from the settings ([`crate::sandbox_spec`], re-exported here).
 
-use std::collections::BTreeMap;
-use std::fmt;
 use std::path::PathBuf;
-use std::str::FromStr;
-use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use wasmtime_wasi::{FsPerms, HostMonotonicClock, WasiCtx, WasiCtxBuilder};
 
 use super::output::CappedOutput;
-
-/// Default wall-time limit of one task.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3600);
-/// Default linear-memory limit of one task, in bytes (1 GiB).
-pub const DEFAULT_MEMORY: u64 = 1024 * 1024 * 1024;
-/// Default cap of each captured output stream, in bytes (64 MiB).
-pub const DEFAULT_OUTPUT_CAP: usize = 64 * 1024 * 1024;
-/// The largest memory limit a sandbox may set (the engine's per-instance maximum, 4 GiB).
-pub const MAX_MEMORY: u64 = 4 * 1024 * 1024 * 1024;
-/// The longest wall-time limit a sandbox may set: the longest duration the config accepts
-/// (365 days).
-pub const MAX_TIMEOUT: Duration = crate::config::MAX_DURATION;
-
-/// A host directory made visible to the plugin.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DirGrant {
-    /// Directory on the host.
-    pub host: PathBuf,
-    /// Path under which the plugin sees it (defaults to the host path).
-    pub guest: String,
-    /// Whether the plugin may create, write and delete files in it (read-only otherwise).
-    #[serde(default)]
-    pub writable: bool,
-}
-
-impl FromStr for DirGrant {
-    type Err = String;
-
-    /// Parses `host[:guest][:rw|:ro]`.
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let mut parts: Vec<&str> = s.split(':').collect();
-        let mut writable = false;
-        if parts.len() > 1 {
-            match *parts.last().unwrap() {
-                "rw" => {
-                    writable = true;
-                    parts.pop();
-                }
-                "ro" => {
-                    parts.pop();
-                }
-                _ => {}
-            }
-        }
-        let (host, guest) = match parts.as_slice() {
-            [host] => (*host, *host),
-            [host, guest] => (*host, *guest),
-            _ => return Err(format!("invalid directory grant {s:?}: expected host[:guest][:rw|:ro]")),
-        };
-        if host.is_empty() || guest.is_empty() {
-            return Err(format!("invalid directory grant {s:?}: empty path"));
-        }
-        Ok(DirGrant {
-            host: PathBuf::from(host),
-            guest: guest.to_owned(),
-            writable,
-        })
-    }
-}
-
-impl fmt::Display for DirGrant {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mode = if self.writable { "rw" } else { "ro" };
-        write!(f, "{}:{}:{mode}", self.host.display(), self.guest)
-    }
-}
-
-/// Everything a task may use. `Sandbox::default()` grants nothing and sets the default limits.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Sandbox {
-    /// Wall-time limit; the plugin is interrupted when it passes.
-    pub timeout: Duration,
-    /// Linear-memory limit in bytes.
-    pub memory: u64,
-    /// Bytes kept of each of stdout and stderr; the rest is dropped and the drop reported.
-    pub output_cap: usize,
-    /// Host directories the plugin may see.
-    pub dirs: Vec<DirGrant>,
-    /// Environment variables the plugin sees (nothing is inherited implicitly).
-    pub env: BTreeMap<String, String>,
-    /// Whether the plugin may open TCP/UDP sockets and resolve names. Internal addresses
-    /// (loopback, private, link-local…) stay refused unless listed in `network_allow`.
-    pub network: bool,
-    /// Internal ranges a plugin with `network` may reach anyway (see [`super::egress`]).
-    pub network_allow: Vec<ipnet::IpNet>,
-    /// Bytes the task may write into its writable grants (see [`super::quota`]).
-    pub write_quota: u64,
-    /// Files and directories the task may create in its writable grants.
-    pub file_quota: u64,
-    /// Hosts the plugin may send HTTP requests to (see [`super::http`]); none by default.
-    pub http: Vec<super::HttpRule>,
-    /// HTTP requests one task may send.
-    pub http_max_requests: u32,
-    /// Body bytes one task's HTTP requests and responses may carry, together.
-    pub http_max_body: u64,
-    /// Queues (names or ids) the plugin may submit follow-up tasks to (see
-    /// [`super::submit`]); none by default.
-    pub submit: Vec<String>,
-    /// Follow-up tasks one task may submit.
-    pub submit_max: u32,
-    /// The deepest a follow-up may be in its lineage (`sandbox.submit_depth`).
-    pub submit_depth: u32,
-    /// This task's depth in its lineage of follow-ups: 0 for a task submitted through the
-    /// API, its parent's + 1 for a follow-up (set per task by the DEN, see
-    /// `den::chain::depth`).
-    pub depth: u32,
-}
-
-impl Default for Sandbox {
-    fn default() -> Self {
-        Sandbox {
-            timeout: DEFAULT_TIMEOUT,
-            memory: DEFAULT_MEMORY,
-            output_cap: DEFAULT_OUTPUT_CAP,
-            dirs: Vec::new(),
-            env: BTreeMap::new(),
-            network: false,
-            network_allow: Vec::new(),
-            write_quota: super::quota::DEFAULT_WRITE_QUOTA,
-            file_quota: super::quota::DEFAULT_FILE_QUOTA,
-            http: Vec::new(),
-            http_max_requests: super::http::DEFAULT_MAX_REQUESTS,
-            http_max_body: super::http::DEFAULT_MAX_BODY,
-            submit: Vec::new(),
-            submit_max: super::submit::DEFAULT_SUBMIT_MAX,
-            submit_depth: super::submit::DEFAULT_SUBMIT_DEPTH,
-            depth: 0,
-        }
-    }
-}
+pub use crate::sandbox_spec::{DirGrant, Sandbox, DEFAULT_MEMORY, DEFAULT_OUTPUT_CAP, DEFAULT_TIMEOUT, MAX_MEMORY};
 
 impl Sandbox {
     /// Refuses any directory grant that equals, contains or lies inside one of the
@@ -165,52 +28,6 @@ impl Sandbox {
                     "grant of {} is refused: it overlaps the protected host path {} (retrying cannot help; grant a directory that neither contains nor lies inside it)",
                     d.host.display(),
                     p.display()
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    /// Checks the limits and that every granted directory exists.
-    pub fn validate(&self) -> Result<(), String> {
-        if self.timeout.is_zero() {
-            return Err("timeout must be greater than zero".into());
-        }
-        if self.timeout > MAX_TIMEOUT {
-            return Err(format!(
-                "timeout must be at most {} seconds (365 days), got {} s",
-                MAX_TIMEOUT.as_secs(),
-                self.timeout.as_secs()
-            ));
-        }
-        if self.memory == 0 || self.memory > MAX_MEMORY {
-            return Err(format!(
-                "memory must be between 1 byte and {MAX_MEMORY} bytes (4 GiB), got {}",
-                self.memory
-            ));
-        }
-        if self.submit_max > super::submit::MAX_SUBMIT_MAX {
-            return Err(format!(
-                "submit_max must be at most {}, got {}",
-                super::submit::MAX_SUBMIT_MAX,
-                self.submit_max
-            ));
-        }
-        if self.submit_depth > super::submit::MAX_SUBMIT_DEPTH {
-            return Err(format!(
-                "submit_depth must be at most {}, got {}",
-                super::submit::MAX_SUBMIT_DEPTH,
-                self.submit_depth
-            ));
-        }
-        if self.submit.iter().any(|q| q.trim().is_empty()) {
-            return Err("submit must list queue names or ids, not empty strings".into());
-        }
-        for d in &self.dirs {
-            if !d.host.is_dir() {
-                return Err(format!(
-                    "granted directory {} does not exist or is not a directory",
-                    d.host.display()
                 ));
             }
         }
@@ -257,46 +74,5 @@ impl Sandbox {
             b.allow_tcp(false).allow_udp(false).allow_ip_name_lookup(false);
         }
         Ok(b.build())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn dir_grants_parse() {
-        let g: DirGrant = "/data".parse().unwrap();
-        assert_eq!(
-            (g.host.to_str().unwrap(), g.guest.as_str(), g.writable),
-            ("/data", "/data", false)
-        );
-        let g: DirGrant = "/data:/in".parse().unwrap();
-        assert_eq!((g.guest.as_str(), g.writable), ("/in", false));
-        let g: DirGrant = "/data:/out:rw".parse().unwrap();
-        assert_eq!((g.guest.as_str(), g.writable), ("/out", true));
-        let g: DirGrant = "/data:rw".parse().unwrap();
-        assert_eq!((g.guest.as_str(), g.writable), ("/data", true));
-        assert!("a:b:c:d".parse::<DirGrant>().is_err());
-        assert!(":x".parse::<DirGrant>().is_err());
-    }
-
-    #[test]
-    fn validation_names_the_problem() {
-        let s = Sandbox {
-            dirs: vec!["/definitely/not/here".parse().unwrap()],
-            ..Sandbox::default()
-        };
-        assert!(s.validate().unwrap_err().contains("/definitely/not/here"));
-        let s = Sandbox {
-            memory: MAX_MEMORY + 1,
-            ..Sandbox::default()
-        };
-        assert!(s.validate().unwrap_err().contains("memory"));
-        let s = Sandbox {
-            timeout: MAX_TIMEOUT + Duration::from_secs(1),
-            ..Sandbox::default()
-        };
-        assert!(s.validate().unwrap_err().contains("timeout must be at most"));
     }
 }

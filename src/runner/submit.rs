@@ -10,15 +10,7 @@ use wasmtime::component::Linker;
 
 use super::TaskState;
 
-/// Default `sandbox.submit_max`: follow-ups one task may submit.
-pub const DEFAULT_SUBMIT_MAX: u32 = 100;
-/// The largest `sandbox.submit_max` a sandbox may set.
-pub const MAX_SUBMIT_MAX: u32 = 10_000;
-/// Default `sandbox.submit_depth`: how deep a lineage of follow-ups may go (a task
-/// submitted through the API is at depth 0, a follow-up one deeper than its parent).
-pub const DEFAULT_SUBMIT_DEPTH: u32 = 8;
-/// The largest `sandbox.submit_depth` a sandbox may set.
-pub const MAX_SUBMIT_DEPTH: u32 = 1000;
+pub use crate::sandbox_spec::{DEFAULT_SUBMIT_DEPTH, DEFAULT_SUBMIT_MAX, MAX_SUBMIT_DEPTH, MAX_SUBMIT_MAX};
 /// Longest `params` text of one follow-up, in bytes (1 MiB).
 pub const MAX_SUBMIT_PARAMS: usize = 1 << 20;
 /// Most `params` bytes of all of one task's follow-ups together (16 MiB).

@@ -40,7 +40,7 @@ impl MongoOptions {
     pub async fn client(&self, uri: &str) -> StoreResult<Client> {
         let mut client_options = ClientOptions::parse(uri)
             .await
-            .map_err(|e| StoreError::Invalid(format!("mongohost {:?}: {e}", crate::config::redact_uri(uri))))?;
+            .map_err(|e| StoreError::Invalid(format!("mongohost {:?}: {e}", crate::redact::redact_uri(uri))))?;
         self.apply(&mut client_options, uri_auth_source(uri).as_deref());
         Client::with_options(client_options).map_err(|e| StoreError::Invalid(format!("mongohost: {e}")))
     }
