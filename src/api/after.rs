@@ -20,8 +20,7 @@ use bson::oid::ObjectId;
 use serde_json::{Map, Value};
 
 use self::order::parents_first;
-use super::body::kind;
-use super::tasks::object_id;
+use super::body::{kind, object_id};
 use super::{queues, ApiError, Shared};
 use crate::store::{Dependency, NewTask};
 
@@ -391,7 +390,7 @@ async fn create_now(
             v
         })
     } else {
-        super::create::insert_in_parts(state, queue, planned.tasks)
+        super::insert::insert_in_parts(state, queue, planned.tasks)
             .await
             .map(|_| super::json::created(queue, &request_order))
     };

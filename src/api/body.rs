@@ -10,6 +10,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{FromRequest, FromRequestParts, Path, Request};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, StatusCode};
+use bson::oid::ObjectId;
 use serde_json::{Map, Value};
 
 use super::ApiError;
@@ -193,6 +194,18 @@ pub(super) fn kind(v: &Value) -> &'static str {
         Value::String(_) => "a string",
         Value::Array(_) => "an array",
         Value::Object(_) => "an object",
+    }
+}
+
+/// An ObjectId given as hex or `{"$oid": hex}`.
+pub(super) fn object_id(v: &Value) -> Option<ObjectId> {
+    match v {
+        Value::String(s) => ObjectId::parse_str(s).ok(),
+        Value::Object(o) => o
+            .get("$oid")
+            .and_then(Value::as_str)
+            .and_then(|s| ObjectId::parse_str(s).ok()),
+        _ => None,
     }
 }
 

@@ -1,7 +1,7 @@
 //! `POST /tasks`: tasks from a list of params, or one per matching document of another
 //! collection (Disbatch 4's two forms).
 //!
-//! Tasks are inserted in batches of [`INSERT_BATCH`] with ids chosen here, so that a
+//! Tasks are inserted in batches of [`INSERT_BATCH`](super::insert::INSERT_BATCH) with ids chosen here, so that a
 //! failure midway answers with what is known: the ids created by the batches before it,
 //! and the ids of the batch that failed, which may or may not exist
 //! ([`ApiError::PartlyCreated`]).
@@ -18,16 +18,13 @@ use bson::oid::ObjectId;
 use bson::{Bson, Document};
 use serde_json::{Map, Value};
 
-use super::body::{kind, Params};
-use super::error::PartlyCreated;
-use super::tasks::object_id;
+use super::body::{kind, object_id, Params};
+use super::entries::to_document;
 use super::{queues, ApiError, Shared};
 use crate::store::NewTask;
 
 /// Most tasks one `POST /tasks` with a `collection` may create.
 pub const MAX_COLLECTION_TASKS: i64 = 1_000_000;
-/// Tasks inserted per store call.
-pub(super) const INSERT_BATCH: usize = 1000;
 
 /// `POST /tasks`: `{queue, params: [{…}, …]}` creates one task per params object;
 /// `{queue, tasks: [{params, run_at}, …]}` one per entry, each with its own time;
@@ -108,11 +105,11 @@ async fn create_from(state: Shared, body: Map<String, Value>) -> Result<Value, A
     let now = bson::DateTime::now();
     let run_at = match body.get("run_at") {
         None | Some(Value::Null) => None,
-        Some(v) => Some(super::lifecycle::run_at(v, now).map_err(|e| ApiError::bad(format!("field \"run_at\" {e}")))?),
+        Some(v) => Some(super::entries::run_at(v, now).map_err(|e| ApiError::bad(format!("field \"run_at\" {e}")))?),
     };
     let priority = match body.get("priority") {
         None | Some(Value::Null) => 0,
-        Some(v) => super::lifecycle::priority(v).map_err(|e| ApiError::bad(format!("field \"priority\" {e}")))?,
+        Some(v) => super::entries::priority(v).map_err(|e| ApiError::bad(format!("field \"priority\" {e}")))?,
     };
     let key = match body.get("queue") {
         Some(Value::String(s)) if !s.is_empty() => s.clone(),
@@ -129,7 +126,7 @@ async fn create_from(state: Shared, body: Map<String, Value>) -> Result<Value, A
                 "field \"tasks\" cannot be used with \"params\" or \"collection\"",
             ));
         }
-        let entries = super::lifecycle::task_entries(body.get("tasks"), now)?;
+        let entries = super::entries::task_entries(body.get("tasks"), now)?;
         each = entries.iter().map(|e| (e.run_at, e.priority, e.key.clone())).collect();
         own_after = entries.iter().map(|e| e.after.clone()).collect();
         entries.into_iter().map(|e| e.params).collect()
@@ -201,35 +198,8 @@ async fn create_from(state: Shared, body: Map<String, Value>) -> Result<Value, A
             .await
             .map(|v| with_batch(v, &batch));
     }
-    let created = insert_in_parts(&state, queue.id, rest).await?;
+    let created = super::insert::insert_in_parts(&state, queue.id, rest).await?;
     Ok(with_batch(super::json::created(queue.id, &created), &batch))
-}
-
-/// Inserts `tasks` in order, [`INSERT_BATCH`] per store call; their ids, or the error with
-/// what was created before it ([`ApiError::PartlyCreated`]).
-pub(super) async fn insert_in_parts(
-    state: &Shared,
-    queue: ObjectId,
-    mut rest: Vec<NewTask>,
-) -> Result<Vec<ObjectId>, ApiError> {
-    let total = rest.len();
-    let mut created = Vec::with_capacity(total);
-    while !rest.is_empty() {
-        let tail = rest.split_off(rest.len().min(INSERT_BATCH));
-        let part = std::mem::replace(&mut rest, tail);
-        let ids: Vec<ObjectId> = part.iter().map(|t| t.id).collect();
-        if let Err(error) = state.store.insert_tasks(queue, part).await {
-            return Err(ApiError::PartlyCreated(Box::new(PartlyCreated {
-                error,
-                queue,
-                total,
-                created,
-                unconfirmed: ids,
-            })));
-        }
-        created.extend(ids);
-    }
-    Ok(created)
 }
 
 /// A `POST /tasks` answer with the batch its tasks went to, if any.
@@ -255,17 +225,6 @@ fn check_storable(params: &Document) -> Result<(), String> {
         ));
     }
     Ok(())
-}
-
-pub(super) fn to_document(v: &Value) -> Result<Document, String> {
-    match v {
-        Value::Object(_) => match Bson::try_from(v.clone()) {
-            Ok(Bson::Document(d)) => Ok(d),
-            Ok(_) => Err("must be an object".into()),
-            Err(e) => Err(format!("is not valid Extended JSON: {e}")),
-        },
-        other => Err(format!("must be an object, got {}", kind(other))),
-    }
 }
 
 /// Operators that run code on the server; refused in a filter.

@@ -1,4 +1,5 @@
-//! A task's life beyond Disbatch 4's, over HTTP: `run_at` at creation, cancel and kill.
+//! A task's life beyond Disbatch 4's, over HTTP: cancel and kill (`run_at` at creation is
+//! read with the other task entries, in `entries`).
 //!
 //! - `POST /tasks/{id}/cancel` ends a task that has not started (queued or scheduled): it
 //!   becomes cancelled (-5). `POST /tasks/cancel {queue}` does it for every waiting task
@@ -13,7 +14,6 @@
 
 use axum::extract::State;
 use axum::Json;
-use bson::DateTime;
 use serde_json::{json, Map, Value};
 
 use super::body::{kind, OptionalFields, PathKey};
@@ -26,132 +26,6 @@ use crate::store::TaskTarget;
 const MAX_NOTE: usize = 1000;
 /// Most ids listed in the answer of a queue-wide cancel or kill (`count` has them all).
 pub const MAX_LISTED_IDS: usize = 10_000;
-
-/// A `run_at` value as a time: an RFC 3339 string or `{"$date": …}`, a delay from `now`
-/// such as `"10m"` or `"1h 30m"`, or a number of seconds since the epoch.
-pub(super) fn run_at(v: &Value, now: DateTime) -> Result<DateTime, String> {
-    match v {
-        Value::String(s) => match DateTime::parse_rfc3339_str(s) {
-            Ok(t) => Ok(t),
-            Err(_) => humantime::parse_duration(s)
-                .map_err(|e| format!("must be a time (RFC 3339) or a delay like \"10m\": {s:?}: {e}"))
-                .and_then(|d| {
-                    i64::try_from(d.as_millis())
-                        .ok()
-                        .and_then(|ms| now.timestamp_millis().checked_add(ms))
-                        .map(DateTime::from_millis)
-                        .ok_or_else(|| format!("delay {s:?} is too long"))
-                }),
-        },
-        Value::Number(n) => n
-            .as_f64()
-            .filter(|s| s.is_finite() && *s >= 0.0 && *s < 1e13)
-            .map(|s| DateTime::from_millis((s * 1000.0) as i64))
-            .ok_or_else(|| format!("must be seconds since the epoch, got {n}")),
-        Value::Object(_) => match bson::Bson::try_from(v.clone()) {
-            Ok(bson::Bson::DateTime(t)) => Ok(t),
-            _ => Err("must be a time, a delay or {\"$date\": …}".to_string()),
-        },
-        other => Err(format!(
-            "must be a time (RFC 3339), a delay like \"10m\" or epoch seconds, got {}",
-            kind(other)
-        )),
-    }
-}
-
-/// One entry of the `tasks` list of `POST /tasks`.
-pub(super) struct Entry {
-    pub params: bson::Document,
-    pub run_at: Option<DateTime>,
-    pub priority: Option<i64>,
-    pub key: Option<String>,
-    pub after: super::after::After,
-}
-
-/// Longest task `key`.
-pub const MAX_KEY: usize = 1000;
-
-/// A `priority`: an integer (of either sign).
-pub(super) fn priority(v: &Value) -> Result<i64, String> {
-    v.as_i64().ok_or_else(|| {
-        format!(
-            "must be an integer, got {}",
-            if v.is_number() {
-                v.to_string()
-            } else {
-                kind(v).to_string()
-            }
-        )
-    })
-}
-
-/// The `tasks` list of `POST /tasks`: `[{params, run_at, priority, key, after, after_failure}, …]`.
-pub(super) fn task_entries(v: Option<&Value>, now: DateTime) -> Result<Vec<Entry>, ApiError> {
-    let list = match v {
-        Some(Value::Array(a)) => a,
-        Some(other) => {
-            return Err(ApiError::bad(format!(
-                "field \"tasks\" must be an array of objects, got {}",
-                kind(other)
-            )))
-        }
-        None => return Err(ApiError::bad("field \"tasks\" is required")),
-    };
-    let mut entries = Vec::with_capacity(list.len());
-    for (i, entry) in list.iter().enumerate() {
-        let Value::Object(m) = entry else {
-            return Err(ApiError::bad(format!(
-                "field \"tasks[{i}]\" must be an object {{params, run_at, priority}}, got {}",
-                kind(entry)
-            )));
-        };
-        if let Some(k) = m
-            .keys()
-            .find(|k| !["params", "run_at", "priority", "key", "after", "after_failure"].contains(&k.as_str()))
-        {
-            return Err(ApiError::bad(format!(
-                "field \"tasks[{i}]\": unknown field {k:?}: expected params, run_at, priority, key, after and after_failure"
-            )));
-        }
-        let after = super::after::parse(m, &format!("tasks[{i}]."))?;
-        let key = match m.get("key") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(k)) if !k.is_empty() && k.len() <= MAX_KEY => Some(k.clone()),
-            Some(other) => {
-                return Err(ApiError::bad(format!(
-                    "field \"tasks[{i}].key\" must be a non-empty string of at most {MAX_KEY} bytes, got {}",
-                    if other.is_string() {
-                        "one too long or empty"
-                    } else {
-                        kind(other)
-                    }
-                )))
-            }
-        };
-        let params = match m.get("params") {
-            None | Some(Value::Null) => bson::Document::new(),
-            Some(p) => {
-                super::create::to_document(p).map_err(|e| ApiError::bad(format!("field \"tasks[{i}].params\" {e}")))?
-            }
-        };
-        let run_at = match m.get("run_at") {
-            None | Some(Value::Null) => None,
-            Some(t) => Some(run_at(t, now).map_err(|e| ApiError::bad(format!("field \"tasks[{i}].run_at\" {e}")))?),
-        };
-        let priority = match m.get("priority") {
-            None | Some(Value::Null) => None,
-            Some(p) => Some(priority(p).map_err(|e| ApiError::bad(format!("field \"tasks[{i}].priority\" {e}")))?),
-        };
-        entries.push(Entry {
-            params,
-            run_at,
-            priority,
-            key,
-            after,
-        });
-    }
-    Ok(entries)
-}
 
 /// `reason` and `by` from the body, checked.
 fn request(action: StopAction, body: &Map<String, Value>, allowed: &[&str]) -> Result<StopRequest, ApiError> {
@@ -278,35 +152,4 @@ pub(super) async fn kill_queue(
     OptionalFields(body): OptionalFields,
 ) -> Result<Json<Value>, ApiError> {
     queue(&state, StopAction::Kill, &body).await.map(Json)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn run_at_takes_times_delays_and_epochs() {
-        let now = DateTime::from_millis(1_000_000);
-        assert_eq!(
-            run_at(&json!("10m"), now).unwrap().timestamp_millis(),
-            1_000_000 + 600_000
-        );
-        assert_eq!(
-            run_at(&json!("2030-01-01T00:00:00Z"), now).unwrap().timestamp_millis(),
-            1_893_456_000_000
-        );
-        assert_eq!(
-            run_at(&json!(1700000000), now).unwrap().timestamp_millis(),
-            1_700_000_000_000
-        );
-        assert_eq!(
-            run_at(&json!({"$date": "2030-01-01T00:00:00Z"}), now)
-                .unwrap()
-                .timestamp_millis(),
-            1_893_456_000_000
-        );
-        assert!(run_at(&json!("soon"), now).unwrap_err().contains("\"soon\""));
-        assert!(run_at(&json!(true), now).unwrap_err().contains("boolean"));
-        assert!(run_at(&json!(-5), now).is_err());
-    }
 }

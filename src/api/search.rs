@@ -14,9 +14,8 @@ use axum::http::request::Parts;
 use bson::oid::ObjectId;
 use serde_json::{Map, Value};
 
-use super::body::{content_type, is_form, json_object, kind, read_limited};
+use super::body::{content_type, is_form, json_object, kind, object_id, read_limited};
 use super::form::{decode, to_fields};
-use super::tasks::object_id;
 use super::{queues, ApiError, Shared};
 use crate::store::TaskFilter;
 

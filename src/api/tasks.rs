@@ -31,18 +31,6 @@ pub(super) fn truthy(v: Option<&String>) -> bool {
     matches!(v.map(String::as_str), Some("1" | "true" | "yes" | "on" | ""))
 }
 
-/// An ObjectId given as hex or `{"$oid": hex}`.
-pub(super) fn object_id(v: &Value) -> Option<ObjectId> {
-    match v {
-        Value::String(s) => ObjectId::parse_str(s).ok(),
-        Value::Object(o) => o
-            .get("$oid")
-            .and_then(Value::as_str)
-            .and_then(|s| ObjectId::parse_str(s).ok()),
-        _ => None,
-    }
-}
-
 /// Most tasks one `GET /tasks?full=1` may return, since each may read files back.
 pub const MAX_FULL_LIMIT: u64 = 10;
 
