@@ -13,12 +13,25 @@ use bytes::Bytes;
 use wasmtime::component::{Linker, Resource};
 use wasmtime::StoreContextMut;
 use wasmtime_wasi::filesystem::WasiFilesystemView;
-use wasmtime_wasi::p2::bindings::sync::filesystem::types::{Descriptor, Filesize, HostDescriptor};
+use wasmtime_wasi::p2::bindings::sync::filesystem::types::{Descriptor, ErrorCode, Filesize, Host, HostDescriptor};
 use wasmtime_wasi::p2::{DynInputStream, InputStream, Pollable, StreamResult};
 
 use super::fds::FdToken;
-use super::quota::{answer, FsCall};
 use super::TaskState;
+
+/// What a redefined `wasi:filesystem` call returns: its WIT result, or a trap.
+pub(crate) type FsCall<T> = wasmtime::Result<(Result<T, ErrorCode>,)>;
+
+/// Hands `result` to the guest, converting a host error into its error code.
+pub(crate) fn answer<T>(
+    store: &mut StoreContextMut<'_, TaskState>,
+    result: wasmtime_wasi::p2::FsResult<T>,
+) -> FsCall<T> {
+    match result {
+        Ok(v) => Ok((Ok(v),)),
+        Err(e) => Ok((Err(store.data_mut().filesystem().convert_error_code(e)?),)),
+    }
+}
 
 /// The budget's token held by the open file `fd`, if it holds one.
 pub(crate) fn token_of(store: &StoreContextMut<'_, TaskState>, fd: &Resource<Descriptor>) -> Option<FdToken> {

@@ -17,11 +17,11 @@ use bytes::Bytes;
 use wasmtime::component::{Linker, Resource};
 use wasmtime::StoreContextMut;
 use wasmtime_wasi::filesystem::WasiFilesystemView;
-use wasmtime_wasi::p2::bindings::sync::filesystem::types::{Descriptor, ErrorCode, Filesize, Host, HostDescriptor};
+use wasmtime_wasi::p2::bindings::sync::filesystem::types::{Descriptor, ErrorCode, Filesize, HostDescriptor};
 use wasmtime_wasi::p2::{DynOutputStream, OutputStream, Pollable, StreamError, StreamResult};
 
 use super::fds::FdToken;
-use super::filestreams::token_of;
+use super::filestreams::{answer, token_of, FsCall};
 use super::TaskState;
 
 pub use crate::sandbox_spec::{DEFAULT_FILE_QUOTA, DEFAULT_WRITE_QUOTA};
@@ -118,19 +118,6 @@ impl OutputStream for QuotaStream {
 impl Pollable for QuotaStream {
     async fn ready(&mut self) {
         self.inner.ready().await
-    }
-}
-
-pub(crate) type FsCall<T> = wasmtime::Result<(Result<T, ErrorCode>,)>;
-
-/// Hands `result` to the guest, converting a host error into its error code.
-pub(crate) fn answer<T>(
-    store: &mut StoreContextMut<'_, TaskState>,
-    result: wasmtime_wasi::p2::FsResult<T>,
-) -> FsCall<T> {
-    match result {
-        Ok(v) => Ok((Ok(v),)),
-        Err(e) => Ok((Err(store.data_mut().filesystem().convert_error_code(e)?),)),
     }
 }
 
