@@ -18,6 +18,7 @@ mod egress;
 mod engine;
 mod fds;
 mod filestreams;
+mod host;
 mod http;
 pub mod inspect;
 mod kernelfs;
@@ -70,7 +71,7 @@ pub use submit::{
     MAX_SUBMIT_TOTAL,
 };
 
-use bindings::{disbatch::plugin::host, PluginPre};
+use bindings::PluginPre;
 use classify::classify;
 use output::CappedOutput;
 
@@ -254,40 +255,6 @@ impl wasmtime_wasi_http::WasiHttpView for TaskState {
     }
 }
 
-impl host::Host for TaskState {
-    fn progress(&mut self, percent: Option<f32>, info: Option<String>) {
-        let percent = percent.filter(|p| !p.is_nan()).map(|p| p.clamp(0.0, 100.0));
-        // Copy the kept prefix: truncating in place would keep the whole allocation.
-        let info = info.map(|s| {
-            if s.len() > MAX_PROGRESS_INFO {
-                let mut end = MAX_PROGRESS_INFO;
-                while !s.is_char_boundary(end) {
-                    end -= 1;
-                }
-                s[..end].to_owned()
-            } else {
-                s
-            }
-        });
-        let p = Progress {
-            at: self.started.elapsed(),
-            percent,
-            info,
-        };
-        if let Some(sink) = &self.sink {
-            sink(&p);
-        }
-        if self.progress.len() == MAX_PROGRESS {
-            self.progress.remove(0);
-        }
-        self.progress.push(p);
-    }
-
-    fn submit(&mut self, queue: String, params: String) -> Result<(), String> {
-        self.submits.submit(queue, &params)
-    }
-}
-
 impl Runner {
     /// Creates the engine (with its epoch ticker) and the linker with WASI and the host API.
     pub fn new(opts: &EngineOptions) -> Result<Self, RunnerError> {
@@ -364,7 +331,7 @@ impl Runner {
             path: name.to_owned(),
             reason,
         };
-        check_header(bytes).map_err(invalid)?;
+        shape::check_header(bytes).map_err(invalid)?;
         shape::check(bytes).map_err(invalid)?;
         let hash = cache::content_hash(bytes);
         let limits = compile::in_child().then_some(&self.inner.compile_limits);
@@ -485,37 +452,5 @@ impl Runner {
             Ok(plugin) => self.run(&plugin, params, sandbox, sink),
             Err(e) => Outcome::not_run(Failure::InvalidComponent(e.to_string())),
         }
-    }
-}
-
-/// Rejects files that are not WebAssembly components before handing them to the compiler,
-/// so the error says what the file is.
-fn check_header(bytes: &[u8]) -> Result<(), String> {
-    const MAGIC: &[u8] = b"\0asm";
-    if bytes.len() < 8 || &bytes[..4] != MAGIC {
-        return Err("not a WebAssembly file (no \\0asm header)".into());
-    }
-    match bytes[6..8] {
-        [0, 0] => {
-            Err("is a core WebAssembly module, not a component; build plugins with --target wasm32-wasip2".into())
-        }
-        [1, 0] => Ok(()),
-        _ => Err("unsupported WebAssembly layer (not a component)".into()),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn headers_are_told_apart() {
-        assert!(check_header(b"hello world")
-            .unwrap_err()
-            .contains("not a WebAssembly file"));
-        assert!(check_header(b"\0asm\x01\0\0\0")
-            .unwrap_err()
-            .contains("core WebAssembly module"));
-        assert!(check_header(b"\0asm\x0d\0\x01\0").is_ok());
     }
 }

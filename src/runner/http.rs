@@ -14,24 +14,24 @@
 //! is reported to the guest as a `wasi:http` error code and noted in the task's stderr as a
 //! `[disbatch: …]` line saying what to change.
 
+mod budget;
 mod dns;
+mod notes;
 mod policy;
 
 use std::net::IpAddr;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock, Mutex};
-use std::task::{Context, Poll};
+use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use ipnet::IpNet;
 use tokio::net::TcpStream;
 use wasmtime_wasi_http::io::TokioIo;
 use wasmtime_wasi_http::{Error, RequestOptions, WasiBody, WasiHttpCtx, WasiHttpHooks};
 
+use budget::{Budget, Counted};
+pub(crate) use notes::Notes;
 pub use policy::HttpRule;
 
 use super::{clock, RunControl};
@@ -39,8 +39,6 @@ use super::{clock, RunControl};
 pub use crate::sandbox_spec::{DEFAULT_MAX_BODY, DEFAULT_MAX_REQUESTS};
 /// How long a connection may take when the guest sets no `connect-timeout`.
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
-/// The most notes one task's requests leave in its stderr.
-const MAX_NOTES: usize = 20;
 /// Requests one task may have open at once (connecting, waiting, or reading a response).
 pub const MAX_OPEN: u32 = 32;
 /// The size of one set of headers a plugin builds, as `wasi:http` counts it (the bytes of
@@ -51,32 +49,6 @@ pub const FIELD_SIZE_LIMIT: usize = 32 * 1024;
 pub const BODY_CHUNK: usize = 64 * 1024;
 /// The largest response head (status line and headers) a server may send.
 pub const MAX_RESPONSE_HEAD: usize = 64 * 1024;
-
-/// The host's notes on one task: what its sandbox refused. Shared with the outcome.
-#[derive(Clone, Default)]
-pub(crate) struct Notes(Arc<Mutex<(Vec<String>, usize)>>);
-
-impl Notes {
-    pub(crate) fn push(&self, note: String) {
-        tracing::debug!(%note, "sandbox refusal");
-        let mut n = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if n.0.len() < MAX_NOTES {
-            n.0.push(note);
-        } else {
-            n.1 += 1;
-        }
-    }
-
-    /// The notes, with one saying how many more were not kept.
-    pub(crate) fn take(&self) -> Vec<String> {
-        let mut n = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let (mut notes, more) = std::mem::take(&mut *n);
-        if more > 0 {
-            notes.push(format!("{more} more refusals of the sandbox were not noted"));
-        }
-        notes
-    }
-}
 
 /// The HTTP part of one task's host state.
 pub(crate) struct TaskHttp {
@@ -439,80 +411,3 @@ static TLS: LazyLock<Arc<tokio_rustls::rustls::ClientConfig>> = LazyLock::new(||
     config.resumption = rustls::client::Resumption::disabled();
     Arc::new(config)
 });
-
-/// The bytes a task's request and response bodies may still carry.
-#[derive(Clone)]
-struct Budget {
-    left: Arc<AtomicU64>,
-    limit: u64,
-    notes: Notes,
-    /// Requests open now.
-    open: Arc<AtomicU32>,
-}
-
-impl Budget {
-    fn take(&self, n: u64) -> bool {
-        self.left
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| left.checked_sub(n))
-            .is_ok()
-    }
-}
-
-/// A body whose bytes are taken from the task's budget.
-struct Counted<B> {
-    inner: B,
-    budget: Budget,
-    sending: bool,
-    over: bool,
-}
-
-impl<B> Counted<B> {
-    fn new(inner: B, budget: Budget, sending: bool) -> Self {
-        Counted {
-            inner,
-            budget,
-            sending,
-            over: false,
-        }
-    }
-}
-
-impl<B> Body for Counted<B>
-where
-    B: Body<Data = Bytes, Error = Error> + Unpin,
-{
-    type Data = Bytes;
-    type Error = Error;
-
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
-        if self.over {
-            return Poll::Ready(None);
-        }
-        let frame = std::task::ready!(Pin::new(&mut self.inner).poll_frame(cx));
-        if let Some(Ok(f)) = &frame {
-            let n = f.data_ref().map_or(0, |d| d.len() as u64);
-            if !self.budget.take(n) {
-                self.over = true;
-                let limit = self.budget.limit;
-                self.budget.notes.push(format!(
-                    "HTTP body refused: the task's requests and responses passed {} of body, its limit (sandbox.http_max_body_mib)",
-                    super::human_bytes(limit)
-                ));
-                return Poll::Ready(Some(Err(if self.sending {
-                    Error::HttpRequestBodySize(Some(limit))
-                } else {
-                    Error::HttpResponseBodySize(Some(limit))
-                })));
-            }
-        }
-        Poll::Ready(frame)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.over || self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}

@@ -207,6 +207,22 @@ fn control(op: &Operator<'_>) -> u64 {
     }
 }
 
+/// Rejects files that are not WebAssembly components before handing them to the compiler,
+/// so the error says what the file is.
+pub(crate) fn check_header(bytes: &[u8]) -> Result<(), String> {
+    const MAGIC: &[u8] = b"\0asm";
+    if bytes.len() < 8 || &bytes[..4] != MAGIC {
+        return Err("not a WebAssembly file (no \\0asm header)".into());
+    }
+    match bytes[6..8] {
+        [0, 0] => {
+            Err("is a core WebAssembly module, not a component; build plugins with --target wasm32-wasip2".into())
+        }
+        [1, 0] => Ok(()),
+        _ => Err("unsupported WebAssembly layer (not a component)".into()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -245,5 +261,16 @@ mod tests {
         assert!(err.contains("function 0 of core module 1 costs more than"), "{err}");
         assert!(err.contains("999 locals and parameters"), "{err}");
         assert!(err.contains("retrying cannot help"), "{err}");
+    }
+
+    #[test]
+    fn headers_are_told_apart() {
+        assert!(check_header(b"hello world")
+            .unwrap_err()
+            .contains("not a WebAssembly file"));
+        assert!(check_header(b"\0asm\x01\0\0\0")
+            .unwrap_err()
+            .contains("core WebAssembly module"));
+        assert!(check_header(b"\0asm\x0d\0\x01\0").is_ok());
     }
 }
