@@ -6,13 +6,16 @@
 //! - [`cli`]: the `disbatch` command line, an HTTP client of the API.
 //! - [`config`]: the JSON config file (spec keys + ours) → a validated `Config`.
 //! - [`launch`]: what the binaries share to start — the `--config` / `--embedded` /
-//!   `--plugin-dir` flags, opening MongoDB or the embedded SQLite store, building a DEN,
-//!   serving the DCI, the runtime, logging and signals.
+//!   `--plugin-dir` flags (`launch/flags`), opening MongoDB or the embedded SQLite store
+//!   (`launch/store`), building a DEN, serving the DCI (`launch/serve`), the runtime,
+//!   logging and signals.
 //! - [`den`]: the Disbatch Execution Node — heartbeat, orphan recovery, queue processing,
 //!   claiming within `threads`/`maxthreads`, running tasks and writing results back.
 //! - [`lifecycle`]: the task state machine above the store — every rule deciding a
 //!   task's status, a slot, a node name, the leader or whether an action is allowed.
-//! - [`model`]: the spec's documents as types — tasks, queues, nodes, status codes.
+//! - [`model`]: the spec's documents as types — a file each for queues, nodes, tasks, node
+//!   stats, a task's `stop` and `progress`, retries and the balance; the status codes in
+//!   `model::status`.
 //! - [`store`]: the store boundary (the `Store` trait), its MongoDB implementation with
 //!   String-chunk GridFS for large task output, and the embedded SQLite implementation.
 //! - [`runner`]: the sandbox — wasmtime engine, WASI context, limits, plugin loading and
