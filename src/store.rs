@@ -9,13 +9,14 @@
 //! suite (`tests/store_shared.rs`) holds both to the same behaviour.
 
 pub mod deps;
-pub mod gridfs;
 pub mod keys;
 pub mod mongo;
 pub mod plugins;
 pub mod queue_doc;
 mod retries;
 pub mod sqlite;
+#[doc(hidden)]
+pub mod testing;
 mod types;
 
 pub use self::keys::Keyed;
@@ -343,12 +344,6 @@ pub trait Store: PluginStore + Send + Sync + 'static {
     /// Idempotent: writing the same `file` again replaces whatever an earlier attempt (cut
     /// short, or whose reply was lost) left, so a retried write leaves one whole file.
     async fn put_output_file(&self, file: ObjectId, task: ObjectId, filename: &str, text: &str) -> StoreResult<()>;
-    /// [`Store::put_output_file`] under a new file id; returns the id.
-    async fn write_output_file(&self, task: ObjectId, filename: &str, text: &str) -> StoreResult<ObjectId> {
-        let file = ObjectId::new();
-        self.put_output_file(file, task, filename, text).await?;
-        Ok(file)
-    }
     /// Deletes output files written for `task` that its result does not use (the result
     /// write failed, was refused, or the task was recovered meanwhile), each with all its
     /// pieces. A file the task document points at is kept (a finish whose reply was lost
@@ -448,16 +443,6 @@ pub trait Store: PluginStore + Send + Sync + 'static {
     /// transaction); MongoDB may have created a first part of them (an ordered insert cut
     /// short, or one whose reply was lost).
     async fn insert_tasks(&self, queue: ObjectId, tasks: Vec<NewTask>) -> StoreResult<()>;
-    /// [`Store::insert_tasks`] of queued tasks with new ids. Returns their ids in order.
-    async fn create_tasks(&self, queue: ObjectId, params: Vec<Document>) -> StoreResult<Vec<ObjectId>> {
-        let tasks: Vec<NewTask> = params
-            .into_iter()
-            .map(|p| NewTask::queued(ObjectId::new(), p))
-            .collect();
-        let ids = tasks.iter().map(|t| t.id).collect();
-        self.insert_tasks(queue, tasks).await?;
-        Ok(ids)
-    }
     /// Queues (-7 → -2, mtime now) every scheduled task whose `run_at` is not after
     /// `now`, in one indexed update whatever the number of tasks still scheduled. Returns
     /// how many were queued.

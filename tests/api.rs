@@ -9,6 +9,7 @@ use axum::body::Body;
 use axum::http::{header, Method, Request, StatusCode};
 use bson::{doc, Document};
 use disbatch::api::ROUTES;
+use disbatch::store::testing::StoreExt;
 use disbatch::store::{OutputValue, Store};
 use serde_json::{json, Value};
 use tower::ServiceExt;
@@ -264,7 +265,7 @@ async fn tasks_from_params_search_and_read_back() {
         }
     }
     assert_eq!(String::from_utf8(streamed).unwrap(), big);
-    let chunks = big.len().div_ceil(disbatch::store::gridfs::CHUNK_SIZE);
+    let chunks = big.len().div_ceil(disbatch::store::mongo::gridfs::CHUNK_SIZE);
     assert_eq!(frames, chunks, "one piece per GridFS chunk");
     let stderr = get(&app, &format!("/tasks/{}/stderr", task.id.to_hex())).await;
     assert_eq!((stderr.status, stderr.text.as_str()), (StatusCode::OK, "warn"));

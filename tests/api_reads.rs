@@ -8,6 +8,7 @@ mod common;
 
 use disbatch::api::FULL_OUTPUT_CAP;
 use disbatch::store::sqlite::SqliteStore;
+use disbatch::store::testing::StoreExt;
 use disbatch::store::{OutputValue, Store};
 use serde_json::{json, Value};
 

@@ -15,6 +15,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use disbatch::model::Sort;
+use disbatch::store::testing::StoreExt;
 use disbatch::store::{NewQueue, OutputValue, PluginStore, Store};
 use serde_json::json;
 

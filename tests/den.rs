@@ -15,6 +15,7 @@ use disbatch::config::Gfs;
 use disbatch::den::{Den, DenSettings};
 use disbatch::model::Output;
 use disbatch::runner::Sandbox;
+use disbatch::store::testing::StoreExt;
 use disbatch::store::*;
 use futures::TryStreamExt;
 use mongodb::Database;

@@ -154,3 +154,44 @@ fn dev_without_plugins_says_how_to_build_them() {
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("--mongodb"), "{err}");
 }
+
+/// The plugins a newcomer is shown: the examples and templates of `plugins/` (the Python
+/// and JavaScript ones when `plugins/build-py-js` built them), never a test fixture of
+/// `plugins/tests/`.
+const EXAMPLES: [&str; 7] = [
+    "demo",
+    "demo-js",
+    "demo-python",
+    "fetch",
+    "template",
+    "template-js",
+    "template-python",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dev_offers_the_examples_and_templates_only() {
+    // Builds the examples into the default plugin directory (and the fixtures elsewhere).
+    plugins_dir();
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("x.db");
+    let mut dev = Dev::start(
+        Path::new(env!("CARGO_MANIFEST_DIR")),
+        &["--db", db.to_str().unwrap(), "--bind", "127.0.0.1:0"],
+    );
+    let offered = dev.get_json("/plugins").await;
+    let offered: Vec<&str> = offered
+        .as_array()
+        .unwrap_or_else(|| panic!("GET /plugins: {offered}"))
+        .iter()
+        .map(|p| p.as_str().unwrap())
+        .collect();
+    for example in ["demo", "fetch", "template"] {
+        assert!(offered.contains(&example), "{example} is not offered: {offered:?}");
+    }
+    let not_examples: Vec<&&str> = offered.iter().filter(|p| !EXAMPLES.contains(p)).collect();
+    assert!(
+        not_examples.is_empty(),
+        "disbatch dev offers plugins that are no examples: {not_examples:?} (of {offered:?})"
+    );
+    assert_eq!(dev.terminate(), Some(0), "{}", dev.log());
+}

@@ -13,6 +13,7 @@ use common::web::{run_disbatch, stderr, Web};
 use common::{plugins_dir, wait_for, DenProcess};
 use disbatch::model::Sort;
 use disbatch::store::sqlite::SqliteStore;
+use disbatch::store::testing::StoreExt;
 use disbatch::store::{NewQueue, Page, Store, TaskFilter};
 use serde_json::json;
 

@@ -13,6 +13,7 @@ use common::{wait_for, DenProcess};
 use disbatch::model::{Output, Sort};
 use disbatch::runner::{protected_paths, DirGrant, EngineOptions, Outcome, Runner, Sandbox};
 use disbatch::store::sqlite::SqliteStore;
+use disbatch::store::testing::StoreExt;
 use disbatch::store::{NewQueue, Store};
 
 fn opts(cache: &Path) -> EngineOptions {

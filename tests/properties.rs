@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use disbatch::config::Config;
 use disbatch::runner::DirGrant;
-use disbatch::store::gridfs::{split_utf8, CHUNK_SIZE};
+use disbatch::store::mongo::gridfs::{split_utf8, CHUNK_SIZE};
 use proptest::prelude::*;
 use serde_json::{json, Value};
 

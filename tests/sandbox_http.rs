@@ -20,6 +20,7 @@ use common::{plugin_path, wait_for, DenProcess};
 use disbatch::model::{Output, Sort};
 use disbatch::runner::{EngineOptions, Failure, HttpRule, Outcome, RunControl, Runner, Sandbox, StopReason};
 use disbatch::store::sqlite::SqliteStore;
+use disbatch::store::testing::StoreExt;
 use disbatch::store::{NewQueue, Page, Store, TaskFilter};
 use serde_json::json;
 

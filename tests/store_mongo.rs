@@ -14,6 +14,7 @@ use bson::spec::ElementType;
 use bson::{doc, Bson, DateTime, Document};
 use disbatch::model::{status, OnOrphan, Output, Queue, Sort};
 use disbatch::store::mongo::{MongoOptions, MongoStore};
+use disbatch::store::testing::StoreExt;
 use disbatch::store::{NewQueue, OutputValue, Page, QueueState, QueueUpdate, Store, StoreError, TaskFilter};
 use futures::TryStreamExt;
 use mongodb::{Collection, Database};

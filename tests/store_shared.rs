@@ -18,6 +18,7 @@ use disbatch::model::{status, NameHolder, NodeProcess, NodeStats, OnOrphan, Outp
 use disbatch::runner::Sandbox;
 use disbatch::store::mongo::MongoStore;
 use disbatch::store::sqlite::SqliteStore;
+use disbatch::store::testing::StoreExt;
 use disbatch::store::{
     NewQueue, OutputValue, Page, QueueState, QueueUpdate, SlotRenewal, Store, StoreError, TaskFilter,
 };

@@ -11,6 +11,7 @@ use bson::oid::ObjectId;
 use bson::{doc, DateTime, Document};
 use disbatch::model::{status, Queue, Sort};
 use disbatch::store::sqlite::SqliteStore;
+use disbatch::store::testing::StoreExt;
 use disbatch::store::{NewQueue, Store};
 use rusqlite::{params, Connection, OptionalExtension};
 

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use bson::doc;
 use disbatch::model::status;
 use disbatch::store::sqlite::SqliteStore;
+use disbatch::store::testing::StoreExt;
 use disbatch::store::Store;
 
 use super::embedded_den::{count, den_drain, fresh_file, prefill, wait_for, Dens};

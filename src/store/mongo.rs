@@ -1,7 +1,7 @@
 //! [`MongoStore`]: the [`Store`] on MongoDB, the production and distributed store.
 //!
 //! Collections and documents are the spec's: `tasks`, `queues`, `nodes`, plus GridFS
-//! output in `tasks.files` / `tasks.chunks` (see [`super::gridfs`]). One more collection,
+//! output in `tasks.files` / `tasks.chunks` (see [`gridfs`]). One more collection,
 //! `slots`, holds the leases that make a queue's `threads` a cluster-wide limit: one
 //! document `{queue, n, holder, expires}` per slot `n` in `0..threads`, taken and renewed
 //! with conditional updates and free again once its lease expires.
@@ -28,6 +28,7 @@ mod counts;
 mod deps;
 mod documents;
 mod errors;
+pub mod gridfs;
 mod indexes;
 mod leader;
 mod lifecycle;
@@ -59,7 +60,6 @@ use mongodb::{Collection, Database, IndexModel};
 
 use self::documents::{output_bson, task_filter_doc, task_from, task_or_problem};
 use self::errors::{db_err, is_duplicate_key};
-use super::gridfs;
 use super::{
     Batch, Dependency, FinishExtra, HandRetry, NewQueue, NewTask, OutputStream, OutputValue, Page, QueueState,
     QueueUpdate, Recovery, Resolved, Slot, SlotRenewal, StatusCounts, Store, StoreError, StoreResult, TaskFilter,

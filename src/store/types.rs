@@ -15,7 +15,7 @@ use crate::model::{Sort, StopRequest};
 pub enum OutputValue {
     /// In the task document.
     Inline(String),
-    /// Already written as a file with [`super::Store::write_output_file`].
+    /// Already written as a file with [`super::Store::put_output_file`].
     File(ObjectId),
 }
 

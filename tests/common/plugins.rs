@@ -1,4 +1,6 @@
-//! The guest plugins of `plugins/`, built once per test binary for `wasm32-wasip2`.
+//! The guest plugins of `plugins/`, built once per test binary for `wasm32-wasip2`: the
+//! examples (`plugins/<name>`) and the test fixtures (`plugins/tests/<name>`), all in one
+//! directory, apart from the examples' own directory that `disbatch dev` offers.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -7,9 +9,16 @@ use std::sync::OnceLock;
 /// The rustup command that installs the plugins' target.
 pub const TARGET_HINT: &str = "rustup target add wasm32-wasip2";
 const TARGET: &str = "wasm32-wasip2";
+/// The profile of the tests' build of every plugin.
+const PROFILE: &str = "testing";
+/// Where the examples alone are built (`cargo build --release`, the workspace's default
+/// members), relative to the plugins workspace: the directory `disbatch dev` offers.
+pub const EXAMPLES: &str = "target/wasm32-wasip2/release";
 
-/// The directory of the built plugins (`plugins/target/wasm32-wasip2/release`), building
-/// them on first use. Panics with the build's errors when it fails, and with
+/// The directory of every built plugin, examples and test fixtures
+/// (`plugins/target/wasm32-wasip2/testing`: the profile `testing` of the examples'
+/// workspace `plugins/` and of the fixtures' `plugins/tests/`), building them on first
+/// use; the examples are built into their own directory (`…/release`, [`EXAMPLES`]) too. Panics with the build's errors when it fails, and with
 /// `rustup target add wasm32-wasip2` when the target is missing.
 pub fn plugins_dir() -> PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
@@ -50,12 +59,24 @@ fn build_plugins() -> PathBuf {
     if target_installed() == Some(false) {
         panic!("the {TARGET} target is not installed; run:\n    {TARGET_HINT}");
     }
+    let fixtures = workspace.join("tests/Cargo.toml");
     let target_dir = workspace.join("target");
+    // The examples into their directory, then examples and fixtures into the tests' one.
+    cargo_build(&manifest, &target_dir, &["--release"]);
+    cargo_build(&manifest, &target_dir, &["--profile", PROFILE]);
+    cargo_build(&fixtures, &target_dir, &["--profile", PROFILE]);
+    remove_stale_fixtures(&workspace);
+    target_dir.join(TARGET).join(PROFILE)
+}
+
+fn cargo_build(manifest: &Path, target_dir: &Path, args: &[&str]) {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let out = Command::new(cargo)
-        .args(["build", "--release", "--target", TARGET, "--manifest-path"])
-        .arg(&manifest)
-        .env("CARGO_TARGET_DIR", &target_dir)
+        .arg("build")
+        .args(args)
+        .args(["--target", TARGET, "--manifest-path"])
+        .arg(manifest)
+        .env("CARGO_TARGET_DIR", target_dir)
         .output()
         .unwrap_or_else(|e| panic!("cannot run cargo to build the plugins: {e}"));
     if !out.status.success() {
@@ -67,5 +88,18 @@ fn build_plugins() -> PathBuf {
         }
         panic!("building the plugins failed ({}):\n{stderr}", out.status);
     }
-    target_dir.join(TARGET).join("release")
+}
+
+/// Removes from the examples' directory the components of test fixtures (`plugins/tests/<name>`)
+/// that builds from before the fixtures left the examples put there, so `disbatch dev` on
+/// that directory offers the examples only.
+fn remove_stale_fixtures(workspace: &Path) {
+    let examples = workspace.join(EXAMPLES);
+    for entry in std::fs::read_dir(workspace.join("tests")).unwrap().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        // A Rust cdylib's file name has `_` where its package name has `-`.
+        for file in [format!("{name}.wasm"), format!("{}.wasm", name.replace('-', "_"))] {
+            let _ = std::fs::remove_file(examples.join(file));
+        }
+    }
 }

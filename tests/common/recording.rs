@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bson::oid::ObjectId;
-use bson::{DateTime, Document};
+use bson::DateTime;
 use disbatch::model::{Node, NodeProcess, NodeStats, Output, Queue, StopRequest, TaskProgress};
 use disbatch::store::*;
 
@@ -266,9 +266,6 @@ impl Store for Recording {
     }
     async fn kill_requests(&self, node: &str) -> StoreResult<Vec<(ObjectId, StopRequest)>> {
         self.inner.kill_requests(node).await
-    }
-    async fn create_tasks(&self, queue: ObjectId, params: Vec<Document>) -> StoreResult<Vec<ObjectId>> {
-        self.inner.create_tasks(queue, params).await
     }
     async fn newest_task_id(&self) -> StoreResult<Option<ObjectId>> {
         self.inner.newest_task_id().await

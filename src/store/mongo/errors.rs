@@ -16,7 +16,7 @@ use mongodb::error::{
     TRANSIENT_TRANSACTION_ERROR,
 };
 
-use super::super::gridfs::{self, GridFsError};
+use super::gridfs::{self, GridFsError};
 use crate::store::StoreError;
 
 /// The MongoDB duplicate-key error code.

@@ -11,8 +11,8 @@ use mongodb::options::IndexOptions;
 use mongodb::IndexModel;
 
 use super::documents::{as_date, as_int};
+use super::gridfs::CHUNK_SIZE;
 use super::{db_err, is_duplicate_key, MongoStore};
-use crate::store::gridfs::CHUNK_SIZE;
 use crate::store::plugins::{is_digest, MAX_PLUGIN_BYTES};
 use crate::store::{PluginStore, PluginVersion, Pushed, StoreError, StoreResult};
 
