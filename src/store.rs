@@ -11,6 +11,7 @@
 pub mod deps;
 pub mod keys;
 pub mod mongo;
+pub mod node_change;
 pub mod plugins;
 pub mod queue_doc;
 mod retries;
@@ -20,6 +21,7 @@ pub mod testing;
 mod types;
 
 pub use self::keys::Keyed;
+pub use self::node_change::{NodeChange, NodeFence, NodeRecord};
 pub use self::plugins::{PluginRef, PluginStore, PluginVersion, Pushed};
 pub use self::queue_doc::QueueState;
 pub use self::retries::{FinishExtra, HandRetry};
@@ -32,9 +34,7 @@ use async_trait::async_trait;
 use bson::oid::ObjectId;
 use bson::{DateTime, Document};
 
-use crate::model::{
-    NameHolder, Node, NodeProcess, NodeStats, Output, Queue, RetryAt, StopRequest, Task, UnreadableQueue,
-};
+use crate::model::{Node, Output, Queue, RetryAt, StopRequest, Task, UnreadableQueue};
 
 /// Errors of a store operation.
 #[derive(Debug, thiserror::Error)]
@@ -98,34 +98,14 @@ pub trait Store: PluginStore + Send + Sync + 'static {
     /// operators set it) and renews the leases on every slot `node` holds until
     /// now + `lease`. Returns the node document.
     async fn heartbeat(&self, node: &str, lease: Duration) -> StoreResult<Node>;
-    /// Takes the name `node` for `process`, atomically: records `process` and a heartbeat
-    /// in the node document (creating it) unless another process holds the name, that is
-    /// the document names a different `process.id` and its heartbeat is not older than
-    /// `stale_before`, or (MongoDB) the document has no `process` field at all — a
-    /// Disbatch 4 DEN's — and its heartbeat is not older than `stale_before`. Returns `None`
-    /// when taken, the holder otherwise. On taking it, the node's claimed (-1) and running
-    /// (0) tasks — a dead earlier process's, as the taking process has none yet — are
-    /// recovered at once as by [`Store::recover_orphans`], and the node's slots are freed;
-    /// but a name a Disbatch 4 DEN held keeps its tasks (its task runners outlive it and
-    /// may still finish them), left to the spec's sweep of stale claims.
-    async fn take_node(
-        &self,
-        node: &str,
-        process: &NodeProcess,
-        stale_before: DateTime,
-    ) -> StoreResult<Option<NameHolder>>;
-    /// Gives the name `node` up when the process `process` holds it (graceful shutdown), so
-    /// another process may take it at once.
-    async fn release_node(&self, node: &str, process: ObjectId) -> StoreResult<()>;
     /// All node documents.
     async fn nodes(&self) -> StoreResult<Vec<Node>>;
-    /// Sets a node's `maxthreads` (None = no limit). Returns false when no such node.
-    async fn set_maxthreads(&self, node: &str, maxthreads: Option<i64>) -> StoreResult<bool>;
-    /// Stores the node's claim and run duration histograms in its document (`stats`).
-    async fn report_stats(&self, node: &str, stats: &NodeStats) -> StoreResult<()>;
-    /// Stores why the node cannot run some queues (`queue_problems`: queue id in hex →
-    /// reason), replacing what it reported before.
-    async fn report_queue_problems(&self, node: &str, problems: &BTreeMap<String, String>) -> StoreResult<()>;
+    /// The node document named `node`, if any, as read for a decision about its name.
+    async fn node(&self, node: &str) -> StoreResult<Option<NodeRecord>>;
+    /// Applies `change` to the node document named `node` when `fence` holds, in one
+    /// conditional write. Answers whether a document matched (it may already have held the
+    /// value). The store decides nothing: [`crate::lifecycle::nodes`] does.
+    async fn change_node(&self, node: &str, fence: NodeFence, change: NodeChange) -> StoreResult<bool>;
 
     // ---- queues ------------------------------------------------------------------------
 
@@ -434,6 +414,12 @@ pub trait Store: PluginStore + Send + Sync + 'static {
     /// mtime is set to now. Slots held by stale nodes are freed; slots of nodes without a
     /// document are not freed here but expire with their lease.
     async fn recover_orphans(&self, claimed_before: DateTime, stale_before: DateTime) -> StoreResult<Recovery>;
+    /// Recovers, at once, every claimed (-1) or running (0) task of `node` as
+    /// [`Store::recover_orphans`] does, and frees the slots `node` holds: the tasks of a
+    /// dead process whose name a new process just took
+    /// ([`lifecycle::nodes::take`](crate::lifecycle::nodes::take); the new process has
+    /// none yet).
+    async fn recover_node(&self, node: &str) -> StoreResult<Recovery>;
 
     // ---- tasks (the DCI) ---------------------------------------------------------------
 

@@ -457,7 +457,9 @@ async fn nodes_and_maxthreads() {
     let id = q["id"].as_str().unwrap().to_owned();
     assert_eq!(q["problems"], Value::Null, "a new queue has no report yet");
     let problems = std::collections::BTreeMap::from([(id.clone(), "plugin \"demo\" is not loadable".to_string())]);
-    db.store.report_queue_problems("n1", &problems).await.unwrap();
+    disbatch::lifecycle::nodes::report_queue_problems(&db.store, "n1", &problems)
+        .await
+        .unwrap();
     let expected = json!([{"node": "n1", "reason": "plugin \"demo\" is not loadable"}]);
     assert_eq!(get(&app, "/queues/broken").await.json()["problems"], expected);
     let listed = get(&app, "/queues").await.json();

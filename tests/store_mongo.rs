@@ -501,13 +501,19 @@ async fn heartbeat_upserts_and_preserves_maxthreads() {
     assert_eq!(second.maxthreads, Some(5));
     assert!(second.timestamp > first.timestamp);
 
-    assert!(t.store.set_maxthreads("den-1", Some(2)).await.unwrap());
+    assert!(disbatch::lifecycle::nodes::set_maxthreads(&t.store, "den-1", Some(2))
+        .await
+        .unwrap());
     assert_eq!(t.store.heartbeat("den-1", LEASE).await.unwrap().maxthreads, Some(2));
-    assert!(t.store.set_maxthreads("den-1", None).await.unwrap());
+    assert!(disbatch::lifecycle::nodes::set_maxthreads(&t.store, "den-1", None)
+        .await
+        .unwrap());
     assert_eq!(t.store.heartbeat("den-1", LEASE).await.unwrap().maxthreads, None);
-    assert!(!t.store.set_maxthreads("nobody", Some(1)).await.unwrap());
+    assert!(!disbatch::lifecycle::nodes::set_maxthreads(&t.store, "nobody", Some(1))
+        .await
+        .unwrap());
     assert!(matches!(
-        t.store.set_maxthreads("den-1", Some(-1)).await,
+        disbatch::lifecycle::nodes::set_maxthreads(&t.store, "den-1", Some(-1)).await,
         Err(StoreError::Invalid(_))
     ));
 

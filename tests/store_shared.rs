@@ -112,6 +112,8 @@ mod keys;
 mod leader;
 #[path = "store_shared/lifecycle.rs"]
 mod lifecycle;
+#[path = "store_shared/nodes.rs"]
+mod nodes;
 #[path = "store_shared/queues.rs"]
 mod queues;
 #[path = "store_shared/restarts.rs"]
@@ -399,7 +401,9 @@ async fn expired_slots_are_free_and_heartbeats_renew_them(s: Stores) {
 async fn heartbeat_upserts_and_preserves_maxthreads(s: Stores) {
     let n = s.a.heartbeat("node-1", LEASE).await.unwrap();
     assert_eq!((n.node.as_str(), n.maxthreads), ("node-1", None));
-    assert!(s.b.set_maxthreads("node-1", Some(3)).await.unwrap());
+    assert!(disbatch::lifecycle::nodes::set_maxthreads(&*s.b, "node-1", Some(3))
+        .await
+        .unwrap());
     pause().await;
     let again = s.a.heartbeat("node-1", LEASE).await.unwrap();
     assert_eq!(again.id, n.id);
@@ -409,19 +413,25 @@ async fn heartbeat_upserts_and_preserves_maxthreads(s: Stores) {
     let nodes = s.a.nodes().await.unwrap();
     let names: Vec<_> = nodes.iter().map(|n| n.node.as_str()).collect();
     assert_eq!(names, ["node-0", "node-1"]);
-    assert!(!s.a.set_maxthreads("ghost", Some(1)).await.unwrap());
+    assert!(!disbatch::lifecycle::nodes::set_maxthreads(&*s.a, "ghost", Some(1))
+        .await
+        .unwrap());
     assert!(matches!(
-        s.a.set_maxthreads("node-1", Some(-1)).await,
+        disbatch::lifecycle::nodes::set_maxthreads(&*s.a, "node-1", Some(-1)).await,
         Err(StoreError::Invalid(_))
     ));
-    assert!(s.a.set_maxthreads("node-1", None).await.unwrap());
+    assert!(disbatch::lifecycle::nodes::set_maxthreads(&*s.a, "node-1", None)
+        .await
+        .unwrap());
     assert_eq!(s.a.heartbeat("node-1", LEASE).await.unwrap().maxthreads, None);
 
     assert_eq!(again.stats, None, "no stats before the DEN reports any");
     let mut stats = NodeStats::default();
     stats.claim.observe(0.004);
     stats.run.observe(2.5);
-    s.a.report_stats("node-1", &stats).await.unwrap();
+    disbatch::lifecycle::nodes::report_stats(&*s.a, "node-1", &stats)
+        .await
+        .unwrap();
     let beat = s.b.heartbeat("node-1", LEASE).await.unwrap();
     assert_eq!(
         beat.stats.as_ref(),
@@ -438,11 +448,15 @@ async fn heartbeat_upserts_and_preserves_maxthreads(s: Stores) {
     );
     let q = ObjectId::new().to_hex();
     let problems = std::collections::BTreeMap::from([(q.clone(), "plugin \"x\" is not loadable".to_string())]);
-    s.a.report_queue_problems("node-1", &problems).await.unwrap();
+    disbatch::lifecycle::nodes::report_queue_problems(&*s.a, "node-1", &problems)
+        .await
+        .unwrap();
     assert_eq!(s.b.heartbeat("node-1", LEASE).await.unwrap().queue_problems, problems);
     assert_eq!(s.b.nodes().await.unwrap()[1].queue_problems, problems);
     assert!(s.b.nodes().await.unwrap()[0].queue_problems.is_empty());
-    s.a.report_queue_problems("node-1", &Default::default()).await.unwrap();
+    disbatch::lifecycle::nodes::report_queue_problems(&*s.a, "node-1", &Default::default())
+        .await
+        .unwrap();
     assert!(
         s.b.nodes().await.unwrap()[1].queue_problems.is_empty(),
         "a new report replaces the old"
@@ -978,7 +992,9 @@ async fn a_node_name_is_held_by_one_live_process(s: Stores) {
     let p1 = NodeProcess::this_process();
     let p2 = NodeProcess::this_process();
     assert_eq!(
-        s.a.take_node("n", &p1, stale_before()).await.unwrap(),
+        disbatch::lifecycle::nodes::take(&*s.a, "n", &p1, stale_before())
+            .await
+            .unwrap(),
         None,
         "a new name is free"
     );
@@ -990,22 +1006,31 @@ async fn a_node_name_is_held_by_one_live_process(s: Stores) {
     );
     assert_eq!(node.maxthreads, None);
 
-    let refused = s.b.take_node("n", &p2, stale_before()).await.unwrap();
+    let refused = disbatch::lifecycle::nodes::take(&*s.b, "n", &p2, stale_before())
+        .await
+        .unwrap();
     assert_eq!(
         refused,
         Some(NameHolder::Den(p1.clone())),
         "a fresh holder keeps the name"
     );
     assert_eq!(
-        s.b.take_node("n", &p1, stale_before()).await.unwrap(),
+        disbatch::lifecycle::nodes::take(&*s.b, "n", &p1, stale_before())
+            .await
+            .unwrap(),
         None,
         "the holder may take it again"
     );
-    assert!(s.a.set_maxthreads("n", Some(3)).await.unwrap());
+    assert!(disbatch::lifecycle::nodes::set_maxthreads(&*s.a, "n", Some(3))
+        .await
+        .unwrap());
 
     // A holder whose heartbeat is older than `stale_before` loses the name.
     let future = DateTime::from_millis(DateTime::now().timestamp_millis() + 1000);
-    assert_eq!(s.b.take_node("n", &p2, future).await.unwrap(), None);
+    assert_eq!(
+        disbatch::lifecycle::nodes::take(&*s.b, "n", &p2, future).await.unwrap(),
+        None
+    );
     let nodes = s.a.nodes().await.unwrap();
     assert_eq!(nodes.len(), 1, "still one node document");
     assert_eq!(nodes[0].process.as_ref(), Some(&p2));
@@ -1016,15 +1041,19 @@ async fn a_node_name_is_held_by_one_live_process(s: Stores) {
     );
 
     // Only the holder can give the name up.
-    s.a.release_node("n", p1.id).await.unwrap();
+    disbatch::lifecycle::nodes::release(&*s.a, "n", p1.id).await.unwrap();
     assert_eq!(
-        s.a.take_node("n", &p1, stale_before()).await.unwrap(),
+        disbatch::lifecycle::nodes::take(&*s.a, "n", &p1, stale_before())
+            .await
+            .unwrap(),
         Some(NameHolder::Den(p2.clone()))
     );
-    s.b.release_node("n", p2.id).await.unwrap();
+    disbatch::lifecycle::nodes::release(&*s.b, "n", p2.id).await.unwrap();
     assert_eq!(s.a.nodes().await.unwrap()[0].process, None);
     assert_eq!(
-        s.a.take_node("n", &p1, stale_before()).await.unwrap(),
+        disbatch::lifecycle::nodes::take(&*s.a, "n", &p1, stale_before())
+            .await
+            .unwrap(),
         None,
         "a released name is free"
     );
@@ -1159,7 +1188,9 @@ async fn three_dens_hold_threads_and_maxthreads(s: Stores) {
     // node-b is limited to 2 tasks by its operator before it starts, and starts alone, so
     // the 8 slots of the queues would let it run more.
     s.a.heartbeat("node-b", LEASE).await.unwrap();
-    assert!(s.a.set_maxthreads("node-b", Some(2)).await.unwrap());
+    assert!(disbatch::lifecycle::nodes::set_maxthreads(&*s.a, "node-b", Some(2))
+        .await
+        .unwrap());
     let mut dens = vec![RunningDen::start(s.b.clone(), settings("node-b"))];
     let busy = |queue: Option<ObjectId>, node: Option<&str>| TaskFilter {
         queue,

@@ -90,11 +90,16 @@ pub(super) async fn set_maxthreads(
         Some(v) => count("maxthreads", v)?,
     };
     let node = find(&state, &key).await?;
-    if !state.store.set_maxthreads(&node.node, maxthreads).await? {
+    if !crate::lifecycle::nodes::set_maxthreads(&*state.store, &node.node, maxthreads).await? {
         return Err(ApiError::NotFound(format!("no node {key:?}")));
     }
     let modified = node.maxthreads != maxthreads;
-    let node = find(&state, &node.node).await?;
+    let node = state
+        .store
+        .node(&node.node)
+        .await?
+        .map(|r| r.node)
+        .ok_or_else(|| ApiError::NotFound(format!("no node {key:?}")))?;
     let value = json::node(&node, DateTime::now(), shape.native);
     Ok(Json(json::mongo::with(value, json::mongo::update(true, modified))))
 }

@@ -66,11 +66,11 @@ impl Den {
         let problems = self.queues.problems();
         let reported = self.reported_problems.lock().unwrap_or_else(|e| e.into_inner()).clone();
         if reported.as_ref() != Some(&problems) {
-            self.store.report_queue_problems(&s.node, &problems).await?;
+            crate::lifecycle::nodes::report_queue_problems(&*self.store, &s.node, &problems).await?;
             *self.reported_problems.lock().unwrap_or_else(|e| e.into_inner()) = Some(problems);
         }
         if let Some(stats) = changed {
-            if let Err(e) = self.store.report_stats(&s.node, &stats).await {
+            if let Err(e) = crate::lifecycle::nodes::report_stats(&*self.store, &s.node, &stats).await {
                 // Reported again next tick; recovery must not wait for it.
                 self.stats.lock().unwrap_or_else(|e| e.into_inner()).1 = true;
                 warn!(error = %e, "cannot report the duration histograms; retrying next tick");

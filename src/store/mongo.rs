@@ -65,10 +65,8 @@ use super::{
     QueueUpdate, Recovery, Resolved, Slot, SlotRenewal, StatusCounts, Store, StoreError, StoreResult, TaskFilter,
     TaskTarget,
 };
-use crate::model::{
-    status, NameHolder, Node, NodeProcess, NodeStats, Output, Queue, RetryAt, Sort, StopRequest, Task, TaskProgress,
-    UnreadableQueue,
-};
+use super::{NodeChange, NodeFence, NodeRecord};
+use crate::model::{status, Node, Output, Queue, RetryAt, Sort, StopRequest, Task, TaskProgress, UnreadableQueue};
 
 /// Collection of task documents.
 pub const TASKS: &str = "tasks";
@@ -156,33 +154,16 @@ impl Store for MongoStore {
         self.beat_node(node, lease).await
     }
 
-    async fn take_node(
-        &self,
-        node: &str,
-        process: &NodeProcess,
-        stale_before: DateTime,
-    ) -> StoreResult<Option<NameHolder>> {
-        self.take_node_name(node, process, stale_before).await
-    }
-
-    async fn report_queue_problems(&self, node: &str, problems: &BTreeMap<String, String>) -> StoreResult<()> {
-        self.write_queue_problems(node, problems).await
-    }
-
-    async fn release_node(&self, node: &str, process: ObjectId) -> StoreResult<()> {
-        self.give_up_node(node, process).await
-    }
-
     async fn nodes(&self) -> StoreResult<Vec<Node>> {
         self.list_nodes().await
     }
 
-    async fn set_maxthreads(&self, node: &str, maxthreads: Option<i64>) -> StoreResult<bool> {
-        self.write_maxthreads(node, maxthreads).await
+    async fn node(&self, node: &str) -> StoreResult<Option<NodeRecord>> {
+        self.read_node(node).await
     }
 
-    async fn report_stats(&self, node: &str, stats: &NodeStats) -> StoreResult<()> {
-        self.write_stats(node, stats).await
+    async fn change_node(&self, node: &str, fence: NodeFence, change: NodeChange) -> StoreResult<bool> {
+        self.write_node(node, fence, change).await
     }
 
     // ---- queues ------------------------------------------------------------------------
@@ -409,6 +390,10 @@ impl Store for MongoStore {
 
     async fn recover_orphans(&self, claimed_before: DateTime, stale_before: DateTime) -> StoreResult<Recovery> {
         self.recover(claimed_before, stale_before).await
+    }
+
+    async fn recover_node(&self, node: &str) -> StoreResult<Recovery> {
+        self.recover_node(node).await
     }
 
     // ---- tasks (the DCI) ---------------------------------------------------------------

@@ -69,9 +69,8 @@ use super::{
     Batch, Dependency, FinishExtra, HandRetry, NewQueue, NewTask, OutputValue, Page, QueueState, QueueUpdate, Recovery,
     Resolved, Slot, SlotRenewal, StatusCounts, Store, StoreError, StoreResult, TaskFilter, TaskTarget,
 };
-use crate::model::{
-    NameHolder, Node, NodeProcess, NodeStats, Output, Queue, RetryAt, StopRequest, Task, TaskProgress, UnreadableQueue,
-};
+use super::{NodeChange, NodeFence, NodeRecord};
+use crate::model::{Node, Output, Queue, RetryAt, StopRequest, Task, TaskProgress, UnreadableQueue};
 
 /// How often a watcher of task changes looks for writes by other processes.
 const OTHER_WRITERS_POLL: Duration = Duration::from_millis(250);
@@ -213,33 +212,16 @@ impl Store for SqliteStore {
         self.heartbeat(node, lease).await
     }
 
-    async fn take_node(
-        &self,
-        node: &str,
-        process: &NodeProcess,
-        stale_before: DateTime,
-    ) -> StoreResult<Option<NameHolder>> {
-        self.take_node(node, process, stale_before).await
-    }
-
-    async fn report_queue_problems(&self, node: &str, problems: &BTreeMap<String, String>) -> StoreResult<()> {
-        self.report_queue_problems(node, problems).await
-    }
-
-    async fn release_node(&self, node: &str, process: ObjectId) -> StoreResult<()> {
-        self.release_node(node, process).await
-    }
-
     async fn nodes(&self) -> StoreResult<Vec<Node>> {
         self.nodes().await
     }
 
-    async fn set_maxthreads(&self, node: &str, maxthreads: Option<i64>) -> StoreResult<bool> {
-        self.set_maxthreads(node, maxthreads).await
+    async fn node(&self, node: &str) -> StoreResult<Option<NodeRecord>> {
+        self.read_node(node).await
     }
 
-    async fn report_stats(&self, node: &str, stats: &NodeStats) -> StoreResult<()> {
-        self.report_stats(node, stats).await
+    async fn change_node(&self, node: &str, fence: NodeFence, change: NodeChange) -> StoreResult<bool> {
+        self.change_node(node, fence, change).await
     }
 
     // ---- queues ------------------------------------------------------------------------
@@ -453,6 +435,10 @@ impl Store for SqliteStore {
 
     async fn recover_orphans(&self, claimed_before: DateTime, stale_before: DateTime) -> StoreResult<Recovery> {
         self.recover_orphans(claimed_before, stale_before).await
+    }
+
+    async fn recover_node(&self, node: &str) -> StoreResult<Recovery> {
+        self.recover_node(node).await
     }
 
     // ---- tasks (the DCI) ---------------------------------------------------------------

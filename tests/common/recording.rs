@@ -49,28 +49,19 @@ impl Store for Recording {
     async fn heartbeat(&self, node: &str, lease: Duration) -> StoreResult<Node> {
         self.inner.heartbeat(node, lease).await
     }
-    async fn take_node(
-        &self,
-        node: &str,
-        process: &NodeProcess,
-        stale_before: DateTime,
-    ) -> StoreResult<Option<disbatch::model::NameHolder>> {
-        self.inner.take_node(node, process, stale_before).await
-    }
-    async fn release_node(&self, node: &str, process: ObjectId) -> StoreResult<()> {
-        self.inner.release_node(node, process).await
-    }
     async fn nodes(&self) -> StoreResult<Vec<Node>> {
         self.inner.nodes().await
     }
-    async fn set_maxthreads(&self, node: &str, maxthreads: Option<i64>) -> StoreResult<bool> {
-        self.inner.set_maxthreads(node, maxthreads).await
+    async fn node(&self, node: &str) -> StoreResult<Option<NodeRecord>> {
+        self.inner.node(node).await
     }
-    async fn report_stats(&self, node: &str, stats: &NodeStats) -> StoreResult<()> {
-        self.inner.report_stats(node, stats).await
-    }
-    async fn report_queue_problems(&self, node: &str, problems: &BTreeMap<String, String>) -> StoreResult<()> {
-        self.inner.report_queue_problems(node, problems).await
+    async fn change_node(
+        &self,
+        node: &str,
+        fence: disbatch::store::NodeFence,
+        change: disbatch::store::NodeChange,
+    ) -> StoreResult<bool> {
+        self.inner.change_node(node, fence, change).await
     }
     async fn queues(&self) -> StoreResult<Vec<Queue>> {
         self.inner.queues().await
@@ -251,6 +242,9 @@ impl Store for Recording {
     }
     async fn recover_orphans(&self, claimed_before: DateTime, stale_before: DateTime) -> StoreResult<Recovery> {
         self.inner.recover_orphans(claimed_before, stale_before).await
+    }
+    async fn recover_node(&self, node: &str) -> StoreResult<Recovery> {
+        self.inner.recover_node(node).await
     }
     async fn insert_tasks(&self, queue: ObjectId, tasks: Vec<NewTask>) -> StoreResult<()> {
         self.inner.insert_tasks(queue, tasks).await

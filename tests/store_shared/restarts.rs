@@ -23,7 +23,12 @@ async fn taking_a_dead_process_name_recovers_its_tasks_and_slots(s: Stores) {
     s.a.create_tasks(q.id, vec![doc! {}; 3]).await.unwrap();
     s.a.create_tasks(rq.id, vec![doc! {}; 1]).await.unwrap();
     let (dead, next) = (NodeProcess::this_process(), NodeProcess::this_process());
-    assert_eq!(s.a.take_node("same", &dead, stale_before()).await.unwrap(), None);
+    assert_eq!(
+        disbatch::lifecycle::nodes::take(&*s.a, "same", &dead, stale_before())
+            .await
+            .unwrap(),
+        None
+    );
     s.a.acquire_slot(&q, "same", LEASE).await.unwrap().expect("slot");
     s.a.acquire_slot(&rq, "same", LEASE).await.unwrap().expect("slot");
     let running = claim_run(&*s.a, &q, "same").await;
@@ -32,7 +37,12 @@ async fn taking_a_dead_process_name_recovers_its_tasks_and_slots(s: Stores) {
 
     // The dead process's heartbeat is stale: a new process takes the name.
     let future = DateTime::from_millis(DateTime::now().timestamp_millis() + 1000);
-    assert_eq!(s.b.take_node("same", &next, future).await.unwrap(), None);
+    assert_eq!(
+        disbatch::lifecycle::nodes::take(&*s.b, "same", &next, future)
+            .await
+            .unwrap(),
+        None
+    );
     let t = task(&*s.a, running).await;
     assert_eq!(t.status, status::ORPHANED, "a running task is orphaned at once");
     let t = task(&*s.a, claimed).await;
