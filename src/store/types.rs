@@ -230,7 +230,20 @@ impl std::fmt::Display for Dependency {
     }
 }
 
-/// What resolving one dependency of a blocked task did ([`super::Store::resolve_dependency`]).
+/// How [`super::Store::resolve_pending`] changes a blocked task.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum PendingChange<'a> {
+    /// This dependency is met: it is taken off `pending`, and the task stays blocked.
+    Met(&'a Dependency),
+    /// It waits for nothing more: `pending` is emptied and the task takes this status
+    /// (mtime now).
+    Release(i32),
+    /// It is stopped: it takes this status with this `stop` recorded (mtime now); `pending`
+    /// is kept as it was.
+    Stop(i32, &'a StopRequest),
+}
+
+/// What resolving one dependency of a blocked task did (`crate::lifecycle::deps::resolve`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Resolved {
     /// It waits for more.
@@ -310,8 +323,12 @@ pub const ACTIVE_STATUSES: [i32; 5] = [
     crate::model::status::RUNNING,
 ];
 
-/// The cluster's leader lease ([`super::Store::lead`]): one DEN at a time holds it, until
-/// `expires` unless it renews; `token` grows at every change of holder (a fencing token).
+/// The name of the cluster's leader lease ([`super::Store::lease`]).
+pub const LEADER_LEASE: &str = "leader";
+
+/// A lease as stored ([`super::Store::lease`]), such as the cluster's leader lease
+/// (`crate::lifecycle::leader`): one DEN at a time holds it, until `expires` unless it
+/// renews; `token` grows at every change of holder (a fencing token).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Leader {
     /// The node holding (or that last held) the lease.
