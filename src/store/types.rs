@@ -39,7 +39,7 @@ pub struct Slot {
     pub n: i64,
 }
 
-/// A batch of tasks as recorded at its first submission ([`super::Store::open_batch`]).
+/// A batch of tasks as recorded at its first submission (`crate::lifecycle::batches::open_batch`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Batch {
     /// Its id, chosen by whoever submits it.
@@ -146,7 +146,7 @@ pub struct NewTask {
     pub priority: i64,
     /// A key unique within the queue ([`super::Store::insert_keyed`]).
     pub key: Option<String>,
-    /// The batch it belongs to ([`super::Store::open_batch`]).
+    /// The batch it belongs to (`crate::lifecycle::batches::open_batch`).
     pub batch: Option<String>,
     /// What it waits for (`after`): it is inserted blocked (-4) until each has succeeded.
     pub after: Vec<Dependency>,
@@ -199,7 +199,7 @@ pub fn due_status(run_at: Option<DateTime>, now: DateTime) -> i32 {
 pub enum Dependency {
     /// A task.
     Task(ObjectId),
-    /// A batch ([`super::Store::open_batch`]).
+    /// A batch (`crate::lifecycle::batches::open_batch`).
     Batch(String),
 }
 
