@@ -8,7 +8,6 @@
 //! Disbatch 4 data model; each store maps them onto its own storage, and the shared test
 //! suite (`tests/store_shared.rs`) holds both to the same behaviour.
 
-pub mod deps;
 pub mod keys;
 pub mod mongo;
 pub mod node_change;
@@ -161,33 +160,29 @@ pub trait Store: PluginStore + Send + Sync + 'static {
         -> StoreResult<Vec<crate::stats::StatsRow>>;
     /// Deletes the rows of the minutes before `before`. Returns how many were deleted.
     async fn prune_stats(&self, before: i64) -> StoreResult<u64>;
-    /// Records batch `id` at its first submission, with `size` when given (a batch recorded
-    /// without a size takes the first size given later). Answers the batch as recorded,
-    /// whose size may differ from `size`: the caller refuses such a submission.
-    async fn open_batch(&self, id: &str, size: Option<i64>) -> StoreResult<Batch>;
+    /// Records batch `id` (with `size`, ctime now) unless it is recorded already. True when
+    /// this call recorded it. (The first size given wins: `lifecycle::batches`.)
+    async fn insert_batch(&self, id: &str, size: Option<i64>) -> StoreResult<bool>;
+    /// Sets batch `id`'s `size` when it has none recorded. True when this call set it.
+    async fn set_batch_size_if_unset(&self, id: &str, size: i64) -> StoreResult<bool>;
     /// A batch as recorded, if any.
     async fn batch(&self, id: &str) -> StoreResult<Option<Batch>>;
     /// Counts by status of the tasks of batch `id` (an index walk over its tasks).
     async fn batch_counts(&self, id: &str) -> StoreResult<StatusCounts>;
 
-    // ---- dependencies (see [`deps`]) ----------------------------------------------------
+    // ---- dependencies (see `lifecycle::deps`) -------------------------------------------
 
     /// Marks tasks and batches as waited for by blocked tasks (`dependents`), so that their
-    /// end is settled ([`deps::settle`]) even when the DEN that ended them died first.
+    /// end is settled (`lifecycle::deps::settle`) even when the DEN that ended them died
+    /// first.
     async fn mark_dependents(&self, deps: &[Dependency]) -> StoreResult<()>;
     /// Up to `limit` blocked (-4) tasks still waiting for `dep` (an index walk).
     async fn blocked_on(&self, dep: &Dependency, limit: usize) -> StoreResult<Vec<ObjectId>>;
-    /// Resolves what blocked task `task` waits for, now that `dep` ended: it succeeded
-    /// (`failed` is None), or it did not and `task` is cancelled with `failed` as its
-    /// `stop` — unless `task` runs anyway (`after_failure: "run"`), which resolves it as
-    /// met. A task left waiting for nothing is queued (scheduled when its `run_at` is to
-    /// come). Atomic per task: of two dependencies resolved at once, neither is lost.
-    async fn resolve_dependency(
-        &self,
-        task: ObjectId,
-        dep: &Dependency,
-        failed: Option<&StopRequest>,
-    ) -> StoreResult<Resolved>;
+    /// Compare-and-set on a blocked task: applies `change` when `task` is still blocked (-4)
+    /// and still waits for exactly `expect` (its `pending` as [`Store::task`] read it);
+    /// false, with nothing written, otherwise. What the change is, is decided by
+    /// `lifecycle::deps`.
+    async fn resolve_pending(&self, task: ObjectId, expect: &[String], change: PendingChange<'_>) -> StoreResult<bool>;
     /// Clears `dependents` of an ended task (or a complete batch): its end was settled.
     async fn settled(&self, dep: &Dependency) -> StoreResult<()>;
     /// Up to `limit` ended tasks, and batches, still marked `dependents`: ends not yet
@@ -217,12 +212,13 @@ pub trait Store: PluginStore + Send + Sync + 'static {
     /// DEN that joins a busy queue late (or comes back from a pause) would wait for as long
     /// as the others keep finding tasks. Answers the node asked, if any.
     async fn want_slot(&self, queue: &Queue, node: &str, ask: Duration) -> StoreResult<Option<String>>;
-    /// Takes the cluster's leader lease for `node` until now + `ttl` when it is free or has
-    /// lapsed (its token grows by one), or renews it when `node` holds it; answers the
-    /// lease as it stands after the attempt, whoever holds it.
-    async fn lead(&self, node: &str, ttl: Duration) -> StoreResult<Leader>;
-    /// The leader lease as stored (possibly lapsed), if any DEN ever took it.
-    async fn leader(&self) -> StoreResult<Option<Leader>>;
+    /// The lease `name` as stored (possibly lapsed), if any node ever took it (the leader
+    /// lease is [`LEADER_LEASE`], taken by `lifecycle::leader`).
+    async fn lease(&self, name: &str) -> StoreResult<Option<Leader>>;
+    /// Compare-and-set of the lease `name`: writes `new` when the lease stands as `expect`
+    /// (`None`: never taken, then `new` is inserted). False, with nothing written, when it
+    /// stands otherwise (another node changed it first).
+    async fn change_lease(&self, name: &str, expect: Option<&Leader>, new: &Leader) -> StoreResult<bool>;
     /// How many of `queue`'s slots are in use: held and unexpired, or expired while their
     /// holder still has a claimed or running task of the queue. No more of its tasks are
     /// claimed or running than this (each runs under a slot).

@@ -35,7 +35,7 @@ async fn find(state: &Shared, key: &str) -> Result<Node, ApiError> {
 /// The node's JSON with `leader`: whether it holds the leader lease now.
 async fn shown(state: &Shared, nodes: &[Node], shape: Shape) -> Result<Vec<Value>, ApiError> {
     let now = DateTime::now();
-    let lease = state.store.leader().await?;
+    let lease = crate::lifecycle::leader::leader(state.store.as_ref()).await?;
     let leader = lease.as_ref().and_then(|l| l.holder(now));
     Ok(nodes
         .iter()

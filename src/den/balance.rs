@@ -256,9 +256,7 @@ impl Den {
         let Some(token) = token else { return Ok(false) };
         let margin = self.settings.heartbeat_stale / 4;
         let soon = crate::store::Leader::end(DateTime::now(), margin);
-        Ok(self
-            .store
-            .leader()
+        Ok(crate::lifecycle::leader::leader(self.store.as_ref())
             .await?
             .is_some_and(|l| l.token == token && l.held_by(&self.settings.node, soon)))
     }

@@ -163,7 +163,7 @@ impl Den {
     /// (the orphan sweep) run on the leader only, and only while its lease has not lapsed.
     pub(super) async fn lead(&self) -> StoreResult<bool> {
         let s = &self.settings;
-        let lease = self.store.lead(&s.node, s.heartbeat_stale).await?;
+        let lease = crate::lifecycle::leader::lead(self.store.as_ref(), &s.node, s.heartbeat_stale).await?;
         let leads = lease.held_by(&s.node, DateTime::now());
         let token = leads.then_some(lease.token);
         let before = std::mem::replace(&mut *self.leading.lock().unwrap_or_else(|e| e.into_inner()), token);

@@ -30,7 +30,7 @@ mod documents;
 mod errors;
 pub mod gridfs;
 mod indexes;
-mod leader;
+mod leases;
 mod lifecycle;
 mod nodes;
 mod plugins;
@@ -61,9 +61,9 @@ use mongodb::{Collection, Database, IndexModel};
 use self::documents::{output_bson, task_filter_doc, task_from, task_or_problem};
 use self::errors::{db_err, is_duplicate_key};
 use super::{
-    Batch, Dependency, FinishExtra, HandRetry, NewQueue, NewTask, OutputStream, OutputValue, Page, QueueState,
-    QueueUpdate, Recovery, Resolved, Slot, SlotRenewal, StatusCounts, Store, StoreError, StoreResult, TaskFilter,
-    TaskTarget,
+    Batch, Dependency, FinishExtra, HandRetry, Leader, NewQueue, NewTask, OutputStream, OutputValue, Page,
+    PendingChange, QueueState, QueueUpdate, Recovery, Slot, SlotRenewal, StatusCounts, Store, StoreError, StoreResult,
+    TaskFilter, TaskTarget,
 };
 use super::{NodeChange, NodeFence, NodeRecord};
 use crate::model::{status, Node, Output, Queue, RetryAt, Sort, StopRequest, Task, TaskProgress, UnreadableQueue};
@@ -230,8 +230,12 @@ impl Store for MongoStore {
 
     // ---- claiming and running (the DEN) ------------------------------------------------
 
-    async fn open_batch(&self, id: &str, size: Option<i64>) -> StoreResult<Batch> {
-        self.record_batch(id, size).await
+    async fn insert_batch(&self, id: &str, size: Option<i64>) -> StoreResult<bool> {
+        self.insert_batch(id, size).await
+    }
+
+    async fn set_batch_size_if_unset(&self, id: &str, size: i64) -> StoreResult<bool> {
+        self.set_batch_size_if_unset(id, size).await
     }
 
     async fn batch(&self, id: &str) -> StoreResult<Option<Batch>> {
@@ -250,13 +254,8 @@ impl Store for MongoStore {
         self.find_blocked(dep, limit).await
     }
 
-    async fn resolve_dependency(
-        &self,
-        task: ObjectId,
-        dep: &Dependency,
-        failed: Option<&StopRequest>,
-    ) -> StoreResult<Resolved> {
-        self.resolve(task, dep, failed).await
+    async fn resolve_pending(&self, task: ObjectId, expect: &[String], change: PendingChange<'_>) -> StoreResult<bool> {
+        deps::resolve_pending(self, task, expect, change).await
     }
 
     async fn settled(&self, dep: &Dependency) -> StoreResult<()> {
@@ -283,12 +282,12 @@ impl Store for MongoStore {
         self.ask_for_slot(queue, node, ask).await
     }
 
-    async fn lead(&self, node: &str, ttl: Duration) -> StoreResult<crate::store::Leader> {
-        self.take_lead(node, ttl).await
+    async fn lease(&self, name: &str) -> StoreResult<Option<Leader>> {
+        leases::lease(self, name).await
     }
 
-    async fn leader(&self) -> StoreResult<Option<crate::store::Leader>> {
-        self.read_lead().await
+    async fn change_lease(&self, name: &str, expect: Option<&Leader>, new: &Leader) -> StoreResult<bool> {
+        leases::change_lease(self, name, expect, new).await
     }
 
     async fn slots_in_use(&self, queue: ObjectId) -> StoreResult<i64> {

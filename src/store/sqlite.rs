@@ -37,7 +37,7 @@ mod claims;
 mod connect;
 mod deps;
 mod files;
-mod leader;
+mod leases;
 mod lifecycle;
 mod nodes;
 mod plugins;
@@ -66,8 +66,8 @@ use rusqlite::Connection;
 use self::rows::{db_err, read_bson};
 use self::touched::Touched;
 use super::{
-    Batch, Dependency, FinishExtra, HandRetry, NewQueue, NewTask, OutputValue, Page, QueueState, QueueUpdate, Recovery,
-    Resolved, Slot, SlotRenewal, StatusCounts, Store, StoreError, StoreResult, TaskFilter, TaskTarget,
+    Batch, Dependency, FinishExtra, HandRetry, Leader, NewQueue, NewTask, OutputValue, Page, PendingChange, QueueState,
+    QueueUpdate, Recovery, Slot, SlotRenewal, StatusCounts, Store, StoreError, StoreResult, TaskFilter, TaskTarget,
 };
 use super::{NodeChange, NodeFence, NodeRecord};
 use crate::model::{Node, Output, Queue, RetryAt, StopRequest, Task, TaskProgress, UnreadableQueue};
@@ -277,8 +277,12 @@ impl Store for SqliteStore {
 
     // ---- claiming and running (the DEN) ------------------------------------------------
 
-    async fn open_batch(&self, id: &str, size: Option<i64>) -> StoreResult<Batch> {
-        self.record_batch(id, size).await
+    async fn insert_batch(&self, id: &str, size: Option<i64>) -> StoreResult<bool> {
+        self.insert_batch(id, size).await
+    }
+
+    async fn set_batch_size_if_unset(&self, id: &str, size: i64) -> StoreResult<bool> {
+        self.set_batch_size_if_unset(id, size).await
     }
 
     async fn batch(&self, id: &str) -> StoreResult<Option<Batch>> {
@@ -297,13 +301,8 @@ impl Store for SqliteStore {
         self.find_blocked(dep, limit).await
     }
 
-    async fn resolve_dependency(
-        &self,
-        task: ObjectId,
-        dep: &Dependency,
-        failed: Option<&StopRequest>,
-    ) -> StoreResult<Resolved> {
-        self.resolve(task, dep, failed).await
+    async fn resolve_pending(&self, task: ObjectId, expect: &[String], change: PendingChange<'_>) -> StoreResult<bool> {
+        deps::resolve_pending(self, task, expect, change).await
     }
 
     async fn settled(&self, dep: &Dependency) -> StoreResult<()> {
@@ -330,19 +329,20 @@ impl Store for SqliteStore {
         self.ask_for_slot(queue, node, ask).await
     }
 
-    async fn lead(&self, node: &str, ttl: Duration) -> StoreResult<crate::store::Leader> {
-        let node = node.to_owned();
+    async fn lease(&self, name: &str) -> StoreResult<Option<Leader>> {
+        let name = name.to_owned();
+        self.with(move |conn| leases::lease(conn, &name)).await
+    }
+
+    async fn change_lease(&self, name: &str, expect: Option<&Leader>, new: &Leader) -> StoreResult<bool> {
+        let (name, expect, new) = (name.to_owned(), expect.cloned(), new.clone());
         // On the writer thread, so that it never waits behind it for the write lock; not
         // `write`: a lease renewal is no change of tasks for their watchers.
         self.writer
-            .write_as(writer::Priority::Liveness, "take the leader lease", move |tx| {
-                leader::lead(tx, &node, ttl)
+            .write_as(writer::Priority::Liveness, "change a lease", move |tx| {
+                leases::change_lease(tx, &name, expect.as_ref(), &new)
             })
             .await
-    }
-
-    async fn leader(&self) -> StoreResult<Option<crate::store::Leader>> {
-        self.with(|conn| leader::read(conn)).await
     }
 
     async fn slots_in_use(&self, queue: ObjectId) -> StoreResult<i64> {

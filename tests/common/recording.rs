@@ -102,8 +102,11 @@ impl Store for Recording {
     async fn prune_stats(&self, before: i64) -> StoreResult<u64> {
         self.inner.prune_stats(before).await
     }
-    async fn open_batch(&self, id: &str, size: Option<i64>) -> StoreResult<Batch> {
-        self.inner.open_batch(id, size).await
+    async fn insert_batch(&self, id: &str, size: Option<i64>) -> StoreResult<bool> {
+        self.inner.insert_batch(id, size).await
+    }
+    async fn set_batch_size_if_unset(&self, id: &str, size: i64) -> StoreResult<bool> {
+        self.inner.set_batch_size_if_unset(id, size).await
     }
     async fn batch(&self, id: &str) -> StoreResult<Option<Batch>> {
         self.inner.batch(id).await
@@ -117,13 +120,8 @@ impl Store for Recording {
     async fn blocked_on(&self, dep: &Dependency, limit: usize) -> StoreResult<Vec<ObjectId>> {
         self.inner.blocked_on(dep, limit).await
     }
-    async fn resolve_dependency(
-        &self,
-        task: ObjectId,
-        dep: &Dependency,
-        failed: Option<&StopRequest>,
-    ) -> StoreResult<Resolved> {
-        self.inner.resolve_dependency(task, dep, failed).await
+    async fn resolve_pending(&self, task: ObjectId, expect: &[String], change: PendingChange<'_>) -> StoreResult<bool> {
+        self.inner.resolve_pending(task, expect, change).await
     }
     async fn settled(&self, dep: &Dependency) -> StoreResult<()> {
         self.inner.settled(dep).await
@@ -143,11 +141,11 @@ impl Store for Recording {
     async fn want_slot(&self, queue: &Queue, node: &str, ask: Duration) -> StoreResult<Option<String>> {
         self.inner.want_slot(queue, node, ask).await
     }
-    async fn lead(&self, node: &str, ttl: Duration) -> StoreResult<disbatch::store::Leader> {
-        self.inner.lead(node, ttl).await
+    async fn lease(&self, name: &str) -> StoreResult<Option<Leader>> {
+        self.inner.lease(name).await
     }
-    async fn leader(&self) -> StoreResult<Option<disbatch::store::Leader>> {
-        self.inner.leader().await
+    async fn change_lease(&self, name: &str, expect: Option<&Leader>, new: &Leader) -> StoreResult<bool> {
+        self.inner.change_lease(name, expect, new).await
     }
     async fn slots_in_use(&self, queue: ObjectId) -> StoreResult<i64> {
         self.inner.slots_in_use(queue).await

@@ -3,8 +3,8 @@
 //! down the chain; two parents ending at once never leave it blocked; an end no DEN
 //! settled is found by the leader's sweep; a batch releases its fan-in.
 
-use disbatch::store::deps::{self, Outcome};
-use disbatch::store::{Dependency, NewTask, OutputValue, Resolved};
+use disbatch::lifecycle::deps::{self, Outcome};
+use disbatch::store::{Dependency, NewTask, OutputValue, PendingChange, Resolved};
 
 use super::*;
 
@@ -15,6 +15,8 @@ on_both_stores!(
     the_sweep_settles_ends_no_den_settled,
     a_batch_releases_its_fan_in_when_complete,
     a_parent_submitted_again_while_it_runs_holds_its_children,
+    pending_changes_only_from_the_list_read,
+    a_batch_keeps_the_first_size_given,
 );
 
 fn after(id: ObjectId, deps: &[Dependency], dependents: bool) -> NewTask {
@@ -110,7 +112,7 @@ async fn a_failed_parent_cancels_down_the_chain_unless_told_to_run(s: Stores) {
     // A cancelled child is settled once: resolving again finds nothing to do.
     let stop = disbatch::model::StopRequest::now(disbatch::model::StopAction::Cancel, "t", "x");
     assert_eq!(
-        s.a.resolve_dependency(c, &Dependency::Task(p), Some(&stop))
+        deps::resolve(&*s.a, c, &Dependency::Task(p), Some(&stop))
             .await
             .unwrap(),
         Resolved::Gone
@@ -202,7 +204,9 @@ async fn the_sweep_settles_ends_no_den_settled(s: Stores) {
 
 async fn a_batch_releases_its_fan_in_when_complete(s: Stores) {
     let q = queue(&*s.a, "batch-fan-in", 8, Sort::Fifo).await;
-    s.a.open_batch("nightly", Some(3)).await.unwrap();
+    disbatch::lifecycle::batches::open_batch(&*s.a, "nightly", Some(3))
+        .await
+        .unwrap();
     let members: Vec<NewTask> = (0..2)
         .map(|_| NewTask {
             batch: Some("nightly".into()),
@@ -254,4 +258,82 @@ async fn a_parent_submitted_again_while_it_runs_holds_its_children(s: Stores) {
     assert_eq!(task(&*s.b, c).await.status, status::BLOCKED);
     run_to(&*s.a, &q, p, status::SUCCEEDED).await;
     assert_eq!(task(&*s.b, c).await.status, status::QUEUED, "its last run succeeded");
+}
+
+/// The store's compare-and-set on a blocked task's `pending` list: applied only while the
+/// task is blocked and waits for exactly the list given (as read), each change as
+/// named; nothing written otherwise.
+async fn pending_changes_only_from_the_list_read(s: Stores) {
+    let q = queue(&*s.a, "pending-cas", 2, Sort::Fifo).await;
+    let (p1, p2, c, d) = (ObjectId::new(), ObjectId::new(), ObjectId::new(), ObjectId::new());
+    let deps = [Dependency::Task(p1), Dependency::Task(p2)];
+    s.a.insert_tasks(q.id, vec![after(c, &deps, false), after(d, &deps, false)])
+        .await
+        .unwrap();
+    let (k1, k2) = (p1.to_hex(), p2.to_hex());
+    let met = PendingChange::Met(&deps[0]);
+    assert!(
+        !s.a.resolve_pending(c, std::slice::from_ref(&k2), met).await.unwrap(),
+        "not the list it waits for"
+    );
+    assert_eq!(
+        task(&*s.b, c).await.pending,
+        vec![k1.clone(), k2.clone()],
+        "nothing written"
+    );
+    assert!(
+        s.a.resolve_pending(c, &[k1.clone(), k2.clone()], met).await.unwrap(),
+        "the list as read"
+    );
+    assert_eq!(task(&*s.b, c).await.pending, vec![k2.clone()]);
+    assert!(
+        !s.b.resolve_pending(c, &[k1.clone(), k2.clone()], met).await.unwrap(),
+        "a second change from the same read is refused"
+    );
+    assert!(s
+        .b
+        .resolve_pending(c, std::slice::from_ref(&k2), PendingChange::Release(status::SCHEDULED))
+        .await
+        .unwrap());
+    let released = task(&*s.a, c).await;
+    assert_eq!((released.status, released.pending.len()), (status::SCHEDULED, 0));
+    assert!(
+        !s.a.resolve_pending(c, &[], PendingChange::Release(status::QUEUED))
+            .await
+            .unwrap(),
+        "no longer blocked"
+    );
+    let stop = disbatch::model::StopRequest::now(disbatch::model::StopAction::Cancel, "t", "why");
+    assert!(s
+        .a
+        .resolve_pending(
+            d,
+            &[k1.clone(), k2.clone()],
+            PendingChange::Stop(status::CANCELLED, &stop)
+        )
+        .await
+        .unwrap());
+    let stopped = task(&*s.b, d).await;
+    assert_eq!(stopped.status, status::CANCELLED);
+    assert_eq!(stopped.stop.unwrap().reason, "why");
+    assert_eq!(stopped.pending, vec![k1, k2], "the list is kept");
+}
+
+/// A batch is recorded once; its size is set only while it has none.
+async fn a_batch_keeps_the_first_size_given(s: Stores) {
+    assert!(s.a.insert_batch("b1", None).await.unwrap());
+    assert!(!s.b.insert_batch("b1", Some(5)).await.unwrap(), "recorded once");
+    assert_eq!(s.b.batch("b1").await.unwrap().unwrap().size, None);
+    assert!(s.b.set_batch_size_if_unset("b1", 3).await.unwrap());
+    assert!(!s.a.set_batch_size_if_unset("b1", 4).await.unwrap());
+    assert_eq!(s.a.batch("b1").await.unwrap().unwrap().size, Some(3));
+    assert!(!s.a.set_batch_size_if_unset("none", 4).await.unwrap(), "no such batch");
+    let opened = disbatch::lifecycle::batches::open_batch(&*s.b, "b1", Some(7))
+        .await
+        .unwrap();
+    assert_eq!(opened.size, Some(3), "the first size given wins");
+    let fresh = disbatch::lifecycle::batches::open_batch(&*s.b, "b2", Some(2))
+        .await
+        .unwrap();
+    assert_eq!((fresh.id.as_str(), fresh.size), ("b2", Some(2)));
 }
