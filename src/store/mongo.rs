@@ -62,8 +62,7 @@ use self::errors::{db_err, is_duplicate_key};
 use super::gridfs;
 use super::{
     Batch, Dependency, FinishExtra, HandRetry, NewQueue, NewTask, OutputStream, OutputValue, Page, QueueState,
-    QueueUpdate, Recovery, Resolved, Slot, SlotRenewal, StatusCounts, Store, StoreError, StoreResult, TaskFilter,
-    TaskTarget,
+    QueueUpdate, Recovery, Resolved, StatusCounts, Store, StoreError, StoreResult, TaskFilter, TaskTarget,
 };
 use crate::model::{
     status, NameHolder, Node, NodeProcess, NodeStats, Output, Queue, RetryAt, Sort, StopRequest, Task, TaskProgress,
@@ -195,6 +194,15 @@ impl Store for MongoStore {
         Ok(self.read_queues().await?.1)
     }
 
+    async fn queue(&self, id: ObjectId) -> StoreResult<Option<Queue>> {
+        let found = self
+            .queues
+            .find_one(doc! { "_id": id })
+            .await
+            .map_err(db_err("read a queue"))?;
+        found.map(|d| super::queue_doc::read(&d).map(|(q, _)| q)).transpose()
+    }
+
     async fn create_queue(&self, queue: NewQueue) -> StoreResult<Queue> {
         self.insert_queue(queue).await
     }
@@ -286,32 +294,12 @@ impl Store for MongoStore {
         self.find_unsettled(limit).await
     }
 
-    async fn acquire_slot(&self, queue: &Queue, node: &str, lease: Duration) -> StoreResult<Option<Slot>> {
-        self.take_slot(queue, node, lease).await
-    }
-
-    async fn release_slot(&self, slot: &Slot, node: &str) -> StoreResult<()> {
-        self.give_back_slot(slot, node).await
-    }
-
-    async fn renew_slot(&self, slot: &Slot, node: &str, lease: Duration) -> StoreResult<SlotRenewal> {
-        self.renew_one_slot(slot, node, lease).await
-    }
-
-    async fn want_slot(&self, queue: &Queue, node: &str, ask: Duration) -> StoreResult<Option<String>> {
-        self.ask_for_slot(queue, node, ask).await
-    }
-
     async fn lead(&self, node: &str, ttl: Duration) -> StoreResult<crate::store::Leader> {
         self.take_lead(node, ttl).await
     }
 
     async fn leader(&self) -> StoreResult<Option<crate::store::Leader>> {
         self.read_lead().await
-    }
-
-    async fn slots_in_use(&self, queue: ObjectId) -> StoreResult<i64> {
-        self.occupied_slots(queue).await
     }
 
     async fn balance(&self) -> StoreResult<Option<Document>> {

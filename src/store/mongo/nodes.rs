@@ -7,8 +7,8 @@
 //! name it writes no `process`, and on a name ours held before it reads the document and
 //! writes it back whole with a new `timestamp`, so `beat` falls behind. Either way the node
 //! is *foreign* ([`is_foreign`]). Foreign DENs claim tasks without taking slots, so their
-//! claimed and running tasks are counted against each queue's limit here (see
-//! `foreign_running`), and a foreign node's name is not taken while its heartbeat is fresh
+//! claimed and running tasks are counted against each queue's limit (`busy_nodes` in
+//! `slots`, and `lifecycle::slots`), and a foreign node's name is not taken while its heartbeat is fresh
 //! or while it has claimed or running tasks.
 
 use std::collections::BTreeMap;
@@ -22,7 +22,7 @@ use mongodb::options::ReturnDocument;
 use super::documents::{as_date, node_from};
 use super::errors::{db_err, is_duplicate_key};
 use super::{slots, MongoStore};
-use crate::model::{status, NameHolder, Node, NodeProcess, NodeStats};
+use crate::model::{NameHolder, Node, NodeProcess, NodeStats};
 use crate::store::queue_doc::opt_int_bson;
 use crate::store::{StoreError, StoreResult};
 
@@ -236,26 +236,6 @@ impl MongoStore {
             });
         }
         Ok(names)
-    }
-
-    /// The claimed (-1) and running (0) tasks of `queue` on foreign nodes, which hold no
-    /// slot: they count against the queue's limit as Disbatch 4 counts ours against it.
-    /// Without foreign nodes this costs no query beyond the cached node list.
-    pub(super) async fn foreign_running(&self, queue: ObjectId) -> StoreResult<i64> {
-        let names = self.foreign_nodes().await?;
-        if names.is_empty() {
-            return Ok(0);
-        }
-        let n = self
-            .tasks
-            .count_documents(doc! {
-                "queue": queue,
-                "status": { "$in": status::BUSY.to_vec() },
-                "node": { "$in": names },
-            })
-            .await
-            .map_err(db_err("count the tasks of Disbatch 4 nodes"))?;
-        Ok(i64::try_from(n).unwrap_or(i64::MAX))
     }
 }
 

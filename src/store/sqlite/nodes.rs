@@ -8,7 +8,7 @@ use bson::DateTime;
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::rows::{db_err, lease_end};
-use super::{parse_oid, recovery, SqliteStore, Touched};
+use super::{parse_oid, recovery, slots, SqliteStore, Touched};
 use crate::model::{NameHolder, Node, NodeProcess, NodeStats};
 use crate::store::{StoreError, StoreResult};
 
@@ -17,7 +17,7 @@ impl SqliteStore {
         let node = node.to_string();
         self.write_liveness("heartbeat", move |tx| {
             let now = DateTime::now();
-            renew_slots(tx, &node, lease_end(now, lease))?;
+            slots::renew_slots(tx, &node, lease_end(now, lease))?;
             let err = db_err("heartbeat");
             tx.execute(
                 "INSERT INTO nodes (id, node, timestamp, maxthreads) VALUES (?1, ?2, ?3, NULL)
@@ -170,17 +170,6 @@ impl SqliteStore {
         })
         .await
     }
-}
-
-/// Renews the leases of every slot `node` holds, but not one that expired: it may have
-/// been counted free since.
-fn renew_slots(tx: &rusqlite::Transaction<'_>, node: &str, until: i64) -> StoreResult<()> {
-    tx.execute(
-        "UPDATE slots SET expires = ?1 WHERE holder = ?2 AND expires > ?3",
-        params![until, node, DateTime::now().timestamp_millis()],
-    )
-    .map_err(db_err("renew slot leases"))?;
-    Ok(())
 }
 
 /// A node row as a node.
