@@ -16,7 +16,7 @@ async fn renew_all(s: &dyn Store, slots: &[disbatch::store::Slot], node: &str) -
     let mut found = Vec::new();
     for slot in slots {
         found.push(
-            disbatch::lifecycle::slots::renew_slot(&*s, slot, node, LEASE)
+            disbatch::lifecycle::slots::renew_slot(s, slot, node, LEASE)
                 .await
                 .unwrap(),
         );

@@ -173,14 +173,14 @@ async fn a_slot_change_applies_only_under_its_fence(s: Stores) {
     );
 }
 
+/// What a claim with a slot found: the renewal, the task claimed (its index, its status),
+/// and the slot's holder and reservation after.
+type Seen = (SlotRenewal, Option<(usize, i32)>, Option<String>, Option<String>);
+
 /// A worker's claims with a slot, in one write where the store offers it (`one`) or in
 /// steps, on a queue of its own: what each renewal found, the task it claimed (by its
 /// index) and status, and the slot's holder and reservation after.
-async fn claims_with_a_slot(
-    s: &Stores,
-    name: &str,
-    one: bool,
-) -> Vec<(SlotRenewal, Option<(usize, i32)>, Option<String>, Option<String>)> {
+async fn claims_with_a_slot(s: &Stores, name: &str, one: bool) -> Vec<Seen> {
     let q = queue(&*s.a, name, 2, Sort::Fifo).await;
     let ids = s.a.create_tasks(q.id, vec![doc! {}; 2]).await.unwrap();
     let first = slots::acquire_slot(&*s.a, &q, "a", LEASE).await.unwrap().expect("slot");
