@@ -354,7 +354,9 @@ impl Den {
                 if !self.store.has_queued(q.queue.id).await? {
                     break;
                 }
-                let Some(slot) = self.store.acquire_slot(&q.queue, &s.node, s.heartbeat_stale).await? else {
+                let Some(slot) =
+                    crate::lifecycle::slots::acquire_slot(&*self.store, &q.queue, &s.node, s.heartbeat_stale).await?
+                else {
                     if full && asked < self.room() && self.ask_for_slot(&q.queue).await {
                         asked += 1;
                     }

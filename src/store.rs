@@ -14,6 +14,8 @@ pub mod node_change;
 pub mod plugins;
 pub mod queue_doc;
 mod retries;
+pub mod slot_change;
+mod slots;
 pub mod sqlite;
 #[doc(hidden)]
 pub mod testing;
@@ -24,6 +26,10 @@ pub use self::node_change::{NodeChange, NodeFence, NodeRecord};
 pub use self::plugins::{PluginRef, PluginStore, PluginVersion, Pushed};
 pub use self::queue_doc::QueueState;
 pub use self::retries::{FinishExtra, HandRetry};
+pub use self::slot_change::{
+    BusyNode, BusyOf, Holder, Lease, Mark, RenewRule, RenewStep, SlotChange, SlotFence, SlotRow,
+};
+pub use self::slots::SlotStore;
 pub use self::types::*;
 
 use std::collections::BTreeMap;
@@ -87,7 +93,7 @@ pub type StoreResult<T> = Result<T, StoreError>;
 
 /// The store boundary. All methods are safe to call from many DENs and DCIs at once.
 #[async_trait]
-pub trait Store: PluginStore + Send + Sync + 'static {
+pub trait Store: PluginStore + SlotStore + Send + Sync + 'static {
     /// Creates collections and indexes as needed. Idempotent.
     async fn ensure_indexes(&self) -> StoreResult<()>;
 
@@ -114,6 +120,9 @@ pub trait Store: PluginStore + Send + Sync + 'static {
     /// The queue documents that cannot be read as queues (written by another tool, or
     /// raw), each with its problem, so they are shown rather than hidden.
     async fn unreadable_queues(&self) -> StoreResult<Vec<UnreadableQueue>>;
+    /// One queue, None when there is no such queue; [`StoreError::Malformed`] when its
+    /// document cannot be read as a queue.
+    async fn queue(&self, id: ObjectId) -> StoreResult<Option<Queue>>;
     /// Creates a queue; fails with [`StoreError::Duplicate`] when the name is taken.
     async fn create_queue(&self, queue: NewQueue) -> StoreResult<Queue>;
     /// Changes a queue. Returns the queue as changed, or None when there is no such queue.
@@ -191,27 +200,6 @@ pub trait Store: PluginStore + Send + Sync + 'static {
 
     // ---- claiming and running (the DEN) ------------------------------------------------
 
-    /// Takes a lease on a free slot of `queue` for `node` until now + `lease`. Slot numbers
-    /// run `0..threads`; a slot is free when unheld (and not reserved for another node by
-    /// its [ask](Store::want_slot)), or when its lease expired and its holder has no claimed
-    /// or running task left in the queue: a slot is freed only with or after the recovery of
-    /// its tasks. Returns None when all `threads` slots are taken, or while slots numbered
-    /// `threads` or above are still held (the queue's limit was lowered and it is still over
-    /// it). This is what makes `threads` hold across DENs.
-    async fn acquire_slot(&self, queue: &Queue, node: &str, lease: Duration) -> StoreResult<Option<Slot>>;
-    /// Gives a slot back (only if `node` still holds it).
-    async fn release_slot(&self, slot: &Slot, node: &str) -> StoreResult<()>;
-    /// Re-validates a slot lease before a claim: renews it until now + `lease` while `node`
-    /// holds it and no other node asked for it; gives it up, reserved for the asker until
-    /// its ask ends, when one did ([`Store::want_slot`]).
-    async fn renew_slot(&self, slot: &Slot, node: &str, lease: Duration) -> StoreResult<SlotRenewal>;
-    /// Asks for a fair share of `queue`'s slots when `node` found none free: marks, for
-    /// `ask`, one slot of the node holding the most of them, if that is at least two more
-    /// than `node` holds. Its holder gives the slot up before its next claim (see
-    /// [`Store::renew_slot`]) and only `node` may take it until the ask ends. Without this a
-    /// DEN that joins a busy queue late (or comes back from a pause) would wait for as long
-    /// as the others keep finding tasks. Answers the node asked, if any.
-    async fn want_slot(&self, queue: &Queue, node: &str, ask: Duration) -> StoreResult<Option<String>>;
     /// The lease `name` as stored (possibly lapsed), if any node ever took it (the leader
     /// lease is [`LEADER_LEASE`], taken by `lifecycle::leader`).
     async fn lease(&self, name: &str) -> StoreResult<Option<Leader>>;
@@ -219,10 +207,6 @@ pub trait Store: PluginStore + Send + Sync + 'static {
     /// (`None`: never taken, then `new` is inserted). False, with nothing written, when it
     /// stands otherwise (another node changed it first).
     async fn change_lease(&self, name: &str, expect: Option<&Leader>, new: &Leader) -> StoreResult<bool>;
-    /// How many of `queue`'s slots are in use: held and unexpired, or expired while their
-    /// holder still has a claimed or running task of the queue. No more of its tasks are
-    /// claimed or running than this (each runs under a slot).
-    async fn slots_in_use(&self, queue: ObjectId) -> StoreResult<i64>;
     /// The QueueBalance document (Disbatch 4's `balance` collection), if one was written.
     /// A permanent error when the collection holds more than one document.
     async fn balance(&self) -> StoreResult<Option<Document>>;
@@ -292,26 +276,20 @@ pub trait Store: PluginStore + Send + Sync + 'static {
     async fn claim_to_run(&self, queue: &Queue, node: &str) -> StoreResult<Option<Task>> {
         self.claim(queue, node).await
     }
-    /// A worker's next claim with the slot it holds: [`Store::renew_slot`], then, only when
-    /// the slot is still held, [`Store::claim_to_run`] of `queue`. The embedded store does
-    /// both in one transaction. An error of either step is returned as is (a claimed task
-    /// that cannot be read was failed by the store, as [`Store::claim`] does). Done as two
-    /// writes, the claim is sent only while less than half of `lease` has passed since the
-    /// renewal was sent: a process paused after the renewal (its lease may have run out and
-    /// its slot gone to another node) claims nothing when it wakes.
+    /// Capability: a worker's next claim with the slot it holds, in one transaction: reads
+    /// the slot's row, applies the step `rule` decides for it (`lease` from now), and when
+    /// that step's outcome is [`SlotRenewal::Held`], [`Store::claim_to_run`] of `queue`.
+    /// `None` (the default) when the store does not offer it or the step's write did not
+    /// apply: the caller then renews and claims in separate writes (`lifecycle::slots`).
     async fn renew_and_claim(
         &self,
-        slot: &Slot,
-        queue: &Queue,
-        node: &str,
-        lease: Duration,
-    ) -> StoreResult<(SlotRenewal, Option<Task>)> {
-        let sent = std::time::Instant::now();
-        match self.renew_slot(slot, node, lease).await? {
-            SlotRenewal::Held if sent.elapsed() >= lease / 2 => Ok((SlotRenewal::Held, None)),
-            SlotRenewal::Held => Ok((SlotRenewal::Held, self.claim_to_run(queue, node).await?)),
-            other => Ok((other, None)),
-        }
+        _slot: &Slot,
+        _queue: &Queue,
+        _node: &str,
+        _lease: Duration,
+        _rule: RenewRule,
+    ) -> StoreResult<Option<(SlotRenewal, Option<Task>)>> {
+        Ok(None)
     }
     /// Stores an output stream too large for the task document as the file `file` tied to
     /// `task` (`filename` is `stdout` or `stderr`). MongoDB keeps it in GridFS
@@ -466,44 +444,4 @@ pub fn task_mark(t: &Task) -> u64 {
         (p.percent.map(f64::to_bits), &p.info, p.at.timestamp_millis()).hash(&mut h);
     }
     h.finish()
-}
-
-/// The node a slot should be asked from ([`Store::want_slot`]): of the holders of a queue's
-/// live slots (one name per slot), the one holding the most, when that is at least two more
-/// than `node` holds (so a slot moving never leaves the asker holding more than the giver,
-/// and two nodes never pass a slot back and forth). Ties go to the first name in order.
-pub(crate) fn fair_share_donor<'a>(holders: impl Iterator<Item = &'a str>, node: &str) -> Option<String> {
-    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
-    for h in holders {
-        *counts.entry(h).or_default() += 1;
-    }
-    let mine = counts.remove(node).unwrap_or(0);
-    let (most, held) = counts
-        .into_iter()
-        .fold(None, |best: Option<(&str, usize)>, (h, n)| match best {
-            Some((_, m)) if m >= n => best,
-            _ => Some((h, n)),
-        })?;
-    (held >= mine + 2).then(|| most.to_string())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::fair_share_donor;
-
-    #[test]
-    fn a_slot_is_asked_from_the_node_holding_the_most() {
-        let ask = |held: &[&str], node| fair_share_donor(held.iter().copied(), node);
-        assert_eq!(ask(&["a", "b", "b", "c", "c", "c"], "d").as_deref(), Some("c"));
-        assert_eq!(
-            ask(&["a", "a", "b", "b"], "d").as_deref(),
-            Some("a"),
-            "ties go to the first name"
-        );
-        assert_eq!(ask(&["a", "a", "d"], "d"), None, "one more is fair enough");
-        assert_eq!(ask(&["a", "a", "a", "d"], "d").as_deref(), Some("a"));
-        assert_eq!(ask(&["d", "d", "d"], "d"), None, "never from itself");
-        assert_eq!(ask(&[], "d"), None);
-        assert_eq!(ask(&["a"], "d"), None, "a single slot stays where it is");
-    }
 }

@@ -122,6 +122,8 @@ mod restarts;
 mod results;
 #[path = "store_shared/retries.rs"]
 mod retries;
+#[path = "store_shared/slot_changes.rs"]
+mod slot_changes;
 #[path = "store_shared/stats.rs"]
 mod stats;
 
@@ -332,68 +334,119 @@ async fn concurrent_claimers_get_every_task_exactly_once(s: Stores) {
 
 async fn slots_hold_threads_across_nodes(s: Stores) {
     let q = queue(&*s.a, "slots", 2, Sort::Fifo).await;
-    let first = s.a.acquire_slot(&q, "node-a", LEASE).await.unwrap().expect("slot");
-    let second = s.b.acquire_slot(&q, "node-b", LEASE).await.unwrap().expect("slot");
+    let first = disbatch::lifecycle::slots::acquire_slot(&*s.a, &q, "node-a", LEASE)
+        .await
+        .unwrap()
+        .expect("slot");
+    let second = disbatch::lifecycle::slots::acquire_slot(&*s.b, &q, "node-b", LEASE)
+        .await
+        .unwrap()
+        .expect("slot");
     assert_ne!(first.n, second.n);
     assert!([first.n, second.n].iter().all(|n| (0..2).contains(n)));
-    assert!(s.a.acquire_slot(&q, "node-a", LEASE).await.unwrap().is_none());
-    assert!(s.b.acquire_slot(&q, "node-c", LEASE).await.unwrap().is_none());
-    s.b.release_slot(&first, "node-b").await.unwrap();
+    assert!(disbatch::lifecycle::slots::acquire_slot(&*s.a, &q, "node-a", LEASE)
+        .await
+        .unwrap()
+        .is_none());
+    assert!(disbatch::lifecycle::slots::acquire_slot(&*s.b, &q, "node-c", LEASE)
+        .await
+        .unwrap()
+        .is_none());
+    disbatch::lifecycle::slots::release_slot(&*s.b, &first, "node-b")
+        .await
+        .unwrap();
     assert!(
-        s.b.acquire_slot(&q, "node-c", LEASE).await.unwrap().is_none(),
-        "only the holder gives a slot back"
-    );
-    s.a.release_slot(&first, "node-a").await.unwrap();
-    let again =
-        s.b.acquire_slot(&q, "node-c", LEASE)
+        disbatch::lifecycle::slots::acquire_slot(&*s.b, &q, "node-c", LEASE)
             .await
             .unwrap()
-            .expect("freed slot");
+            .is_none(),
+        "only the holder gives a slot back"
+    );
+    disbatch::lifecycle::slots::release_slot(&*s.a, &first, "node-a")
+        .await
+        .unwrap();
+    let again = disbatch::lifecycle::slots::acquire_slot(&*s.b, &q, "node-c", LEASE)
+        .await
+        .unwrap()
+        .expect("freed slot");
     assert_eq!(again.n, first.n);
     let paused = queue(&*s.a, "paused", 0, Sort::Fifo).await;
-    assert!(s.a.acquire_slot(&paused, "node-a", LEASE).await.unwrap().is_none());
+    assert!(
+        disbatch::lifecycle::slots::acquire_slot(&*s.a, &paused, "node-a", LEASE)
+            .await
+            .unwrap()
+            .is_none()
+    );
 }
 
 async fn lowering_threads_blocks_while_higher_slots_are_held(s: Stores) {
     let q = queue(&*s.a, "lower", 3, Sort::Fifo).await;
     let mut held = Vec::new();
     for node in ["a", "b", "c"] {
-        held.push(s.a.acquire_slot(&q, node, LEASE).await.unwrap().expect("slot"));
+        held.push(
+            disbatch::lifecycle::slots::acquire_slot(&*s.a, &q, node, LEASE)
+                .await
+                .unwrap()
+                .expect("slot"),
+        );
     }
     held.sort_by_key(|s| s.n);
     let q = set_threads(&*s.a, &q, 1).await;
     assert_eq!(q.threads, Some(1));
-    s.a.release_slot(&held[0], "a").await.unwrap();
+    disbatch::lifecycle::slots::release_slot(&*s.a, &held[0], "a")
+        .await
+        .unwrap();
     assert!(
-        s.b.acquire_slot(&q, "d", LEASE).await.unwrap().is_none(),
-        "slots 1 and 2 are still held"
-    );
-    s.a.release_slot(&held[1], "b").await.unwrap();
-    s.a.release_slot(&held[2], "c").await.unwrap();
-    let slot =
-        s.b.acquire_slot(&q, "d", LEASE)
+        disbatch::lifecycle::slots::acquire_slot(&*s.b, &q, "d", LEASE)
             .await
             .unwrap()
-            .expect("slot under the new limit");
+            .is_none(),
+        "slots 1 and 2 are still held"
+    );
+    disbatch::lifecycle::slots::release_slot(&*s.a, &held[1], "b")
+        .await
+        .unwrap();
+    disbatch::lifecycle::slots::release_slot(&*s.a, &held[2], "c")
+        .await
+        .unwrap();
+    let slot = disbatch::lifecycle::slots::acquire_slot(&*s.b, &q, "d", LEASE)
+        .await
+        .unwrap()
+        .expect("slot under the new limit");
     assert_eq!(slot.n, 0);
-    assert!(s.b.acquire_slot(&q, "e", LEASE).await.unwrap().is_none());
+    assert!(disbatch::lifecycle::slots::acquire_slot(&*s.b, &q, "e", LEASE)
+        .await
+        .unwrap()
+        .is_none());
 }
 
 async fn expired_slots_are_free_and_heartbeats_renew_them(s: Stores) {
     let short = Duration::from_millis(300);
     let q = queue(&*s.a, "expire", 1, Sort::Fifo).await;
-    s.a.acquire_slot(&q, "alive", short).await.unwrap().expect("slot");
+    disbatch::lifecycle::slots::acquire_slot(&*s.a, &q, "alive", short)
+        .await
+        .unwrap()
+        .expect("slot");
     s.a.heartbeat("alive", LEASE).await.unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(
-        s.b.acquire_slot(&q, "other", LEASE).await.unwrap().is_none(),
+        disbatch::lifecycle::slots::acquire_slot(&*s.b, &q, "other", LEASE)
+            .await
+            .unwrap()
+            .is_none(),
         "a heartbeat renews its node's leases"
     );
     let q2 = queue(&*s.a, "expire-2", 1, Sort::Fifo).await;
-    s.a.acquire_slot(&q2, "dead", short).await.unwrap().expect("slot");
+    disbatch::lifecycle::slots::acquire_slot(&*s.a, &q2, "dead", short)
+        .await
+        .unwrap()
+        .expect("slot");
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(
-        s.b.acquire_slot(&q2, "other", LEASE).await.unwrap().is_some(),
+        disbatch::lifecycle::slots::acquire_slot(&*s.b, &q2, "other", LEASE)
+            .await
+            .unwrap()
+            .is_some(),
         "an expired lease is free"
     );
 }
@@ -479,7 +532,10 @@ async fn stale_nodes_tasks_are_recovered_and_fresh_nodes_left_alone(s: Stores) {
     s.a.heartbeat("stale", LEASE).await.unwrap();
     // A stale node's slot is freed once its lease has run out too: a short one here.
     let short = Duration::from_millis(50);
-    let stale_slot = s.a.acquire_slot(&q, "stale", short).await.unwrap().expect("slot");
+    let stale_slot = disbatch::lifecycle::slots::acquire_slot(&*s.a, &q, "stale", short)
+        .await
+        .unwrap()
+        .expect("slot");
     let stale_claimed = s.a.claim(&q, "stale").await.unwrap().unwrap().id;
     let stale_running = claim_run(&*s.a, &q, "stale").await;
     let requeued = claim_run(&*s.a, &rq, "stale").await;
@@ -518,7 +574,10 @@ async fn stale_nodes_tasks_are_recovered_and_fresh_nodes_left_alone(s: Stores) {
         .and_then(QueueState::readable)
         .unwrap();
     assert_eq!(stale_slot.n, 0);
-    assert!(s.b.acquire_slot(&q1, "fresh", LEASE).await.unwrap().is_some());
+    assert!(disbatch::lifecycle::slots::acquire_slot(&*s.b, &q1, "fresh", LEASE)
+        .await
+        .unwrap()
+        .is_some());
     let again = s.b.recover_orphans(ago(3_600_000), cut).await.unwrap();
     assert!(again.orphaned.is_empty() && again.requeued.is_empty());
 }

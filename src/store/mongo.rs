@@ -62,7 +62,7 @@ use self::documents::{output_bson, task_filter_doc, task_from, task_or_problem};
 use self::errors::{db_err, is_duplicate_key};
 use super::{
     Batch, Dependency, FinishExtra, HandRetry, Leader, NewQueue, NewTask, OutputStream, OutputValue, Page,
-    PendingChange, QueueState, QueueUpdate, Recovery, Slot, SlotRenewal, StatusCounts, Store, StoreError, StoreResult,
+    PendingChange, QueueState, QueueUpdate, Recovery, StatusCounts, Store, StoreError, StoreResult,
     TaskFilter, TaskTarget,
 };
 use super::{NodeChange, NodeFence, NodeRecord};
@@ -176,6 +176,15 @@ impl Store for MongoStore {
         Ok(self.read_queues().await?.1)
     }
 
+    async fn queue(&self, id: ObjectId) -> StoreResult<Option<Queue>> {
+        let found = self
+            .queues
+            .find_one(doc! { "_id": id })
+            .await
+            .map_err(db_err("read a queue"))?;
+        found.map(|d| super::queue_doc::read(&d).map(|(q, _)| q)).transpose()
+    }
+
     async fn create_queue(&self, queue: NewQueue) -> StoreResult<Queue> {
         self.insert_queue(queue).await
     }
@@ -266,32 +275,12 @@ impl Store for MongoStore {
         self.find_unsettled(limit).await
     }
 
-    async fn acquire_slot(&self, queue: &Queue, node: &str, lease: Duration) -> StoreResult<Option<Slot>> {
-        self.take_slot(queue, node, lease).await
-    }
-
-    async fn release_slot(&self, slot: &Slot, node: &str) -> StoreResult<()> {
-        self.give_back_slot(slot, node).await
-    }
-
-    async fn renew_slot(&self, slot: &Slot, node: &str, lease: Duration) -> StoreResult<SlotRenewal> {
-        self.renew_one_slot(slot, node, lease).await
-    }
-
-    async fn want_slot(&self, queue: &Queue, node: &str, ask: Duration) -> StoreResult<Option<String>> {
-        self.ask_for_slot(queue, node, ask).await
-    }
-
     async fn lease(&self, name: &str) -> StoreResult<Option<Leader>> {
         leases::lease(self, name).await
     }
 
     async fn change_lease(&self, name: &str, expect: Option<&Leader>, new: &Leader) -> StoreResult<bool> {
         leases::change_lease(self, name, expect, new).await
-    }
-
-    async fn slots_in_use(&self, queue: ObjectId) -> StoreResult<i64> {
-        self.occupied_slots(queue).await
     }
 
     async fn balance(&self) -> StoreResult<Option<Document>> {

@@ -61,7 +61,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bson::oid::ObjectId;
 use bson::{DateTime, Document};
-use rusqlite::Connection;
+use rusqlite::{params, Connection, OptionalExtension};
 
 use self::rows::{db_err, read_bson};
 use self::touched::Touched;
@@ -234,6 +234,20 @@ impl Store for SqliteStore {
         Ok(self.read_queues().await?.1)
     }
 
+    async fn queue(&self, id: ObjectId) -> StoreResult<Option<Queue>> {
+        let q = id.to_hex();
+        let bytes: Option<Vec<u8>> = self
+            .with(move |conn| {
+                conn.query_row("SELECT doc FROM queues WHERE id = ?1", params![q], |r| r.get(0))
+                    .optional()
+                    .map_err(db_err("read a queue"))
+            })
+            .await?;
+        bytes
+            .map(|b| queue_doc("queues", &id.to_hex(), &b).and_then(|d| rows::queue_from(&d).map(|(q, _)| q)))
+            .transpose()
+    }
+
     async fn create_queue(&self, queue: NewQueue) -> StoreResult<Queue> {
         self.create_queue(queue).await
     }
@@ -313,22 +327,6 @@ impl Store for SqliteStore {
         self.find_unsettled(limit).await
     }
 
-    async fn acquire_slot(&self, queue: &Queue, node: &str, lease: Duration) -> StoreResult<Option<Slot>> {
-        self.take_slot(queue, node, lease).await
-    }
-
-    async fn release_slot(&self, slot: &Slot, node: &str) -> StoreResult<()> {
-        self.give_back_slot(slot, node).await
-    }
-
-    async fn renew_slot(&self, slot: &Slot, node: &str, lease: Duration) -> StoreResult<SlotRenewal> {
-        self.renew_one_slot(slot, node, lease).await
-    }
-
-    async fn want_slot(&self, queue: &Queue, node: &str, ask: Duration) -> StoreResult<Option<String>> {
-        self.ask_for_slot(queue, node, ask).await
-    }
-
     async fn lease(&self, name: &str) -> StoreResult<Option<Leader>> {
         let name = name.to_owned();
         self.with(move |conn| leases::lease(conn, &name)).await
@@ -343,11 +341,6 @@ impl Store for SqliteStore {
                 leases::change_lease(tx, &name, expect.as_ref(), &new)
             })
             .await
-    }
-
-    async fn slots_in_use(&self, queue: ObjectId) -> StoreResult<i64> {
-        let q = queue.to_hex();
-        self.with(move |conn| slots::occupied(conn, &q)).await
     }
 
     async fn balance(&self) -> StoreResult<Option<Document>> {
@@ -395,14 +388,28 @@ impl Store for SqliteStore {
         self.claim_to_run(queue, node).await
     }
 
+    /// Offered: the slot's row is read, the step `rule` decides is written and the task
+    /// claimed and started, in one transaction.
     async fn renew_and_claim(
         &self,
         slot: &Slot,
         queue: &Queue,
         node: &str,
         lease: Duration,
-    ) -> StoreResult<(SlotRenewal, Option<Task>)> {
-        self.renew_and_claim(slot, queue, node, lease).await
+        rule: super::RenewRule,
+    ) -> StoreResult<Option<(SlotRenewal, Option<Task>)>> {
+        let (slot, queue, node) = (slot.clone(), queue.clone(), node.to_string());
+        let done = self
+            .write_touching(
+                "renew slot lease and claim",
+                move |tx| slots::renew_and_claim_in(tx, &slot, &queue, &node, lease, rule),
+                |done| {
+                    done.as_ref()
+                        .map_or(Touched::Nothing, |(_, c)| claims::claimed_touched(c))
+                },
+            )
+            .await?;
+        done.map(|(renewal, claimed)| Ok((renewal, claimed?))).transpose()
     }
 
     async fn start(&self, task: ObjectId, node: &str) -> StoreResult<bool> {

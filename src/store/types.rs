@@ -53,7 +53,7 @@ pub struct Batch {
     pub dependents: bool,
 }
 
-/// What re-validating a slot lease before a claim found ([`super::Store::renew_slot`]).
+/// What re-validating a slot lease before a claim found (`lifecycle::slots::renew_slot`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SlotRenewal {
     /// Still held by this node; the lease runs on.

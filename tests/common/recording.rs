@@ -66,6 +66,9 @@ impl Store for Recording {
     async fn queues(&self) -> StoreResult<Vec<Queue>> {
         self.inner.queues().await
     }
+    async fn queue(&self, id: ObjectId) -> StoreResult<Option<Queue>> {
+        self.inner.queue(id).await
+    }
     async fn unreadable_queues(&self) -> StoreResult<Vec<disbatch::model::UnreadableQueue>> {
         self.inner.unreadable_queues().await
     }
@@ -129,26 +132,11 @@ impl Store for Recording {
     async fn unsettled(&self, limit: usize) -> StoreResult<Vec<Dependency>> {
         self.inner.unsettled(limit).await
     }
-    async fn acquire_slot(&self, queue: &Queue, node: &str, lease: Duration) -> StoreResult<Option<Slot>> {
-        self.inner.acquire_slot(queue, node, lease).await
-    }
-    async fn release_slot(&self, slot: &Slot, node: &str) -> StoreResult<()> {
-        self.inner.release_slot(slot, node).await
-    }
-    async fn renew_slot(&self, slot: &Slot, node: &str, lease: Duration) -> StoreResult<SlotRenewal> {
-        self.inner.renew_slot(slot, node, lease).await
-    }
-    async fn want_slot(&self, queue: &Queue, node: &str, ask: Duration) -> StoreResult<Option<String>> {
-        self.inner.want_slot(queue, node, ask).await
-    }
     async fn lease(&self, name: &str) -> StoreResult<Option<Leader>> {
         self.inner.lease(name).await
     }
     async fn change_lease(&self, name: &str, expect: Option<&Leader>, new: &Leader) -> StoreResult<bool> {
         self.inner.change_lease(name, expect, new).await
-    }
-    async fn slots_in_use(&self, queue: ObjectId) -> StoreResult<i64> {
-        self.inner.slots_in_use(queue).await
     }
     async fn balance(&self) -> StoreResult<Option<bson::Document>> {
         self.inner.balance().await
@@ -274,6 +262,22 @@ impl Store for Recording {
     }
     async fn read_output(&self, output: &Output) -> StoreResult<String> {
         self.inner.read_output(output).await
+    }
+}
+
+#[async_trait]
+impl SlotStore for Recording {
+    async fn slots(&self, queue: ObjectId) -> StoreResult<Vec<SlotRow>> {
+        self.inner.slots(queue).await
+    }
+    async fn ensure_slots(&self, queue: ObjectId, threads: i64) -> StoreResult<()> {
+        self.inner.ensure_slots(queue, threads).await
+    }
+    async fn change_slot(&self, slot: &Slot, fence: &SlotFence, change: &SlotChange) -> StoreResult<bool> {
+        self.inner.change_slot(slot, fence, change).await
+    }
+    async fn busy_nodes(&self, queue: Option<ObjectId>, of: BusyOf) -> StoreResult<Vec<BusyNode>> {
+        self.inner.busy_nodes(queue, of).await
     }
 }
 

@@ -479,7 +479,16 @@ async fn an_embedded_database_from_before_gains_the_new_columns() {
     assert_eq!(store.promote_due(DateTime::now()).await.unwrap(), 0);
     let q = queue(&store, "old-slots", 2, Sort::Fifo).await;
     for _ in 0..2 {
-        store.acquire_slot(&q, "a", LEASE).await.unwrap().expect("slot");
+        disbatch::lifecycle::slots::acquire_slot(&store, &q, "a", LEASE)
+            .await
+            .unwrap()
+            .expect("slot");
     }
-    assert_eq!(store.want_slot(&q, "b", LEASE).await.unwrap().as_deref(), Some("a"));
+    assert_eq!(
+        disbatch::lifecycle::slots::want_slot(&store, &q, "b", LEASE)
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("a")
+    );
 }

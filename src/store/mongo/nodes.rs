@@ -8,8 +8,8 @@
 //! writes it back whole with a new `timestamp`, so `beat` falls behind. Either way the node
 //! is *foreign* ([`is_foreign`], read as [`NodeRecord::foreign`]). Foreign DENs claim
 //! tasks without taking slots, so their claimed and running tasks are counted against each
-//! queue's limit here (see `foreign_running`); when a foreign node's name may be taken is
-//! decided in [`lifecycle::nodes`](crate::lifecycle::nodes).
+//! queue's limit (`busy_nodes` in `slots`, used by `lifecycle::slots`); when a foreign
+//! node's name may be taken is decided in [`lifecycle::nodes`](crate::lifecycle::nodes).
 
 use std::time::{Duration, Instant};
 
@@ -184,26 +184,6 @@ impl MongoStore {
             });
         }
         Ok(names)
-    }
-
-    /// The claimed (-1) and running (0) tasks of `queue` on foreign nodes, which hold no
-    /// slot: they count against the queue's limit as Disbatch 4 counts ours against it.
-    /// Without foreign nodes this costs no query beyond the cached node list.
-    pub(super) async fn foreign_running(&self, queue: ObjectId) -> StoreResult<i64> {
-        let names = self.foreign_nodes().await?;
-        if names.is_empty() {
-            return Ok(0);
-        }
-        let n = self
-            .tasks
-            .count_documents(doc! {
-                "queue": queue,
-                "status": { "$in": status::BUSY.to_vec() },
-                "node": { "$in": names },
-            })
-            .await
-            .map_err(db_err("count the tasks of Disbatch 4 nodes"))?;
-        Ok(i64::try_from(n).unwrap_or(i64::MAX))
     }
 }
 

@@ -16,7 +16,7 @@ impl SqliteStore {
         let node = node.to_string();
         self.write_liveness("heartbeat", move |tx| {
             let now = DateTime::now();
-            renew_slots(tx, &node, lease_end(now, lease))?;
+            slots::renew_slots(tx, &node, lease_end(now, lease))?;
             let err = db_err("heartbeat");
             tx.execute(
                 "INSERT INTO nodes (id, node, timestamp, maxthreads) VALUES (?1, ?2, ?3, NULL)
@@ -156,17 +156,6 @@ impl SqliteStore {
         }
         Ok(nodes)
     }
-}
-
-/// Renews the leases of every slot `node` holds, but not one that expired: it may have
-/// been counted free since.
-fn renew_slots(tx: &rusqlite::Transaction<'_>, node: &str, until: i64) -> StoreResult<()> {
-    tx.execute(
-        "UPDATE slots SET expires = ?1 WHERE holder = ?2 AND expires > ?3",
-        params![until, node, DateTime::now().timestamp_millis()],
-    )
-    .map_err(db_err("renew slot leases"))?;
-    Ok(())
 }
 
 /// A node row as a node.
