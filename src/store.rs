@@ -8,6 +8,7 @@
 //! Disbatch 4 data model; each store maps them onto its own storage, and the shared test
 //! suite (`tests/store_shared.rs`) holds both to the same behaviour.
 
+pub mod change;
 pub mod deps;
 pub mod gridfs;
 pub mod keys;
@@ -18,6 +19,7 @@ mod retries;
 pub mod sqlite;
 mod types;
 
+pub use self::change::{NodeIs, StopIs, TaskChange, TaskFence, Write};
 pub use self::keys::Keyed;
 pub use self::plugins::{PluginRef, PluginStore, PluginVersion, Pushed};
 pub use self::queue_doc::QueueState;
@@ -448,6 +450,23 @@ pub trait Store: PluginStore + Send + Sync + 'static {
     /// transaction); MongoDB may have created a first part of them (an ordered insert cut
     /// short, or one whose reply was lost).
     async fn insert_tasks(&self, queue: ObjectId, tasks: Vec<NewTask>) -> StoreResult<()>;
+    /// Applies each `(task, fence, change)` in order: `change` is written to `task` only
+    /// while `fence` holds for it (see [`change`]). Answers, for each entry, whether it was
+    /// written; a fence that does not hold (or a task that does not exist) changes nothing
+    /// and answers false. The embedded store writes all entries in one transaction;
+    /// MongoDB sends one fenced update per entry, in order, so on an error the entries
+    /// before it may have been written. An empty change is [`StoreError::Invalid`].
+    async fn change_tasks(&self, changes: &[(ObjectId, TaskFence, TaskChange)]) -> StoreResult<Vec<bool>>;
+    /// Writes `change` to every task of `target` for which `fence` holds; answers the ids
+    /// written. The change must set `mtime` ([`TaskChange::touch`]) and append no
+    /// attempt, else it is [`StoreError::Invalid`]. Tasks changed by others at the same
+    /// time are left out when their fence no longer holds.
+    async fn change_where(
+        &self,
+        target: TaskTarget,
+        fence: &TaskFence,
+        change: &TaskChange,
+    ) -> StoreResult<Vec<ObjectId>>;
     /// [`Store::insert_tasks`] of queued tasks with new ids. Returns their ids in order.
     async fn create_tasks(&self, queue: ObjectId, params: Vec<Document>) -> StoreResult<Vec<ObjectId>> {
         let tasks: Vec<NewTask> = params

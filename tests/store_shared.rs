@@ -99,6 +99,8 @@ on_both_stores!(
     three_dens_hold_threads_and_maxthreads,
 );
 
+#[path = "store_shared/change.rs"]
+mod change;
 #[path = "store_shared/claims.rs"]
 mod claims;
 #[path = "store_shared/deps.rs"]

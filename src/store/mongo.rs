@@ -23,6 +23,7 @@
 
 mod balance;
 mod batches;
+mod change;
 mod connect;
 mod counts;
 mod deps;
@@ -62,8 +63,8 @@ use self::errors::{db_err, is_duplicate_key};
 use super::gridfs;
 use super::{
     Batch, Dependency, FinishExtra, HandRetry, NewQueue, NewTask, OutputStream, OutputValue, Page, QueueState,
-    QueueUpdate, Recovery, Resolved, Slot, SlotRenewal, StatusCounts, Store, StoreError, StoreResult, TaskFilter,
-    TaskTarget,
+    QueueUpdate, Recovery, Resolved, Slot, SlotRenewal, StatusCounts, Store, StoreError, StoreResult, TaskChange,
+    TaskFence, TaskFilter, TaskTarget,
 };
 use crate::model::{
     status, NameHolder, Node, NodeProcess, NodeStats, Output, Queue, RetryAt, Sort, StopRequest, Task, TaskProgress,
@@ -412,6 +413,19 @@ impl Store for MongoStore {
     }
 
     // ---- tasks (the DCI) ---------------------------------------------------------------
+
+    async fn change_tasks(&self, changes: &[(ObjectId, TaskFence, TaskChange)]) -> StoreResult<Vec<bool>> {
+        self.change_each(changes).await
+    }
+
+    async fn change_where(
+        &self,
+        target: TaskTarget,
+        fence: &TaskFence,
+        change: &TaskChange,
+    ) -> StoreResult<Vec<ObjectId>> {
+        self.change_matching(target, fence, change).await
+    }
 
     async fn insert_tasks(&self, queue: ObjectId, tasks: Vec<NewTask>) -> StoreResult<()> {
         if tasks.is_empty() {

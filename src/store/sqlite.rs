@@ -33,6 +33,7 @@
 
 mod balance;
 mod batches;
+mod change;
 mod claims;
 mod connect;
 mod deps;
@@ -67,7 +68,8 @@ use self::rows::{db_err, read_bson};
 use self::touched::Touched;
 use super::{
     Batch, Dependency, FinishExtra, HandRetry, NewQueue, NewTask, OutputValue, Page, QueueState, QueueUpdate, Recovery,
-    Resolved, Slot, SlotRenewal, StatusCounts, Store, StoreError, StoreResult, TaskFilter, TaskTarget,
+    Resolved, Slot, SlotRenewal, StatusCounts, Store, StoreError, StoreResult, TaskChange, TaskFence, TaskFilter,
+    TaskTarget,
 };
 use crate::model::{
     NameHolder, Node, NodeProcess, NodeStats, Output, Queue, RetryAt, StopRequest, Task, TaskProgress, UnreadableQueue,
@@ -456,6 +458,19 @@ impl Store for SqliteStore {
     }
 
     // ---- tasks (the DCI) ---------------------------------------------------------------
+
+    async fn change_tasks(&self, changes: &[(ObjectId, TaskFence, TaskChange)]) -> StoreResult<Vec<bool>> {
+        self.change_each(changes).await
+    }
+
+    async fn change_where(
+        &self,
+        target: TaskTarget,
+        fence: &TaskFence,
+        change: &TaskChange,
+    ) -> StoreResult<Vec<ObjectId>> {
+        self.change_matching(target, fence, change).await
+    }
 
     async fn insert_tasks(&self, queue: ObjectId, tasks: Vec<NewTask>) -> StoreResult<()> {
         self.insert_tasks(queue, tasks).await

@@ -269,6 +269,8 @@ pub enum TaskTarget {
     Task(ObjectId),
     /// Every task of a queue that the action applies to.
     Queue(ObjectId),
+    /// Every task that the action applies to.
+    All,
 }
 
 /// Paging of a task search: newest first unless `oldest_first`.

@@ -72,6 +72,17 @@ impl Store for Recording {
     async fn report_queue_problems(&self, node: &str, problems: &BTreeMap<String, String>) -> StoreResult<()> {
         self.inner.report_queue_problems(node, problems).await
     }
+    async fn change_tasks(&self, changes: &[(ObjectId, TaskFence, TaskChange)]) -> StoreResult<Vec<bool>> {
+        self.inner.change_tasks(changes).await
+    }
+    async fn change_where(
+        &self,
+        target: TaskTarget,
+        fence: &TaskFence,
+        change: &TaskChange,
+    ) -> StoreResult<Vec<ObjectId>> {
+        self.inner.change_where(target, fence, change).await
+    }
     async fn queues(&self) -> StoreResult<Vec<Queue>> {
         self.inner.queues().await
     }

@@ -20,6 +20,7 @@ fn target_filter(target: TaskTarget) -> Document {
     match target {
         TaskTarget::Task(id) => doc! { "_id": id },
         TaskTarget::Queue(q) => doc! { "queue": q },
+        TaskTarget::All => Document::new(),
     }
 }
 

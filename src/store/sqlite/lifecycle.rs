@@ -54,6 +54,7 @@ fn target_clause(target: TaskTarget) -> (&'static str, String) {
     match target {
         TaskTarget::Task(id) => ("id = ?3", id.to_hex()),
         TaskTarget::Queue(q) => ("queue = ?3", q.to_hex()),
+        TaskTarget::All => ("?3 IS NOT NULL", String::new()),
     }
 }
 
