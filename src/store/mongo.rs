@@ -67,8 +67,7 @@ use super::{
     TaskFence, TaskFilter, TaskTarget,
 };
 use crate::model::{
-    status, NameHolder, Node, NodeProcess, NodeStats, Output, Queue, RetryAt, Sort, StopRequest, Task, TaskProgress,
-    UnreadableQueue,
+    status, NameHolder, Node, NodeProcess, NodeStats, Output, Queue, Sort, StopRequest, Task, UnreadableQueue,
 };
 
 /// Collection of task documents.
@@ -376,10 +375,6 @@ impl Store for MongoStore {
         self.claim_task(queue, node).await
     }
 
-    async fn start(&self, task: ObjectId, node: &str) -> StoreResult<bool> {
-        self.start_task(task, node).await
-    }
-
     async fn put_output_file(&self, file: ObjectId, task: ObjectId, filename: &str, text: &str) -> StoreResult<()> {
         Ok(gridfs::put_file(&self.db, file, task, filename, text).await?)
     }
@@ -398,10 +393,6 @@ impl Store for MongoStore {
         extra: &FinishExtra,
     ) -> StoreResult<bool> {
         self.finish_task(task, node, status, stdout, stderr, extra).await
-    }
-
-    async fn report_progress(&self, task: ObjectId, node: &str, progress: &TaskProgress) -> StoreResult<bool> {
-        self.write_progress(task, node, progress).await
     }
 
     async fn requeue_own(&self, node: &str, tasks: &[ObjectId]) -> StoreResult<Vec<ObjectId>> {
@@ -481,51 +472,8 @@ impl Store for MongoStore {
         }
     }
 
-    async fn promote_due(&self, now: DateTime) -> StoreResult<u64> {
-        self.promote(now).await
-    }
-
-    async fn retry_later(&self, task: ObjectId, node: &str, retry: &RetryAt) -> StoreResult<bool> {
-        self.retry_run(task, node, retry).await
-    }
-
     async fn retry_by_hand(&self, task: ObjectId, reason: &str, replace: Option<&NewTask>) -> StoreResult<HandRetry> {
         self.retry_finished(task, reason, replace).await
-    }
-
-    async fn resubmit_waiting(&self, id: ObjectId, status: i32, task: &NewTask) -> StoreResult<bool> {
-        let now = DateTime::now();
-        let mut set = retries::replaced_fields(task, now);
-        set.insert("mtime", now);
-        let result = self
-            .tasks
-            .update_one(
-                doc! { "_id": id, "status": status, "node": unclaimed() },
-                doc! { "$set": set },
-            )
-            .await
-            .map_err(db_err("submit a task again"))?;
-        Ok(result.matched_count == 1)
-    }
-
-    async fn request_rerun(&self, id: ObjectId) -> StoreResult<bool> {
-        let result = self
-            .tasks
-            .update_one(
-                doc! { "_id": id, "status": { "$in": status::BUSY.to_vec() } },
-                doc! { "$set": { "rerun": true } },
-            )
-            .await
-            .map_err(db_err("submit a running task again"))?;
-        Ok(result.matched_count == 1)
-    }
-
-    async fn cancel_tasks(&self, target: TaskTarget, stop: &StopRequest) -> StoreResult<Vec<ObjectId>> {
-        self.cancel(target, stop).await
-    }
-
-    async fn request_kill(&self, target: TaskTarget, stop: &StopRequest) -> StoreResult<Vec<ObjectId>> {
-        self.kill(target, stop).await
     }
 
     async fn kill_requests(&self, node: &str) -> StoreResult<Vec<(ObjectId, StopRequest)>> {

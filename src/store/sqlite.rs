@@ -71,9 +71,7 @@ use super::{
     Resolved, Slot, SlotRenewal, StatusCounts, Store, StoreError, StoreResult, TaskChange, TaskFence, TaskFilter,
     TaskTarget,
 };
-use crate::model::{
-    NameHolder, Node, NodeProcess, NodeStats, Output, Queue, RetryAt, StopRequest, Task, TaskProgress, UnreadableQueue,
-};
+use crate::model::{NameHolder, Node, NodeProcess, NodeStats, Output, Queue, StopRequest, Task, UnreadableQueue};
 
 /// How often a watcher of task changes looks for writes by other processes.
 const OTHER_WRITERS_POLL: Duration = Duration::from_millis(250);
@@ -425,10 +423,6 @@ impl Store for SqliteStore {
         self.renew_and_claim(slot, queue, node, lease).await
     }
 
-    async fn start(&self, task: ObjectId, node: &str) -> StoreResult<bool> {
-        self.start(task, node).await
-    }
-
     async fn put_output_file(&self, file: ObjectId, task: ObjectId, filename: &str, text: &str) -> StoreResult<()> {
         self.put_file(file, task, filename, text).await
     }
@@ -476,40 +470,12 @@ impl Store for SqliteStore {
         self.insert_tasks(queue, tasks).await
     }
 
-    async fn promote_due(&self, now: DateTime) -> StoreResult<u64> {
-        self.promote(now).await
-    }
-
-    async fn retry_later(&self, task: ObjectId, node: &str, retry: &RetryAt) -> StoreResult<bool> {
-        self.retry_run(task, node, retry).await
-    }
-
     async fn retry_by_hand(&self, task: ObjectId, reason: &str, replace: Option<&NewTask>) -> StoreResult<HandRetry> {
         self.retry_finished(task, reason, replace).await
     }
 
-    async fn resubmit_waiting(&self, id: ObjectId, status: i32, task: &NewTask) -> StoreResult<bool> {
-        self.resubmit(id, status, task).await
-    }
-
-    async fn request_rerun(&self, id: ObjectId) -> StoreResult<bool> {
-        self.rerun(id).await
-    }
-
-    async fn cancel_tasks(&self, target: TaskTarget, stop: &StopRequest) -> StoreResult<Vec<ObjectId>> {
-        self.cancel(target, stop).await
-    }
-
-    async fn request_kill(&self, target: TaskTarget, stop: &StopRequest) -> StoreResult<Vec<ObjectId>> {
-        self.kill(target, stop).await
-    }
-
     async fn kill_requests(&self, node: &str) -> StoreResult<Vec<(ObjectId, StopRequest)>> {
         self.kills_for(node).await
-    }
-
-    async fn report_progress(&self, task: ObjectId, node: &str, progress: &TaskProgress) -> StoreResult<bool> {
-        self.store_progress(task, node, progress).await
     }
 
     async fn find_tasks(&self, filter: &TaskFilter, page: Page) -> StoreResult<Vec<Task>> {

@@ -144,7 +144,7 @@ pub struct NewTask {
     pub run_at: Option<DateTime>,
     /// Claim priority within the queue: higher first (0 when not given).
     pub priority: i64,
-    /// A key unique within the queue ([`super::Store::insert_keyed`]).
+    /// A key unique within the queue (`lifecycle::keys::insert_keyed`).
     pub key: Option<String>,
     /// The batch it belongs to ([`super::Store::open_batch`]).
     pub batch: Option<String>,

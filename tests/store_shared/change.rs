@@ -37,7 +37,7 @@ async fn a_fence_that_does_not_hold_changes_nothing(s: Stores) {
     let (queued, running) = (ids[0], ids[1]);
     let claimed = s.a.claim(&q, "n1").await.unwrap().unwrap();
     assert_eq!(claimed.id, queued, "fifo claims the first");
-    assert!(s.a.start(queued, "n1").await.unwrap());
+    assert!(disbatch::lifecycle::run::start(&*s.a, queued, "n1").await.unwrap());
     // `queued` is now running on n1; `running` is still queued. Names as they are now:
     let (busy, waiting) = (queued, running);
     let before = (task(&*s.a, busy).await, task(&*s.a, waiting).await);
