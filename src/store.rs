@@ -8,7 +8,7 @@
 //! Disbatch 4 data model; each store maps them onto its own storage, and the shared test
 //! suite (`tests/store_shared.rs`) holds both to the same behaviour.
 
-pub mod keys;
+pub mod change;
 pub mod mongo;
 pub mod node_change;
 pub mod plugins;
@@ -21,7 +21,7 @@ pub mod sqlite;
 pub mod testing;
 mod types;
 
-pub use self::keys::Keyed;
+pub use self::change::{NodeIs, StopIs, TaskChange, TaskFence, Write};
 pub use self::node_change::{NodeChange, NodeFence, NodeRecord};
 pub use self::plugins::{PluginRef, PluginStore, PluginVersion, Pushed};
 pub use self::queue_doc::QueueState;
@@ -39,7 +39,7 @@ use async_trait::async_trait;
 use bson::oid::ObjectId;
 use bson::{DateTime, Document};
 
-use crate::model::{Node, Output, Queue, RetryAt, StopRequest, Task, UnreadableQueue};
+use crate::model::{Node, Output, Queue, StopRequest, Task, UnreadableQueue};
 
 /// Errors of a store operation.
 #[derive(Debug, thiserror::Error)]
@@ -265,13 +265,9 @@ pub trait Store: PluginStore + SlotStore + Send + Sync + 'static {
     /// callers ever get the same task. On MongoDB this is the spec's `findOneAndUpdate`;
     /// the embedded store does it in one write transaction.
     async fn claim(&self, queue: &Queue, node: &str) -> StoreResult<Option<Task>>;
-    /// Marks a claimed task running (0), fenced on `{_id, node, status: -1}`.
-    /// Idempotent: a task already `{node, status: 0}` (a retry whose first reply was lost)
-    /// also returns true. Returns false when the task is no longer ours.
-    async fn start(&self, task: ObjectId, node: &str) -> StoreResult<bool>;
     /// [`Store::claim`] for a DEN about to run the task: the task may come back already
     /// running (0), claimed and started in one write (the embedded store does so, in one
-    /// transaction), or claimed (-1), to be started with [`Store::start`] (MongoDB, whose
+    /// transaction), or claimed (-1), to be started with `lifecycle::run::start` (MongoDB, whose
     /// claim is the spec's). Either way exactly one caller gets it.
     async fn claim_to_run(&self, queue: &Queue, node: &str) -> StoreResult<Option<Task>> {
         self.claim(queue, node).await
@@ -319,7 +315,7 @@ pub trait Store: PluginStore + SlotStore + Send + Sync + 'static {
     }
     /// [`Store::finish`], also storing the plugin's last progress report and appending the
     /// run's record to `attempts` in the same update. A task marked to run again
-    /// ([`Store::request_rerun`]) is queued again instead (-2, node null, outputs cleared),
+    /// (`lifecycle::retry::request_rerun`) is queued again instead (-2, node null, outputs cleared),
     /// with the run's record — its outputs as a file or the end of the text — appended.
     async fn finish_with(
         &self,
@@ -330,15 +326,6 @@ pub trait Store: PluginStore + SlotStore + Send + Sync + 'static {
         stderr: OutputValue,
         extra: &FinishExtra,
     ) -> StoreResult<bool>;
-    /// Ends a failed run that its queue's `retry` policy runs again, fenced on `{_id, node,
-    /// status: 0}`: appends `retry.attempt` to `attempts`, and the task waits (-7, node
-    /// null) until `retry.run_at` — or is queued (-2) at once when that is not after now —
-    /// at `retry.priority`, left by `retry.avoid_node` to the others until
-    /// `retry.avoid_until`. Its outputs and progress are cleared.
-    /// Returns false when the task is no longer running on `node`, or someone asked to
-    /// kill it (it must not run again: the caller stores the failure as its result) and
-    /// `retry.after_kill` is not set.
-    async fn retry_later(&self, task: ObjectId, node: &str, retry: &RetryAt) -> StoreResult<bool>;
     /// Queues a finished task again by hand (succeeded, failed or any other positive
     /// status, orphaned, cancelled or terminated): its last run becomes a record in
     /// `attempts` (with `reason`, and its outputs: a file kept as is, a text's last
@@ -349,30 +336,6 @@ pub trait Store: PluginStore + SlotStore + Send + Sync + 'static {
     /// With `replace`, the task also takes its params, priority and `run_at` (waiting as
     /// scheduled when that is still to come): a finished task submitted again by key.
     async fn retry_by_hand(&self, task: ObjectId, reason: &str, replace: Option<&NewTask>) -> StoreResult<HandRetry>;
-    /// Inserts one task with a key ([`NewTask::key`]) unique within its queue. When the
-    /// key is taken, answers the task that has it, or with `resubmit` submits that task
-    /// again: one still waiting (queued or scheduled, unclaimed) takes the new params,
-    /// priority and `run_at`; a claimed or running one is marked to run once more when
-    /// this run ends ([`Store::request_rerun`]); a finished one is queued again with the
-    /// new params ([`Store::retry_by_hand`]); a held one is left as it is.
-    async fn insert_keyed(&self, queue: ObjectId, task: NewTask, resubmit: bool) -> StoreResult<Keyed> {
-        keys::insert_keyed(self, queue, task, resubmit).await
-    }
-    /// Gives a waiting task (`status` queued or scheduled, unclaimed) `task`'s params,
-    /// priority and `run_at`, and the status they mean now. False when it changed meanwhile.
-    async fn resubmit_waiting(&self, id: ObjectId, status: i32, task: &NewTask) -> StoreResult<bool>;
-    /// Marks a claimed or running task to run once more when its run ends (`rerun`):
-    /// [`Store::finish_with`] then queues it again, the run's record in `attempts`. False
-    /// when it is no longer claimed or running.
-    async fn request_rerun(&self, id: ObjectId) -> StoreResult<bool>;
-    /// Stores a running task's latest progress (`progress`), fenced on `{_id, node,
-    /// status: 0}`. Returns false when the task is no longer running on `node`.
-    async fn report_progress(
-        &self,
-        task: ObjectId,
-        node: &str,
-        progress: &crate::model::TaskProgress,
-    ) -> StoreResult<bool>;
     /// Puts tasks of `node` that are claimed or running back in their queue (-2, node
     /// null), for a graceful shutdown. Returns the ids requeued. A task someone asked to
     /// kill is not put back: it ends failed (2) with [`KILLED_AT_SHUTDOWN`] as stderr.
@@ -403,18 +366,23 @@ pub trait Store: PluginStore + SlotStore + Send + Sync + 'static {
     /// transaction); MongoDB may have created a first part of them (an ordered insert cut
     /// short, or one whose reply was lost).
     async fn insert_tasks(&self, queue: ObjectId, tasks: Vec<NewTask>) -> StoreResult<()>;
-    /// Queues (-7 → -2, mtime now) every scheduled task whose `run_at` is not after
-    /// `now`, in one indexed update whatever the number of tasks still scheduled. Returns
-    /// how many were queued.
-    async fn promote_due(&self, now: DateTime) -> StoreResult<u64>;
-    /// Cancels tasks that have not started: those of `target` that are queued (-2) or
-    /// scheduled (-7) and unclaimed become cancelled (-5) with `stop` recorded. Returns
-    /// the ids cancelled (none when the task is claimed, running or finished).
-    async fn cancel_tasks(&self, target: TaskTarget, stop: &StopRequest) -> StoreResult<Vec<ObjectId>>;
-    /// Asks for running tasks to be killed: records `stop` on those of `target` that are
-    /// claimed (-1) or running (0) and not already asked. The DEN running each stops its
-    /// plugin ([`Store::kill_requests`]) and ends the task failed. Returns the ids asked.
-    async fn request_kill(&self, target: TaskTarget, stop: &StopRequest) -> StoreResult<Vec<ObjectId>>;
+    /// Applies each `(task, fence, change)` in order: `change` is written to `task` only
+    /// while `fence` holds for it (see [`change`]). Answers, for each entry, whether it was
+    /// written; a fence that does not hold (or a task that does not exist) changes nothing
+    /// and answers false. The embedded store writes all entries in one transaction;
+    /// MongoDB sends one fenced update per entry, in order, so on an error the entries
+    /// before it may have been written. An empty change is [`StoreError::Invalid`].
+    async fn change_tasks(&self, changes: &[(ObjectId, TaskFence, TaskChange)]) -> StoreResult<Vec<bool>>;
+    /// Writes `change` to every task of `target` for which `fence` holds; answers the ids
+    /// written. The change must set `mtime` ([`TaskChange::touch`]) and append no
+    /// attempt, else it is [`StoreError::Invalid`]. Tasks changed by others at the same
+    /// time are left out when their fence no longer holds.
+    async fn change_where(
+        &self,
+        target: TaskTarget,
+        fence: &TaskFence,
+        change: &TaskChange,
+    ) -> StoreResult<Vec<ObjectId>>;
     /// The kill requests on tasks `node` has claimed or is running.
     async fn kill_requests(&self, node: &str) -> StoreResult<Vec<(ObjectId, StopRequest)>>;
 

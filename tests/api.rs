@@ -228,7 +228,7 @@ async fn tasks_from_params_search_and_read_back() {
     // Run one by hand with stdout in GridFS, and read it back resolved.
     let queue = db.store.queues().await.unwrap().remove(0);
     let task = db.store.claim(&queue, "n1").await.unwrap().unwrap();
-    assert!(db.store.start(task.id, "n1").await.unwrap());
+    assert!(disbatch::lifecycle::run::start(&db.store, task.id, "n1").await.unwrap());
     let big = "line\n".repeat(100_000);
     let file = db.store.write_output_file(task.id, "stdout", &big).await.unwrap();
     let done = db

@@ -135,10 +135,10 @@ async fn spec_documents_are_claimed_and_finished_field_by_field() {
     assert_eq!(kind(&d, "stdout"), ElementType::Null);
     assert_eq!(kind(&d, "stderr"), ElementType::Null);
 
-    assert!(t.store.start(id, "den-1").await.unwrap());
+    assert!(disbatch::lifecycle::run::start(&t.store, id, "den-1").await.unwrap());
     assert_eq!(raw(&t.db, id).await.get("status"), Some(&Bson::Int32(0)));
     assert!(
-        t.store.start(id, "den-1").await.unwrap(),
+        disbatch::lifecycle::run::start(&t.store, id, "den-1").await.unwrap(),
         "a retried start of a task already running here succeeds"
     );
 
@@ -691,7 +691,9 @@ async fn start_and_finish_are_fenced_against_recovery() {
     let first = t.store.claim(&queue, "den").await.unwrap().unwrap();
     // Running, then recovered while it runs.
     let second = t.store.claim(&queue, "den").await.unwrap().unwrap();
-    assert!(t.store.start(second.id, "den").await.unwrap());
+    assert!(disbatch::lifecycle::run::start(&t.store, second.id, "den")
+        .await
+        .unwrap());
 
     let nodes = t.db.collection::<Document>("nodes");
     let last_beat = ago(120_000);
@@ -711,7 +713,9 @@ async fn start_and_finish_are_fenced_against_recovery() {
     let recovery = t.store.recover_orphans(ago(300_000), ago(30_000)).await.unwrap();
     assert_eq!(recovery.orphaned.len(), 2);
 
-    assert!(!t.store.start(first.id, "den").await.unwrap());
+    assert!(!disbatch::lifecycle::run::start(&t.store, first.id, "den")
+        .await
+        .unwrap());
     let file = t.store.write_output_file(second.id, "stdout", "late").await.unwrap();
     let written = t
         .store
@@ -734,7 +738,7 @@ async fn start_and_finish_are_fenced_against_recovery() {
     let third = t.store.create_tasks(q, vec![doc! {}]).await.unwrap()[0];
     let claimed = t.store.claim(&queue, "den").await.unwrap().unwrap();
     assert_eq!(claimed.id, third);
-    assert!(t.store.start(third, "den").await.unwrap());
+    assert!(disbatch::lifecycle::run::start(&t.store, third, "den").await.unwrap());
     let other = t.store.finish(
         third,
         "intruder",
@@ -754,7 +758,7 @@ async fn requeue_own_puts_back_only_our_unfinished_tasks() {
     let a = t.store.claim(&queue, "den").await.unwrap().unwrap().id;
     let b = t.store.claim(&queue, "den").await.unwrap().unwrap().id;
     let c = t.store.claim(&queue, "other").await.unwrap().unwrap().id;
-    assert!(t.store.start(b, "den").await.unwrap());
+    assert!(disbatch::lifecycle::run::start(&t.store, b, "den").await.unwrap());
     let requeued = t.store.requeue_own("den", &[a, b, c]).await.unwrap();
     assert_eq!(requeued, vec![a, b]);
     for id in [a, b] {

@@ -100,6 +100,8 @@ on_both_stores!(
     three_dens_hold_threads_and_maxthreads,
 );
 
+#[path = "store_shared/change.rs"]
+mod change;
 #[path = "store_shared/claims.rs"]
 mod claims;
 #[path = "store_shared/deps.rs"]
@@ -160,7 +162,7 @@ async fn task(s: &dyn Store, id: ObjectId) -> disbatch::model::Task {
 
 async fn claim_run(s: &dyn Store, q: &Queue, node: &str) -> ObjectId {
     let t = s.claim(q, node).await.unwrap().expect("a task to claim");
-    assert!(s.start(t.id, node).await.unwrap());
+    assert!(disbatch::lifecycle::run::start(s, t.id, node).await.unwrap());
     t.id
 }
 
@@ -204,11 +206,14 @@ async fn created_claimed_started_finished_field_by_field(s: Stores) {
     assert!(!s.a.has_queued(q.id).await.unwrap());
     assert!(s.a.claim(&q, "den-2").await.unwrap().is_none());
 
-    assert!(!s.a.start(id, "den-2").await.unwrap(), "start is fenced on the node");
-    assert!(s.a.start(id, "den-1").await.unwrap());
+    assert!(
+        !disbatch::lifecycle::run::start(&*s.a, id, "den-2").await.unwrap(),
+        "start is fenced on the node"
+    );
+    assert!(disbatch::lifecycle::run::start(&*s.a, id, "den-1").await.unwrap());
     assert_eq!(task(&*s.b, id).await.status, status::RUNNING);
     assert!(
-        s.a.start(id, "den-1").await.unwrap(),
+        disbatch::lifecycle::run::start(&*s.a, id, "den-1").await.unwrap(),
         "a retried start of a task already running here succeeds (its first reply was lost)"
     );
     assert_eq!(task(&*s.b, id).await.stdout, None, "stdout stays null while running");
@@ -609,7 +614,7 @@ async fn finish_is_fenced_after_recovery(s: Stores) {
     pause().await;
     let r = s.b.recover_orphans(ago(3_600_000), DateTime::now()).await.unwrap();
     assert_eq!(r.orphaned.len(), 2);
-    assert!(!s.a.start(claimed, "gone").await.unwrap());
+    assert!(!disbatch::lifecycle::run::start(&*s.a, claimed, "gone").await.unwrap());
     assert!(!s
         .a
         .finish(

@@ -335,7 +335,7 @@ pub(super) async fn plan(
 /// waits for that task.
 async fn taken_key(state: &Shared, queue: ObjectId, task: &NewTask) -> Result<Option<Dependency>, ApiError> {
     let Some(key) = &task.key else { return Ok(None) };
-    let found = crate::store::keys::by_key(state.store.as_ref(), Some(queue), key).await?;
+    let found = crate::lifecycle::keys::by_key(state.store.as_ref(), Some(queue), key).await?;
     Ok(found.first().map(|t| Dependency::Task(t.id)))
 }
 
@@ -437,7 +437,7 @@ async fn existing_key(
         }
         None => (queue, "the request's queue".to_string()),
     };
-    let found = crate::store::keys::by_key(state.store.as_ref(), Some(q), key).await?;
+    let found = crate::lifecycle::keys::by_key(state.store.as_ref(), Some(q), key).await?;
     match found.first() {
         Some(t) => Ok(Dependency::Task(t.id)),
         None => Err(ApiError::bad(format!(

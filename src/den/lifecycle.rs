@@ -41,7 +41,7 @@ impl Den {
                 _ = interval.tick() => {}
             }
             if self.leads() {
-                match self.store.promote_due(DateTime::now()).await {
+                match crate::lifecycle::run::promote_due(&*self.store, DateTime::now()).await {
                     Ok(0) => {}
                     Ok(n) => {
                         debug!(count = n, "queued scheduled tasks that are due");

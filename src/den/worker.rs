@@ -11,6 +11,7 @@ use super::progress::Latest;
 use super::queues::QueueState;
 use super::result::{Stop, TaskResult};
 use super::Den;
+use crate::lifecycle;
 use crate::lifecycle::slots;
 use crate::model::{status, Task};
 use crate::runner::{Failure, Outcome, RunControl, StopReason};
@@ -149,7 +150,8 @@ impl Den {
             if task.status == status::RUNNING {
                 return Ok(true);
             }
-            self.retry("mark running", || self.store.start(task.id, node)).await
+            self.retry("mark running", || lifecycle::run::start(&*self.store, task.id, node))
+                .await
         };
         match started.await {
             Ok(true) => {}

@@ -23,6 +23,7 @@
 
 mod balance;
 mod batches;
+mod change;
 mod connect;
 mod counts;
 mod deps;
@@ -62,11 +63,11 @@ use self::documents::{output_bson, task_filter_doc, task_from, task_or_problem};
 use self::errors::{db_err, is_duplicate_key};
 use super::{
     Batch, Dependency, FinishExtra, HandRetry, Leader, NewQueue, NewTask, OutputStream, OutputValue, Page,
-    PendingChange, QueueState, QueueUpdate, Recovery, StatusCounts, Store, StoreError, StoreResult,
-    TaskFilter, TaskTarget,
+    PendingChange, QueueState, QueueUpdate, Recovery, StatusCounts, Store, StoreError, StoreResult, TaskChange,
+    TaskFence, TaskFilter, TaskTarget,
 };
 use super::{NodeChange, NodeFence, NodeRecord};
-use crate::model::{status, Node, Output, Queue, RetryAt, Sort, StopRequest, Task, TaskProgress, UnreadableQueue};
+use crate::model::{status, Node, Output, Queue, Sort, StopRequest, Task, UnreadableQueue};
 
 /// Collection of task documents.
 pub const TASKS: &str = "tasks";
@@ -344,10 +345,6 @@ impl Store for MongoStore {
         self.claim_task(queue, node).await
     }
 
-    async fn start(&self, task: ObjectId, node: &str) -> StoreResult<bool> {
-        self.start_task(task, node).await
-    }
-
     async fn put_output_file(&self, file: ObjectId, task: ObjectId, filename: &str, text: &str) -> StoreResult<()> {
         Ok(gridfs::put_file(&self.db, file, task, filename, text).await?)
     }
@@ -368,10 +365,6 @@ impl Store for MongoStore {
         self.finish_task(task, node, status, stdout, stderr, extra).await
     }
 
-    async fn report_progress(&self, task: ObjectId, node: &str, progress: &TaskProgress) -> StoreResult<bool> {
-        self.write_progress(task, node, progress).await
-    }
-
     async fn requeue_own(&self, node: &str, tasks: &[ObjectId]) -> StoreResult<Vec<ObjectId>> {
         self.requeue_mine(node, tasks).await
     }
@@ -385,6 +378,19 @@ impl Store for MongoStore {
     }
 
     // ---- tasks (the DCI) ---------------------------------------------------------------
+
+    async fn change_tasks(&self, changes: &[(ObjectId, TaskFence, TaskChange)]) -> StoreResult<Vec<bool>> {
+        self.change_each(changes).await
+    }
+
+    async fn change_where(
+        &self,
+        target: TaskTarget,
+        fence: &TaskFence,
+        change: &TaskChange,
+    ) -> StoreResult<Vec<ObjectId>> {
+        self.change_matching(target, fence, change).await
+    }
 
     async fn insert_tasks(&self, queue: ObjectId, tasks: Vec<NewTask>) -> StoreResult<()> {
         if tasks.is_empty() {
@@ -440,51 +446,8 @@ impl Store for MongoStore {
         }
     }
 
-    async fn promote_due(&self, now: DateTime) -> StoreResult<u64> {
-        self.promote(now).await
-    }
-
-    async fn retry_later(&self, task: ObjectId, node: &str, retry: &RetryAt) -> StoreResult<bool> {
-        self.retry_run(task, node, retry).await
-    }
-
     async fn retry_by_hand(&self, task: ObjectId, reason: &str, replace: Option<&NewTask>) -> StoreResult<HandRetry> {
         self.retry_finished(task, reason, replace).await
-    }
-
-    async fn resubmit_waiting(&self, id: ObjectId, status: i32, task: &NewTask) -> StoreResult<bool> {
-        let now = DateTime::now();
-        let mut set = retries::replaced_fields(task, now);
-        set.insert("mtime", now);
-        let result = self
-            .tasks
-            .update_one(
-                doc! { "_id": id, "status": status, "node": unclaimed() },
-                doc! { "$set": set },
-            )
-            .await
-            .map_err(db_err("submit a task again"))?;
-        Ok(result.matched_count == 1)
-    }
-
-    async fn request_rerun(&self, id: ObjectId) -> StoreResult<bool> {
-        let result = self
-            .tasks
-            .update_one(
-                doc! { "_id": id, "status": { "$in": status::BUSY.to_vec() } },
-                doc! { "$set": { "rerun": true } },
-            )
-            .await
-            .map_err(db_err("submit a running task again"))?;
-        Ok(result.matched_count == 1)
-    }
-
-    async fn cancel_tasks(&self, target: TaskTarget, stop: &StopRequest) -> StoreResult<Vec<ObjectId>> {
-        self.cancel(target, stop).await
-    }
-
-    async fn request_kill(&self, target: TaskTarget, stop: &StopRequest) -> StoreResult<Vec<ObjectId>> {
-        self.kill(target, stop).await
     }
 
     async fn kill_requests(&self, node: &str) -> StoreResult<Vec<(ObjectId, StopRequest)>> {

@@ -33,6 +33,7 @@
 
 mod balance;
 mod batches;
+mod change;
 mod claims;
 mod connect;
 mod deps;
@@ -67,10 +68,11 @@ use self::rows::{db_err, read_bson};
 use self::touched::Touched;
 use super::{
     Batch, Dependency, FinishExtra, HandRetry, Leader, NewQueue, NewTask, OutputValue, Page, PendingChange, QueueState,
-    QueueUpdate, Recovery, Slot, SlotRenewal, StatusCounts, Store, StoreError, StoreResult, TaskFilter, TaskTarget,
+    QueueUpdate, Recovery, Slot, SlotRenewal, StatusCounts, Store, StoreError, StoreResult, TaskChange, TaskFence,
+    TaskFilter, TaskTarget,
 };
 use super::{NodeChange, NodeFence, NodeRecord};
-use crate::model::{Node, Output, Queue, RetryAt, StopRequest, Task, TaskProgress, UnreadableQueue};
+use crate::model::{Node, Output, Queue, StopRequest, Task, UnreadableQueue};
 
 /// How often a watcher of task changes looks for writes by other processes.
 const OTHER_WRITERS_POLL: Duration = Duration::from_millis(250);
@@ -412,10 +414,6 @@ impl Store for SqliteStore {
         done.map(|(renewal, claimed)| Ok((renewal, claimed?))).transpose()
     }
 
-    async fn start(&self, task: ObjectId, node: &str) -> StoreResult<bool> {
-        self.start(task, node).await
-    }
-
     async fn put_output_file(&self, file: ObjectId, task: ObjectId, filename: &str, text: &str) -> StoreResult<()> {
         self.put_file(file, task, filename, text).await
     }
@@ -450,44 +448,29 @@ impl Store for SqliteStore {
 
     // ---- tasks (the DCI) ---------------------------------------------------------------
 
+    async fn change_tasks(&self, changes: &[(ObjectId, TaskFence, TaskChange)]) -> StoreResult<Vec<bool>> {
+        self.change_each(changes).await
+    }
+
+    async fn change_where(
+        &self,
+        target: TaskTarget,
+        fence: &TaskFence,
+        change: &TaskChange,
+    ) -> StoreResult<Vec<ObjectId>> {
+        self.change_matching(target, fence, change).await
+    }
+
     async fn insert_tasks(&self, queue: ObjectId, tasks: Vec<NewTask>) -> StoreResult<()> {
         self.insert_tasks(queue, tasks).await
-    }
-
-    async fn promote_due(&self, now: DateTime) -> StoreResult<u64> {
-        self.promote(now).await
-    }
-
-    async fn retry_later(&self, task: ObjectId, node: &str, retry: &RetryAt) -> StoreResult<bool> {
-        self.retry_run(task, node, retry).await
     }
 
     async fn retry_by_hand(&self, task: ObjectId, reason: &str, replace: Option<&NewTask>) -> StoreResult<HandRetry> {
         self.retry_finished(task, reason, replace).await
     }
 
-    async fn resubmit_waiting(&self, id: ObjectId, status: i32, task: &NewTask) -> StoreResult<bool> {
-        self.resubmit(id, status, task).await
-    }
-
-    async fn request_rerun(&self, id: ObjectId) -> StoreResult<bool> {
-        self.rerun(id).await
-    }
-
-    async fn cancel_tasks(&self, target: TaskTarget, stop: &StopRequest) -> StoreResult<Vec<ObjectId>> {
-        self.cancel(target, stop).await
-    }
-
-    async fn request_kill(&self, target: TaskTarget, stop: &StopRequest) -> StoreResult<Vec<ObjectId>> {
-        self.kill(target, stop).await
-    }
-
     async fn kill_requests(&self, node: &str) -> StoreResult<Vec<(ObjectId, StopRequest)>> {
         self.kills_for(node).await
-    }
-
-    async fn report_progress(&self, task: ObjectId, node: &str, progress: &TaskProgress) -> StoreResult<bool> {
-        self.store_progress(task, node, progress).await
     }
 
     async fn find_tasks(&self, filter: &TaskFilter, page: Page) -> StoreResult<Vec<Task>> {

@@ -144,7 +144,7 @@ pub struct NewTask {
     pub run_at: Option<DateTime>,
     /// Claim priority within the queue: higher first (0 when not given).
     pub priority: i64,
-    /// A key unique within the queue ([`super::Store::insert_keyed`]).
+    /// A key unique within the queue (`lifecycle::keys::insert_keyed`).
     pub key: Option<String>,
     /// The batch it belongs to (`crate::lifecycle::batches::open_batch`).
     pub batch: Option<String>,
@@ -282,6 +282,8 @@ pub enum TaskTarget {
     Task(ObjectId),
     /// Every task of a queue that the action applies to.
     Queue(ObjectId),
+    /// Every task that the action applies to.
+    All,
 }
 
 /// Paging of a task search: newest first unless `oldest_first`.

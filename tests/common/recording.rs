@@ -63,6 +63,25 @@ impl Store for Recording {
     ) -> StoreResult<bool> {
         self.inner.change_node(node, fence, change).await
     }
+    async fn change_tasks(&self, changes: &[(ObjectId, TaskFence, TaskChange)]) -> StoreResult<Vec<bool>> {
+        let done = self.inner.change_tasks(changes).await?;
+        // A start: claimed (-1) to running (0).
+        let start = disbatch::lifecycle::machine::start();
+        for ((id, fence, change), ok) in changes.iter().zip(&done) {
+            if *ok && *change == start && fence.statuses.as_deref() == Some(&[disbatch::model::status::CLAIMED][..]) {
+                self.started.lock().unwrap().push(*id);
+            }
+        }
+        Ok(done)
+    }
+    async fn change_where(
+        &self,
+        target: TaskTarget,
+        fence: &TaskFence,
+        change: &TaskChange,
+    ) -> StoreResult<Vec<ObjectId>> {
+        self.inner.change_where(target, fence, change).await
+    }
     async fn queues(&self) -> StoreResult<Vec<Queue>> {
         self.inner.queues().await
     }
@@ -160,13 +179,6 @@ impl Store for Recording {
         }
         Ok(t)
     }
-    async fn start(&self, task: ObjectId, node: &str) -> StoreResult<bool> {
-        let ok = self.inner.start(task, node).await?;
-        if ok {
-            self.started.lock().unwrap().push(task);
-        }
-        Ok(ok)
-    }
     async fn put_output_file(&self, file: ObjectId, task: ObjectId, filename: &str, text: &str) -> StoreResult<()> {
         self.inner.put_output_file(file, task, filename, text).await?;
         let lose = self
@@ -203,9 +215,6 @@ impl Store for Recording {
         }
         Ok(written)
     }
-    async fn retry_later(&self, task: ObjectId, node: &str, retry: &disbatch::model::RetryAt) -> StoreResult<bool> {
-        self.inner.retry_later(task, node, retry).await
-    }
     async fn retry_by_hand(
         &self,
         task: ObjectId,
@@ -213,15 +222,6 @@ impl Store for Recording {
         replace: Option<&NewTask>,
     ) -> StoreResult<disbatch::store::HandRetry> {
         self.inner.retry_by_hand(task, reason, replace).await
-    }
-    async fn resubmit_waiting(&self, id: ObjectId, status: i32, task: &NewTask) -> StoreResult<bool> {
-        self.inner.resubmit_waiting(id, status, task).await
-    }
-    async fn request_rerun(&self, id: ObjectId) -> StoreResult<bool> {
-        self.inner.request_rerun(id).await
-    }
-    async fn report_progress(&self, task: ObjectId, node: &str, progress: &TaskProgress) -> StoreResult<bool> {
-        self.inner.report_progress(task, node, progress).await
     }
     async fn requeue_own(&self, node: &str, tasks: &[ObjectId]) -> StoreResult<Vec<ObjectId>> {
         self.inner.requeue_own(node, tasks).await
@@ -234,15 +234,6 @@ impl Store for Recording {
     }
     async fn insert_tasks(&self, queue: ObjectId, tasks: Vec<NewTask>) -> StoreResult<()> {
         self.inner.insert_tasks(queue, tasks).await
-    }
-    async fn promote_due(&self, now: DateTime) -> StoreResult<u64> {
-        self.inner.promote_due(now).await
-    }
-    async fn cancel_tasks(&self, target: TaskTarget, stop: &StopRequest) -> StoreResult<Vec<ObjectId>> {
-        self.inner.cancel_tasks(target, stop).await
-    }
-    async fn request_kill(&self, target: TaskTarget, stop: &StopRequest) -> StoreResult<Vec<ObjectId>> {
-        self.inner.request_kill(target, stop).await
     }
     async fn kill_requests(&self, node: &str) -> StoreResult<Vec<(ObjectId, StopRequest)>> {
         self.inner.kill_requests(node).await

@@ -26,7 +26,7 @@ async fn claims_to_run_go_to_exactly_one_claimer_and_finish(s: Stores) {
                     t.status
                 );
                 if t.status == status::CLAIMED {
-                    assert!(store.start(t.id, &node).await.unwrap());
+                    assert!(disbatch::lifecycle::run::start(&*store, t.id, &node).await.unwrap());
                 }
                 let done = OutputValue::Inline(format!("{}", t.id));
                 let empty = OutputValue::Inline(String::new());

@@ -32,7 +32,7 @@ fn after(id: ObjectId, deps: &[Dependency], dependents: bool) -> NewTask {
 async fn run_to(s: &dyn Store, q: &Queue, id: ObjectId, code: i32) {
     let t = s.claim(q, "n").await.unwrap().expect("a task to claim");
     assert_eq!(t.id, id, "the task claimed");
-    assert!(s.start(t.id, "n").await.unwrap());
+    assert!(disbatch::lifecycle::run::start(s, t.id, "n").await.unwrap());
     let out = OutputValue::Inline(String::new());
     assert!(s.finish(t.id, "n", code, out.clone(), out).await.unwrap());
     deps::task_ended(s, t.id, t.dependents, t.batch.as_deref())
@@ -130,7 +130,7 @@ async fn parents_ending_at_once_release_their_child_once(s: Stores) {
     for p in &parents {
         let t = s.a.claim(&q, "n").await.unwrap().unwrap();
         assert_eq!(t.id, *p);
-        s.a.start(t.id, "n").await.unwrap();
+        disbatch::lifecycle::run::start(&*s.a, t.id, "n").await.unwrap();
         let out = OutputValue::Inline(String::new());
         assert!(s.a.finish(t.id, "n", 1, out.clone(), out).await.unwrap());
     }
@@ -169,7 +169,7 @@ async fn the_sweep_settles_ends_no_den_settled(s: Stores) {
         s.a.unsettled(10).await.unwrap().is_empty(),
         "a running parent is not an end"
     );
-    s.a.start(p, "n").await.unwrap();
+    disbatch::lifecycle::run::start(&*s.a, p, "n").await.unwrap();
     let out = OutputValue::Inline(String::new());
     assert!(s.a.finish(p, "n", 1, out.clone(), out).await.unwrap());
     deps::task_ended(&*s.a, p, claimed.dependents, None).await.unwrap();
@@ -191,10 +191,9 @@ async fn the_sweep_settles_ends_no_den_settled(s: Stores) {
     .await
     .unwrap();
     let stop = disbatch::model::StopRequest::now(disbatch::model::StopAction::Cancel, "op", "no longer needed");
-    let cancelled =
-        s.a.cancel_tasks(disbatch::store::TaskTarget::Task(h), &stop)
-            .await
-            .unwrap();
+    let cancelled = disbatch::lifecycle::run::cancel_tasks(&*s.a, disbatch::store::TaskTarget::Task(h), &stop)
+        .await
+        .unwrap();
     assert_eq!(cancelled, vec![h], "a blocked task can be cancelled");
     deps::sweep(&*s.b).await.unwrap();
     let t = task(&*s.a, hc).await;
@@ -248,8 +247,11 @@ async fn a_parent_submitted_again_while_it_runs_holds_its_children(s: Stores) {
         .await
         .unwrap();
     let t = s.a.claim(&q, "n").await.unwrap().unwrap();
-    assert!(s.a.start(t.id, "n").await.unwrap());
-    assert!(s.b.request_rerun(p).await.unwrap(), "submitted again while it runs");
+    assert!(disbatch::lifecycle::run::start(&*s.a, t.id, "n").await.unwrap());
+    assert!(
+        disbatch::lifecycle::retry::request_rerun(&*s.b, p).await.unwrap(),
+        "submitted again while it runs"
+    );
     // This run fails, but the task runs once more: its child neither runs nor is cancelled.
     let out = OutputValue::Inline(String::new());
     assert!(s.a.finish(p, "n", status::FAILED, out.clone(), out).await.unwrap());

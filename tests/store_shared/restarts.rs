@@ -209,15 +209,21 @@ async fn start_succeeds_again_after_a_lost_reply(s: Stores) {
     let q = queue(&*s.a, "start-retry", 2, Sort::Fifo).await;
     s.a.create_tasks(q.id, vec![doc! {}; 1]).await.unwrap();
     let t = s.a.claim(&q, "me").await.unwrap().expect("a task");
-    assert!(s.a.start(t.id, "me").await.unwrap());
+    assert!(disbatch::lifecycle::run::start(&*s.a, t.id, "me").await.unwrap());
     // The first reply was lost: the retry finds the task already running on this node.
-    assert!(s.a.start(t.id, "me").await.unwrap(), "start is idempotent");
+    assert!(
+        disbatch::lifecycle::run::start(&*s.a, t.id, "me").await.unwrap(),
+        "start is idempotent"
+    );
     assert_eq!(task(&*s.a, t.id).await.status, status::RUNNING);
-    assert!(!s.b.start(t.id, "another").await.unwrap(), "not another node's task");
+    assert!(
+        !disbatch::lifecycle::run::start(&*s.b, t.id, "another").await.unwrap(),
+        "not another node's task"
+    );
     let empty = OutputValue::Inline(String::new());
     assert!(s.a.finish(t.id, "me", 1, empty.clone(), empty).await.unwrap());
     assert!(
-        !s.a.start(t.id, "me").await.unwrap(),
+        !disbatch::lifecycle::run::start(&*s.a, t.id, "me").await.unwrap(),
         "a finished task does not start again"
     );
 }

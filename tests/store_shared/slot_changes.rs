@@ -239,7 +239,7 @@ async fn busy_nodes_count_claimed_and_running_tasks(s: Stores) {
     for node in ["x", "x", "y"] {
         let t = s.a.claim(&q, node).await.unwrap().expect("a task");
         if node == "y" {
-            assert!(s.a.start(t.id, node).await.unwrap());
+            assert!(disbatch::lifecycle::run::start(&*s.a, t.id, node).await.unwrap());
         }
     }
     s.a.claim(&other, "z").await.unwrap().expect("a task");

@@ -13,7 +13,6 @@
 
 use std::time::{Duration, Instant};
 
-use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
 use futures::TryStreamExt;
 use mongodb::options::ReturnDocument;
@@ -21,7 +20,7 @@ use mongodb::options::ReturnDocument;
 use super::documents::{as_date, node_from};
 use super::errors::{db_err, is_duplicate_key};
 use super::{slots, MongoStore};
-use crate::model::{status, Node, NodeProcess};
+use crate::model::{Node, NodeProcess};
 use crate::store::queue_doc::opt_int_bson;
 use crate::store::{NodeChange, NodeFence, NodeRecord, StoreError, StoreResult};
 

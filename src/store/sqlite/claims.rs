@@ -62,38 +62,6 @@ impl SqliteStore {
         .await?
     }
 
-    pub(super) async fn start(&self, task: ObjectId, node: &str) -> StoreResult<bool> {
-        let node = node.to_string();
-        let started = self
-            .with(move |conn| {
-                let n = conn
-                    .execute(
-                        "UPDATE tasks SET status = ?1, mtime = ?2 WHERE id = ?3 AND node = ?4 AND status = ?5",
-                        params![
-                            status::RUNNING,
-                            DateTime::now().timestamp_millis(),
-                            task.to_hex(),
-                            node,
-                            status::CLAIMED
-                        ],
-                    )
-                    .map_err(db_err("start task"))?;
-                if n == 1 {
-                    return Ok(true);
-                }
-                // A retry after a lost reply: the first attempt applied.
-                conn.query_row(
-                    "SELECT EXISTS (SELECT 1 FROM tasks WHERE id = ?1 AND node = ?2 AND status = ?3)",
-                    params![task.to_hex(), node, status::RUNNING],
-                    |r| r.get(0),
-                )
-                .map_err(db_err("start task"))
-            })
-            .await;
-        self.signal_task(task);
-        started
-    }
-
     pub(super) async fn finish_with(
         &self,
         task: ObjectId,

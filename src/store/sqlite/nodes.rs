@@ -7,7 +7,7 @@ use bson::DateTime;
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::rows::{db_err, lease_end};
-use super::{parse_oid, SqliteStore};
+use super::{parse_oid, slots, SqliteStore};
 use crate::model::Node;
 use crate::store::{NodeChange, NodeFence, NodeRecord, StoreError, StoreResult};
 
