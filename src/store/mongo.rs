@@ -41,6 +41,7 @@ mod retries;
 mod running;
 mod slots;
 mod stats;
+mod tasks;
 
 pub use self::plugins::{PLUGIN_CHUNKS, PLUGIN_FILES};
 
@@ -393,57 +394,7 @@ impl Store for MongoStore {
     }
 
     async fn insert_tasks(&self, queue: ObjectId, tasks: Vec<NewTask>) -> StoreResult<()> {
-        if tasks.is_empty() {
-            return Ok(());
-        }
-        let now = DateTime::now();
-        // A keyed task is inserted alone, so a duplicate key names it.
-        let keyed = tasks.len() == 1 && tasks[0].key.is_some();
-        let first_key = tasks[0].key.clone();
-        let docs = tasks.into_iter().map(|t| {
-            let mut d = doc! {
-                "_id": t.id,
-                "queue": queue,
-                "ctime": now,
-                "mtime": now,
-                "node": null,
-                "status": t.initial_status(now),
-                "priority": t.priority,
-                "params": t.params,
-                "stdout": null,
-                "stderr": null,
-            };
-            if let Some(at) = t.run_at {
-                d.insert("run_at", at);
-            }
-            if let Some(k) = &t.key {
-                d.insert("key", k);
-            }
-            if let Some(b) = &t.batch {
-                d.insert("batch", b);
-            }
-            if !t.after.is_empty() {
-                let keys: Vec<String> = t.after.iter().map(Dependency::key).collect();
-                d.insert("after", keys.clone());
-                d.insert("pending", keys);
-                if t.after_failure_runs {
-                    d.insert("after_failure", "run");
-                }
-            }
-            if t.dependents {
-                d.insert("dependents", true);
-            }
-            d
-        });
-        let key = keyed.then(|| first_key.unwrap_or_default());
-        match self.tasks.insert_many(docs).await {
-            Ok(_) => Ok(()),
-            Err(e) if key.is_some() && is_duplicate_key(&e) => Err(StoreError::Duplicate {
-                what: "task key",
-                name: key.unwrap_or_default(),
-            }),
-            Err(e) => Err(db_err("create tasks")(e)),
-        }
+        tasks::insert(self, queue, tasks).await
     }
 
     async fn retry_by_hand(&self, task: ObjectId, reason: &str, replace: Option<&NewTask>) -> StoreResult<HandRetry> {
@@ -455,22 +406,7 @@ impl Store for MongoStore {
     }
 
     async fn find_tasks(&self, filter: &TaskFilter, page: Page) -> StoreResult<Vec<Task>> {
-        if page.limit == 0 {
-            return Ok(Vec::new());
-        }
-        let limit = i64::try_from(page.limit).unwrap_or(i64::MAX);
-        let docs: Vec<Document> = self
-            .tasks
-            .find(task_filter_doc(filter))
-            .sort(doc! { "_id": if page.oldest_first { 1 } else { -1 } })
-            .skip(page.skip)
-            .limit(limit)
-            .await
-            .map_err(db_err("find tasks"))?
-            .try_collect()
-            .await
-            .map_err(db_err("find tasks"))?;
-        Ok(docs.iter().filter_map(task_or_problem).collect())
+        tasks::find(self, filter, page).await
     }
 
     async fn count_tasks(&self, filter: &TaskFilter) -> StoreResult<u64> {

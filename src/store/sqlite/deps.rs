@@ -52,13 +52,6 @@ pub(super) fn after_column(deps: &[Dependency]) -> Option<String> {
         .then(|| serde_json::Value::from(deps.iter().map(Dependency::key).collect::<Vec<_>>()).to_string())
 }
 
-/// The keys of an `after` column (or of the pending list read beside it).
-pub(super) fn keys_of(json: Option<&str>) -> Vec<String> {
-    json.and_then(|j| serde_json::from_str::<Vec<Option<String>>>(j).ok())
-        .map(|v| v.into_iter().flatten().collect())
-        .unwrap_or_default()
-}
-
 impl SqliteStore {
     /// [`Store::mark_dependents`](crate::store::Store::mark_dependents).
     pub(super) async fn mark_waited(&self, deps: &[Dependency]) -> StoreResult<()> {

@@ -7,7 +7,8 @@ use bson::oid::ObjectId;
 use bson::DateTime;
 use rusqlite::{params, Transaction};
 
-use super::retries::{appended, read_attempts, write_retry};
+use super::retries::{appended, write_retry};
+use super::rows::read_attempts;
 use super::rows::{db_err, on_orphan_lenient, read_bson};
 use super::{SqliteStore, Touched};
 use crate::model::{status, OnOrphan, RetryPolicy};

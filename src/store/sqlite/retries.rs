@@ -6,19 +6,11 @@ use bson::oid::ObjectId;
 use bson::{Bson, DateTime};
 use rusqlite::{params, OptionalExtension, Transaction};
 
-use super::rows::{bson_bytes, db_err, output_columns, read_bson, task_from_row, TASK_COLUMNS};
+use super::rows::{bson_bytes, db_err, output_columns, read_attempts, task_from_row, TASK_COLUMNS};
 use super::SqliteStore;
 use crate::model::{status, Attempt, RetryAt};
 use crate::store::retries::{last_run, rerun_record, Recover};
 use crate::store::{FinishExtra, HandRetry, NewTask, OutputValue, StoreResult};
-
-/// The records stored in an `attempts` column.
-pub(super) fn read_attempts(id: &str, bytes: Option<&[u8]>) -> Vec<Attempt> {
-    bytes
-        .and_then(|b| read_bson("tasks", id, b).ok())
-        .map(|d| Attempt::list_from(d.get("list")))
-        .unwrap_or_default()
-}
 
 /// The `attempts` column of task `id` with `attempt` appended.
 pub(super) fn appended(tx: &Transaction<'_>, id: &str, attempt: &Attempt) -> StoreResult<Vec<u8>> {
