@@ -11,7 +11,7 @@
 
 use bson::{DateTime, Document};
 
-use super::OutputValue;
+use super::{OutputValue, StoreError, StoreResult};
 use crate::model::{Attempt, StopRequest, TaskProgress};
 
 /// Which node a fenced task must have.
@@ -141,5 +141,29 @@ impl TaskChange {
     /// Whether the change writes nothing (a store refuses it: it would be a read).
     pub fn is_empty(&self) -> bool {
         *self == TaskChange::default()
+    }
+
+    /// Whether a store may apply the change to tasks it names
+    /// ([`Store::change_tasks`](crate::store::Store::change_tasks)): an empty change is
+    /// [`StoreError::Invalid`].
+    pub fn check_for_named(&self) -> StoreResult<()> {
+        if self.is_empty() {
+            return Err(StoreError::Invalid("a task change that changes nothing".into()));
+        }
+        Ok(())
+    }
+
+    /// Whether a store may apply the change to every task a fence matches
+    /// ([`Store::change_where`](crate::store::Store::change_where)): besides being
+    /// non-empty, it must set `mtime` (MongoDB reads back the tasks it wrote by it) and
+    /// append no attempt.
+    pub fn check_for_matching(&self) -> StoreResult<()> {
+        self.check_for_named()?;
+        if !self.touch || self.attempt.is_some() {
+            return Err(StoreError::Invalid(
+                "a change of every matching task must set mtime and append no attempt".into(),
+            ));
+        }
+        Ok(())
     }
 }

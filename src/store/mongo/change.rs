@@ -9,7 +9,7 @@ use mongodb::options::{ReadPreference, SelectionCriteria};
 use super::documents::output_bson;
 use super::{db_err, unclaimed, MongoStore};
 use crate::store::change::{NodeIs, StopIs, TaskChange, TaskFence, Write};
-use crate::store::{StoreError, StoreResult, TaskTarget};
+use crate::store::{StoreResult, TaskTarget};
 
 /// Most ids named in one `updateMany` of [`MongoStore::change_where`].
 const CHUNK: usize = 1000;
@@ -98,9 +98,7 @@ struct Update {
 
 /// The update of `change`, writing `now` as `mtime` when it touches the task.
 pub(super) fn change_update(change: &TaskChange, now: DateTime) -> StoreResult<Document> {
-    if change.is_empty() {
-        return Err(StoreError::Invalid("a task change that changes nothing".into()));
-    }
+    change.check_for_named()?;
     let mut u = Update::default();
     if let Some(s) = change.status {
         u.set.insert("status", s);
@@ -183,11 +181,7 @@ impl MongoStore {
         fence: &TaskFence,
         change: &TaskChange,
     ) -> StoreResult<Vec<ObjectId>> {
-        if !change.touch || change.attempt.is_some() {
-            return Err(StoreError::Invalid(
-                "a change of every matching task must set mtime and append no attempt".into(),
-            ));
-        }
+        change.check_for_matching()?;
         let err = db_err("change tasks");
         let mut filter = fence_filter(fence);
         filter.extend(target_filter(target));

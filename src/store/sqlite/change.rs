@@ -16,7 +16,7 @@ use super::rows::{bson_bytes, db_err, output_columns};
 use super::{SqliteStore, Touched};
 use crate::model::status;
 use crate::store::change::{NodeIs, StopIs, TaskChange, TaskFence, Write};
-use crate::store::{StoreError, StoreResult, TaskTarget};
+use crate::store::{StoreResult, TaskTarget};
 
 /// Registers `stop_action(stop)` on `conn`: the `action` of a stored stop request, or NULL
 /// when there is none or it cannot be read.
@@ -202,18 +202,11 @@ fn queues(change: &TaskChange) -> bool {
     change.status == Some(status::QUEUED)
 }
 
-fn refuse_empty(change: &TaskChange) -> StoreResult<()> {
-    if change.is_empty() {
-        return Err(StoreError::Invalid("a task change that changes nothing".into()));
-    }
-    Ok(())
-}
-
 impl SqliteStore {
     /// [`Store::change_tasks`](crate::store::Store::change_tasks) in one transaction.
     pub(super) async fn change_each(&self, changes: &[(ObjectId, TaskFence, TaskChange)]) -> StoreResult<Vec<bool>> {
         for (_, _, c) in changes {
-            refuse_empty(c)?;
+            c.check_for_named()?;
         }
         let entries = changes.to_vec();
         let ids: Vec<ObjectId> = changes.iter().map(|(id, _, _)| *id).collect();
@@ -243,12 +236,7 @@ impl SqliteStore {
         fence: &TaskFence,
         change: &TaskChange,
     ) -> StoreResult<Vec<ObjectId>> {
-        refuse_empty(change)?;
-        if !change.touch || change.attempt.is_some() {
-            return Err(StoreError::Invalid(
-                "a change of every matching task must set mtime and append no attempt".into(),
-            ));
-        }
+        change.check_for_matching()?;
         let (fence, change) = (fence.clone(), change.clone());
         let queueing = queues(&change);
         let ids = self
