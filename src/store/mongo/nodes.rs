@@ -72,7 +72,14 @@ impl MongoStore {
             }
             NodeFence::Absent => return self.insert_node(node, change).await,
             NodeFence::AsRead { heartbeat, process } => {
-                filter.insert("timestamp", heartbeat.map_or_else(unreadable_date, Bson::DateTime));
+                match heartbeat {
+                    Some(at) => {
+                        filter.insert("$or", heartbeat_as_read(at));
+                    }
+                    None => {
+                        filter.insert("timestamp", unreadable_date());
+                    }
+                }
                 filter.insert(
                     "process.id",
                     process.map_or_else(|| doc! { "$exists": false }.into(), Bson::ObjectId),
@@ -201,6 +208,21 @@ pub(super) fn is_foreign(node: &Document) -> bool {
 /// A node's `process` sub-document.
 fn process_bson(process: &NodeProcess) -> StoreResult<Document> {
     bson::to_document(process).map_err(|e| StoreError::Invalid(format!("node process: {e}")))
+}
+
+/// The filter of a `timestamp` the reader ([`as_date`]) reads as `at`: the date itself, or
+/// the epoch number in seconds or in milliseconds that rounds to it (Disbatch 4 writes
+/// epoch seconds, whole or fractional), or its decimal string. A heartbeat written since
+/// the read moves it out of all of them.
+fn heartbeat_as_read(at: DateTime) -> Bson {
+    let ms = at.timestamp_millis();
+    let (lo, hi) = (ms as f64 - 0.5, ms as f64 + 0.5);
+    Bson::Array(vec![
+        doc! { "timestamp": at }.into(),
+        doc! { "timestamp": { "$gte": lo / 1000.0, "$lt": hi / 1000.0 } }.into(),
+        doc! { "timestamp": { "$gte": lo, "$lt": hi } }.into(),
+        doc! { "timestamp": { "$in": [(ms / 1000).to_string(), ms.to_string()] } }.into(),
+    ])
 }
 
 /// The filter of a `timestamp` that cannot be read as a time (taken as stale).
