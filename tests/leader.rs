@@ -40,10 +40,7 @@ async fn marked(app: &axum::Router) -> Option<String> {
 }
 
 async fn lease(store: &Arc<dyn Store>) -> Leader {
-    disbatch::lifecycle::leader::leader(&**store)
-        .await
-        .unwrap()
-        .expect("a leader lease")
+    store.leader().await.unwrap().expect("a leader lease")
 }
 
 /// Starts DENs `a` and `b` with `start`, waits for a leader, kills it, and checks that the

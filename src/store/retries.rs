@@ -58,7 +58,11 @@ pub(crate) enum Recover {
 impl Recover {
     /// The status a retry is written with at `now`.
     pub(crate) fn retry_status(retry: &RetryAt, now: DateTime) -> i32 {
-        super::due_status(Some(retry.run_at), now)
+        if retry.run_at > now {
+            status::SCHEDULED
+        } else {
+            status::QUEUED
+        }
     }
 }
 

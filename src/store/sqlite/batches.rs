@@ -35,32 +35,24 @@ fn read(conn: &rusqlite::Connection, id: &str) -> StoreResult<Option<Batch>> {
 }
 
 impl SqliteStore {
-    /// [`Store::insert_batch`](crate::store::Store::insert_batch).
-    pub(super) async fn insert_batch(&self, id: &str, size: Option<i64>) -> StoreResult<bool> {
+    /// [`Store::open_batch`](crate::store::Store::open_batch), in one transaction.
+    pub(super) async fn record_batch(&self, id: &str, size: Option<i64>) -> StoreResult<Batch> {
         let id = id.to_string();
         self.write_quiet("record the batch", move |tx| {
-            let n = tx
-                .execute(
-                    "INSERT OR IGNORE INTO batches (id, size, ctime) VALUES (?1, ?2, ?3)",
-                    params![id, size, DateTime::now().timestamp_millis()],
-                )
-                .map_err(db_err("record the batch"))?;
-            Ok(n == 1)
-        })
-        .await
-    }
-
-    /// [`Store::set_batch_size_if_unset`](crate::store::Store::set_batch_size_if_unset).
-    pub(super) async fn set_batch_size_if_unset(&self, id: &str, size: i64) -> StoreResult<bool> {
-        let id = id.to_string();
-        self.write_quiet("record the batch size", move |tx| {
-            let n = tx
-                .execute(
+            let err = db_err("record the batch");
+            tx.execute(
+                "INSERT OR IGNORE INTO batches (id, size, ctime) VALUES (?1, ?2, ?3)",
+                params![id, size, DateTime::now().timestamp_millis()],
+            )
+            .map_err(&err)?;
+            if let Some(n) = size {
+                tx.execute(
                     "UPDATE batches SET size = ?2 WHERE id = ?1 AND size IS NULL",
-                    params![id, size],
+                    params![id, n],
                 )
-                .map_err(db_err("record the batch size"))?;
-            Ok(n == 1)
+                .map_err(&err)?;
+            }
+            read(tx, &id)?.ok_or_else(|| err(rusqlite::Error::QueryReturnedNoRows))
         })
         .await
     }
