@@ -277,9 +277,11 @@ async fn dens_behind_latency_resets_and_a_partition_keep_threads_and_run_each_ta
         if samples.is_multiple_of(20) && count(&t.db, doc! {"status": {"$in": [-2, -1, 0]}}).await == 0 {
             break;
         }
+        // A bound on progress, not on speed: 300 short tasks behind 120 ms proxies take
+        // about 4 minutes on a loaded 2-core machine; a DEN that stopped claiming never ends.
         assert!(
-            start.elapsed() < Duration::from_secs(240),
-            "the queue was not drained in 240 s ({freeze:?}): {} left\n{}",
+            start.elapsed() < Duration::from_secs(600),
+            "the queue was not drained in 600 s ({freeze:?}): {} left\n{}",
             count(&t.db, doc! {"status": {"$in": [-2, -1, 0]}}).await,
             logs(&dens)
         );
