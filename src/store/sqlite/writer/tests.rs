@@ -179,7 +179,11 @@ async fn a_heartbeat_goes_before_a_full_queue_of_large_writes() {
     // ones may come back just after their callers woke.
     let drained = Instant::now();
     while writer.queues.held() != (0, 0) {
-        assert!(drained.elapsed() < Duration::from_secs(60), "held {:?}", writer.queues.held());
+        assert!(
+            drained.elapsed() < Duration::from_secs(60),
+            "held {:?}",
+            writer.queues.held()
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
