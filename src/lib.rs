@@ -38,3 +38,5 @@ pub mod runner;
 pub mod sandbox_spec;
 pub mod stats;
 pub mod store;
+#[cfg(test)]
+mod test_support;

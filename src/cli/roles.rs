@@ -172,17 +172,7 @@ mod tests {
     fn store_collections() -> Vec<(String, String)> {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/store");
         let mut files = vec![root.join("mongo.rs")];
-        let mut dirs = vec![root.join("mongo")];
-        while let Some(dir) = dirs.pop() {
-            for entry in std::fs::read_dir(&dir).unwrap().flatten() {
-                let path = entry.path();
-                if path.is_dir() {
-                    dirs.push(path);
-                } else if path.extension().is_some_and(|e| e == "rs") {
-                    files.push(path);
-                }
-            }
-        }
+        files.extend(crate::test_support::rust_files(&root.join("mongo")));
         let mut found = Vec::new();
         for file in files {
             let text = std::fs::read_to_string(&file).unwrap();

@@ -36,24 +36,9 @@ impl<S: Store + ?Sized> StoreExt for S {}
 
 #[cfg(test)]
 mod tests {
-    use std::path::{Path, PathBuf};
+    use std::path::Path;
 
-    /// Every `.rs` file under `dir`.
-    fn sources(dir: &Path) -> Vec<PathBuf> {
-        let mut files = Vec::new();
-        let mut dirs = vec![dir.to_owned()];
-        while let Some(dir) = dirs.pop() {
-            for entry in std::fs::read_dir(&dir).unwrap().flatten() {
-                let path = entry.path();
-                if path.is_dir() {
-                    dirs.push(path);
-                } else if path.extension().is_some_and(|e| e == "rs") {
-                    files.push(path);
-                }
-            }
-        }
-        files
-    }
+    use crate::test_support::rust_files as sources;
 
     /// The conveniences are for tests: no code of the crate but this module names them.
     #[test]
