@@ -301,10 +301,10 @@ impl Den {
             let _ = lifecycle.await;
             self.flush_stats(true).await;
             let stats = self.stats.lock().unwrap_or_else(|e| e.into_inner()).0.clone();
-            if let Err(e) = self.store.report_stats(&node, &stats).await {
+            if let Err(e) = crate::lifecycle::nodes::report_stats(&*self.store, &node, &stats).await {
                 debug!(error = %e, "cannot report the last durations");
             }
-            if let Err(e) = self.store.release_node(&node, self.process.id).await {
+            if let Err(e) = crate::lifecycle::nodes::release(&*self.store, &node, self.process.id).await {
                 debug!(error = %e, "cannot give the node name up");
             }
             Ok(())
@@ -354,7 +354,9 @@ impl Den {
                 if !self.store.has_queued(q.queue.id).await? {
                     break;
                 }
-                let Some(slot) = self.store.acquire_slot(&q.queue, &s.node, s.heartbeat_stale).await? else {
+                let Some(slot) =
+                    crate::lifecycle::slots::acquire_slot(&*self.store, &q.queue, &s.node, s.heartbeat_stale).await?
+                else {
                     if full && asked < self.room() && self.ask_for_slot(&q.queue).await {
                         asked += 1;
                     }

@@ -8,21 +8,28 @@
 //! Disbatch 4 data model; each store maps them onto its own storage, and the shared test
 //! suite (`tests/store_shared.rs`) holds both to the same behaviour.
 
-pub mod deps;
-pub mod keys;
+pub mod change;
 pub mod mongo;
+pub mod node_change;
 pub mod plugins;
 pub mod queue_doc;
 mod retries;
+pub mod slot_change;
+mod slots;
 pub mod sqlite;
 #[doc(hidden)]
 pub mod testing;
 mod types;
 
-pub use self::keys::Keyed;
+pub use self::change::{NodeIs, StopIs, TaskChange, TaskFence, Write};
+pub use self::node_change::{NodeChange, NodeFence, NodeRecord};
 pub use self::plugins::{PluginRef, PluginStore, PluginVersion, Pushed};
 pub use self::queue_doc::QueueState;
 pub use self::retries::{FinishExtra, HandRetry};
+pub use self::slot_change::{
+    BusyNode, BusyOf, Holder, Lease, Mark, RenewRule, RenewStep, SlotChange, SlotFence, SlotRow,
+};
+pub use self::slots::SlotStore;
 pub use self::types::*;
 
 use std::collections::BTreeMap;
@@ -32,9 +39,7 @@ use async_trait::async_trait;
 use bson::oid::ObjectId;
 use bson::{DateTime, Document};
 
-use crate::model::{
-    NameHolder, Node, NodeProcess, NodeStats, Output, Queue, RetryAt, StopRequest, Task, UnreadableQueue,
-};
+use crate::model::{Node, Output, Queue, StopRequest, Task, UnreadableQueue};
 
 /// Errors of a store operation.
 #[derive(Debug, thiserror::Error)]
@@ -88,7 +93,7 @@ pub type StoreResult<T> = Result<T, StoreError>;
 
 /// The store boundary. All methods are safe to call from many DENs and DCIs at once.
 #[async_trait]
-pub trait Store: PluginStore + Send + Sync + 'static {
+pub trait Store: PluginStore + SlotStore + Send + Sync + 'static {
     /// Creates collections and indexes as needed. Idempotent.
     async fn ensure_indexes(&self) -> StoreResult<()>;
 
@@ -98,34 +103,14 @@ pub trait Store: PluginStore + Send + Sync + 'static {
     /// operators set it) and renews the leases on every slot `node` holds until
     /// now + `lease`. Returns the node document.
     async fn heartbeat(&self, node: &str, lease: Duration) -> StoreResult<Node>;
-    /// Takes the name `node` for `process`, atomically: records `process` and a heartbeat
-    /// in the node document (creating it) unless another process holds the name, that is
-    /// the document names a different `process.id` and its heartbeat is not older than
-    /// `stale_before`, or (MongoDB) the document has no `process` field at all — a
-    /// Disbatch 4 DEN's — and its heartbeat is not older than `stale_before`. Returns `None`
-    /// when taken, the holder otherwise. On taking it, the node's claimed (-1) and running
-    /// (0) tasks — a dead earlier process's, as the taking process has none yet — are
-    /// recovered at once as by [`Store::recover_orphans`], and the node's slots are freed;
-    /// but a name a Disbatch 4 DEN held keeps its tasks (its task runners outlive it and
-    /// may still finish them), left to the spec's sweep of stale claims.
-    async fn take_node(
-        &self,
-        node: &str,
-        process: &NodeProcess,
-        stale_before: DateTime,
-    ) -> StoreResult<Option<NameHolder>>;
-    /// Gives the name `node` up when the process `process` holds it (graceful shutdown), so
-    /// another process may take it at once.
-    async fn release_node(&self, node: &str, process: ObjectId) -> StoreResult<()>;
     /// All node documents.
     async fn nodes(&self) -> StoreResult<Vec<Node>>;
-    /// Sets a node's `maxthreads` (None = no limit). Returns false when no such node.
-    async fn set_maxthreads(&self, node: &str, maxthreads: Option<i64>) -> StoreResult<bool>;
-    /// Stores the node's claim and run duration histograms in its document (`stats`).
-    async fn report_stats(&self, node: &str, stats: &NodeStats) -> StoreResult<()>;
-    /// Stores why the node cannot run some queues (`queue_problems`: queue id in hex →
-    /// reason), replacing what it reported before.
-    async fn report_queue_problems(&self, node: &str, problems: &BTreeMap<String, String>) -> StoreResult<()>;
+    /// The node document named `node`, if any, as read for a decision about its name.
+    async fn node(&self, node: &str) -> StoreResult<Option<NodeRecord>>;
+    /// Applies `change` to the node document named `node` when `fence` holds, in one
+    /// conditional write. Answers whether a document matched (it may already have held the
+    /// value). The store decides nothing: [`crate::lifecycle::nodes`] does.
+    async fn change_node(&self, node: &str, fence: NodeFence, change: NodeChange) -> StoreResult<bool>;
 
     // ---- queues ------------------------------------------------------------------------
 
@@ -135,6 +120,9 @@ pub trait Store: PluginStore + Send + Sync + 'static {
     /// The queue documents that cannot be read as queues (written by another tool, or
     /// raw), each with its problem, so they are shown rather than hidden.
     async fn unreadable_queues(&self) -> StoreResult<Vec<UnreadableQueue>>;
+    /// One queue, None when there is no such queue; [`StoreError::Malformed`] when its
+    /// document cannot be read as a queue.
+    async fn queue(&self, id: ObjectId) -> StoreResult<Option<Queue>>;
     /// Creates a queue; fails with [`StoreError::Duplicate`] when the name is taken.
     async fn create_queue(&self, queue: NewQueue) -> StoreResult<Queue>;
     /// Changes a queue. Returns the queue as changed, or None when there is no such queue.
@@ -181,33 +169,29 @@ pub trait Store: PluginStore + Send + Sync + 'static {
         -> StoreResult<Vec<crate::stats::StatsRow>>;
     /// Deletes the rows of the minutes before `before`. Returns how many were deleted.
     async fn prune_stats(&self, before: i64) -> StoreResult<u64>;
-    /// Records batch `id` at its first submission, with `size` when given (a batch recorded
-    /// without a size takes the first size given later). Answers the batch as recorded,
-    /// whose size may differ from `size`: the caller refuses such a submission.
-    async fn open_batch(&self, id: &str, size: Option<i64>) -> StoreResult<Batch>;
+    /// Records batch `id` (with `size`, ctime now) unless it is recorded already. True when
+    /// this call recorded it. (The first size given wins: `lifecycle::batches`.)
+    async fn insert_batch(&self, id: &str, size: Option<i64>) -> StoreResult<bool>;
+    /// Sets batch `id`'s `size` when it has none recorded. True when this call set it.
+    async fn set_batch_size_if_unset(&self, id: &str, size: i64) -> StoreResult<bool>;
     /// A batch as recorded, if any.
     async fn batch(&self, id: &str) -> StoreResult<Option<Batch>>;
     /// Counts by status of the tasks of batch `id` (an index walk over its tasks).
     async fn batch_counts(&self, id: &str) -> StoreResult<StatusCounts>;
 
-    // ---- dependencies (see [`deps`]) ----------------------------------------------------
+    // ---- dependencies (see `lifecycle::deps`) -------------------------------------------
 
     /// Marks tasks and batches as waited for by blocked tasks (`dependents`), so that their
-    /// end is settled ([`deps::settle`]) even when the DEN that ended them died first.
+    /// end is settled (`lifecycle::deps::settle`) even when the DEN that ended them died
+    /// first.
     async fn mark_dependents(&self, deps: &[Dependency]) -> StoreResult<()>;
     /// Up to `limit` blocked (-4) tasks still waiting for `dep` (an index walk).
     async fn blocked_on(&self, dep: &Dependency, limit: usize) -> StoreResult<Vec<ObjectId>>;
-    /// Resolves what blocked task `task` waits for, now that `dep` ended: it succeeded
-    /// (`failed` is None), or it did not and `task` is cancelled with `failed` as its
-    /// `stop` — unless `task` runs anyway (`after_failure: "run"`), which resolves it as
-    /// met. A task left waiting for nothing is queued (scheduled when its `run_at` is to
-    /// come). Atomic per task: of two dependencies resolved at once, neither is lost.
-    async fn resolve_dependency(
-        &self,
-        task: ObjectId,
-        dep: &Dependency,
-        failed: Option<&StopRequest>,
-    ) -> StoreResult<Resolved>;
+    /// Compare-and-set on a blocked task: applies `change` when `task` is still blocked (-4)
+    /// and still waits for exactly `expect` (its `pending` as [`Store::task`] read it);
+    /// false, with nothing written, otherwise. What the change is, is decided by
+    /// `lifecycle::deps`.
+    async fn resolve_pending(&self, task: ObjectId, expect: &[String], change: PendingChange<'_>) -> StoreResult<bool>;
     /// Clears `dependents` of an ended task (or a complete batch): its end was settled.
     async fn settled(&self, dep: &Dependency) -> StoreResult<()>;
     /// Up to `limit` ended tasks, and batches, still marked `dependents`: ends not yet
@@ -216,37 +200,13 @@ pub trait Store: PluginStore + Send + Sync + 'static {
 
     // ---- claiming and running (the DEN) ------------------------------------------------
 
-    /// Takes a lease on a free slot of `queue` for `node` until now + `lease`. Slot numbers
-    /// run `0..threads`; a slot is free when unheld (and not reserved for another node by
-    /// its [ask](Store::want_slot)), or when its lease expired and its holder has no claimed
-    /// or running task left in the queue: a slot is freed only with or after the recovery of
-    /// its tasks. Returns None when all `threads` slots are taken, or while slots numbered
-    /// `threads` or above are still held (the queue's limit was lowered and it is still over
-    /// it). This is what makes `threads` hold across DENs.
-    async fn acquire_slot(&self, queue: &Queue, node: &str, lease: Duration) -> StoreResult<Option<Slot>>;
-    /// Gives a slot back (only if `node` still holds it).
-    async fn release_slot(&self, slot: &Slot, node: &str) -> StoreResult<()>;
-    /// Re-validates a slot lease before a claim: renews it until now + `lease` while `node`
-    /// holds it and no other node asked for it; gives it up, reserved for the asker until
-    /// its ask ends, when one did ([`Store::want_slot`]).
-    async fn renew_slot(&self, slot: &Slot, node: &str, lease: Duration) -> StoreResult<SlotRenewal>;
-    /// Asks for a fair share of `queue`'s slots when `node` found none free: marks, for
-    /// `ask`, one slot of the node holding the most of them, if that is at least two more
-    /// than `node` holds. Its holder gives the slot up before its next claim (see
-    /// [`Store::renew_slot`]) and only `node` may take it until the ask ends. Without this a
-    /// DEN that joins a busy queue late (or comes back from a pause) would wait for as long
-    /// as the others keep finding tasks. Answers the node asked, if any.
-    async fn want_slot(&self, queue: &Queue, node: &str, ask: Duration) -> StoreResult<Option<String>>;
-    /// Takes the cluster's leader lease for `node` until now + `ttl` when it is free or has
-    /// lapsed (its token grows by one), or renews it when `node` holds it; answers the
-    /// lease as it stands after the attempt, whoever holds it.
-    async fn lead(&self, node: &str, ttl: Duration) -> StoreResult<Leader>;
-    /// The leader lease as stored (possibly lapsed), if any DEN ever took it.
-    async fn leader(&self) -> StoreResult<Option<Leader>>;
-    /// How many of `queue`'s slots are in use: held and unexpired, or expired while their
-    /// holder still has a claimed or running task of the queue. No more of its tasks are
-    /// claimed or running than this (each runs under a slot).
-    async fn slots_in_use(&self, queue: ObjectId) -> StoreResult<i64>;
+    /// The lease `name` as stored (possibly lapsed), if any node ever took it (the leader
+    /// lease is [`LEADER_LEASE`], taken by `lifecycle::leader`).
+    async fn lease(&self, name: &str) -> StoreResult<Option<Leader>>;
+    /// Compare-and-set of the lease `name`: writes `new` when the lease stands as `expect`
+    /// (`None`: never taken, then `new` is inserted). False, with nothing written, when it
+    /// stands otherwise (another node changed it first).
+    async fn change_lease(&self, name: &str, expect: Option<&Leader>, new: &Leader) -> StoreResult<bool>;
     /// The QueueBalance document (Disbatch 4's `balance` collection), if one was written.
     /// A permanent error when the collection holds more than one document.
     async fn balance(&self) -> StoreResult<Option<Document>>;
@@ -305,37 +265,27 @@ pub trait Store: PluginStore + Send + Sync + 'static {
     /// callers ever get the same task. On MongoDB this is the spec's `findOneAndUpdate`;
     /// the embedded store does it in one write transaction.
     async fn claim(&self, queue: &Queue, node: &str) -> StoreResult<Option<Task>>;
-    /// Marks a claimed task running (0), fenced on `{_id, node, status: -1}`.
-    /// Idempotent: a task already `{node, status: 0}` (a retry whose first reply was lost)
-    /// also returns true. Returns false when the task is no longer ours.
-    async fn start(&self, task: ObjectId, node: &str) -> StoreResult<bool>;
     /// [`Store::claim`] for a DEN about to run the task: the task may come back already
     /// running (0), claimed and started in one write (the embedded store does so, in one
-    /// transaction), or claimed (-1), to be started with [`Store::start`] (MongoDB, whose
+    /// transaction), or claimed (-1), to be started with `lifecycle::run::start` (MongoDB, whose
     /// claim is the spec's). Either way exactly one caller gets it.
     async fn claim_to_run(&self, queue: &Queue, node: &str) -> StoreResult<Option<Task>> {
         self.claim(queue, node).await
     }
-    /// A worker's next claim with the slot it holds: [`Store::renew_slot`], then, only when
-    /// the slot is still held, [`Store::claim_to_run`] of `queue`. The embedded store does
-    /// both in one transaction. An error of either step is returned as is (a claimed task
-    /// that cannot be read was failed by the store, as [`Store::claim`] does). Done as two
-    /// writes, the claim is sent only while less than half of `lease` has passed since the
-    /// renewal was sent: a process paused after the renewal (its lease may have run out and
-    /// its slot gone to another node) claims nothing when it wakes.
+    /// Capability: a worker's next claim with the slot it holds, in one transaction: reads
+    /// the slot's row, applies the step `rule` decides for it (`lease` from now), and when
+    /// that step's outcome is [`SlotRenewal::Held`], [`Store::claim_to_run`] of `queue`.
+    /// `None` (the default) when the store does not offer it or the step's write did not
+    /// apply: the caller then renews and claims in separate writes (`lifecycle::slots`).
     async fn renew_and_claim(
         &self,
-        slot: &Slot,
-        queue: &Queue,
-        node: &str,
-        lease: Duration,
-    ) -> StoreResult<(SlotRenewal, Option<Task>)> {
-        let sent = std::time::Instant::now();
-        match self.renew_slot(slot, node, lease).await? {
-            SlotRenewal::Held if sent.elapsed() >= lease / 2 => Ok((SlotRenewal::Held, None)),
-            SlotRenewal::Held => Ok((SlotRenewal::Held, self.claim_to_run(queue, node).await?)),
-            other => Ok((other, None)),
-        }
+        _slot: &Slot,
+        _queue: &Queue,
+        _node: &str,
+        _lease: Duration,
+        _rule: RenewRule,
+    ) -> StoreResult<Option<(SlotRenewal, Option<Task>)>> {
+        Ok(None)
     }
     /// Stores an output stream too large for the task document as the file `file` tied to
     /// `task` (`filename` is `stdout` or `stderr`). MongoDB keeps it in GridFS
@@ -365,7 +315,7 @@ pub trait Store: PluginStore + Send + Sync + 'static {
     }
     /// [`Store::finish`], also storing the plugin's last progress report and appending the
     /// run's record to `attempts` in the same update. A task marked to run again
-    /// ([`Store::request_rerun`]) is queued again instead (-2, node null, outputs cleared),
+    /// (`lifecycle::retry::request_rerun`) is queued again instead (-2, node null, outputs cleared),
     /// with the run's record — its outputs as a file or the end of the text — appended.
     async fn finish_with(
         &self,
@@ -376,15 +326,6 @@ pub trait Store: PluginStore + Send + Sync + 'static {
         stderr: OutputValue,
         extra: &FinishExtra,
     ) -> StoreResult<bool>;
-    /// Ends a failed run that its queue's `retry` policy runs again, fenced on `{_id, node,
-    /// status: 0}`: appends `retry.attempt` to `attempts`, and the task waits (-7, node
-    /// null) until `retry.run_at` — or is queued (-2) at once when that is not after now —
-    /// at `retry.priority`, left by `retry.avoid_node` to the others until
-    /// `retry.avoid_until`. Its outputs and progress are cleared.
-    /// Returns false when the task is no longer running on `node`, or someone asked to
-    /// kill it (it must not run again: the caller stores the failure as its result) and
-    /// `retry.after_kill` is not set.
-    async fn retry_later(&self, task: ObjectId, node: &str, retry: &RetryAt) -> StoreResult<bool>;
     /// Queues a finished task again by hand (succeeded, failed or any other positive
     /// status, orphaned, cancelled or terminated): its last run becomes a record in
     /// `attempts` (with `reason`, and its outputs: a file kept as is, a text's last
@@ -395,30 +336,6 @@ pub trait Store: PluginStore + Send + Sync + 'static {
     /// With `replace`, the task also takes its params, priority and `run_at` (waiting as
     /// scheduled when that is still to come): a finished task submitted again by key.
     async fn retry_by_hand(&self, task: ObjectId, reason: &str, replace: Option<&NewTask>) -> StoreResult<HandRetry>;
-    /// Inserts one task with a key ([`NewTask::key`]) unique within its queue. When the
-    /// key is taken, answers the task that has it, or with `resubmit` submits that task
-    /// again: one still waiting (queued or scheduled, unclaimed) takes the new params,
-    /// priority and `run_at`; a claimed or running one is marked to run once more when
-    /// this run ends ([`Store::request_rerun`]); a finished one is queued again with the
-    /// new params ([`Store::retry_by_hand`]); a held one is left as it is.
-    async fn insert_keyed(&self, queue: ObjectId, task: NewTask, resubmit: bool) -> StoreResult<Keyed> {
-        keys::insert_keyed(self, queue, task, resubmit).await
-    }
-    /// Gives a waiting task (`status` queued or scheduled, unclaimed) `task`'s params,
-    /// priority and `run_at`, and the status they mean now. False when it changed meanwhile.
-    async fn resubmit_waiting(&self, id: ObjectId, status: i32, task: &NewTask) -> StoreResult<bool>;
-    /// Marks a claimed or running task to run once more when its run ends (`rerun`):
-    /// [`Store::finish_with`] then queues it again, the run's record in `attempts`. False
-    /// when it is no longer claimed or running.
-    async fn request_rerun(&self, id: ObjectId) -> StoreResult<bool>;
-    /// Stores a running task's latest progress (`progress`), fenced on `{_id, node,
-    /// status: 0}`. Returns false when the task is no longer running on `node`.
-    async fn report_progress(
-        &self,
-        task: ObjectId,
-        node: &str,
-        progress: &crate::model::TaskProgress,
-    ) -> StoreResult<bool>;
     /// Puts tasks of `node` that are claimed or running back in their queue (-2, node
     /// null), for a graceful shutdown. Returns the ids requeued. A task someone asked to
     /// kill is not put back: it ends failed (2) with [`KILLED_AT_SHUTDOWN`] as stderr.
@@ -434,6 +351,12 @@ pub trait Store: PluginStore + Send + Sync + 'static {
     /// mtime is set to now. Slots held by stale nodes are freed; slots of nodes without a
     /// document are not freed here but expire with their lease.
     async fn recover_orphans(&self, claimed_before: DateTime, stale_before: DateTime) -> StoreResult<Recovery>;
+    /// Recovers, at once, every claimed (-1) or running (0) task of `node` as
+    /// [`Store::recover_orphans`] does, and frees the slots `node` holds: the tasks of a
+    /// dead process whose name a new process just took
+    /// ([`lifecycle::nodes::take`](crate::lifecycle::nodes::take); the new process has
+    /// none yet).
+    async fn recover_node(&self, node: &str) -> StoreResult<Recovery>;
 
     // ---- tasks (the DCI) ---------------------------------------------------------------
 
@@ -443,18 +366,23 @@ pub trait Store: PluginStore + Send + Sync + 'static {
     /// transaction); MongoDB may have created a first part of them (an ordered insert cut
     /// short, or one whose reply was lost).
     async fn insert_tasks(&self, queue: ObjectId, tasks: Vec<NewTask>) -> StoreResult<()>;
-    /// Queues (-7 → -2, mtime now) every scheduled task whose `run_at` is not after
-    /// `now`, in one indexed update whatever the number of tasks still scheduled. Returns
-    /// how many were queued.
-    async fn promote_due(&self, now: DateTime) -> StoreResult<u64>;
-    /// Cancels tasks that have not started: those of `target` that are queued (-2) or
-    /// scheduled (-7) and unclaimed become cancelled (-5) with `stop` recorded. Returns
-    /// the ids cancelled (none when the task is claimed, running or finished).
-    async fn cancel_tasks(&self, target: TaskTarget, stop: &StopRequest) -> StoreResult<Vec<ObjectId>>;
-    /// Asks for running tasks to be killed: records `stop` on those of `target` that are
-    /// claimed (-1) or running (0) and not already asked. The DEN running each stops its
-    /// plugin ([`Store::kill_requests`]) and ends the task failed. Returns the ids asked.
-    async fn request_kill(&self, target: TaskTarget, stop: &StopRequest) -> StoreResult<Vec<ObjectId>>;
+    /// Applies each `(task, fence, change)` in order: `change` is written to `task` only
+    /// while `fence` holds for it (see [`change`]). Answers, for each entry, whether it was
+    /// written; a fence that does not hold (or a task that does not exist) changes nothing
+    /// and answers false. The embedded store writes all entries in one transaction;
+    /// MongoDB sends one fenced update per entry, in order, so on an error the entries
+    /// before it may have been written. An empty change is [`StoreError::Invalid`].
+    async fn change_tasks(&self, changes: &[(ObjectId, TaskFence, TaskChange)]) -> StoreResult<Vec<bool>>;
+    /// Writes `change` to every task of `target` for which `fence` holds; answers the ids
+    /// written. The change must set `mtime` ([`TaskChange::touch`]) and append no
+    /// attempt, else it is [`StoreError::Invalid`]. Tasks changed by others at the same
+    /// time are left out when their fence no longer holds.
+    async fn change_where(
+        &self,
+        target: TaskTarget,
+        fence: &TaskFence,
+        change: &TaskChange,
+    ) -> StoreResult<Vec<ObjectId>>;
     /// The kill requests on tasks `node` has claimed or is running.
     async fn kill_requests(&self, node: &str) -> StoreResult<Vec<(ObjectId, StopRequest)>>;
 
@@ -484,44 +412,4 @@ pub fn task_mark(t: &Task) -> u64 {
         (p.percent.map(f64::to_bits), &p.info, p.at.timestamp_millis()).hash(&mut h);
     }
     h.finish()
-}
-
-/// The node a slot should be asked from ([`Store::want_slot`]): of the holders of a queue's
-/// live slots (one name per slot), the one holding the most, when that is at least two more
-/// than `node` holds (so a slot moving never leaves the asker holding more than the giver,
-/// and two nodes never pass a slot back and forth). Ties go to the first name in order.
-pub(crate) fn fair_share_donor<'a>(holders: impl Iterator<Item = &'a str>, node: &str) -> Option<String> {
-    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
-    for h in holders {
-        *counts.entry(h).or_default() += 1;
-    }
-    let mine = counts.remove(node).unwrap_or(0);
-    let (most, held) = counts
-        .into_iter()
-        .fold(None, |best: Option<(&str, usize)>, (h, n)| match best {
-            Some((_, m)) if m >= n => best,
-            _ => Some((h, n)),
-        })?;
-    (held >= mine + 2).then(|| most.to_string())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::fair_share_donor;
-
-    #[test]
-    fn a_slot_is_asked_from_the_node_holding_the_most() {
-        let ask = |held: &[&str], node| fair_share_donor(held.iter().copied(), node);
-        assert_eq!(ask(&["a", "b", "b", "c", "c", "c"], "d").as_deref(), Some("c"));
-        assert_eq!(
-            ask(&["a", "a", "b", "b"], "d").as_deref(),
-            Some("a"),
-            "ties go to the first name"
-        );
-        assert_eq!(ask(&["a", "a", "d"], "d"), None, "one more is fair enough");
-        assert_eq!(ask(&["a", "a", "a", "d"], "d").as_deref(), Some("a"));
-        assert_eq!(ask(&["d", "d", "d"], "d"), None, "never from itself");
-        assert_eq!(ask(&[], "d"), None);
-        assert_eq!(ask(&["a"], "d"), None, "a single slot stays where it is");
-    }
 }

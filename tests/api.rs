@@ -228,7 +228,7 @@ async fn tasks_from_params_search_and_read_back() {
     // Run one by hand with stdout in GridFS, and read it back resolved.
     let queue = db.store.queues().await.unwrap().remove(0);
     let task = db.store.claim(&queue, "n1").await.unwrap().unwrap();
-    assert!(db.store.start(task.id, "n1").await.unwrap());
+    assert!(disbatch::lifecycle::run::start(&db.store, task.id, "n1").await.unwrap());
     let big = "line\n".repeat(100_000);
     let file = db.store.write_output_file(task.id, "stdout", &big).await.unwrap();
     let done = db
@@ -457,7 +457,9 @@ async fn nodes_and_maxthreads() {
     let id = q["id"].as_str().unwrap().to_owned();
     assert_eq!(q["problems"], Value::Null, "a new queue has no report yet");
     let problems = std::collections::BTreeMap::from([(id.clone(), "plugin \"demo\" is not loadable".to_string())]);
-    db.store.report_queue_problems("n1", &problems).await.unwrap();
+    disbatch::lifecycle::nodes::report_queue_problems(&db.store, "n1", &problems)
+        .await
+        .unwrap();
     let expected = json!([{"node": "n1", "reason": "plugin \"demo\" is not loadable"}]);
     assert_eq!(get(&app, "/queues/broken").await.json()["problems"], expected);
     let listed = get(&app, "/queues").await.json();

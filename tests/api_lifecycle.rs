@@ -175,7 +175,9 @@ async fn cancel_and_kill_answer_by_the_tasks_state() {
     // A running task: cancel says to kill; kill records the request for its DEN.
     let queue = db.store.queues().await.unwrap().remove(0);
     let running = db.store.claim(&queue, "den-1").await.unwrap().unwrap().id;
-    assert!(db.store.start(running, "den-1").await.unwrap());
+    assert!(disbatch::lifecycle::run::start(&db.store, running, "den-1")
+        .await
+        .unwrap());
     let r = post(&app, &format!("/tasks/{running}/cancel"), json!({})).await;
     assert_eq!(r.status, StatusCode::CONFLICT);
     assert!(r.error().contains("kill stops a running task"), "{}", r.error());
@@ -284,7 +286,7 @@ async fn retry_policies_and_retries_by_hand() {
     assert!(r.error().contains("only a finished task"), "{}", r.error());
     let queue = db.store.queues().await.unwrap().remove(0);
     let t = db.store.claim(&queue, "den-1").await.unwrap().unwrap().id;
-    assert!(db.store.start(t, "den-1").await.unwrap());
+    assert!(disbatch::lifecycle::run::start(&db.store, t, "den-1").await.unwrap());
     let r = post(&app, &format!("/tasks/{t}/retry"), json!({})).await;
     assert_eq!(r.status, StatusCode::CONFLICT);
     assert!(r.error().contains("kill stops a running task"), "{}", r.error());

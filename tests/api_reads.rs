@@ -132,7 +132,7 @@ async fn full_cuts_large_outputs_and_the_server_memory_does_not_grow_with_them()
         queue.threads = Some(1);
         for i in 0..TASKS {
             let task = store.claim(&queue, "n1").await.unwrap().expect("a queued task");
-            assert!(store.start(task.id, "n1").await.unwrap());
+            assert!(disbatch::lifecycle::run::start(&store, task.id, "n1").await.unwrap());
             let (out, err) = (output(&format!("out{i}"), LEN), output(&format!("err{i}"), LEN));
             let out_file = store.write_output_file(task.id, "stdout", &out).await.unwrap();
             let err_file = store.write_output_file(task.id, "stderr", &err).await.unwrap();

@@ -52,7 +52,7 @@ async fn app_with_tasks(store: &Arc<dyn Store>, n: usize) -> (Router, Vec<String
 async fn run_one(store: &Arc<dyn Store>, status: i32) -> ObjectId {
     let q = store.queues().await.unwrap().remove(0);
     let t = store.claim(&q, "den-1").await.unwrap().expect("a queued task").id;
-    assert!(store.start(t, "den-1").await.unwrap());
+    assert!(disbatch::lifecycle::run::start(&**store, t, "den-1").await.unwrap());
     let empty = OutputValue::Inline(String::new());
     assert!(store.finish(t, "den-1", status, empty.clone(), empty).await.unwrap());
     t
@@ -161,14 +161,16 @@ async fn events_follow_a_task_until_it_ends(store: Arc<dyn Store>, _name: &str) 
     let q = store.queues().await.unwrap().remove(0);
     assert_eq!(store.claim(&q, "den-1").await.unwrap().unwrap().id, id);
     assert_eq!(next_event(&mut body, &mut buf).await.unwrap()["status"], -1);
-    assert!(store.start(id, "den-1").await.unwrap());
+    assert!(disbatch::lifecycle::run::start(&*store, id, "den-1").await.unwrap());
     assert_eq!(next_event(&mut body, &mut buf).await.unwrap()["status"], 0);
     let half = TaskProgress {
         percent: Some(50.0),
         info: "half".into(),
         at: bson::DateTime::now(),
     };
-    assert!(store.report_progress(id, "den-1", &half).await.unwrap());
+    assert!(disbatch::lifecycle::run::report_progress(&*store, id, "den-1", &half)
+        .await
+        .unwrap());
     let e = next_event(&mut body, &mut buf).await.unwrap();
     assert_eq!(
         (e["status"].as_i64(), e["progress"]["percent"].as_f64()),

@@ -341,8 +341,7 @@ async fn stale_view(store: Arc<dyn Store>) {
         .await
         .unwrap();
     let lease = Duration::from_secs(10);
-    let first = store
-        .acquire_slot(&q, "n1", lease)
+    let first = disbatch::lifecycle::slots::acquire_slot(&*store, &q, "n1", lease)
         .await
         .unwrap()
         .expect("a slot under threads 4");
@@ -352,13 +351,23 @@ async fn stale_view(store: Arc<dyn Store>) {
     };
     store.update_queue(q.id, update).await.unwrap();
     assert_eq!(
-        store.acquire_slot(&q, "n2", lease).await.unwrap(),
+        disbatch::lifecycle::slots::acquire_slot(&*store, &q, "n2", lease)
+            .await
+            .unwrap(),
         None,
         "the stored limit (maxthreads 1) is held, whatever the caller's copy says"
     );
-    assert_eq!(store.slots_in_use(q.id).await.unwrap(), 1);
-    store.release_slot(&first, "n1").await.unwrap();
-    assert!(store.acquire_slot(&q, "n2", lease).await.unwrap().is_some());
+    assert_eq!(
+        disbatch::lifecycle::slots::slots_in_use(&*store, q.id).await.unwrap(),
+        1
+    );
+    disbatch::lifecycle::slots::release_slot(&*store, &first, "n1")
+        .await
+        .unwrap();
+    assert!(disbatch::lifecycle::slots::acquire_slot(&*store, &q, "n2", lease)
+        .await
+        .unwrap()
+        .is_some());
 }
 
 #[tokio::test]

@@ -99,7 +99,9 @@ async fn ui_creates_a_queue_submits_a_task_edits_limits_and_shows_output() {
         .unwrap();
     let task = db.store.claim(&queue, "ui-node").await.unwrap().unwrap();
     assert_eq!(task.id, ids[0]);
-    assert!(db.store.start(task.id, "ui-node").await.unwrap());
+    assert!(disbatch::lifecycle::run::start(&db.store, task.id, "ui-node")
+        .await
+        .unwrap());
     let stdout = "shown in the browser\n".repeat(20_000);
     let file = db.store.write_output_file(task.id, "stdout", &stdout).await.unwrap();
     assert!(db

@@ -125,15 +125,14 @@ async fn a_dag_runs_in_order_while_the_leader_is_killed() {
         "a fifth of the DAG to succeed and a leader",
         || async {
             count(&t.db, doc! {"status": 1}).await >= (TASKS / 5) as u64
-                && store
-                    .leader()
+                && disbatch::lifecycle::leader::leader(&*store)
                     .await
                     .unwrap()
                     .is_some_and(|l| l.holder(bson::DateTime::now()).is_some())
         },
     )
     .await;
-    let leader = store.leader().await.unwrap().unwrap();
+    let leader = disbatch::lifecycle::leader::leader(&*store).await.unwrap().unwrap();
     let victim = NODES
         .iter()
         .position(|n| *n == leader.node)
@@ -150,7 +149,7 @@ async fn a_dag_runs_in_order_while_the_leader_is_killed() {
             .collect();
     let deadline = killed + Duration::from_secs(30);
     let (after, new_leader, token) = loop {
-        let l = store.leader().await.unwrap().unwrap();
+        let l = disbatch::lifecycle::leader::leader(&*store).await.unwrap().unwrap();
         if l.holder(bson::DateTime::now()).is_some_and(|h| h != leader.node) {
             break (killed.elapsed(), l.node, l.token);
         }

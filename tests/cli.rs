@@ -394,13 +394,19 @@ async fn schedule_cancel_and_kill_through_the_cli() {
     // A running task shows its progress, and a kill names who asked.
     let queue = db.store.queues().await.unwrap().remove(0);
     let running = db.store.claim(&queue, "den-1").await.unwrap().unwrap().id;
-    assert!(db.store.start(running, "den-1").await.unwrap());
+    assert!(disbatch::lifecycle::run::start(&db.store, running, "den-1")
+        .await
+        .unwrap());
     let half = disbatch::model::TaskProgress {
         percent: Some(50.0),
         info: "half way".into(),
         at: bson::DateTime::now(),
     };
-    assert!(db.store.report_progress(running, "den-1", &half).await.unwrap());
+    assert!(
+        disbatch::lifecycle::run::report_progress(&db.store, running, "den-1", &half)
+            .await
+            .unwrap()
+    );
     let shown = web.ok(&["task", &running.to_hex()]);
     assert!(shown.contains("progress    [#####.....]  50% half way\n"), "{shown}");
     assert_eq!(web.json(&["task", &running.to_hex()])["progress"]["percent"], 50.0);

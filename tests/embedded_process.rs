@@ -62,7 +62,9 @@ async fn two_dens_on_one_file_drain_every_task_exactly_once() {
     let nodes = ["embedded-a", "embedded-b"];
     for node in nodes {
         store.heartbeat(node, Duration::from_secs(30)).await.unwrap();
-        assert!(store.set_maxthreads(node, Some(PER_NODE)).await.unwrap());
+        assert!(disbatch::lifecycle::nodes::set_maxthreads(&store, node, Some(PER_NODE))
+            .await
+            .unwrap());
     }
     let params = (0..TOTAL).map(|k| doc! {"path": format!("/out/{k}"), "sleep_ms": 10});
     store.create_tasks(q, params.collect()).await.unwrap();

@@ -94,7 +94,9 @@ async fn with_queue_and_node(hint: &str, tweak: impl FnOnce(&mut disbatch::api::
         assert_eq!(r.status, StatusCode::OK, "{}", r.text);
     }
     db.store.heartbeat("n1", Duration::from_secs(30)).await.unwrap();
-    assert!(db.store.set_maxthreads("n1", Some(2)).await.unwrap());
+    assert!(disbatch::lifecycle::nodes::set_maxthreads(&db.store, "n1", Some(2))
+        .await
+        .unwrap());
     (db, app)
 }
 

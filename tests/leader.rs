@@ -40,7 +40,10 @@ async fn marked(app: &axum::Router) -> Option<String> {
 }
 
 async fn lease(store: &Arc<dyn Store>) -> Leader {
-    store.leader().await.unwrap().expect("a leader lease")
+    disbatch::lifecycle::leader::leader(&**store)
+        .await
+        .unwrap()
+        .expect("a leader lease")
 }
 
 /// Starts DENs `a` and `b` with `start`, waits for a leader, kills it, and checks that the

@@ -135,10 +135,10 @@ async fn spec_documents_are_claimed_and_finished_field_by_field() {
     assert_eq!(kind(&d, "stdout"), ElementType::Null);
     assert_eq!(kind(&d, "stderr"), ElementType::Null);
 
-    assert!(t.store.start(id, "den-1").await.unwrap());
+    assert!(disbatch::lifecycle::run::start(&t.store, id, "den-1").await.unwrap());
     assert_eq!(raw(&t.db, id).await.get("status"), Some(&Bson::Int32(0)));
     assert!(
-        t.store.start(id, "den-1").await.unwrap(),
+        disbatch::lifecycle::run::start(&t.store, id, "den-1").await.unwrap(),
         "a retried start of a task already running here succeeds"
     );
 
@@ -345,14 +345,19 @@ async fn slots_hold_threads_across_nodes() {
             let (in_use, max_seen, acquired) = (in_use.clone(), max_seen.clone(), acquired.clone());
             workers.push(tokio::spawn(async move {
                 for _ in 0..15 {
-                    if let Some(slot) = store.acquire_slot(&queue, node, LEASE).await.unwrap() {
+                    if let Some(slot) = disbatch::lifecycle::slots::acquire_slot(&*store, &queue, node, LEASE)
+                        .await
+                        .unwrap()
+                    {
                         assert!(slot.n >= 0 && slot.n < 3, "slot {slot:?}");
                         let now = in_use.fetch_add(1, Ordering::SeqCst) + 1;
                         max_seen.fetch_max(now, Ordering::SeqCst);
                         acquired.fetch_add(1, Ordering::SeqCst);
                         tokio::time::sleep(Duration::from_millis(5)).await;
                         in_use.fetch_sub(1, Ordering::SeqCst);
-                        store.release_slot(&slot, node).await.unwrap();
+                        disbatch::lifecycle::slots::release_slot(&*store, &slot, node)
+                            .await
+                            .unwrap();
                     } else {
                         tokio::time::sleep(Duration::from_millis(2)).await;
                     }
@@ -371,21 +376,32 @@ async fn slots_hold_threads_across_nodes() {
     let mut held = Vec::new();
     for node in ["den-a", "den-b", "den-a"] {
         held.push(
-            t.store
-                .acquire_slot(&queue, node, LEASE)
+            disbatch::lifecycle::slots::acquire_slot(&t.store, &queue, node, LEASE)
                 .await
                 .unwrap()
                 .expect("a free slot"),
         );
     }
     assert_eq!(held_slots(&t.db, q).await, 3);
-    assert_eq!(t.store.acquire_slot(&queue, "den-b", LEASE).await.unwrap(), None);
-    t.store.release_slot(&held[0], "den-b").await.unwrap(); // not the holder: no effect
-    assert_eq!(t.store.acquire_slot(&queue, "den-b", LEASE).await.unwrap(), None);
-    t.store.release_slot(&held[0], "den-a").await.unwrap();
-    let again = t
-        .store
-        .acquire_slot(&queue, "den-b", LEASE)
+    assert_eq!(
+        disbatch::lifecycle::slots::acquire_slot(&t.store, &queue, "den-b", LEASE)
+            .await
+            .unwrap(),
+        None
+    );
+    disbatch::lifecycle::slots::release_slot(&t.store, &held[0], "den-b")
+        .await
+        .unwrap(); // not the holder: no effect
+    assert_eq!(
+        disbatch::lifecycle::slots::acquire_slot(&t.store, &queue, "den-b", LEASE)
+            .await
+            .unwrap(),
+        None
+    );
+    disbatch::lifecycle::slots::release_slot(&t.store, &held[0], "den-a")
+        .await
+        .unwrap();
+    let again = disbatch::lifecycle::slots::acquire_slot(&t.store, &queue, "den-b", LEASE)
         .await
         .unwrap()
         .expect("released slot is free");
@@ -395,12 +411,22 @@ async fn slots_hold_threads_across_nodes() {
         threads: Some(0),
         ..(*queue).clone()
     };
-    assert_eq!(t.store.acquire_slot(&paused, "den-a", LEASE).await.unwrap(), None);
+    assert_eq!(
+        disbatch::lifecycle::slots::acquire_slot(&t.store, &paused, "den-a", LEASE)
+            .await
+            .unwrap(),
+        None
+    );
     let unlimited = Queue {
         threads: None,
         ..(*queue).clone()
     };
-    assert_eq!(t.store.acquire_slot(&unlimited, "den-a", LEASE).await.unwrap(), None);
+    assert_eq!(
+        disbatch::lifecycle::slots::acquire_slot(&t.store, &unlimited, "den-a", LEASE)
+            .await
+            .unwrap(),
+        None
+    );
 }
 
 #[tokio::test]
@@ -410,16 +436,18 @@ async fn expired_slots_are_free_and_heartbeats_renew_them() {
     let queue = queue(&t.store, q).await;
     let short = Duration::from_millis(400);
 
-    t.store
-        .acquire_slot(&queue, "dying", short)
+    disbatch::lifecycle::slots::acquire_slot(&t.store, &queue, "dying", short)
         .await
         .unwrap()
         .expect("free");
-    assert_eq!(t.store.acquire_slot(&queue, "other", LEASE).await.unwrap(), None);
+    assert_eq!(
+        disbatch::lifecycle::slots::acquire_slot(&t.store, &queue, "other", LEASE)
+            .await
+            .unwrap(),
+        None
+    );
     tokio::time::sleep(Duration::from_millis(600)).await;
-    let taken = t
-        .store
-        .acquire_slot(&queue, "other", short)
+    let taken = disbatch::lifecycle::slots::acquire_slot(&t.store, &queue, "other", short)
         .await
         .unwrap()
         .expect("expired lease is free");
@@ -428,9 +456,16 @@ async fn expired_slots_are_free_and_heartbeats_renew_them() {
     // The holder's heartbeat extends its lease.
     t.store.heartbeat("other", LEASE).await.unwrap();
     tokio::time::sleep(Duration::from_millis(600)).await;
-    assert_eq!(t.store.acquire_slot(&queue, "dying", LEASE).await.unwrap(), None);
+    assert_eq!(
+        disbatch::lifecycle::slots::acquire_slot(&t.store, &queue, "dying", LEASE)
+            .await
+            .unwrap(),
+        None
+    );
     // The former holder cannot release it.
-    t.store.release_slot(&taken, "dying").await.unwrap();
+    disbatch::lifecycle::slots::release_slot(&t.store, &taken, "dying")
+        .await
+        .unwrap();
     assert_eq!(held_slots(&t.db, q).await, 1);
 }
 
@@ -441,7 +476,12 @@ async fn lowering_threads_blocks_while_higher_slots_are_held() {
     let three = queue(&t.store, q).await;
     let mut held = Vec::new();
     for _ in 0..3 {
-        held.push(t.store.acquire_slot(&three, "den", LEASE).await.unwrap().expect("free"));
+        held.push(
+            disbatch::lifecycle::slots::acquire_slot(&t.store, &three, "den", LEASE)
+                .await
+                .unwrap()
+                .expect("free"),
+        );
     }
     held.sort_by_key(|s| s.n);
     assert_eq!(held.iter().map(|s| s.n).collect::<Vec<_>>(), vec![0, 1, 2]);
@@ -458,22 +498,28 @@ async fn lowering_threads_blocks_while_higher_slots_are_held() {
         .await;
     let two = updated.unwrap().and_then(QueueState::readable).expect("queue exists");
     assert_eq!(two.threads, Some(2));
-    t.store.release_slot(&held[0], "den").await.unwrap();
+    disbatch::lifecycle::slots::release_slot(&t.store, &held[0], "den")
+        .await
+        .unwrap();
     assert_eq!(
-        t.store.acquire_slot(&two, "den", LEASE).await.unwrap(),
+        disbatch::lifecycle::slots::acquire_slot(&t.store, &two, "den", LEASE)
+            .await
+            .unwrap(),
         None,
         "slot 2 is still held: the queue is over its new limit"
     );
-    t.store.release_slot(&held[2], "den").await.unwrap();
-    let slot = t
-        .store
-        .acquire_slot(&two, "den", LEASE)
+    disbatch::lifecycle::slots::release_slot(&t.store, &held[2], "den")
+        .await
+        .unwrap();
+    let slot = disbatch::lifecycle::slots::acquire_slot(&t.store, &two, "den", LEASE)
         .await
         .unwrap()
         .expect("under the limit again");
     assert_eq!(slot.n, 0);
     assert_eq!(
-        t.store.acquire_slot(&two, "den", LEASE).await.unwrap(),
+        disbatch::lifecycle::slots::acquire_slot(&t.store, &two, "den", LEASE)
+            .await
+            .unwrap(),
         None,
         "slots 0 and 1 are held"
     );
@@ -501,13 +547,19 @@ async fn heartbeat_upserts_and_preserves_maxthreads() {
     assert_eq!(second.maxthreads, Some(5));
     assert!(second.timestamp > first.timestamp);
 
-    assert!(t.store.set_maxthreads("den-1", Some(2)).await.unwrap());
+    assert!(disbatch::lifecycle::nodes::set_maxthreads(&t.store, "den-1", Some(2))
+        .await
+        .unwrap());
     assert_eq!(t.store.heartbeat("den-1", LEASE).await.unwrap().maxthreads, Some(2));
-    assert!(t.store.set_maxthreads("den-1", None).await.unwrap());
+    assert!(disbatch::lifecycle::nodes::set_maxthreads(&t.store, "den-1", None)
+        .await
+        .unwrap());
     assert_eq!(t.store.heartbeat("den-1", LEASE).await.unwrap().maxthreads, None);
-    assert!(!t.store.set_maxthreads("nobody", Some(1)).await.unwrap());
+    assert!(!disbatch::lifecycle::nodes::set_maxthreads(&t.store, "nobody", Some(1))
+        .await
+        .unwrap());
     assert!(matches!(
-        t.store.set_maxthreads("den-1", Some(-1)).await,
+        disbatch::lifecycle::nodes::set_maxthreads(&t.store, "den-1", Some(-1)).await,
         Err(StoreError::Invalid(_))
     ));
 
@@ -549,8 +601,14 @@ async fn stale_nodes_tasks_are_recovered_and_fresh_nodes_left_alone() {
     let q = queue(&t.store, orphaning).await;
     // The dead node's lease has run out (a stale node's slot is freed once it has).
     let short = Duration::from_millis(50);
-    let dead_slot = t.store.acquire_slot(&q, "dead", short).await.unwrap().unwrap();
-    let alive_slot = t.store.acquire_slot(&q, "alive", LEASE).await.unwrap().unwrap();
+    let dead_slot = disbatch::lifecycle::slots::acquire_slot(&t.store, &q, "dead", short)
+        .await
+        .unwrap()
+        .unwrap();
+    let alive_slot = disbatch::lifecycle::slots::acquire_slot(&t.store, &q, "alive", LEASE)
+        .await
+        .unwrap()
+        .unwrap();
     tokio::time::sleep(short * 2).await;
 
     let recovery = t.store.recover_orphans(ago(300_000), ago(30_000)).await.unwrap();
@@ -633,7 +691,9 @@ async fn start_and_finish_are_fenced_against_recovery() {
     let first = t.store.claim(&queue, "den").await.unwrap().unwrap();
     // Running, then recovered while it runs.
     let second = t.store.claim(&queue, "den").await.unwrap().unwrap();
-    assert!(t.store.start(second.id, "den").await.unwrap());
+    assert!(disbatch::lifecycle::run::start(&t.store, second.id, "den")
+        .await
+        .unwrap());
 
     let nodes = t.db.collection::<Document>("nodes");
     let last_beat = ago(120_000);
@@ -653,7 +713,9 @@ async fn start_and_finish_are_fenced_against_recovery() {
     let recovery = t.store.recover_orphans(ago(300_000), ago(30_000)).await.unwrap();
     assert_eq!(recovery.orphaned.len(), 2);
 
-    assert!(!t.store.start(first.id, "den").await.unwrap());
+    assert!(!disbatch::lifecycle::run::start(&t.store, first.id, "den")
+        .await
+        .unwrap());
     let file = t.store.write_output_file(second.id, "stdout", "late").await.unwrap();
     let written = t
         .store
@@ -676,7 +738,7 @@ async fn start_and_finish_are_fenced_against_recovery() {
     let third = t.store.create_tasks(q, vec![doc! {}]).await.unwrap()[0];
     let claimed = t.store.claim(&queue, "den").await.unwrap().unwrap();
     assert_eq!(claimed.id, third);
-    assert!(t.store.start(third, "den").await.unwrap());
+    assert!(disbatch::lifecycle::run::start(&t.store, third, "den").await.unwrap());
     let other = t.store.finish(
         third,
         "intruder",
@@ -696,7 +758,7 @@ async fn requeue_own_puts_back_only_our_unfinished_tasks() {
     let a = t.store.claim(&queue, "den").await.unwrap().unwrap().id;
     let b = t.store.claim(&queue, "den").await.unwrap().unwrap().id;
     let c = t.store.claim(&queue, "other").await.unwrap().unwrap().id;
-    assert!(t.store.start(b, "den").await.unwrap());
+    assert!(disbatch::lifecycle::run::start(&t.store, b, "den").await.unwrap());
     let requeued = t.store.requeue_own("den", &[a, b, c]).await.unwrap();
     assert_eq!(requeued, vec![a, b]);
     for id in [a, b] {

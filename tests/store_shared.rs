@@ -100,6 +100,8 @@ on_both_stores!(
     three_dens_hold_threads_and_maxthreads,
 );
 
+#[path = "store_shared/change.rs"]
+mod change;
 #[path = "store_shared/claims.rs"]
 mod claims;
 #[path = "store_shared/deps.rs"]
@@ -112,6 +114,8 @@ mod keys;
 mod leader;
 #[path = "store_shared/lifecycle.rs"]
 mod lifecycle;
+#[path = "store_shared/nodes.rs"]
+mod nodes;
 #[path = "store_shared/queues.rs"]
 mod queues;
 #[path = "store_shared/restarts.rs"]
@@ -120,6 +124,8 @@ mod restarts;
 mod results;
 #[path = "store_shared/retries.rs"]
 mod retries;
+#[path = "store_shared/slot_changes.rs"]
+mod slot_changes;
 #[path = "store_shared/stats.rs"]
 mod stats;
 
@@ -156,7 +162,7 @@ async fn task(s: &dyn Store, id: ObjectId) -> disbatch::model::Task {
 
 async fn claim_run(s: &dyn Store, q: &Queue, node: &str) -> ObjectId {
     let t = s.claim(q, node).await.unwrap().expect("a task to claim");
-    assert!(s.start(t.id, node).await.unwrap());
+    assert!(disbatch::lifecycle::run::start(s, t.id, node).await.unwrap());
     t.id
 }
 
@@ -200,11 +206,14 @@ async fn created_claimed_started_finished_field_by_field(s: Stores) {
     assert!(!s.a.has_queued(q.id).await.unwrap());
     assert!(s.a.claim(&q, "den-2").await.unwrap().is_none());
 
-    assert!(!s.a.start(id, "den-2").await.unwrap(), "start is fenced on the node");
-    assert!(s.a.start(id, "den-1").await.unwrap());
+    assert!(
+        !disbatch::lifecycle::run::start(&*s.a, id, "den-2").await.unwrap(),
+        "start is fenced on the node"
+    );
+    assert!(disbatch::lifecycle::run::start(&*s.a, id, "den-1").await.unwrap());
     assert_eq!(task(&*s.b, id).await.status, status::RUNNING);
     assert!(
-        s.a.start(id, "den-1").await.unwrap(),
+        disbatch::lifecycle::run::start(&*s.a, id, "den-1").await.unwrap(),
         "a retried start of a task already running here succeeds (its first reply was lost)"
     );
     assert_eq!(task(&*s.b, id).await.stdout, None, "stdout stays null while running");
@@ -330,68 +339,119 @@ async fn concurrent_claimers_get_every_task_exactly_once(s: Stores) {
 
 async fn slots_hold_threads_across_nodes(s: Stores) {
     let q = queue(&*s.a, "slots", 2, Sort::Fifo).await;
-    let first = s.a.acquire_slot(&q, "node-a", LEASE).await.unwrap().expect("slot");
-    let second = s.b.acquire_slot(&q, "node-b", LEASE).await.unwrap().expect("slot");
+    let first = disbatch::lifecycle::slots::acquire_slot(&*s.a, &q, "node-a", LEASE)
+        .await
+        .unwrap()
+        .expect("slot");
+    let second = disbatch::lifecycle::slots::acquire_slot(&*s.b, &q, "node-b", LEASE)
+        .await
+        .unwrap()
+        .expect("slot");
     assert_ne!(first.n, second.n);
     assert!([first.n, second.n].iter().all(|n| (0..2).contains(n)));
-    assert!(s.a.acquire_slot(&q, "node-a", LEASE).await.unwrap().is_none());
-    assert!(s.b.acquire_slot(&q, "node-c", LEASE).await.unwrap().is_none());
-    s.b.release_slot(&first, "node-b").await.unwrap();
+    assert!(disbatch::lifecycle::slots::acquire_slot(&*s.a, &q, "node-a", LEASE)
+        .await
+        .unwrap()
+        .is_none());
+    assert!(disbatch::lifecycle::slots::acquire_slot(&*s.b, &q, "node-c", LEASE)
+        .await
+        .unwrap()
+        .is_none());
+    disbatch::lifecycle::slots::release_slot(&*s.b, &first, "node-b")
+        .await
+        .unwrap();
     assert!(
-        s.b.acquire_slot(&q, "node-c", LEASE).await.unwrap().is_none(),
-        "only the holder gives a slot back"
-    );
-    s.a.release_slot(&first, "node-a").await.unwrap();
-    let again =
-        s.b.acquire_slot(&q, "node-c", LEASE)
+        disbatch::lifecycle::slots::acquire_slot(&*s.b, &q, "node-c", LEASE)
             .await
             .unwrap()
-            .expect("freed slot");
+            .is_none(),
+        "only the holder gives a slot back"
+    );
+    disbatch::lifecycle::slots::release_slot(&*s.a, &first, "node-a")
+        .await
+        .unwrap();
+    let again = disbatch::lifecycle::slots::acquire_slot(&*s.b, &q, "node-c", LEASE)
+        .await
+        .unwrap()
+        .expect("freed slot");
     assert_eq!(again.n, first.n);
     let paused = queue(&*s.a, "paused", 0, Sort::Fifo).await;
-    assert!(s.a.acquire_slot(&paused, "node-a", LEASE).await.unwrap().is_none());
+    assert!(
+        disbatch::lifecycle::slots::acquire_slot(&*s.a, &paused, "node-a", LEASE)
+            .await
+            .unwrap()
+            .is_none()
+    );
 }
 
 async fn lowering_threads_blocks_while_higher_slots_are_held(s: Stores) {
     let q = queue(&*s.a, "lower", 3, Sort::Fifo).await;
     let mut held = Vec::new();
     for node in ["a", "b", "c"] {
-        held.push(s.a.acquire_slot(&q, node, LEASE).await.unwrap().expect("slot"));
+        held.push(
+            disbatch::lifecycle::slots::acquire_slot(&*s.a, &q, node, LEASE)
+                .await
+                .unwrap()
+                .expect("slot"),
+        );
     }
     held.sort_by_key(|s| s.n);
     let q = set_threads(&*s.a, &q, 1).await;
     assert_eq!(q.threads, Some(1));
-    s.a.release_slot(&held[0], "a").await.unwrap();
+    disbatch::lifecycle::slots::release_slot(&*s.a, &held[0], "a")
+        .await
+        .unwrap();
     assert!(
-        s.b.acquire_slot(&q, "d", LEASE).await.unwrap().is_none(),
-        "slots 1 and 2 are still held"
-    );
-    s.a.release_slot(&held[1], "b").await.unwrap();
-    s.a.release_slot(&held[2], "c").await.unwrap();
-    let slot =
-        s.b.acquire_slot(&q, "d", LEASE)
+        disbatch::lifecycle::slots::acquire_slot(&*s.b, &q, "d", LEASE)
             .await
             .unwrap()
-            .expect("slot under the new limit");
+            .is_none(),
+        "slots 1 and 2 are still held"
+    );
+    disbatch::lifecycle::slots::release_slot(&*s.a, &held[1], "b")
+        .await
+        .unwrap();
+    disbatch::lifecycle::slots::release_slot(&*s.a, &held[2], "c")
+        .await
+        .unwrap();
+    let slot = disbatch::lifecycle::slots::acquire_slot(&*s.b, &q, "d", LEASE)
+        .await
+        .unwrap()
+        .expect("slot under the new limit");
     assert_eq!(slot.n, 0);
-    assert!(s.b.acquire_slot(&q, "e", LEASE).await.unwrap().is_none());
+    assert!(disbatch::lifecycle::slots::acquire_slot(&*s.b, &q, "e", LEASE)
+        .await
+        .unwrap()
+        .is_none());
 }
 
 async fn expired_slots_are_free_and_heartbeats_renew_them(s: Stores) {
     let short = Duration::from_millis(300);
     let q = queue(&*s.a, "expire", 1, Sort::Fifo).await;
-    s.a.acquire_slot(&q, "alive", short).await.unwrap().expect("slot");
+    disbatch::lifecycle::slots::acquire_slot(&*s.a, &q, "alive", short)
+        .await
+        .unwrap()
+        .expect("slot");
     s.a.heartbeat("alive", LEASE).await.unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(
-        s.b.acquire_slot(&q, "other", LEASE).await.unwrap().is_none(),
+        disbatch::lifecycle::slots::acquire_slot(&*s.b, &q, "other", LEASE)
+            .await
+            .unwrap()
+            .is_none(),
         "a heartbeat renews its node's leases"
     );
     let q2 = queue(&*s.a, "expire-2", 1, Sort::Fifo).await;
-    s.a.acquire_slot(&q2, "dead", short).await.unwrap().expect("slot");
+    disbatch::lifecycle::slots::acquire_slot(&*s.a, &q2, "dead", short)
+        .await
+        .unwrap()
+        .expect("slot");
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(
-        s.b.acquire_slot(&q2, "other", LEASE).await.unwrap().is_some(),
+        disbatch::lifecycle::slots::acquire_slot(&*s.b, &q2, "other", LEASE)
+            .await
+            .unwrap()
+            .is_some(),
         "an expired lease is free"
     );
 }
@@ -399,7 +459,9 @@ async fn expired_slots_are_free_and_heartbeats_renew_them(s: Stores) {
 async fn heartbeat_upserts_and_preserves_maxthreads(s: Stores) {
     let n = s.a.heartbeat("node-1", LEASE).await.unwrap();
     assert_eq!((n.node.as_str(), n.maxthreads), ("node-1", None));
-    assert!(s.b.set_maxthreads("node-1", Some(3)).await.unwrap());
+    assert!(disbatch::lifecycle::nodes::set_maxthreads(&*s.b, "node-1", Some(3))
+        .await
+        .unwrap());
     pause().await;
     let again = s.a.heartbeat("node-1", LEASE).await.unwrap();
     assert_eq!(again.id, n.id);
@@ -409,19 +471,25 @@ async fn heartbeat_upserts_and_preserves_maxthreads(s: Stores) {
     let nodes = s.a.nodes().await.unwrap();
     let names: Vec<_> = nodes.iter().map(|n| n.node.as_str()).collect();
     assert_eq!(names, ["node-0", "node-1"]);
-    assert!(!s.a.set_maxthreads("ghost", Some(1)).await.unwrap());
+    assert!(!disbatch::lifecycle::nodes::set_maxthreads(&*s.a, "ghost", Some(1))
+        .await
+        .unwrap());
     assert!(matches!(
-        s.a.set_maxthreads("node-1", Some(-1)).await,
+        disbatch::lifecycle::nodes::set_maxthreads(&*s.a, "node-1", Some(-1)).await,
         Err(StoreError::Invalid(_))
     ));
-    assert!(s.a.set_maxthreads("node-1", None).await.unwrap());
+    assert!(disbatch::lifecycle::nodes::set_maxthreads(&*s.a, "node-1", None)
+        .await
+        .unwrap());
     assert_eq!(s.a.heartbeat("node-1", LEASE).await.unwrap().maxthreads, None);
 
     assert_eq!(again.stats, None, "no stats before the DEN reports any");
     let mut stats = NodeStats::default();
     stats.claim.observe(0.004);
     stats.run.observe(2.5);
-    s.a.report_stats("node-1", &stats).await.unwrap();
+    disbatch::lifecycle::nodes::report_stats(&*s.a, "node-1", &stats)
+        .await
+        .unwrap();
     let beat = s.b.heartbeat("node-1", LEASE).await.unwrap();
     assert_eq!(
         beat.stats.as_ref(),
@@ -438,11 +506,15 @@ async fn heartbeat_upserts_and_preserves_maxthreads(s: Stores) {
     );
     let q = ObjectId::new().to_hex();
     let problems = std::collections::BTreeMap::from([(q.clone(), "plugin \"x\" is not loadable".to_string())]);
-    s.a.report_queue_problems("node-1", &problems).await.unwrap();
+    disbatch::lifecycle::nodes::report_queue_problems(&*s.a, "node-1", &problems)
+        .await
+        .unwrap();
     assert_eq!(s.b.heartbeat("node-1", LEASE).await.unwrap().queue_problems, problems);
     assert_eq!(s.b.nodes().await.unwrap()[1].queue_problems, problems);
     assert!(s.b.nodes().await.unwrap()[0].queue_problems.is_empty());
-    s.a.report_queue_problems("node-1", &Default::default()).await.unwrap();
+    disbatch::lifecycle::nodes::report_queue_problems(&*s.a, "node-1", &Default::default())
+        .await
+        .unwrap();
     assert!(
         s.b.nodes().await.unwrap()[1].queue_problems.is_empty(),
         "a new report replaces the old"
@@ -465,7 +537,10 @@ async fn stale_nodes_tasks_are_recovered_and_fresh_nodes_left_alone(s: Stores) {
     s.a.heartbeat("stale", LEASE).await.unwrap();
     // A stale node's slot is freed once its lease has run out too: a short one here.
     let short = Duration::from_millis(50);
-    let stale_slot = s.a.acquire_slot(&q, "stale", short).await.unwrap().expect("slot");
+    let stale_slot = disbatch::lifecycle::slots::acquire_slot(&*s.a, &q, "stale", short)
+        .await
+        .unwrap()
+        .expect("slot");
     let stale_claimed = s.a.claim(&q, "stale").await.unwrap().unwrap().id;
     let stale_running = claim_run(&*s.a, &q, "stale").await;
     let requeued = claim_run(&*s.a, &rq, "stale").await;
@@ -504,7 +579,10 @@ async fn stale_nodes_tasks_are_recovered_and_fresh_nodes_left_alone(s: Stores) {
         .and_then(QueueState::readable)
         .unwrap();
     assert_eq!(stale_slot.n, 0);
-    assert!(s.b.acquire_slot(&q1, "fresh", LEASE).await.unwrap().is_some());
+    assert!(disbatch::lifecycle::slots::acquire_slot(&*s.b, &q1, "fresh", LEASE)
+        .await
+        .unwrap()
+        .is_some());
     let again = s.b.recover_orphans(ago(3_600_000), cut).await.unwrap();
     assert!(again.orphaned.is_empty() && again.requeued.is_empty());
 }
@@ -536,7 +614,7 @@ async fn finish_is_fenced_after_recovery(s: Stores) {
     pause().await;
     let r = s.b.recover_orphans(ago(3_600_000), DateTime::now()).await.unwrap();
     assert_eq!(r.orphaned.len(), 2);
-    assert!(!s.a.start(claimed, "gone").await.unwrap());
+    assert!(!disbatch::lifecycle::run::start(&*s.a, claimed, "gone").await.unwrap());
     assert!(!s
         .a
         .finish(
@@ -978,7 +1056,9 @@ async fn a_node_name_is_held_by_one_live_process(s: Stores) {
     let p1 = NodeProcess::this_process();
     let p2 = NodeProcess::this_process();
     assert_eq!(
-        s.a.take_node("n", &p1, stale_before()).await.unwrap(),
+        disbatch::lifecycle::nodes::take(&*s.a, "n", &p1, stale_before())
+            .await
+            .unwrap(),
         None,
         "a new name is free"
     );
@@ -990,22 +1070,31 @@ async fn a_node_name_is_held_by_one_live_process(s: Stores) {
     );
     assert_eq!(node.maxthreads, None);
 
-    let refused = s.b.take_node("n", &p2, stale_before()).await.unwrap();
+    let refused = disbatch::lifecycle::nodes::take(&*s.b, "n", &p2, stale_before())
+        .await
+        .unwrap();
     assert_eq!(
         refused,
         Some(NameHolder::Den(p1.clone())),
         "a fresh holder keeps the name"
     );
     assert_eq!(
-        s.b.take_node("n", &p1, stale_before()).await.unwrap(),
+        disbatch::lifecycle::nodes::take(&*s.b, "n", &p1, stale_before())
+            .await
+            .unwrap(),
         None,
         "the holder may take it again"
     );
-    assert!(s.a.set_maxthreads("n", Some(3)).await.unwrap());
+    assert!(disbatch::lifecycle::nodes::set_maxthreads(&*s.a, "n", Some(3))
+        .await
+        .unwrap());
 
     // A holder whose heartbeat is older than `stale_before` loses the name.
     let future = DateTime::from_millis(DateTime::now().timestamp_millis() + 1000);
-    assert_eq!(s.b.take_node("n", &p2, future).await.unwrap(), None);
+    assert_eq!(
+        disbatch::lifecycle::nodes::take(&*s.b, "n", &p2, future).await.unwrap(),
+        None
+    );
     let nodes = s.a.nodes().await.unwrap();
     assert_eq!(nodes.len(), 1, "still one node document");
     assert_eq!(nodes[0].process.as_ref(), Some(&p2));
@@ -1016,15 +1105,19 @@ async fn a_node_name_is_held_by_one_live_process(s: Stores) {
     );
 
     // Only the holder can give the name up.
-    s.a.release_node("n", p1.id).await.unwrap();
+    disbatch::lifecycle::nodes::release(&*s.a, "n", p1.id).await.unwrap();
     assert_eq!(
-        s.a.take_node("n", &p1, stale_before()).await.unwrap(),
+        disbatch::lifecycle::nodes::take(&*s.a, "n", &p1, stale_before())
+            .await
+            .unwrap(),
         Some(NameHolder::Den(p2.clone()))
     );
-    s.b.release_node("n", p2.id).await.unwrap();
+    disbatch::lifecycle::nodes::release(&*s.b, "n", p2.id).await.unwrap();
     assert_eq!(s.a.nodes().await.unwrap()[0].process, None);
     assert_eq!(
-        s.a.take_node("n", &p1, stale_before()).await.unwrap(),
+        disbatch::lifecycle::nodes::take(&*s.a, "n", &p1, stale_before())
+            .await
+            .unwrap(),
         None,
         "a released name is free"
     );
@@ -1159,7 +1252,9 @@ async fn three_dens_hold_threads_and_maxthreads(s: Stores) {
     // node-b is limited to 2 tasks by its operator before it starts, and starts alone, so
     // the 8 slots of the queues would let it run more.
     s.a.heartbeat("node-b", LEASE).await.unwrap();
-    assert!(s.a.set_maxthreads("node-b", Some(2)).await.unwrap());
+    assert!(disbatch::lifecycle::nodes::set_maxthreads(&*s.a, "node-b", Some(2))
+        .await
+        .unwrap());
     let mut dens = vec![RunningDen::start(s.b.clone(), settings("node-b"))];
     let busy = |queue: Option<ObjectId>, node: Option<&str>| TaskFilter {
         queue,

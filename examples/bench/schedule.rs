@@ -17,7 +17,9 @@ async fn pass(store: &MongoStore, rounds: usize) -> f64 {
     let mut took = Vec::with_capacity(rounds);
     for _ in 0..rounds {
         let start = Instant::now();
-        store.promote_due(DateTime::now()).await.unwrap();
+        disbatch::lifecycle::run::promote_due(store, DateTime::now())
+            .await
+            .unwrap();
         took.push(start.elapsed().as_secs_f64() * 1e6);
     }
     median(took)
@@ -57,7 +59,9 @@ impl Bench {
             .unwrap();
         let queued_late = loop {
             tokio::time::sleep(Duration::from_millis(200)).await;
-            store.promote_due(DateTime::now()).await.unwrap();
+            disbatch::lifecycle::run::promote_due(&store, DateTime::now())
+                .await
+                .unwrap();
             let t = store.task(id).await.unwrap().unwrap();
             if t.status == status::QUEUED {
                 break (t.mtime.timestamp_millis() - due_at.timestamp_millis()) as f64;

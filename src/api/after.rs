@@ -335,7 +335,7 @@ pub(super) async fn plan(
 /// waits for that task.
 async fn taken_key(state: &Shared, queue: ObjectId, task: &NewTask) -> Result<Option<Dependency>, ApiError> {
     let Some(key) = &task.key else { return Ok(None) };
-    let found = crate::store::keys::by_key(state.store.as_ref(), Some(queue), key).await?;
+    let found = crate::lifecycle::keys::by_key(state.store.as_ref(), Some(queue), key).await?;
     Ok(found.first().map(|t| Dependency::Task(t.id)))
 }
 
@@ -394,7 +394,7 @@ async fn create_now(
             .await
             .map(|_| super::json::created(queue, &request_order))
     };
-    if let Err(e) = crate::store::deps::submitted(state.store.as_ref(), &planned.external).await {
+    if let Err(e) = crate::lifecycle::deps::submitted(state.store.as_ref(), &planned.external).await {
         tracing::warn!(error = %e, "cannot settle what new tasks wait for now; the leader's sweep will");
     }
     answer
@@ -412,8 +412,9 @@ async fn not_created(state: &Shared, order: &[ObjectId], waited: &[bool], answer
             continue;
         }
         let why = format!("task {planned} was not created: its key was taken by task {got} meanwhile");
-        let outcome = crate::store::deps::Outcome::Failed(why);
-        if let Err(e) = crate::store::deps::settle(state.store.as_ref(), Dependency::Task(*planned), outcome).await {
+        let outcome = crate::lifecycle::deps::Outcome::Failed(why);
+        if let Err(e) = crate::lifecycle::deps::settle(state.store.as_ref(), Dependency::Task(*planned), outcome).await
+        {
             tracing::warn!(error = %e, task = %planned, "cannot cancel the tasks waiting for an entry not created");
         }
     }
@@ -436,7 +437,7 @@ async fn existing_key(
         }
         None => (queue, "the request's queue".to_string()),
     };
-    let found = crate::store::keys::by_key(state.store.as_ref(), Some(q), key).await?;
+    let found = crate::lifecycle::keys::by_key(state.store.as_ref(), Some(q), key).await?;
     match found.first() {
         Some(t) => Ok(Dependency::Task(t.id)),
         None => Err(ApiError::bad(format!(

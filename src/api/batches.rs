@@ -61,7 +61,7 @@ pub(super) fn parse(body: &Map<String, Value>) -> Result<Option<(String, Option<
 /// Two submissions at the same moment to a batch with room for one of them can both pass;
 /// `GET /batches/{id}` then shows `total` above `size`.
 pub(super) async fn admit(state: &Shared, id: &str, size: Option<i64>, adding: usize) -> Result<(), ApiError> {
-    let batch = state.store.open_batch(id, size).await?;
+    let batch = crate::lifecycle::batches::open_batch(state.store.as_ref(), id, size).await?;
     if let (Some(recorded), Some(given)) = (batch.size, size) {
         if recorded != given {
             return Err(ApiError::Conflict(format!(

@@ -7,8 +7,9 @@ use serde_json::{json, Value};
 
 use super::error::PartlyCreated;
 use super::{ApiError, Shared};
+use crate::lifecycle::keys::Keyed;
 use crate::model::Task;
-use crate::store::{Keyed, NewTask};
+use crate::store::NewTask;
 
 /// Creates `tasks` of `queue` in order, each keyed one on its own. Answers `{queue, count,
 /// ids, created, existing, resubmitted}`: `ids` in the request's order (the existing
@@ -25,7 +26,7 @@ pub(super) async fn create_keyed(
     for task in tasks {
         let id = task.id;
         let done = if task.key.is_some() {
-            state.store.insert_keyed(queue, task, resubmit).await
+            crate::lifecycle::keys::insert_keyed(&*state.store, queue, task, resubmit).await
         } else {
             state
                 .store
@@ -76,7 +77,7 @@ pub(super) async fn find(state: &Shared, key: &str, queue: Option<ObjectId>) -> 
             return Ok(t);
         }
     }
-    let found = crate::store::keys::by_key(state.store.as_ref(), queue, key).await?;
+    let found = crate::lifecycle::keys::by_key(state.store.as_ref(), queue, key).await?;
     match found.as_slice() {
         [] => Err(ApiError::NotFound(format!("no task with id or key {key:?}"))),
         [t] => Ok(t.clone()),

@@ -19,6 +19,7 @@ use serde_json::{json, Map, Value};
 use super::body::{kind, OptionalFields, PathKey};
 use super::json::{self, TaskView};
 use super::{queues, ApiError, Shared};
+use crate::lifecycle::run;
 use crate::model::{status, StopAction, StopRequest};
 use crate::store::TaskTarget;
 
@@ -84,8 +85,8 @@ async fn one(state: &Shared, id: &str, action: StopAction, body: &Map<String, Va
     let oid = task_id(id)?;
     let stop = request(action, body, &["reason", "by"])?;
     let done = match action {
-        StopAction::Cancel => state.store.cancel_tasks(TaskTarget::Task(oid), &stop).await?,
-        StopAction::Kill => state.store.request_kill(TaskTarget::Task(oid), &stop).await?,
+        StopAction::Cancel => run::cancel_tasks(&*state.store, TaskTarget::Task(oid), &stop).await?,
+        StopAction::Kill => run::request_kill(&*state.store, TaskTarget::Task(oid), &stop).await?,
     };
     let task = state
         .store
@@ -106,8 +107,8 @@ async fn queue(state: &Shared, action: StopAction, body: &Map<String, Value>) ->
     };
     let q = queues::find(state, &key).await?;
     let ids = match action {
-        StopAction::Cancel => state.store.cancel_tasks(TaskTarget::Queue(q.id), &stop).await?,
-        StopAction::Kill => state.store.request_kill(TaskTarget::Queue(q.id), &stop).await?,
+        StopAction::Cancel => run::cancel_tasks(&*state.store, TaskTarget::Queue(q.id), &stop).await?,
+        StopAction::Kill => run::request_kill(&*state.store, TaskTarget::Queue(q.id), &stop).await?,
     };
     let mut answer = json!({
         "queue": json::oid(&q.id),

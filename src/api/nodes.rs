@@ -35,7 +35,7 @@ async fn find(state: &Shared, key: &str) -> Result<Node, ApiError> {
 /// The node's JSON with `leader`: whether it holds the leader lease now.
 async fn shown(state: &Shared, nodes: &[Node], shape: Shape) -> Result<Vec<Value>, ApiError> {
     let now = DateTime::now();
-    let lease = state.store.leader().await?;
+    let lease = crate::lifecycle::leader::leader(state.store.as_ref()).await?;
     let leader = lease.as_ref().and_then(|l| l.holder(now));
     Ok(nodes
         .iter()
@@ -90,11 +90,16 @@ pub(super) async fn set_maxthreads(
         Some(v) => count("maxthreads", v)?,
     };
     let node = find(&state, &key).await?;
-    if !state.store.set_maxthreads(&node.node, maxthreads).await? {
+    if !crate::lifecycle::nodes::set_maxthreads(&*state.store, &node.node, maxthreads).await? {
         return Err(ApiError::NotFound(format!("no node {key:?}")));
     }
     let modified = node.maxthreads != maxthreads;
-    let node = find(&state, &node.node).await?;
+    let node = state
+        .store
+        .node(&node.node)
+        .await?
+        .map(|r| r.node)
+        .ok_or_else(|| ApiError::NotFound(format!("no node {key:?}")))?;
     let value = json::node(&node, DateTime::now(), shape.native);
     Ok(Json(json::mongo::with(value, json::mongo::update(true, modified))))
 }

@@ -185,7 +185,7 @@ pub(super) async fn series(
 
 /// Each node: running (claimed or running) tasks, `maxthreads`, freshness, leadership.
 async fn nodes(state: &Shared, now: DateTime) -> Result<Vec<Value>, ApiError> {
-    let lease = state.store.leader().await?;
+    let lease = crate::lifecycle::leader::leader(state.store.as_ref()).await?;
     let leader = lease.as_ref().and_then(|l| l.holder(now)).map(str::to_string);
     let mut out = Vec::new();
     for n in state.store.nodes().await? {

@@ -5,7 +5,7 @@
 //!
 //! A share is never raised beyond what the budget holds: shares are lowered first, then
 //! the slots in use are counted again (a DEN that took a slot under an older limit gives
-//! it back before claiming, see [`Store::acquire_slot`](crate::store::Store::acquire_slot)), and a queue gets more only while
+//! it back before claiming, see [`slots::acquire_slot`](crate::lifecycle::slots::acquire_slot)), and a queue gets more only while
 //! the sum over the balanced queues of max(slots in use, share) stays within `max_tasks`.
 //! So the running tasks of the balanced queues never exceed it, even while the shares
 //! move: a task already running is never stopped, a priority lane waits for a default
@@ -19,6 +19,7 @@ use bson::{doc, DateTime};
 use tracing::{debug, info, warn};
 
 use super::Den;
+use crate::lifecycle::slots;
 use crate::model::balance::{allocate, Balance};
 use crate::model::{status, Queue};
 use crate::store::{StoreResult, TaskFilter};
@@ -151,7 +152,7 @@ impl Den {
                         ..TaskFilter::default()
                     })
                     .await?;
-                let in_use = store.slots_in_use(q.id).await?;
+                let in_use = slots::slots_in_use(store, q.id).await?;
                 let own = q.threads.unwrap_or(0).max(0);
                 d.push(own.min(in_use.saturating_add(i64::try_from(queued).unwrap_or(i64::MAX))));
             }
@@ -219,7 +220,7 @@ impl Den {
         }
         let mut in_use = Vec::with_capacity(members.len());
         for m in members.iter() {
-            in_use.push(self.store.slots_in_use(m.queue.id).await?);
+            in_use.push(slots::slots_in_use(&*self.store, m.queue.id).await?);
         }
         if !self.still_leads(token).await? {
             warn!("QueueBalance: the leader lease passed on during the pass; raising no share");
@@ -256,9 +257,7 @@ impl Den {
         let Some(token) = token else { return Ok(false) };
         let margin = self.settings.heartbeat_stale / 4;
         let soon = crate::store::Leader::end(DateTime::now(), margin);
-        Ok(self
-            .store
-            .leader()
+        Ok(crate::lifecycle::leader::leader(self.store.as_ref())
             .await?
             .is_some_and(|l| l.token == token && l.held_by(&self.settings.node, soon)))
     }

@@ -24,9 +24,10 @@
 use bson::oid::ObjectId;
 use bson::Document;
 
+use crate::lifecycle::keys::{insert_keyed, Keyed};
 use crate::model::{Queue, Task};
 use crate::runner::Submission;
-use crate::store::{Dependency, Keyed, NewTask, Store, StoreError, StoreResult};
+use crate::store::{Dependency, NewTask, Store, StoreError, StoreResult};
 
 /// The params of the follow-up of a task whose stdout is `stdout`.
 pub(crate) fn follow_up_params(stdout: &str) -> Document {
@@ -157,7 +158,7 @@ async fn create_after<S: Store + ?Sized>(
         after: vec![Dependency::Task(parent)],
         ..NewTask::queued(ObjectId::new(), params)
     };
-    Ok(match store.insert_keyed(target, new.clone(), false).await? {
+    Ok(match insert_keyed(store, target, new.clone(), false).await? {
         Keyed::Created => new.id,
         Keyed::Existing(t) | Keyed::Resubmitted(t) => t.id,
     })

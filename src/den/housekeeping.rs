@@ -66,11 +66,11 @@ impl Den {
         let problems = self.queues.problems();
         let reported = self.reported_problems.lock().unwrap_or_else(|e| e.into_inner()).clone();
         if reported.as_ref() != Some(&problems) {
-            self.store.report_queue_problems(&s.node, &problems).await?;
+            crate::lifecycle::nodes::report_queue_problems(&*self.store, &s.node, &problems).await?;
             *self.reported_problems.lock().unwrap_or_else(|e| e.into_inner()) = Some(problems);
         }
         if let Some(stats) = changed {
-            if let Err(e) = self.store.report_stats(&s.node, &stats).await {
+            if let Err(e) = crate::lifecycle::nodes::report_stats(&*self.store, &s.node, &stats).await {
                 // Reported again next tick; recovery must not wait for it.
                 self.stats.lock().unwrap_or_else(|e| e.into_inner()).1 = true;
                 warn!(error = %e, "cannot report the duration histograms; retrying next tick");
@@ -163,7 +163,7 @@ impl Den {
     /// (the orphan sweep) run on the leader only, and only while its lease has not lapsed.
     pub(super) async fn lead(&self) -> StoreResult<bool> {
         let s = &self.settings;
-        let lease = self.store.lead(&s.node, s.heartbeat_stale).await?;
+        let lease = crate::lifecycle::leader::lead(self.store.as_ref(), &s.node, s.heartbeat_stale).await?;
         let leads = lease.held_by(&s.node, DateTime::now());
         let token = leads.then_some(lease.token);
         let before = std::mem::replace(&mut *self.leading.lock().unwrap_or_else(|e| e.into_inner()), token);

@@ -1,5 +1,5 @@
 //! The DEN's part in a task's life beyond Disbatch 4's: queueing scheduled tasks when
-//! they are due, settling ends of tasks that others wait for (see `store::deps`), and
+//! they are due, settling ends of tasks that others wait for (see `lifecycle::deps`), and
 //! stopping the plugins of tasks someone asked to kill.
 //!
 //! Both run every [`LIFECYCLE_TICK`], so a due task is queued, and a killed plugin
@@ -41,7 +41,7 @@ impl Den {
                 _ = interval.tick() => {}
             }
             if self.leads() {
-                match self.store.promote_due(DateTime::now()).await {
+                match crate::lifecycle::run::promote_due(&*self.store, DateTime::now()).await {
                     Ok(0) => {}
                     Ok(n) => {
                         debug!(count = n, "queued scheduled tasks that are due");
@@ -55,7 +55,7 @@ impl Den {
                     } else {
                         self.lift_leftover_shares().await;
                     }
-                    match crate::store::deps::sweep(self.store.as_ref()).await {
+                    match crate::lifecycle::deps::sweep(self.store.as_ref()).await {
                         Ok(d) if d.released + d.cancelled > 0 => {
                             debug!(
                                 released = d.released,

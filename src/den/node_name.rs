@@ -85,7 +85,7 @@ impl Den {
     /// during that wait, the name not taken.
     pub(super) async fn take_node_name(&self, shutdown: &CancellationToken) -> Result<bool, DenError> {
         let s = &self.settings;
-        let take = |stale_before| self.store.take_node(&s.node, &self.process, stale_before);
+        let take = |stale_before| crate::lifecycle::nodes::take(&*self.store, &s.node, &self.process, stale_before);
         let mut watch: Option<Watch> = None;
         loop {
             let stale_before = watch.as_ref().map_or_else(

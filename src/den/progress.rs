@@ -12,6 +12,7 @@ use bson::DateTime;
 use tracing::debug;
 
 use super::Den;
+use crate::lifecycle;
 use crate::model::TaskProgress;
 use crate::runner::{Progress, ProgressSink};
 
@@ -98,7 +99,7 @@ impl Den {
         loop {
             tokio::time::sleep(PROGRESS_INTERVAL).await;
             let Some(p) = latest.newer(&mut seen) else { continue };
-            if let Err(e) = self.store.report_progress(task, &self.settings.node, &p).await {
+            if let Err(e) = lifecycle::run::report_progress(&*self.store, task, &self.settings.node, &p).await {
                 debug!(task = %task, error = %e, "cannot store progress; the next report tries again");
             }
         }

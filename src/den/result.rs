@@ -198,7 +198,7 @@ impl Den {
             return;
         }
         let store = self.store.as_ref();
-        match crate::store::deps::task_ended(store, task.id, dependents, task.batch.as_deref()).await {
+        match crate::lifecycle::deps::task_ended(store, task.id, dependents, task.batch.as_deref()).await {
             Ok(done) if done.released > 0 => self.wake.notify_one(),
             Ok(_) => {}
             Err(e) => {

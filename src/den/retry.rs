@@ -6,6 +6,7 @@ use tracing::{error, info};
 
 use super::result::Stop;
 use super::Den;
+use crate::lifecycle;
 use crate::model::{kept_output, status, Attempt, Queue, RetryAt, RetryOn, Task};
 use crate::runner::{Failure, Outcome};
 
@@ -121,7 +122,9 @@ impl Den {
     pub(super) async fn write_retry(&self, task: &Task, retry: &RetryAt) -> bool {
         let node = &self.settings.node;
         match self
-            .retry("retry task", || self.store.retry_later(task.id, node, retry))
+            .retry("retry task", || {
+                lifecycle::retry::retry_later(&*self.store, task.id, node, retry)
+            })
             .await
         {
             Ok(true) => {

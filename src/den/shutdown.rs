@@ -7,6 +7,7 @@ use tracing::{error, info, warn};
 
 use super::worker::HOST_CALL_GRACE;
 use super::Den;
+use crate::lifecycle::slots;
 use crate::runner::{StopReason, EPOCH_TICK};
 use crate::store::Slot;
 
@@ -60,7 +61,7 @@ impl Den {
                 }
             }
             for (_, slot) in &left {
-                let _ = self.store.release_slot(slot, &self.settings.node).await;
+                let _ = slots::release_slot(&*self.store, slot, &self.settings.node).await;
             }
         }
         info!("DEN stopped");

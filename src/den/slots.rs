@@ -5,6 +5,7 @@
 use tracing::debug;
 
 use super::Den;
+use crate::lifecycle::slots;
 use crate::model::{Queue, Task};
 use crate::store::{Slot, SlotRenewal, StoreResult};
 
@@ -13,7 +14,7 @@ impl Den {
     /// aside and given back at a later tick, since heartbeats renew every slot this node
     /// holds and the slot would otherwise stay taken, and counted in use, for good.
     pub(super) async fn give_back(&self, slot: Slot) {
-        if let Err(e) = self.store.release_slot(&slot, &self.settings.node).await {
+        if let Err(e) = slots::release_slot(&*self.store, &slot, &self.settings.node).await {
             debug!(error = %e, "cannot give a slot back; trying again next tick");
             self.stray_slots
                 .lock()
@@ -39,11 +40,11 @@ impl Den {
     }
 
     /// With room here and tasks queued but every slot of `queue` held, asks the node holding
-    /// the most for one ([`Store::want_slot`]); it is reserved for this node for three ticks.
+    /// the most for one ([`slots::want_slot`]); it is reserved for this node for three ticks.
     /// Whether it asked.
     pub(super) async fn ask_for_slot(&self, queue: &Queue) -> bool {
         let ask = self.settings.tick.saturating_mul(3);
-        match self.store.want_slot(queue, &self.settings.node, ask).await {
+        match slots::want_slot(&*self.store, queue, &self.settings.node, ask).await {
             Ok(Some(from)) => {
                 debug!(queue = %queue.name, from = %from, "asked for a share of the queue's slots");
                 true
@@ -61,11 +62,7 @@ impl Den {
     pub(super) async fn claim_with(&self, slot: &Slot, queue: &Queue) -> StoreResult<Option<Task>> {
         let began = std::time::Instant::now();
         let s = &self.settings;
-        let claimed = match self
-            .store
-            .renew_and_claim(slot, queue, &s.node, s.heartbeat_stale)
-            .await?
-        {
+        let claimed = match slots::renew_and_claim(&*self.store, slot, queue, &s.node, s.heartbeat_stale).await? {
             (SlotRenewal::Held, claimed) => claimed,
             (renewal, _) => {
                 debug!(queue = %queue.name, ?renewal, "the slot just taken was lost before the claim");

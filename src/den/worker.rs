@@ -11,6 +11,8 @@ use super::progress::Latest;
 use super::queues::QueueState;
 use super::result::{Stop, TaskResult};
 use super::Den;
+use crate::lifecycle;
+use crate::lifecycle::slots;
 use crate::model::{status, Task};
 use crate::runner::{Failure, Outcome, RunControl, StopReason};
 use crate::store::{Slot, SlotRenewal};
@@ -66,7 +68,7 @@ impl Den {
             // A queue the QueueBalance lowered gives slots back as its tasks end, whichever
             // slots they are, so a priority lane waits for the first of them, not for one.
             if queue.queue.maxthreads.is_some() {
-                match self.store.slots_in_use(queue.queue.id).await {
+                match slots::slots_in_use(&*self.store, queue.queue.id).await {
                     Ok(n) if n > queue.queue.limit() => return Some(slot),
                     Ok(_) => {}
                     Err(e) => {
@@ -84,10 +86,14 @@ impl Den {
             let began = std::time::Instant::now();
             let claimed = {
                 let _claiming = self.claims.read().await;
-                let claimed = self
-                    .store
-                    .renew_and_claim(&slot, &queue.queue, &self.settings.node, self.settings.heartbeat_stale)
-                    .await;
+                let claimed = slots::renew_and_claim(
+                    &*self.store,
+                    &slot,
+                    &queue.queue,
+                    &self.settings.node,
+                    self.settings.heartbeat_stale,
+                )
+                .await;
                 if let Ok((SlotRenewal::Held, Some(next))) = &claimed {
                     self.register(next, &slot);
                 }
@@ -144,7 +150,8 @@ impl Den {
             if task.status == status::RUNNING {
                 return Ok(true);
             }
-            self.retry("mark running", || self.store.start(task.id, node)).await
+            self.retry("mark running", || lifecycle::run::start(&*self.store, task.id, node))
+                .await
         };
         match started.await {
             Ok(true) => {}

@@ -23,6 +23,7 @@
 
 mod balance;
 mod batches;
+mod change;
 mod connect;
 mod counts;
 mod deps;
@@ -30,7 +31,7 @@ mod documents;
 mod errors;
 pub mod gridfs;
 mod indexes;
-mod leader;
+mod leases;
 mod lifecycle;
 mod nodes;
 mod plugins;
@@ -40,6 +41,7 @@ mod retries;
 mod running;
 mod slots;
 mod stats;
+mod tasks;
 
 pub use self::plugins::{PLUGIN_CHUNKS, PLUGIN_FILES};
 
@@ -61,14 +63,12 @@ use mongodb::{Collection, Database, IndexModel};
 use self::documents::{output_bson, task_filter_doc, task_from, task_or_problem};
 use self::errors::{db_err, is_duplicate_key};
 use super::{
-    Batch, Dependency, FinishExtra, HandRetry, NewQueue, NewTask, OutputStream, OutputValue, Page, QueueState,
-    QueueUpdate, Recovery, Resolved, Slot, SlotRenewal, StatusCounts, Store, StoreError, StoreResult, TaskFilter,
-    TaskTarget,
+    Batch, Dependency, FinishExtra, HandRetry, Leader, NewQueue, NewTask, OutputStream, OutputValue, Page,
+    PendingChange, QueueState, QueueUpdate, Recovery, StatusCounts, Store, StoreError, StoreResult, TaskChange,
+    TaskFence, TaskFilter, TaskTarget,
 };
-use crate::model::{
-    status, NameHolder, Node, NodeProcess, NodeStats, Output, Queue, RetryAt, Sort, StopRequest, Task, TaskProgress,
-    UnreadableQueue,
-};
+use super::{NodeChange, NodeFence, NodeRecord};
+use crate::model::{status, Node, Output, Queue, Sort, StopRequest, Task, UnreadableQueue};
 
 /// Collection of task documents.
 pub const TASKS: &str = "tasks";
@@ -156,33 +156,16 @@ impl Store for MongoStore {
         self.beat_node(node, lease).await
     }
 
-    async fn take_node(
-        &self,
-        node: &str,
-        process: &NodeProcess,
-        stale_before: DateTime,
-    ) -> StoreResult<Option<NameHolder>> {
-        self.take_node_name(node, process, stale_before).await
-    }
-
-    async fn report_queue_problems(&self, node: &str, problems: &BTreeMap<String, String>) -> StoreResult<()> {
-        self.write_queue_problems(node, problems).await
-    }
-
-    async fn release_node(&self, node: &str, process: ObjectId) -> StoreResult<()> {
-        self.give_up_node(node, process).await
-    }
-
     async fn nodes(&self) -> StoreResult<Vec<Node>> {
         self.list_nodes().await
     }
 
-    async fn set_maxthreads(&self, node: &str, maxthreads: Option<i64>) -> StoreResult<bool> {
-        self.write_maxthreads(node, maxthreads).await
+    async fn node(&self, node: &str) -> StoreResult<Option<NodeRecord>> {
+        self.read_node(node).await
     }
 
-    async fn report_stats(&self, node: &str, stats: &NodeStats) -> StoreResult<()> {
-        self.write_stats(node, stats).await
+    async fn change_node(&self, node: &str, fence: NodeFence, change: NodeChange) -> StoreResult<bool> {
+        self.write_node(node, fence, change).await
     }
 
     // ---- queues ------------------------------------------------------------------------
@@ -193,6 +176,15 @@ impl Store for MongoStore {
 
     async fn unreadable_queues(&self) -> StoreResult<Vec<UnreadableQueue>> {
         Ok(self.read_queues().await?.1)
+    }
+
+    async fn queue(&self, id: ObjectId) -> StoreResult<Option<Queue>> {
+        let found = self
+            .queues
+            .find_one(doc! { "_id": id })
+            .await
+            .map_err(db_err("read a queue"))?;
+        found.map(|d| super::queue_doc::read(&d).map(|(q, _)| q)).transpose()
     }
 
     async fn create_queue(&self, queue: NewQueue) -> StoreResult<Queue> {
@@ -249,8 +241,12 @@ impl Store for MongoStore {
 
     // ---- claiming and running (the DEN) ------------------------------------------------
 
-    async fn open_batch(&self, id: &str, size: Option<i64>) -> StoreResult<Batch> {
-        self.record_batch(id, size).await
+    async fn insert_batch(&self, id: &str, size: Option<i64>) -> StoreResult<bool> {
+        self.insert_batch(id, size).await
+    }
+
+    async fn set_batch_size_if_unset(&self, id: &str, size: i64) -> StoreResult<bool> {
+        self.set_batch_size_if_unset(id, size).await
     }
 
     async fn batch(&self, id: &str) -> StoreResult<Option<Batch>> {
@@ -269,13 +265,8 @@ impl Store for MongoStore {
         self.find_blocked(dep, limit).await
     }
 
-    async fn resolve_dependency(
-        &self,
-        task: ObjectId,
-        dep: &Dependency,
-        failed: Option<&StopRequest>,
-    ) -> StoreResult<Resolved> {
-        self.resolve(task, dep, failed).await
+    async fn resolve_pending(&self, task: ObjectId, expect: &[String], change: PendingChange<'_>) -> StoreResult<bool> {
+        deps::resolve_pending(self, task, expect, change).await
     }
 
     async fn settled(&self, dep: &Dependency) -> StoreResult<()> {
@@ -286,32 +277,12 @@ impl Store for MongoStore {
         self.find_unsettled(limit).await
     }
 
-    async fn acquire_slot(&self, queue: &Queue, node: &str, lease: Duration) -> StoreResult<Option<Slot>> {
-        self.take_slot(queue, node, lease).await
+    async fn lease(&self, name: &str) -> StoreResult<Option<Leader>> {
+        leases::lease(self, name).await
     }
 
-    async fn release_slot(&self, slot: &Slot, node: &str) -> StoreResult<()> {
-        self.give_back_slot(slot, node).await
-    }
-
-    async fn renew_slot(&self, slot: &Slot, node: &str, lease: Duration) -> StoreResult<SlotRenewal> {
-        self.renew_one_slot(slot, node, lease).await
-    }
-
-    async fn want_slot(&self, queue: &Queue, node: &str, ask: Duration) -> StoreResult<Option<String>> {
-        self.ask_for_slot(queue, node, ask).await
-    }
-
-    async fn lead(&self, node: &str, ttl: Duration) -> StoreResult<crate::store::Leader> {
-        self.take_lead(node, ttl).await
-    }
-
-    async fn leader(&self) -> StoreResult<Option<crate::store::Leader>> {
-        self.read_lead().await
-    }
-
-    async fn slots_in_use(&self, queue: ObjectId) -> StoreResult<i64> {
-        self.occupied_slots(queue).await
+    async fn change_lease(&self, name: &str, expect: Option<&Leader>, new: &Leader) -> StoreResult<bool> {
+        leases::change_lease(self, name, expect, new).await
     }
 
     async fn balance(&self) -> StoreResult<Option<Document>> {
@@ -375,10 +346,6 @@ impl Store for MongoStore {
         self.claim_task(queue, node).await
     }
 
-    async fn start(&self, task: ObjectId, node: &str) -> StoreResult<bool> {
-        self.start_task(task, node).await
-    }
-
     async fn put_output_file(&self, file: ObjectId, task: ObjectId, filename: &str, text: &str) -> StoreResult<()> {
         Ok(gridfs::put_file(&self.db, file, task, filename, text).await?)
     }
@@ -399,10 +366,6 @@ impl Store for MongoStore {
         self.finish_task(task, node, status, stdout, stderr, extra).await
     }
 
-    async fn report_progress(&self, task: ObjectId, node: &str, progress: &TaskProgress) -> StoreResult<bool> {
-        self.write_progress(task, node, progress).await
-    }
-
     async fn requeue_own(&self, node: &str, tasks: &[ObjectId]) -> StoreResult<Vec<ObjectId>> {
         self.requeue_mine(node, tasks).await
     }
@@ -411,107 +374,31 @@ impl Store for MongoStore {
         self.recover(claimed_before, stale_before).await
     }
 
+    async fn recover_node(&self, node: &str) -> StoreResult<Recovery> {
+        self.recover_node(node).await
+    }
+
     // ---- tasks (the DCI) ---------------------------------------------------------------
 
+    async fn change_tasks(&self, changes: &[(ObjectId, TaskFence, TaskChange)]) -> StoreResult<Vec<bool>> {
+        self.change_each(changes).await
+    }
+
+    async fn change_where(
+        &self,
+        target: TaskTarget,
+        fence: &TaskFence,
+        change: &TaskChange,
+    ) -> StoreResult<Vec<ObjectId>> {
+        self.change_matching(target, fence, change).await
+    }
+
     async fn insert_tasks(&self, queue: ObjectId, tasks: Vec<NewTask>) -> StoreResult<()> {
-        if tasks.is_empty() {
-            return Ok(());
-        }
-        let now = DateTime::now();
-        // A keyed task is inserted alone, so a duplicate key names it.
-        let keyed = tasks.len() == 1 && tasks[0].key.is_some();
-        let first_key = tasks[0].key.clone();
-        let docs = tasks.into_iter().map(|t| {
-            let mut d = doc! {
-                "_id": t.id,
-                "queue": queue,
-                "ctime": now,
-                "mtime": now,
-                "node": null,
-                "status": t.initial_status(now),
-                "priority": t.priority,
-                "params": t.params,
-                "stdout": null,
-                "stderr": null,
-            };
-            if let Some(at) = t.run_at {
-                d.insert("run_at", at);
-            }
-            if let Some(k) = &t.key {
-                d.insert("key", k);
-            }
-            if let Some(b) = &t.batch {
-                d.insert("batch", b);
-            }
-            if !t.after.is_empty() {
-                let keys: Vec<String> = t.after.iter().map(Dependency::key).collect();
-                d.insert("after", keys.clone());
-                d.insert("pending", keys);
-                if t.after_failure_runs {
-                    d.insert("after_failure", "run");
-                }
-            }
-            if t.dependents {
-                d.insert("dependents", true);
-            }
-            d
-        });
-        let key = keyed.then(|| first_key.unwrap_or_default());
-        match self.tasks.insert_many(docs).await {
-            Ok(_) => Ok(()),
-            Err(e) if key.is_some() && is_duplicate_key(&e) => Err(StoreError::Duplicate {
-                what: "task key",
-                name: key.unwrap_or_default(),
-            }),
-            Err(e) => Err(db_err("create tasks")(e)),
-        }
-    }
-
-    async fn promote_due(&self, now: DateTime) -> StoreResult<u64> {
-        self.promote(now).await
-    }
-
-    async fn retry_later(&self, task: ObjectId, node: &str, retry: &RetryAt) -> StoreResult<bool> {
-        self.retry_run(task, node, retry).await
+        tasks::insert(self, queue, tasks).await
     }
 
     async fn retry_by_hand(&self, task: ObjectId, reason: &str, replace: Option<&NewTask>) -> StoreResult<HandRetry> {
         self.retry_finished(task, reason, replace).await
-    }
-
-    async fn resubmit_waiting(&self, id: ObjectId, status: i32, task: &NewTask) -> StoreResult<bool> {
-        let now = DateTime::now();
-        let mut set = retries::replaced_fields(task, now);
-        set.insert("mtime", now);
-        let result = self
-            .tasks
-            .update_one(
-                doc! { "_id": id, "status": status, "node": unclaimed() },
-                doc! { "$set": set },
-            )
-            .await
-            .map_err(db_err("submit a task again"))?;
-        Ok(result.matched_count == 1)
-    }
-
-    async fn request_rerun(&self, id: ObjectId) -> StoreResult<bool> {
-        let result = self
-            .tasks
-            .update_one(
-                doc! { "_id": id, "status": { "$in": status::BUSY.to_vec() } },
-                doc! { "$set": { "rerun": true } },
-            )
-            .await
-            .map_err(db_err("submit a running task again"))?;
-        Ok(result.matched_count == 1)
-    }
-
-    async fn cancel_tasks(&self, target: TaskTarget, stop: &StopRequest) -> StoreResult<Vec<ObjectId>> {
-        self.cancel(target, stop).await
-    }
-
-    async fn request_kill(&self, target: TaskTarget, stop: &StopRequest) -> StoreResult<Vec<ObjectId>> {
-        self.kill(target, stop).await
     }
 
     async fn kill_requests(&self, node: &str) -> StoreResult<Vec<(ObjectId, StopRequest)>> {
@@ -519,22 +406,7 @@ impl Store for MongoStore {
     }
 
     async fn find_tasks(&self, filter: &TaskFilter, page: Page) -> StoreResult<Vec<Task>> {
-        if page.limit == 0 {
-            return Ok(Vec::new());
-        }
-        let limit = i64::try_from(page.limit).unwrap_or(i64::MAX);
-        let docs: Vec<Document> = self
-            .tasks
-            .find(task_filter_doc(filter))
-            .sort(doc! { "_id": if page.oldest_first { 1 } else { -1 } })
-            .skip(page.skip)
-            .limit(limit)
-            .await
-            .map_err(db_err("find tasks"))?
-            .try_collect()
-            .await
-            .map_err(db_err("find tasks"))?;
-        Ok(docs.iter().filter_map(task_or_problem).collect())
+        tasks::find(self, filter, page).await
     }
 
     async fn count_tasks(&self, filter: &TaskFilter) -> StoreResult<u64> {

@@ -58,11 +58,7 @@ pub(crate) enum Recover {
 impl Recover {
     /// The status a retry is written with at `now`.
     pub(crate) fn retry_status(retry: &RetryAt, now: DateTime) -> i32 {
-        if retry.run_at > now {
-            status::SCHEDULED
-        } else {
-            status::QUEUED
-        }
+        super::due_status(Some(retry.run_at), now)
     }
 }
 

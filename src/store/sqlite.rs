@@ -33,11 +33,12 @@
 
 mod balance;
 mod batches;
+mod change;
 mod claims;
 mod connect;
 mod deps;
 mod files;
-mod leader;
+mod leases;
 mod lifecycle;
 mod nodes;
 mod plugins;
@@ -61,17 +62,17 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bson::oid::ObjectId;
 use bson::{DateTime, Document};
-use rusqlite::Connection;
+use rusqlite::{params, Connection, OptionalExtension};
 
 use self::rows::{db_err, read_bson};
 use self::touched::Touched;
 use super::{
-    Batch, Dependency, FinishExtra, HandRetry, NewQueue, NewTask, OutputValue, Page, QueueState, QueueUpdate, Recovery,
-    Resolved, Slot, SlotRenewal, StatusCounts, Store, StoreError, StoreResult, TaskFilter, TaskTarget,
+    Batch, Dependency, FinishExtra, HandRetry, Leader, NewQueue, NewTask, OutputValue, Page, PendingChange, QueueState,
+    QueueUpdate, Recovery, Slot, SlotRenewal, StatusCounts, Store, StoreError, StoreResult, TaskChange, TaskFence,
+    TaskFilter, TaskTarget,
 };
-use crate::model::{
-    NameHolder, Node, NodeProcess, NodeStats, Output, Queue, RetryAt, StopRequest, Task, TaskProgress, UnreadableQueue,
-};
+use super::{NodeChange, NodeFence, NodeRecord};
+use crate::model::{Node, Output, Queue, StopRequest, Task, UnreadableQueue};
 
 /// How often a watcher of task changes looks for writes by other processes.
 const OTHER_WRITERS_POLL: Duration = Duration::from_millis(250);
@@ -213,33 +214,16 @@ impl Store for SqliteStore {
         self.heartbeat(node, lease).await
     }
 
-    async fn take_node(
-        &self,
-        node: &str,
-        process: &NodeProcess,
-        stale_before: DateTime,
-    ) -> StoreResult<Option<NameHolder>> {
-        self.take_node(node, process, stale_before).await
-    }
-
-    async fn report_queue_problems(&self, node: &str, problems: &BTreeMap<String, String>) -> StoreResult<()> {
-        self.report_queue_problems(node, problems).await
-    }
-
-    async fn release_node(&self, node: &str, process: ObjectId) -> StoreResult<()> {
-        self.release_node(node, process).await
-    }
-
     async fn nodes(&self) -> StoreResult<Vec<Node>> {
         self.nodes().await
     }
 
-    async fn set_maxthreads(&self, node: &str, maxthreads: Option<i64>) -> StoreResult<bool> {
-        self.set_maxthreads(node, maxthreads).await
+    async fn node(&self, node: &str) -> StoreResult<Option<NodeRecord>> {
+        self.read_node(node).await
     }
 
-    async fn report_stats(&self, node: &str, stats: &NodeStats) -> StoreResult<()> {
-        self.report_stats(node, stats).await
+    async fn change_node(&self, node: &str, fence: NodeFence, change: NodeChange) -> StoreResult<bool> {
+        self.change_node(node, fence, change).await
     }
 
     // ---- queues ------------------------------------------------------------------------
@@ -250,6 +234,20 @@ impl Store for SqliteStore {
 
     async fn unreadable_queues(&self) -> StoreResult<Vec<UnreadableQueue>> {
         Ok(self.read_queues().await?.1)
+    }
+
+    async fn queue(&self, id: ObjectId) -> StoreResult<Option<Queue>> {
+        let q = id.to_hex();
+        let bytes: Option<Vec<u8>> = self
+            .with(move |conn| {
+                conn.query_row("SELECT doc FROM queues WHERE id = ?1", params![q], |r| r.get(0))
+                    .optional()
+                    .map_err(db_err("read a queue"))
+            })
+            .await?;
+        bytes
+            .map(|b| queue_doc("queues", &id.to_hex(), &b).and_then(|d| rows::queue_from(&d).map(|(q, _)| q)))
+            .transpose()
     }
 
     async fn create_queue(&self, queue: NewQueue) -> StoreResult<Queue> {
@@ -295,8 +293,12 @@ impl Store for SqliteStore {
 
     // ---- claiming and running (the DEN) ------------------------------------------------
 
-    async fn open_batch(&self, id: &str, size: Option<i64>) -> StoreResult<Batch> {
-        self.record_batch(id, size).await
+    async fn insert_batch(&self, id: &str, size: Option<i64>) -> StoreResult<bool> {
+        self.insert_batch(id, size).await
+    }
+
+    async fn set_batch_size_if_unset(&self, id: &str, size: i64) -> StoreResult<bool> {
+        self.set_batch_size_if_unset(id, size).await
     }
 
     async fn batch(&self, id: &str) -> StoreResult<Option<Batch>> {
@@ -315,13 +317,8 @@ impl Store for SqliteStore {
         self.find_blocked(dep, limit).await
     }
 
-    async fn resolve_dependency(
-        &self,
-        task: ObjectId,
-        dep: &Dependency,
-        failed: Option<&StopRequest>,
-    ) -> StoreResult<Resolved> {
-        self.resolve(task, dep, failed).await
+    async fn resolve_pending(&self, task: ObjectId, expect: &[String], change: PendingChange<'_>) -> StoreResult<bool> {
+        deps::resolve_pending(self, task, expect, change).await
     }
 
     async fn settled(&self, dep: &Dependency) -> StoreResult<()> {
@@ -332,40 +329,20 @@ impl Store for SqliteStore {
         self.find_unsettled(limit).await
     }
 
-    async fn acquire_slot(&self, queue: &Queue, node: &str, lease: Duration) -> StoreResult<Option<Slot>> {
-        self.take_slot(queue, node, lease).await
+    async fn lease(&self, name: &str) -> StoreResult<Option<Leader>> {
+        let name = name.to_owned();
+        self.with(move |conn| leases::lease(conn, &name)).await
     }
 
-    async fn release_slot(&self, slot: &Slot, node: &str) -> StoreResult<()> {
-        self.give_back_slot(slot, node).await
-    }
-
-    async fn renew_slot(&self, slot: &Slot, node: &str, lease: Duration) -> StoreResult<SlotRenewal> {
-        self.renew_one_slot(slot, node, lease).await
-    }
-
-    async fn want_slot(&self, queue: &Queue, node: &str, ask: Duration) -> StoreResult<Option<String>> {
-        self.ask_for_slot(queue, node, ask).await
-    }
-
-    async fn lead(&self, node: &str, ttl: Duration) -> StoreResult<crate::store::Leader> {
-        let node = node.to_owned();
+    async fn change_lease(&self, name: &str, expect: Option<&Leader>, new: &Leader) -> StoreResult<bool> {
+        let (name, expect, new) = (name.to_owned(), expect.cloned(), new.clone());
         // On the writer thread, so that it never waits behind it for the write lock; not
         // `write`: a lease renewal is no change of tasks for their watchers.
         self.writer
-            .write_as(writer::Priority::Liveness, "take the leader lease", move |tx| {
-                leader::lead(tx, &node, ttl)
+            .write_as(writer::Priority::Liveness, "change a lease", move |tx| {
+                leases::change_lease(tx, &name, expect.as_ref(), &new)
             })
             .await
-    }
-
-    async fn leader(&self) -> StoreResult<Option<crate::store::Leader>> {
-        self.with(|conn| leader::read(conn)).await
-    }
-
-    async fn slots_in_use(&self, queue: ObjectId) -> StoreResult<i64> {
-        let q = queue.to_hex();
-        self.with(move |conn| slots::occupied(conn, &q)).await
     }
 
     async fn balance(&self) -> StoreResult<Option<Document>> {
@@ -413,18 +390,28 @@ impl Store for SqliteStore {
         self.claim_to_run(queue, node).await
     }
 
+    /// Offered: the slot's row is read, the step `rule` decides is written and the task
+    /// claimed and started, in one transaction.
     async fn renew_and_claim(
         &self,
         slot: &Slot,
         queue: &Queue,
         node: &str,
         lease: Duration,
-    ) -> StoreResult<(SlotRenewal, Option<Task>)> {
-        self.renew_and_claim(slot, queue, node, lease).await
-    }
-
-    async fn start(&self, task: ObjectId, node: &str) -> StoreResult<bool> {
-        self.start(task, node).await
+        rule: super::RenewRule,
+    ) -> StoreResult<Option<(SlotRenewal, Option<Task>)>> {
+        let (slot, queue, node) = (slot.clone(), queue.clone(), node.to_string());
+        let done = self
+            .write_touching(
+                "renew slot lease and claim",
+                move |tx| slots::renew_and_claim_in(tx, &slot, &queue, &node, lease, rule),
+                |done| {
+                    done.as_ref()
+                        .map_or(Touched::Nothing, |(_, c)| claims::claimed_touched(c))
+                },
+            )
+            .await?;
+        done.map(|(renewal, claimed)| Ok((renewal, claimed?))).transpose()
     }
 
     async fn put_output_file(&self, file: ObjectId, task: ObjectId, filename: &str, text: &str) -> StoreResult<()> {
@@ -455,46 +442,35 @@ impl Store for SqliteStore {
         self.recover_orphans(claimed_before, stale_before).await
     }
 
+    async fn recover_node(&self, node: &str) -> StoreResult<Recovery> {
+        self.recover_node(node).await
+    }
+
     // ---- tasks (the DCI) ---------------------------------------------------------------
+
+    async fn change_tasks(&self, changes: &[(ObjectId, TaskFence, TaskChange)]) -> StoreResult<Vec<bool>> {
+        self.change_each(changes).await
+    }
+
+    async fn change_where(
+        &self,
+        target: TaskTarget,
+        fence: &TaskFence,
+        change: &TaskChange,
+    ) -> StoreResult<Vec<ObjectId>> {
+        self.change_matching(target, fence, change).await
+    }
 
     async fn insert_tasks(&self, queue: ObjectId, tasks: Vec<NewTask>) -> StoreResult<()> {
         self.insert_tasks(queue, tasks).await
-    }
-
-    async fn promote_due(&self, now: DateTime) -> StoreResult<u64> {
-        self.promote(now).await
-    }
-
-    async fn retry_later(&self, task: ObjectId, node: &str, retry: &RetryAt) -> StoreResult<bool> {
-        self.retry_run(task, node, retry).await
     }
 
     async fn retry_by_hand(&self, task: ObjectId, reason: &str, replace: Option<&NewTask>) -> StoreResult<HandRetry> {
         self.retry_finished(task, reason, replace).await
     }
 
-    async fn resubmit_waiting(&self, id: ObjectId, status: i32, task: &NewTask) -> StoreResult<bool> {
-        self.resubmit(id, status, task).await
-    }
-
-    async fn request_rerun(&self, id: ObjectId) -> StoreResult<bool> {
-        self.rerun(id).await
-    }
-
-    async fn cancel_tasks(&self, target: TaskTarget, stop: &StopRequest) -> StoreResult<Vec<ObjectId>> {
-        self.cancel(target, stop).await
-    }
-
-    async fn request_kill(&self, target: TaskTarget, stop: &StopRequest) -> StoreResult<Vec<ObjectId>> {
-        self.kill(target, stop).await
-    }
-
     async fn kill_requests(&self, node: &str) -> StoreResult<Vec<(ObjectId, StopRequest)>> {
         self.kills_for(node).await
-    }
-
-    async fn report_progress(&self, task: ObjectId, node: &str, progress: &TaskProgress) -> StoreResult<bool> {
-        self.store_progress(task, node, progress).await
     }
 
     async fn find_tasks(&self, filter: &TaskFilter, page: Page) -> StoreResult<Vec<Task>> {

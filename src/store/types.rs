@@ -39,7 +39,7 @@ pub struct Slot {
     pub n: i64,
 }
 
-/// A batch of tasks as recorded at its first submission ([`super::Store::open_batch`]).
+/// A batch of tasks as recorded at its first submission (`crate::lifecycle::batches::open_batch`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Batch {
     /// Its id, chosen by whoever submits it.
@@ -53,7 +53,7 @@ pub struct Batch {
     pub dependents: bool,
 }
 
-/// What re-validating a slot lease before a claim found ([`super::Store::renew_slot`]).
+/// What re-validating a slot lease before a claim found (`lifecycle::slots::renew_slot`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SlotRenewal {
     /// Still held by this node; the lease runs on.
@@ -144,9 +144,9 @@ pub struct NewTask {
     pub run_at: Option<DateTime>,
     /// Claim priority within the queue: higher first (0 when not given).
     pub priority: i64,
-    /// A key unique within the queue ([`super::Store::insert_keyed`]).
+    /// A key unique within the queue (`lifecycle::keys::insert_keyed`).
     pub key: Option<String>,
-    /// The batch it belongs to ([`super::Store::open_batch`]).
+    /// The batch it belongs to (`crate::lifecycle::batches::open_batch`).
     pub batch: Option<String>,
     /// What it waits for (`after`): it is inserted blocked (-4) until each has succeeded.
     pub after: Vec<Dependency>,
@@ -199,7 +199,7 @@ pub fn due_status(run_at: Option<DateTime>, now: DateTime) -> i32 {
 pub enum Dependency {
     /// A task.
     Task(ObjectId),
-    /// A batch ([`super::Store::open_batch`]).
+    /// A batch (`crate::lifecycle::batches::open_batch`).
     Batch(String),
 }
 
@@ -230,7 +230,20 @@ impl std::fmt::Display for Dependency {
     }
 }
 
-/// What resolving one dependency of a blocked task did ([`super::Store::resolve_dependency`]).
+/// How [`super::Store::resolve_pending`] changes a blocked task.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum PendingChange<'a> {
+    /// This dependency is met: it is taken off `pending`, and the task stays blocked.
+    Met(&'a Dependency),
+    /// It waits for nothing more: `pending` is emptied and the task takes this status
+    /// (mtime now).
+    Release(i32),
+    /// It is stopped: it takes this status with this `stop` recorded (mtime now); `pending`
+    /// is kept as it was.
+    Stop(i32, &'a StopRequest),
+}
+
+/// What resolving one dependency of a blocked task did (`crate::lifecycle::deps::resolve`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Resolved {
     /// It waits for more.
@@ -269,6 +282,8 @@ pub enum TaskTarget {
     Task(ObjectId),
     /// Every task of a queue that the action applies to.
     Queue(ObjectId),
+    /// Every task that the action applies to.
+    All,
 }
 
 /// Paging of a task search: newest first unless `oldest_first`.
@@ -310,8 +325,12 @@ pub const ACTIVE_STATUSES: [i32; 5] = [
     crate::model::status::RUNNING,
 ];
 
-/// The cluster's leader lease ([`super::Store::lead`]): one DEN at a time holds it, until
-/// `expires` unless it renews; `token` grows at every change of holder (a fencing token).
+/// The name of the cluster's leader lease ([`super::Store::lease`]).
+pub const LEADER_LEASE: &str = "leader";
+
+/// A lease as stored ([`super::Store::lease`]), such as the cluster's leader lease
+/// (`crate::lifecycle::leader`): one DEN at a time holds it, until `expires` unless it
+/// renews; `token` grows at every change of holder (a fencing token).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Leader {
     /// The node holding (or that last held) the lease.

@@ -49,31 +49,44 @@ impl Store for Recording {
     async fn heartbeat(&self, node: &str, lease: Duration) -> StoreResult<Node> {
         self.inner.heartbeat(node, lease).await
     }
-    async fn take_node(
-        &self,
-        node: &str,
-        process: &NodeProcess,
-        stale_before: DateTime,
-    ) -> StoreResult<Option<disbatch::model::NameHolder>> {
-        self.inner.take_node(node, process, stale_before).await
-    }
-    async fn release_node(&self, node: &str, process: ObjectId) -> StoreResult<()> {
-        self.inner.release_node(node, process).await
-    }
     async fn nodes(&self) -> StoreResult<Vec<Node>> {
         self.inner.nodes().await
     }
-    async fn set_maxthreads(&self, node: &str, maxthreads: Option<i64>) -> StoreResult<bool> {
-        self.inner.set_maxthreads(node, maxthreads).await
+    async fn node(&self, node: &str) -> StoreResult<Option<NodeRecord>> {
+        self.inner.node(node).await
     }
-    async fn report_stats(&self, node: &str, stats: &NodeStats) -> StoreResult<()> {
-        self.inner.report_stats(node, stats).await
+    async fn change_node(
+        &self,
+        node: &str,
+        fence: disbatch::store::NodeFence,
+        change: disbatch::store::NodeChange,
+    ) -> StoreResult<bool> {
+        self.inner.change_node(node, fence, change).await
     }
-    async fn report_queue_problems(&self, node: &str, problems: &BTreeMap<String, String>) -> StoreResult<()> {
-        self.inner.report_queue_problems(node, problems).await
+    async fn change_tasks(&self, changes: &[(ObjectId, TaskFence, TaskChange)]) -> StoreResult<Vec<bool>> {
+        let done = self.inner.change_tasks(changes).await?;
+        // A start: claimed (-1) to running (0).
+        let start = disbatch::lifecycle::machine::start();
+        for ((id, fence, change), ok) in changes.iter().zip(&done) {
+            if *ok && *change == start && fence.statuses.as_deref() == Some(&[disbatch::model::status::CLAIMED][..]) {
+                self.started.lock().unwrap().push(*id);
+            }
+        }
+        Ok(done)
+    }
+    async fn change_where(
+        &self,
+        target: TaskTarget,
+        fence: &TaskFence,
+        change: &TaskChange,
+    ) -> StoreResult<Vec<ObjectId>> {
+        self.inner.change_where(target, fence, change).await
     }
     async fn queues(&self) -> StoreResult<Vec<Queue>> {
         self.inner.queues().await
+    }
+    async fn queue(&self, id: ObjectId) -> StoreResult<Option<Queue>> {
+        self.inner.queue(id).await
     }
     async fn unreadable_queues(&self) -> StoreResult<Vec<disbatch::model::UnreadableQueue>> {
         self.inner.unreadable_queues().await
@@ -111,8 +124,11 @@ impl Store for Recording {
     async fn prune_stats(&self, before: i64) -> StoreResult<u64> {
         self.inner.prune_stats(before).await
     }
-    async fn open_batch(&self, id: &str, size: Option<i64>) -> StoreResult<Batch> {
-        self.inner.open_batch(id, size).await
+    async fn insert_batch(&self, id: &str, size: Option<i64>) -> StoreResult<bool> {
+        self.inner.insert_batch(id, size).await
+    }
+    async fn set_batch_size_if_unset(&self, id: &str, size: i64) -> StoreResult<bool> {
+        self.inner.set_batch_size_if_unset(id, size).await
     }
     async fn batch(&self, id: &str) -> StoreResult<Option<Batch>> {
         self.inner.batch(id).await
@@ -126,13 +142,8 @@ impl Store for Recording {
     async fn blocked_on(&self, dep: &Dependency, limit: usize) -> StoreResult<Vec<ObjectId>> {
         self.inner.blocked_on(dep, limit).await
     }
-    async fn resolve_dependency(
-        &self,
-        task: ObjectId,
-        dep: &Dependency,
-        failed: Option<&StopRequest>,
-    ) -> StoreResult<Resolved> {
-        self.inner.resolve_dependency(task, dep, failed).await
+    async fn resolve_pending(&self, task: ObjectId, expect: &[String], change: PendingChange<'_>) -> StoreResult<bool> {
+        self.inner.resolve_pending(task, expect, change).await
     }
     async fn settled(&self, dep: &Dependency) -> StoreResult<()> {
         self.inner.settled(dep).await
@@ -140,26 +151,11 @@ impl Store for Recording {
     async fn unsettled(&self, limit: usize) -> StoreResult<Vec<Dependency>> {
         self.inner.unsettled(limit).await
     }
-    async fn acquire_slot(&self, queue: &Queue, node: &str, lease: Duration) -> StoreResult<Option<Slot>> {
-        self.inner.acquire_slot(queue, node, lease).await
+    async fn lease(&self, name: &str) -> StoreResult<Option<Leader>> {
+        self.inner.lease(name).await
     }
-    async fn release_slot(&self, slot: &Slot, node: &str) -> StoreResult<()> {
-        self.inner.release_slot(slot, node).await
-    }
-    async fn renew_slot(&self, slot: &Slot, node: &str, lease: Duration) -> StoreResult<SlotRenewal> {
-        self.inner.renew_slot(slot, node, lease).await
-    }
-    async fn want_slot(&self, queue: &Queue, node: &str, ask: Duration) -> StoreResult<Option<String>> {
-        self.inner.want_slot(queue, node, ask).await
-    }
-    async fn lead(&self, node: &str, ttl: Duration) -> StoreResult<disbatch::store::Leader> {
-        self.inner.lead(node, ttl).await
-    }
-    async fn leader(&self) -> StoreResult<Option<disbatch::store::Leader>> {
-        self.inner.leader().await
-    }
-    async fn slots_in_use(&self, queue: ObjectId) -> StoreResult<i64> {
-        self.inner.slots_in_use(queue).await
+    async fn change_lease(&self, name: &str, expect: Option<&Leader>, new: &Leader) -> StoreResult<bool> {
+        self.inner.change_lease(name, expect, new).await
     }
     async fn balance(&self) -> StoreResult<Option<bson::Document>> {
         self.inner.balance().await
@@ -182,13 +178,6 @@ impl Store for Recording {
             self.claimed.lock().unwrap().push(t.id);
         }
         Ok(t)
-    }
-    async fn start(&self, task: ObjectId, node: &str) -> StoreResult<bool> {
-        let ok = self.inner.start(task, node).await?;
-        if ok {
-            self.started.lock().unwrap().push(task);
-        }
-        Ok(ok)
     }
     async fn put_output_file(&self, file: ObjectId, task: ObjectId, filename: &str, text: &str) -> StoreResult<()> {
         self.inner.put_output_file(file, task, filename, text).await?;
@@ -226,9 +215,6 @@ impl Store for Recording {
         }
         Ok(written)
     }
-    async fn retry_later(&self, task: ObjectId, node: &str, retry: &disbatch::model::RetryAt) -> StoreResult<bool> {
-        self.inner.retry_later(task, node, retry).await
-    }
     async fn retry_by_hand(
         &self,
         task: ObjectId,
@@ -237,32 +223,17 @@ impl Store for Recording {
     ) -> StoreResult<disbatch::store::HandRetry> {
         self.inner.retry_by_hand(task, reason, replace).await
     }
-    async fn resubmit_waiting(&self, id: ObjectId, status: i32, task: &NewTask) -> StoreResult<bool> {
-        self.inner.resubmit_waiting(id, status, task).await
-    }
-    async fn request_rerun(&self, id: ObjectId) -> StoreResult<bool> {
-        self.inner.request_rerun(id).await
-    }
-    async fn report_progress(&self, task: ObjectId, node: &str, progress: &TaskProgress) -> StoreResult<bool> {
-        self.inner.report_progress(task, node, progress).await
-    }
     async fn requeue_own(&self, node: &str, tasks: &[ObjectId]) -> StoreResult<Vec<ObjectId>> {
         self.inner.requeue_own(node, tasks).await
     }
     async fn recover_orphans(&self, claimed_before: DateTime, stale_before: DateTime) -> StoreResult<Recovery> {
         self.inner.recover_orphans(claimed_before, stale_before).await
     }
+    async fn recover_node(&self, node: &str) -> StoreResult<Recovery> {
+        self.inner.recover_node(node).await
+    }
     async fn insert_tasks(&self, queue: ObjectId, tasks: Vec<NewTask>) -> StoreResult<()> {
         self.inner.insert_tasks(queue, tasks).await
-    }
-    async fn promote_due(&self, now: DateTime) -> StoreResult<u64> {
-        self.inner.promote_due(now).await
-    }
-    async fn cancel_tasks(&self, target: TaskTarget, stop: &StopRequest) -> StoreResult<Vec<ObjectId>> {
-        self.inner.cancel_tasks(target, stop).await
-    }
-    async fn request_kill(&self, target: TaskTarget, stop: &StopRequest) -> StoreResult<Vec<ObjectId>> {
-        self.inner.request_kill(target, stop).await
     }
     async fn kill_requests(&self, node: &str) -> StoreResult<Vec<(ObjectId, StopRequest)>> {
         self.inner.kill_requests(node).await
@@ -282,6 +253,22 @@ impl Store for Recording {
     }
     async fn read_output(&self, output: &Output) -> StoreResult<String> {
         self.inner.read_output(output).await
+    }
+}
+
+#[async_trait]
+impl SlotStore for Recording {
+    async fn slots(&self, queue: ObjectId) -> StoreResult<Vec<SlotRow>> {
+        self.inner.slots(queue).await
+    }
+    async fn ensure_slots(&self, queue: ObjectId, threads: i64) -> StoreResult<()> {
+        self.inner.ensure_slots(queue, threads).await
+    }
+    async fn change_slot(&self, slot: &Slot, fence: &SlotFence, change: &SlotChange) -> StoreResult<bool> {
+        self.inner.change_slot(slot, fence, change).await
+    }
+    async fn busy_nodes(&self, queue: Option<ObjectId>, of: BusyOf) -> StoreResult<Vec<BusyNode>> {
+        self.inner.busy_nodes(queue, of).await
     }
 }
 

@@ -26,7 +26,7 @@ async fn claims_to_run_go_to_exactly_one_claimer_and_finish(s: Stores) {
                     t.status
                 );
                 if t.status == status::CLAIMED {
-                    assert!(store.start(t.id, &node).await.unwrap());
+                    assert!(disbatch::lifecycle::run::start(&*store, t.id, &node).await.unwrap());
                 }
                 let done = OutputValue::Inline(format!("{}", t.id));
                 let empty = OutputValue::Inline(String::new());
@@ -53,24 +53,40 @@ async fn claims_to_run_go_to_exactly_one_claimer_and_finish(s: Stores) {
 async fn renew_and_claim_claims_only_with_a_slot_still_held(s: Stores) {
     let q = queue(&*s.a, "renew-claim", 1, Sort::Fifo).await;
     let ids = s.a.create_tasks(q.id, vec![doc! {}; 2]).await.unwrap();
-    let slot = s.a.acquire_slot(&q, "a", LEASE).await.unwrap().expect("slot");
-    let (renewal, claimed) = s.a.renew_and_claim(&slot, &q, "a", LEASE).await.unwrap();
+    let slot = disbatch::lifecycle::slots::acquire_slot(&*s.a, &q, "a", LEASE)
+        .await
+        .unwrap()
+        .expect("slot");
+    let (renewal, claimed) = disbatch::lifecycle::slots::renew_and_claim(&*s.a, &slot, &q, "a", LEASE)
+        .await
+        .unwrap();
     assert_eq!(renewal, SlotRenewal::Held);
     let first = claimed.expect("a task with the slot held");
     assert_eq!((first.id, first.node.as_deref()), (ids[0], Some("a")));
     // Another node holds the slot now (given back, taken): no renewal, no claim.
-    s.a.release_slot(&slot, "a").await.unwrap();
-    let theirs = s.b.acquire_slot(&q, "b", LEASE).await.unwrap().expect("slot");
+    disbatch::lifecycle::slots::release_slot(&*s.a, &slot, "a")
+        .await
+        .unwrap();
+    let theirs = disbatch::lifecycle::slots::acquire_slot(&*s.b, &q, "b", LEASE)
+        .await
+        .unwrap()
+        .expect("slot");
     assert_eq!(theirs.n, slot.n);
-    let (renewal, claimed) = s.a.renew_and_claim(&slot, &q, "a", LEASE).await.unwrap();
+    let (renewal, claimed) = disbatch::lifecycle::slots::renew_and_claim(&*s.a, &slot, &q, "a", LEASE)
+        .await
+        .unwrap();
     assert_eq!(renewal, SlotRenewal::Lost);
     assert!(claimed.is_none(), "no claim without the slot");
     let second = task(&*s.b, ids[1]).await;
     assert_eq!((second.status, second.node), (status::QUEUED, None));
     // The holder claims the next task; then the queue is empty.
-    let (renewal, claimed) = s.b.renew_and_claim(&theirs, &q, "b", LEASE).await.unwrap();
+    let (renewal, claimed) = disbatch::lifecycle::slots::renew_and_claim(&*s.b, &theirs, &q, "b", LEASE)
+        .await
+        .unwrap();
     assert_eq!(renewal, SlotRenewal::Held);
     assert_eq!(claimed.expect("the second task").id, ids[1]);
-    let (renewal, claimed) = s.b.renew_and_claim(&theirs, &q, "b", LEASE).await.unwrap();
+    let (renewal, claimed) = disbatch::lifecycle::slots::renew_and_claim(&*s.b, &theirs, &q, "b", LEASE)
+        .await
+        .unwrap();
     assert_eq!((renewal, claimed.is_none()), (SlotRenewal::Held, true));
 }

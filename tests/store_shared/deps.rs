@@ -3,8 +3,8 @@
 //! down the chain; two parents ending at once never leave it blocked; an end no DEN
 //! settled is found by the leader's sweep; a batch releases its fan-in.
 
-use disbatch::store::deps::{self, Outcome};
-use disbatch::store::{Dependency, NewTask, OutputValue, Resolved};
+use disbatch::lifecycle::deps::{self, Outcome};
+use disbatch::store::{Dependency, NewTask, OutputValue, PendingChange, Resolved};
 
 use super::*;
 
@@ -15,6 +15,8 @@ on_both_stores!(
     the_sweep_settles_ends_no_den_settled,
     a_batch_releases_its_fan_in_when_complete,
     a_parent_submitted_again_while_it_runs_holds_its_children,
+    pending_changes_only_from_the_list_read,
+    a_batch_keeps_the_first_size_given,
 );
 
 fn after(id: ObjectId, deps: &[Dependency], dependents: bool) -> NewTask {
@@ -30,7 +32,7 @@ fn after(id: ObjectId, deps: &[Dependency], dependents: bool) -> NewTask {
 async fn run_to(s: &dyn Store, q: &Queue, id: ObjectId, code: i32) {
     let t = s.claim(q, "n").await.unwrap().expect("a task to claim");
     assert_eq!(t.id, id, "the task claimed");
-    assert!(s.start(t.id, "n").await.unwrap());
+    assert!(disbatch::lifecycle::run::start(s, t.id, "n").await.unwrap());
     let out = OutputValue::Inline(String::new());
     assert!(s.finish(t.id, "n", code, out.clone(), out).await.unwrap());
     deps::task_ended(s, t.id, t.dependents, t.batch.as_deref())
@@ -110,7 +112,7 @@ async fn a_failed_parent_cancels_down_the_chain_unless_told_to_run(s: Stores) {
     // A cancelled child is settled once: resolving again finds nothing to do.
     let stop = disbatch::model::StopRequest::now(disbatch::model::StopAction::Cancel, "t", "x");
     assert_eq!(
-        s.a.resolve_dependency(c, &Dependency::Task(p), Some(&stop))
+        deps::resolve(&*s.a, c, &Dependency::Task(p), Some(&stop))
             .await
             .unwrap(),
         Resolved::Gone
@@ -128,7 +130,7 @@ async fn parents_ending_at_once_release_their_child_once(s: Stores) {
     for p in &parents {
         let t = s.a.claim(&q, "n").await.unwrap().unwrap();
         assert_eq!(t.id, *p);
-        s.a.start(t.id, "n").await.unwrap();
+        disbatch::lifecycle::run::start(&*s.a, t.id, "n").await.unwrap();
         let out = OutputValue::Inline(String::new());
         assert!(s.a.finish(t.id, "n", 1, out.clone(), out).await.unwrap());
     }
@@ -167,7 +169,7 @@ async fn the_sweep_settles_ends_no_den_settled(s: Stores) {
         s.a.unsettled(10).await.unwrap().is_empty(),
         "a running parent is not an end"
     );
-    s.a.start(p, "n").await.unwrap();
+    disbatch::lifecycle::run::start(&*s.a, p, "n").await.unwrap();
     let out = OutputValue::Inline(String::new());
     assert!(s.a.finish(p, "n", 1, out.clone(), out).await.unwrap());
     deps::task_ended(&*s.a, p, claimed.dependents, None).await.unwrap();
@@ -189,10 +191,9 @@ async fn the_sweep_settles_ends_no_den_settled(s: Stores) {
     .await
     .unwrap();
     let stop = disbatch::model::StopRequest::now(disbatch::model::StopAction::Cancel, "op", "no longer needed");
-    let cancelled =
-        s.a.cancel_tasks(disbatch::store::TaskTarget::Task(h), &stop)
-            .await
-            .unwrap();
+    let cancelled = disbatch::lifecycle::run::cancel_tasks(&*s.a, disbatch::store::TaskTarget::Task(h), &stop)
+        .await
+        .unwrap();
     assert_eq!(cancelled, vec![h], "a blocked task can be cancelled");
     deps::sweep(&*s.b).await.unwrap();
     let t = task(&*s.a, hc).await;
@@ -202,7 +203,9 @@ async fn the_sweep_settles_ends_no_den_settled(s: Stores) {
 
 async fn a_batch_releases_its_fan_in_when_complete(s: Stores) {
     let q = queue(&*s.a, "batch-fan-in", 8, Sort::Fifo).await;
-    s.a.open_batch("nightly", Some(3)).await.unwrap();
+    disbatch::lifecycle::batches::open_batch(&*s.a, "nightly", Some(3))
+        .await
+        .unwrap();
     let members: Vec<NewTask> = (0..2)
         .map(|_| NewTask {
             batch: Some("nightly".into()),
@@ -244,8 +247,11 @@ async fn a_parent_submitted_again_while_it_runs_holds_its_children(s: Stores) {
         .await
         .unwrap();
     let t = s.a.claim(&q, "n").await.unwrap().unwrap();
-    assert!(s.a.start(t.id, "n").await.unwrap());
-    assert!(s.b.request_rerun(p).await.unwrap(), "submitted again while it runs");
+    assert!(disbatch::lifecycle::run::start(&*s.a, t.id, "n").await.unwrap());
+    assert!(
+        disbatch::lifecycle::retry::request_rerun(&*s.b, p).await.unwrap(),
+        "submitted again while it runs"
+    );
     // This run fails, but the task runs once more: its child neither runs nor is cancelled.
     let out = OutputValue::Inline(String::new());
     assert!(s.a.finish(p, "n", status::FAILED, out.clone(), out).await.unwrap());
@@ -254,4 +260,82 @@ async fn a_parent_submitted_again_while_it_runs_holds_its_children(s: Stores) {
     assert_eq!(task(&*s.b, c).await.status, status::BLOCKED);
     run_to(&*s.a, &q, p, status::SUCCEEDED).await;
     assert_eq!(task(&*s.b, c).await.status, status::QUEUED, "its last run succeeded");
+}
+
+/// The store's compare-and-set on a blocked task's `pending` list: applied only while the
+/// task is blocked and waits for exactly the list given (as read), each change as
+/// named; nothing written otherwise.
+async fn pending_changes_only_from_the_list_read(s: Stores) {
+    let q = queue(&*s.a, "pending-cas", 2, Sort::Fifo).await;
+    let (p1, p2, c, d) = (ObjectId::new(), ObjectId::new(), ObjectId::new(), ObjectId::new());
+    let deps = [Dependency::Task(p1), Dependency::Task(p2)];
+    s.a.insert_tasks(q.id, vec![after(c, &deps, false), after(d, &deps, false)])
+        .await
+        .unwrap();
+    let (k1, k2) = (p1.to_hex(), p2.to_hex());
+    let met = PendingChange::Met(&deps[0]);
+    assert!(
+        !s.a.resolve_pending(c, std::slice::from_ref(&k2), met).await.unwrap(),
+        "not the list it waits for"
+    );
+    assert_eq!(
+        task(&*s.b, c).await.pending,
+        vec![k1.clone(), k2.clone()],
+        "nothing written"
+    );
+    assert!(
+        s.a.resolve_pending(c, &[k1.clone(), k2.clone()], met).await.unwrap(),
+        "the list as read"
+    );
+    assert_eq!(task(&*s.b, c).await.pending, vec![k2.clone()]);
+    assert!(
+        !s.b.resolve_pending(c, &[k1.clone(), k2.clone()], met).await.unwrap(),
+        "a second change from the same read is refused"
+    );
+    assert!(s
+        .b
+        .resolve_pending(c, std::slice::from_ref(&k2), PendingChange::Release(status::SCHEDULED))
+        .await
+        .unwrap());
+    let released = task(&*s.a, c).await;
+    assert_eq!((released.status, released.pending.len()), (status::SCHEDULED, 0));
+    assert!(
+        !s.a.resolve_pending(c, &[], PendingChange::Release(status::QUEUED))
+            .await
+            .unwrap(),
+        "no longer blocked"
+    );
+    let stop = disbatch::model::StopRequest::now(disbatch::model::StopAction::Cancel, "t", "why");
+    assert!(s
+        .a
+        .resolve_pending(
+            d,
+            &[k1.clone(), k2.clone()],
+            PendingChange::Stop(status::CANCELLED, &stop)
+        )
+        .await
+        .unwrap());
+    let stopped = task(&*s.b, d).await;
+    assert_eq!(stopped.status, status::CANCELLED);
+    assert_eq!(stopped.stop.unwrap().reason, "why");
+    assert_eq!(stopped.pending, vec![k1, k2], "the list is kept");
+}
+
+/// A batch is recorded once; its size is set only while it has none.
+async fn a_batch_keeps_the_first_size_given(s: Stores) {
+    assert!(s.a.insert_batch("b1", None).await.unwrap());
+    assert!(!s.b.insert_batch("b1", Some(5)).await.unwrap(), "recorded once");
+    assert_eq!(s.b.batch("b1").await.unwrap().unwrap().size, None);
+    assert!(s.b.set_batch_size_if_unset("b1", 3).await.unwrap());
+    assert!(!s.a.set_batch_size_if_unset("b1", 4).await.unwrap());
+    assert_eq!(s.a.batch("b1").await.unwrap().unwrap().size, Some(3));
+    assert!(!s.a.set_batch_size_if_unset("none", 4).await.unwrap(), "no such batch");
+    let opened = disbatch::lifecycle::batches::open_batch(&*s.b, "b1", Some(7))
+        .await
+        .unwrap();
+    assert_eq!(opened.size, Some(3), "the first size given wins");
+    let fresh = disbatch::lifecycle::batches::open_batch(&*s.b, "b2", Some(2))
+        .await
+        .unwrap();
+    assert_eq!((fresh.id.as_str(), fresh.size), ("b2", Some(2)));
 }

@@ -15,7 +15,11 @@ on_both_stores!(
 async fn renew_all(s: &dyn Store, slots: &[disbatch::store::Slot], node: &str) -> Vec<SlotRenewal> {
     let mut found = Vec::new();
     for slot in slots {
-        found.push(s.renew_slot(slot, node, LEASE).await.unwrap());
+        found.push(
+            disbatch::lifecycle::slots::renew_slot(s, slot, node, LEASE)
+                .await
+                .unwrap(),
+        );
     }
     found
 }
@@ -24,19 +28,33 @@ async fn an_asked_slot_goes_to_the_asker_only(s: Stores) {
     let q = queue(&*s.a, "fair", 3, Sort::Fifo).await;
     let mut held = Vec::new();
     for _ in 0..3 {
-        held.push(s.a.acquire_slot(&q, "busy", LEASE).await.unwrap().expect("a free slot"));
+        held.push(
+            disbatch::lifecycle::slots::acquire_slot(&*s.a, &q, "busy", LEASE)
+                .await
+                .unwrap()
+                .expect("a free slot"),
+        );
     }
     assert!(
-        s.b.acquire_slot(&q, "late", LEASE).await.unwrap().is_none(),
+        disbatch::lifecycle::slots::acquire_slot(&*s.b, &q, "late", LEASE)
+            .await
+            .unwrap()
+            .is_none(),
         "all three held"
     );
     assert_eq!(
-        s.b.want_slot(&q, "late", LEASE).await.unwrap().as_deref(),
+        disbatch::lifecycle::slots::want_slot(&*s.b, &q, "late", LEASE)
+            .await
+            .unwrap()
+            .as_deref(),
         Some("busy"),
         "asked from the node holding them all"
     );
     assert_eq!(
-        s.b.want_slot(&q, "late", LEASE).await.unwrap().as_deref(),
+        disbatch::lifecycle::slots::want_slot(&*s.b, &q, "late", LEASE)
+            .await
+            .unwrap()
+            .as_deref(),
         Some("busy"),
         "asking again renews the same ask"
     );
@@ -54,30 +72,59 @@ async fn an_asked_slot_goes_to_the_asker_only(s: Stores) {
     );
     // The given-up slot is reserved for the asker: neither its old holder nor a third node
     // takes it.
-    assert!(s.a.acquire_slot(&q, "busy", LEASE).await.unwrap().is_none());
-    assert!(s.a.acquire_slot(&q, "third", LEASE).await.unwrap().is_none());
-    let taken =
-        s.b.acquire_slot(&q, "late", LEASE)
-            .await
-            .unwrap()
-            .expect("the reserved slot");
+    assert!(disbatch::lifecycle::slots::acquire_slot(&*s.a, &q, "busy", LEASE)
+        .await
+        .unwrap()
+        .is_none());
+    assert!(disbatch::lifecycle::slots::acquire_slot(&*s.a, &q, "third", LEASE)
+        .await
+        .unwrap()
+        .is_none());
+    let taken = disbatch::lifecycle::slots::acquire_slot(&*s.b, &q, "late", LEASE)
+        .await
+        .unwrap()
+        .expect("the reserved slot");
     let given = held[found.iter().position(|f| *f == yielded).unwrap()].clone();
     assert_eq!(taken, given);
-    assert_eq!(s.b.renew_slot(&taken, "late", LEASE).await.unwrap(), SlotRenewal::Held);
+    assert_eq!(
+        disbatch::lifecycle::slots::renew_slot(&*s.b, &taken, "late", LEASE)
+            .await
+            .unwrap(),
+        SlotRenewal::Held
+    );
     // Released, it is an ordinary free slot again.
-    s.b.release_slot(&taken, "late").await.unwrap();
-    assert!(s.a.acquire_slot(&q, "third", LEASE).await.unwrap().is_some());
+    disbatch::lifecycle::slots::release_slot(&*s.b, &taken, "late")
+        .await
+        .unwrap();
+    assert!(disbatch::lifecycle::slots::acquire_slot(&*s.a, &q, "third", LEASE)
+        .await
+        .unwrap()
+        .is_some());
 }
 
 async fn a_fair_share_is_not_asked_for(s: Stores) {
     let q = queue(&*s.a, "shared", 3, Sort::Fifo).await;
     let held = [
-        s.a.acquire_slot(&q, "one", LEASE).await.unwrap().expect("slot"),
-        s.a.acquire_slot(&q, "one", LEASE).await.unwrap().expect("slot"),
-        s.b.acquire_slot(&q, "two", LEASE).await.unwrap().expect("slot"),
+        disbatch::lifecycle::slots::acquire_slot(&*s.a, &q, "one", LEASE)
+            .await
+            .unwrap()
+            .expect("slot"),
+        disbatch::lifecycle::slots::acquire_slot(&*s.a, &q, "one", LEASE)
+            .await
+            .unwrap()
+            .expect("slot"),
+        disbatch::lifecycle::slots::acquire_slot(&*s.b, &q, "two", LEASE)
+            .await
+            .unwrap()
+            .expect("slot"),
     ];
     // Two against one: moving a slot would only swap who has more.
-    assert_eq!(s.b.want_slot(&q, "two", LEASE).await.unwrap(), None);
+    assert_eq!(
+        disbatch::lifecycle::slots::want_slot(&*s.b, &q, "two", LEASE)
+            .await
+            .unwrap(),
+        None
+    );
     assert_eq!(
         renew_all(&*s.a, &held[..2], "one").await,
         vec![SlotRenewal::Held; 2],
@@ -85,20 +132,39 @@ async fn a_fair_share_is_not_asked_for(s: Stores) {
     );
     // A queue with one slot keeps it where it is.
     let single = queue(&*s.a, "single", 1, Sort::Fifo).await;
-    s.a.acquire_slot(&single, "one", LEASE).await.unwrap().expect("slot");
-    assert_eq!(s.b.want_slot(&single, "two", LEASE).await.unwrap(), None);
+    disbatch::lifecycle::slots::acquire_slot(&*s.a, &single, "one", LEASE)
+        .await
+        .unwrap()
+        .expect("slot");
+    assert_eq!(
+        disbatch::lifecycle::slots::want_slot(&*s.b, &single, "two", LEASE)
+            .await
+            .unwrap(),
+        None
+    );
 }
 
 async fn an_ask_moves_along_the_donors_slots_and_waits_while_over_the_limit(s: Stores) {
     let q = queue(&*s.a, "moving", 3, Sort::Fifo).await;
     let mut held = Vec::new();
     for _ in 0..3 {
-        held.push(s.a.acquire_slot(&q, "busy", LEASE).await.unwrap().expect("a free slot"));
+        held.push(
+            disbatch::lifecycle::slots::acquire_slot(&*s.a, &q, "busy", LEASE)
+                .await
+                .unwrap()
+                .expect("a free slot"),
+        );
     }
     // Asked twice: the ask moved (a slot busy with a long task does not hold the asker up),
     // and only one is live, so one slot is given up.
     for _ in 0..2 {
-        assert_eq!(s.b.want_slot(&q, "late", LEASE).await.unwrap().as_deref(), Some("busy"));
+        assert_eq!(
+            disbatch::lifecycle::slots::want_slot(&*s.b, &q, "late", LEASE)
+                .await
+                .unwrap()
+                .as_deref(),
+            Some("busy")
+        );
     }
     let found = renew_all(&*s.a, &held, "busy").await;
     let yielded: Vec<usize> = (0..3).filter(|i| found[*i] != SlotRenewal::Held).collect();
@@ -108,40 +174,73 @@ async fn an_ask_moves_along_the_donors_slots_and_waits_while_over_the_limit(s: S
         "the second ask moved off the first slot: {found:?}"
     );
     // The asker takes it; an ask it left behind does not follow the slot to its new holder.
-    let taken =
-        s.b.acquire_slot(&q, "late", LEASE)
+    let taken = disbatch::lifecycle::slots::acquire_slot(&*s.b, &q, "late", LEASE)
+        .await
+        .unwrap()
+        .expect("the reserved slot");
+    assert_eq!(
+        disbatch::lifecycle::slots::renew_slot(&*s.b, &taken, "late", LEASE)
             .await
-            .unwrap()
-            .expect("the reserved slot");
-    assert_eq!(s.b.renew_slot(&taken, "late", LEASE).await.unwrap(), SlotRenewal::Held);
+            .unwrap(),
+        SlotRenewal::Held
+    );
     // The queue's limit is lowered below what is held: no ask, since a slot given up now
     // could not be taken by anyone.
     let lowered = set_threads(&*s.a, &q, 1).await;
-    assert_eq!(s.b.want_slot(&lowered, "third", LEASE).await.unwrap(), None);
+    assert_eq!(
+        disbatch::lifecycle::slots::want_slot(&*s.b, &lowered, "third", LEASE)
+            .await
+            .unwrap(),
+        None
+    );
 }
 
 async fn an_unanswered_ask_and_an_untaken_reservation_end(s: Stores) {
     let short = Duration::from_millis(100);
     let q = queue(&*s.a, "ends", 2, Sort::Fifo).await;
     let held = [
-        s.a.acquire_slot(&q, "busy", LEASE).await.unwrap().expect("slot"),
-        s.a.acquire_slot(&q, "busy", LEASE).await.unwrap().expect("slot"),
+        disbatch::lifecycle::slots::acquire_slot(&*s.a, &q, "busy", LEASE)
+            .await
+            .unwrap()
+            .expect("slot"),
+        disbatch::lifecycle::slots::acquire_slot(&*s.a, &q, "busy", LEASE)
+            .await
+            .unwrap()
+            .expect("slot"),
     ];
-    assert_eq!(s.b.want_slot(&q, "gone", short).await.unwrap().as_deref(), Some("busy"));
+    assert_eq!(
+        disbatch::lifecycle::slots::want_slot(&*s.b, &q, "gone", short)
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("busy")
+    );
     // The asker went away; once its ask has ended the holder keeps both slots.
     tokio::time::sleep(short * 3).await;
     assert_eq!(renew_all(&*s.a, &held, "busy").await, vec![SlotRenewal::Held; 2]);
     // Asked again, given up, but never taken: once the reservation ends anyone may take it.
-    assert_eq!(s.b.want_slot(&q, "gone", short).await.unwrap().as_deref(), Some("busy"));
+    assert_eq!(
+        disbatch::lifecycle::slots::want_slot(&*s.b, &q, "gone", short)
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("busy")
+    );
     let found = renew_all(&*s.a, &held, "busy").await;
     assert!(found.contains(&SlotRenewal::Yielded { to: "gone".into() }), "{found:?}");
     assert!(
-        s.a.acquire_slot(&q, "third", LEASE).await.unwrap().is_none(),
+        disbatch::lifecycle::slots::acquire_slot(&*s.a, &q, "third", LEASE)
+            .await
+            .unwrap()
+            .is_none(),
         "reserved"
     );
     tokio::time::sleep(short * 3).await;
     assert!(
-        s.a.acquire_slot(&q, "third", LEASE).await.unwrap().is_some(),
+        disbatch::lifecycle::slots::acquire_slot(&*s.a, &q, "third", LEASE)
+            .await
+            .unwrap()
+            .is_some(),
         "a reservation nobody took ends"
     );
 }

@@ -1,7 +1,8 @@
 //! Keys on both stores: one task per key and queue, the existing task answered, and a
 //! submission again in each state (waiting, running, finished), also through a DEN.
 
-use disbatch::store::{Keyed, NewTask, OutputValue};
+use disbatch::lifecycle::keys::Keyed;
+use disbatch::store::{NewTask, OutputValue};
 
 use super::*;
 
@@ -24,12 +25,17 @@ async fn a_key_is_created_once_per_queue(s: Stores) {
     let other = queue(&*s.a, "keys-2", 4, Sort::Fifo).await;
     let first = keyed("invoice-7", doc! {"n": 1});
     assert_eq!(
-        s.a.insert_keyed(q.id, first.clone(), false).await.unwrap(),
+        disbatch::lifecycle::keys::insert_keyed(&*s.a, q.id, first.clone(), false)
+            .await
+            .unwrap(),
         Keyed::Created
     );
     // The same key again, from the other store handle and with other params: the first task.
     let again = keyed("invoice-7", doc! {"n": 2});
-    let Keyed::Existing(t) = s.b.insert_keyed(q.id, again.clone(), false).await.unwrap() else {
+    let Keyed::Existing(t) = disbatch::lifecycle::keys::insert_keyed(&*s.b, q.id, again.clone(), false)
+        .await
+        .unwrap()
+    else {
         panic!("the key is taken")
     };
     assert_eq!(
@@ -39,7 +45,9 @@ async fn a_key_is_created_once_per_queue(s: Stores) {
     assert!(s.a.task(again.id).await.unwrap().is_none(), "no duplicate was created");
     // Another queue has its own keys; tasks without a key are never in each other's way.
     assert_eq!(
-        s.b.insert_keyed(other.id, again.clone(), false).await.unwrap(),
+        disbatch::lifecycle::keys::insert_keyed(&*s.b, other.id, again.clone(), false)
+            .await
+            .unwrap(),
         Keyed::Created
     );
     s.a.create_tasks(q.id, vec![doc! {}, doc! {}]).await.unwrap();
@@ -48,7 +56,11 @@ async fn a_key_is_created_once_per_queue(s: Stores) {
         .map(|i| {
             let store = if i % 2 == 0 { s.a.clone() } else { s.b.clone() };
             let t = keyed("race", doc! {"i": i});
-            tokio::spawn(async move { store.insert_keyed(q.id, t, false).await.unwrap() })
+            tokio::spawn(async move {
+                disbatch::lifecycle::keys::insert_keyed(&*store, q.id, t, false)
+                    .await
+                    .unwrap()
+            })
         })
         .collect();
     let mut created = 0;
@@ -69,7 +81,9 @@ async fn a_key_is_created_once_per_queue(s: Stores) {
 async fn resubmitting_a_waiting_or_finished_task(s: Stores) {
     let q = queue(&*s.a, "resubmit", 4, Sort::Fifo).await;
     let first = keyed("k", doc! {"v": 1});
-    s.a.insert_keyed(q.id, first.clone(), false).await.unwrap();
+    disbatch::lifecycle::keys::insert_keyed(&*s.a, q.id, first.clone(), false)
+        .await
+        .unwrap();
     // Waiting: it takes the new params, priority and time (here later: scheduled).
     let hour = DateTime::from_millis(DateTime::now().timestamp_millis() + 3_600_000);
     let newer = NewTask {
@@ -77,13 +91,19 @@ async fn resubmitting_a_waiting_or_finished_task(s: Stores) {
         priority: 5,
         ..keyed("k", doc! {"v": 2})
     };
-    let Keyed::Resubmitted(t) = s.b.insert_keyed(q.id, newer, true).await.unwrap() else {
+    let Keyed::Resubmitted(t) = disbatch::lifecycle::keys::insert_keyed(&*s.b, q.id, newer, true)
+        .await
+        .unwrap()
+    else {
         panic!("submitted again")
     };
     assert_eq!((t.id, t.status, t.priority), (first.id, status::SCHEDULED, Some(5)));
     assert_eq!(t.params, doc! {"v": 2});
     // Now due: queued again; claimed, run and finished.
-    let Keyed::Resubmitted(t) = s.b.insert_keyed(q.id, keyed("k", doc! {"v": 3}), true).await.unwrap() else {
+    let Keyed::Resubmitted(t) = disbatch::lifecycle::keys::insert_keyed(&*s.b, q.id, keyed("k", doc! {"v": 3}), true)
+        .await
+        .unwrap()
+    else {
         panic!("submitted again")
     };
     assert_eq!((t.status, t.run_at), (status::QUEUED, None));
@@ -91,7 +111,10 @@ async fn resubmitting_a_waiting_or_finished_task(s: Stores) {
     let out = |s: &str| OutputValue::Inline(s.into());
     assert!(s.a.finish(first.id, "n1", 1, out("done"), out("")).await.unwrap());
     // Finished: queued again with the new params, the run it had kept in attempts.
-    let Keyed::Resubmitted(t) = s.b.insert_keyed(q.id, keyed("k", doc! {"v": 4}), true).await.unwrap() else {
+    let Keyed::Resubmitted(t) = disbatch::lifecycle::keys::insert_keyed(&*s.b, q.id, keyed("k", doc! {"v": 4}), true)
+        .await
+        .unwrap()
+    else {
         panic!("submitted again")
     };
     assert_eq!(
@@ -100,13 +123,16 @@ async fn resubmitting_a_waiting_or_finished_task(s: Stores) {
     );
     assert_eq!(t.attempts.len(), 1);
     assert_eq!(t.attempts[0].status, 1);
-    assert_eq!(t.attempts[0].reason, disbatch::store::keys::RESUBMITTED);
+    assert_eq!(t.attempts[0].reason, disbatch::lifecycle::keys::RESUBMITTED);
     assert_eq!(
         t.attempts[0].stdout,
         Some(disbatch::model::Output::Inline("done".into()))
     );
     // Without resubmit, the existing task is answered unchanged.
-    let Keyed::Existing(same) = s.a.insert_keyed(q.id, keyed("k", doc! {"v": 5}), false).await.unwrap() else {
+    let Keyed::Existing(same) = disbatch::lifecycle::keys::insert_keyed(&*s.a, q.id, keyed("k", doc! {"v": 5}), false)
+        .await
+        .unwrap()
+    else {
         panic!("existing")
     };
     assert_eq!(same.params, doc! {"v": 4});
@@ -115,17 +141,22 @@ async fn resubmitting_a_waiting_or_finished_task(s: Stores) {
 async fn a_task_submitted_again_while_it_runs_runs_once_more(s: Stores) {
     let q = queue(&*s.a, "rerun", 2, Sort::Fifo).await;
     let first = keyed("long", doc! {"sleep_ms": 1500, "message": "run"});
-    s.a.insert_keyed(q.id, first.clone(), false).await.unwrap();
+    disbatch::lifecycle::keys::insert_keyed(&*s.a, q.id, first.clone(), false)
+        .await
+        .unwrap();
     let den = RunningDen::start(s.b.clone(), settings("node-a"));
     wait_for(Duration::from_secs(30), "the task to run", || async {
         task(&*s.a, first.id).await.status == status::RUNNING
     })
     .await;
-    let Keyed::Resubmitted(t) =
-        s.a.insert_keyed(q.id, keyed("long", doc! {"message": "ignored while running"}), true)
-            .await
-            .unwrap()
-    else {
+    let Keyed::Resubmitted(t) = disbatch::lifecycle::keys::insert_keyed(
+        &*s.a,
+        q.id,
+        keyed("long", doc! {"message": "ignored while running"}),
+        true,
+    )
+    .await
+    .unwrap() else {
         panic!("submitted again")
     };
     assert!(t.rerun, "marked to run once more");
@@ -153,15 +184,19 @@ async fn a_task_submitted_again_while_it_runs_runs_once_more(s: Stores) {
 async fn a_rerun_is_dropped_by_a_kill_and_by_recovery(s: Stores) {
     let q = queue_with(&*s.a, "rerun-faults", "demo", 4, doc! {"on_orphan": "requeue"}).await;
     let (a, b) = (keyed("a", doc! {}), keyed("b", doc! {}));
-    s.a.insert_keyed(q.id, a.clone(), false).await.unwrap();
-    s.a.insert_keyed(q.id, b.clone(), false).await.unwrap();
+    disbatch::lifecycle::keys::insert_keyed(&*s.a, q.id, a.clone(), false)
+        .await
+        .unwrap();
+    disbatch::lifecycle::keys::insert_keyed(&*s.a, q.id, b.clone(), false)
+        .await
+        .unwrap();
     assert_eq!(claim_run(&*s.a, &q, "gone").await, a.id);
     assert_eq!(claim_run(&*s.a, &q, "gone").await, b.id);
-    assert!(s.b.request_rerun(a.id).await.unwrap());
-    assert!(s.b.request_rerun(b.id).await.unwrap());
+    assert!(disbatch::lifecycle::retry::request_rerun(&*s.b, a.id).await.unwrap());
+    assert!(disbatch::lifecycle::retry::request_rerun(&*s.b, b.id).await.unwrap());
     // Killed after it was submitted again: it ends with this run.
     let stop = disbatch::model::StopRequest::now(disbatch::model::StopAction::Kill, "ops", "");
-    s.b.request_kill(disbatch::store::TaskTarget::Task(a.id), &stop)
+    disbatch::lifecycle::run::request_kill(&*s.b, disbatch::store::TaskTarget::Task(a.id), &stop)
         .await
         .unwrap();
     let empty = OutputValue::Inline(String::new());

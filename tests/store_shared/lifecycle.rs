@@ -69,11 +69,28 @@ async fn scheduled_tasks_are_not_claimed_before_their_time(s: Stores) {
         "a scheduled task is never claimed"
     );
     assert!(!s.b.has_queued(q.id).await.unwrap());
-    assert_eq!(s.a.promote_due(DateTime::now()).await.unwrap(), 0, "not due yet");
+    assert_eq!(
+        disbatch::lifecycle::run::promote_due(&*s.a, DateTime::now())
+            .await
+            .unwrap(),
+        0,
+        "not due yet"
+    );
     assert_eq!(task(&*s.b, future).await.status, status::SCHEDULED);
 
-    assert_eq!(s.a.promote_due(later(hour + 1000)).await.unwrap(), 1);
-    assert_eq!(s.b.promote_due(later(hour + 1000)).await.unwrap(), 0, "queued once");
+    assert_eq!(
+        disbatch::lifecycle::run::promote_due(&*s.a, later(hour + 1000))
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        disbatch::lifecycle::run::promote_due(&*s.b, later(hour + 1000))
+            .await
+            .unwrap(),
+        0,
+        "queued once"
+    );
     let t = task(&*s.b, future).await;
     assert_eq!((t.status, t.node.clone()), (status::QUEUED, None));
     assert_eq!(claim_run(&*s.b, &q, "n").await, future);
@@ -104,17 +121,19 @@ async fn cancel_ends_only_tasks_that_have_not_started(s: Stores) {
     let stop = StopRequest::now(StopAction::Cancel, "tester", "not needed");
 
     for busy in [running, claimed] {
-        assert!(s
-            .b
-            .cancel_tasks(TaskTarget::Task(busy), &stop)
-            .await
-            .unwrap()
-            .is_empty());
+        assert!(
+            disbatch::lifecycle::run::cancel_tasks(&*s.b, TaskTarget::Task(busy), &stop)
+                .await
+                .unwrap()
+                .is_empty()
+        );
         assert!(task(&*s.a, busy).await.stop.is_none());
     }
     let queued = ids[2];
     assert_eq!(
-        s.b.cancel_tasks(TaskTarget::Task(queued), &stop).await.unwrap(),
+        disbatch::lifecycle::run::cancel_tasks(&*s.b, TaskTarget::Task(queued), &stop)
+            .await
+            .unwrap(),
         vec![queued]
     );
     let t = task(&*s.a, queued).await;
@@ -125,7 +144,7 @@ async fn cancel_ends_only_tasks_that_have_not_started(s: Stores) {
         (StopAction::Cancel, "tester", "not needed")
     );
     assert!(
-        s.b.cancel_tasks(TaskTarget::Task(queued), &stop)
+        disbatch::lifecycle::run::cancel_tasks(&*s.b, TaskTarget::Task(queued), &stop)
             .await
             .unwrap()
             .is_empty(),
@@ -134,7 +153,9 @@ async fn cancel_ends_only_tasks_that_have_not_started(s: Stores) {
 
     // The queue form: every waiting task (queued or scheduled), nothing else.
     let all = StopRequest::now(StopAction::Cancel, "tester", "queue drained");
-    let mut cancelled = s.b.cancel_tasks(TaskTarget::Queue(q.id), &all).await.unwrap();
+    let mut cancelled = disbatch::lifecycle::run::cancel_tasks(&*s.b, TaskTarget::Queue(q.id), &all)
+        .await
+        .unwrap();
     cancelled.sort();
     let mut want = vec![ids[3], scheduled];
     want.sort();
@@ -144,14 +165,20 @@ async fn cancel_ends_only_tasks_that_have_not_started(s: Stores) {
         "cancelled tasks are never claimed"
     );
     assert_eq!(
-        s.a.promote_due(later(7_200_000)).await.unwrap(),
+        disbatch::lifecycle::run::promote_due(&*s.a, later(7_200_000))
+            .await
+            .unwrap(),
         0,
         "a cancelled scheduled task stays cancelled"
     );
     assert_eq!(task(&*s.a, running).await.status, status::RUNNING);
     assert_eq!(task(&*s.a, claimed).await.status, status::CLAIMED);
     let wrong = StopRequest::now(StopAction::Kill, "tester", "");
-    assert!(s.a.cancel_tasks(TaskTarget::Queue(q.id), &wrong).await.is_err());
+    assert!(
+        disbatch::lifecycle::run::cancel_tasks(&*s.a, TaskTarget::Queue(q.id), &wrong)
+            .await
+            .is_err()
+    );
 }
 
 async fn kill_requests_reach_only_the_node_running_the_task(s: Stores) {
@@ -162,18 +189,20 @@ async fn kill_requests_reach_only_the_node_running_the_task(s: Stores) {
     let queued = ids[2];
     let stop = StopRequest::now(StopAction::Kill, "tester", "runaway");
     assert!(
-        s.b.request_kill(TaskTarget::Task(queued), &stop)
+        disbatch::lifecycle::run::request_kill(&*s.b, TaskTarget::Task(queued), &stop)
             .await
             .unwrap()
             .is_empty(),
         "not running"
     );
     assert_eq!(
-        s.b.request_kill(TaskTarget::Task(mine), &stop).await.unwrap(),
+        disbatch::lifecycle::run::request_kill(&*s.b, TaskTarget::Task(mine), &stop)
+            .await
+            .unwrap(),
         vec![mine]
     );
     assert!(
-        s.b.request_kill(TaskTarget::Task(mine), &stop)
+        disbatch::lifecycle::run::request_kill(&*s.b, TaskTarget::Task(mine), &stop)
             .await
             .unwrap()
             .is_empty(),
@@ -196,7 +225,9 @@ async fn kill_requests_reach_only_the_node_running_the_task(s: Stores) {
     // The queue form asks every claimed or running task not asked yet.
     let all = StopRequest::now(StopAction::Kill, "tester", "stop all");
     assert_eq!(
-        s.b.request_kill(TaskTarget::Queue(q.id), &all).await.unwrap(),
+        disbatch::lifecycle::run::request_kill(&*s.b, TaskTarget::Queue(q.id), &all)
+            .await
+            .unwrap(),
         vec![theirs]
     );
     // Once finished, a task has no kill request to carry out.
@@ -250,7 +281,12 @@ async fn a_killed_task_stops_at_once_and_ends_failed_saying_who_and_why(s: Store
     .await;
     let stop = StopRequest::now(StopAction::Kill, "tester", "runaway job");
     let asked = std::time::Instant::now();
-    assert_eq!(s.a.request_kill(TaskTarget::Task(id), &stop).await.unwrap(), vec![id]);
+    assert_eq!(
+        disbatch::lifecycle::run::request_kill(&*s.a, TaskTarget::Task(id), &stop)
+            .await
+            .unwrap(),
+        vec![id]
+    );
     wait_for(Duration::from_secs(30), "the killed task to end", || async {
         task(&*s.a, id).await.status > 0
     })
@@ -282,7 +318,9 @@ async fn a_task_asked_to_be_killed_never_runs_again(s: Stores) {
     s.a.create_tasks(q.id, vec![doc! {}; 4]).await.unwrap();
     let (asked, plain) = (claim_run(&*s.a, &q, "n").await, claim_run(&*s.a, &q, "n").await);
     let stop = StopRequest::now(StopAction::Kill, "tester", "");
-    s.b.request_kill(TaskTarget::Task(asked), &stop).await.unwrap();
+    disbatch::lifecycle::run::request_kill(&*s.b, TaskTarget::Task(asked), &stop)
+        .await
+        .unwrap();
     // A shutdown puts back only the task nobody asked to kill; the other ends failed.
     assert_eq!(s.a.requeue_own("n", &[asked, plain]).await.unwrap(), vec![plain]);
     let t = task(&*s.b, asked).await;
@@ -292,7 +330,9 @@ async fn a_task_asked_to_be_killed_never_runs_again(s: Stores) {
 
     // A dead node's task: requeued by the queue's policy unless someone asked to kill it.
     let (asked, plain) = (claim_run(&*s.a, &q, "dead").await, claim_run(&*s.a, &q, "dead").await);
-    s.b.request_kill(TaskTarget::Task(asked), &stop).await.unwrap();
+    disbatch::lifecycle::run::request_kill(&*s.b, TaskTarget::Task(asked), &stop)
+        .await
+        .unwrap();
     pause().await;
     let r = s.b.recover_orphans(DateTime::now(), DateTime::now()).await.unwrap();
     assert_eq!((r.requeued, r.orphaned), (vec![plain], vec![asked]));
@@ -307,9 +347,13 @@ async fn progress_is_stored_while_running_and_kept_at_the_end(s: Stores) {
         info: "half way".into(),
         at: DateTime::now(),
     };
-    assert!(s.b.report_progress(id, "n", &half).await.unwrap());
+    assert!(disbatch::lifecycle::run::report_progress(&*s.b, id, "n", &half)
+        .await
+        .unwrap());
     assert!(
-        !s.b.report_progress(id, "m", &half).await.unwrap(),
+        !disbatch::lifecycle::run::report_progress(&*s.b, id, "m", &half)
+            .await
+            .unwrap(),
         "only the node running it"
     );
     assert_eq!(task(&*s.a, id).await.progress.as_ref(), Some(&half));
@@ -340,13 +384,20 @@ async fn progress_is_stored_while_running_and_kept_at_the_end(s: Stores) {
         (1, Some(&done)),
         "kept when the task ends"
     );
-    assert!(!s.b.report_progress(id, "n", &half).await.unwrap(), "not once finished");
+    assert!(
+        !disbatch::lifecycle::run::report_progress(&*s.b, id, "n", &half)
+            .await
+            .unwrap(),
+        "not once finished"
+    );
     assert_eq!(task(&*s.b, id).await.progress, Some(done.clone()));
 
     // A finish without a report keeps the one stored while it ran.
     s.a.create_tasks(q.id, vec![doc! {}]).await.unwrap();
     let id = claim_run(&*s.a, &q, "n").await;
-    assert!(s.b.report_progress(id, "n", &half).await.unwrap());
+    assert!(disbatch::lifecycle::run::report_progress(&*s.b, id, "n", &half)
+        .await
+        .unwrap());
     assert!(s.a.finish(id, "n", 2, empty.clone(), empty).await.unwrap());
     assert_eq!(task(&*s.b, id).await.progress, Some(half));
 }
@@ -386,7 +437,12 @@ async fn a_kill_during_the_shutdown_grace_is_carried_out(s: Stores) {
     // The shutdown gives running tasks 2 minutes; the kill must not wait for them.
     den.shutdown.cancel();
     let stop = StopRequest::now(StopAction::Kill, "tester", "during shutdown");
-    assert_eq!(s.a.request_kill(TaskTarget::Task(id), &stop).await.unwrap(), vec![id]);
+    assert_eq!(
+        disbatch::lifecycle::run::request_kill(&*s.a, TaskTarget::Task(id), &stop)
+            .await
+            .unwrap(),
+        vec![id]
+    );
     let asked = std::time::Instant::now();
     wait_for(Duration::from_secs(60), "the killed task to end", || async {
         task(&*s.a, id).await.status > 0
@@ -476,10 +532,24 @@ async fn an_embedded_database_from_before_gains_the_new_columns() {
         (all[0].status, all[0].run_at, all[0].problem.clone()),
         (status::QUEUED, None, None)
     );
-    assert_eq!(store.promote_due(DateTime::now()).await.unwrap(), 0);
+    assert_eq!(
+        disbatch::lifecycle::run::promote_due(&store, DateTime::now())
+            .await
+            .unwrap(),
+        0
+    );
     let q = queue(&store, "old-slots", 2, Sort::Fifo).await;
     for _ in 0..2 {
-        store.acquire_slot(&q, "a", LEASE).await.unwrap().expect("slot");
+        disbatch::lifecycle::slots::acquire_slot(&store, &q, "a", LEASE)
+            .await
+            .unwrap()
+            .expect("slot");
     }
-    assert_eq!(store.want_slot(&q, "b", LEASE).await.unwrap().as_deref(), Some("a"));
+    assert_eq!(
+        disbatch::lifecycle::slots::want_slot(&store, &q, "b", LEASE)
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("a")
+    );
 }

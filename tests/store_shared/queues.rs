@@ -232,7 +232,12 @@ async fn an_unreadable_queue_can_be_changed_and_stays_listed_with_its_problem(s:
 
 async fn a_node_with_an_unreadable_maxthreads_is_kept_with_its_problem(s: Stores) {
     let p = NodeProcess::this_process();
-    assert_eq!(s.a.take_node("n", &p, stale_before()).await.unwrap(), None);
+    assert_eq!(
+        disbatch::lifecycle::nodes::take(&*s.a, "n", &p, stale_before())
+            .await
+            .unwrap(),
+        None
+    );
     set_raw_maxthreads(&s, "n", "lots").await;
 
     let nodes = s.b.nodes().await.unwrap();
@@ -244,16 +249,20 @@ async fn a_node_with_an_unreadable_maxthreads_is_kept_with_its_problem(s: Stores
     let beat = s.a.heartbeat("n", LEASE).await.unwrap();
     assert_eq!(beat.maxthreads, Some(0));
     assert_eq!(
-        s.b.take_node("n", &p, stale_before()).await.unwrap(),
+        disbatch::lifecycle::nodes::take(&*s.b, "n", &p, stale_before())
+            .await
+            .unwrap(),
         None,
         "its holder takes the name again"
     );
     assert!(
-        s.a.set_maxthreads("n", Some(2)).await.unwrap(),
+        disbatch::lifecycle::nodes::set_maxthreads(&*s.a, "n", Some(2))
+            .await
+            .unwrap(),
         "fixed through the store"
     );
     let n = s.b.heartbeat("n", LEASE).await.unwrap();
     assert_eq!((n.maxthreads, n.problem), (Some(2), None));
-    let m = invalid_message(s.a.set_maxthreads("n", Some(-1)).await);
+    let m = invalid_message(disbatch::lifecycle::nodes::set_maxthreads(&*s.a, "n", Some(-1)).await);
     assert!(m.contains("maxthreads"), "{m}");
 }

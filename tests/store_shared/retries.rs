@@ -51,17 +51,23 @@ async fn a_retry_waits_its_time_and_prefers_another_node(s: Stores) {
         after_kill: false,
     };
     assert!(
-        !s.b.retry_later(first, "n2", &retry).await.unwrap(),
+        !disbatch::lifecycle::retry::retry_later(&*s.b, first, "n2", &retry)
+            .await
+            .unwrap(),
         "fenced on the node running it"
     );
-    assert!(s.b.retry_later(first, "n1", &retry).await.unwrap());
+    assert!(disbatch::lifecycle::retry::retry_later(&*s.b, first, "n1", &retry)
+        .await
+        .unwrap());
     let t = task(&*s.b, first).await;
     assert_eq!((t.status, t.node.as_deref()), (status::SCHEDULED, None));
     assert_eq!(t.priority, Some(-1));
     assert_eq!(t.attempts, vec![record], "the failed run is kept whole");
     assert_eq!((t.stdout, t.stderr), (None, None));
     assert!(
-        !s.b.retry_later(first, "n1", &retry).await.unwrap(),
+        !disbatch::lifecycle::retry::retry_later(&*s.b, first, "n1", &retry)
+            .await
+            .unwrap(),
         "no longer running: a second write does nothing"
     );
     assert_eq!(task(&*s.a, first).await.attempts.len(), 1);
@@ -72,10 +78,14 @@ async fn a_retry_waits_its_time_and_prefers_another_node(s: Stores) {
         run_at: ago(10),
         ..retry.clone()
     };
-    assert!(s.a.retry_later(second, "n1", &retry).await.unwrap());
+    assert!(disbatch::lifecycle::retry::retry_later(&*s.a, second, "n1", &retry)
+        .await
+        .unwrap());
     assert_eq!(task(&*s.a, second).await.status, status::QUEUED, "due at once: queued");
     assert_eq!(
-        s.a.promote_due(later(3_700_000)).await.unwrap(),
+        disbatch::lifecycle::run::promote_due(&*s.a, later(3_700_000))
+            .await
+            .unwrap(),
         1,
         "the first becomes due"
     );
@@ -85,7 +95,7 @@ async fn a_retry_waits_its_time_and_prefers_another_node(s: Stores) {
     );
     let other = s.b.claim(&q, "n2").await.unwrap().expect("another node takes a retry");
     assert_eq!(other.attempts.len(), 1);
-    assert!(s.b.start(other.id, "n2").await.unwrap());
+    assert!(disbatch::lifecycle::run::start(&*s.b, other.id, "n2").await.unwrap());
     let empty = OutputValue::Inline(String::new());
     let done = FinishExtra {
         progress: None,
@@ -115,7 +125,9 @@ async fn a_retry_waits_its_time_and_prefers_another_node(s: Stores) {
         avoid_until: ago(1),
         ..retry
     };
-    assert!(s.a.retry_later(lone, "n1", &short).await.unwrap());
+    assert!(disbatch::lifecycle::retry::retry_later(&*s.a, lone, "n1", &short)
+        .await
+        .unwrap());
     assert_eq!(claim_run(&*s.b, &q2, "n1").await, lone);
     assert_eq!(task(&*s.a, left).await.status, status::QUEUED);
 }
@@ -317,7 +329,7 @@ async fn a_task_asked_to_be_killed_is_never_retried(s: Stores) {
     assert_eq!(claim_run(&*s.a, &q, "n1").await, id);
     let stop = disbatch::model::StopRequest::now(disbatch::model::StopAction::Kill, "ops", "runaway");
     assert_eq!(
-        s.b.request_kill(disbatch::store::TaskTarget::Task(id), &stop)
+        disbatch::lifecycle::run::request_kill(&*s.b, disbatch::store::TaskTarget::Task(id), &stop)
             .await
             .unwrap(),
         vec![id]
@@ -332,7 +344,9 @@ async fn a_task_asked_to_be_killed_is_never_retried(s: Stores) {
         after_kill: false,
     };
     assert!(
-        !s.a.retry_later(id, "n1", &retry).await.unwrap(),
+        !disbatch::lifecycle::retry::retry_later(&*s.a, id, "n1", &retry)
+            .await
+            .unwrap(),
         "a kill request fences the retry"
     );
     let t = task(&*s.b, id).await;
@@ -350,14 +364,16 @@ async fn a_task_asked_to_be_killed_is_never_retried(s: Stores) {
     // A policy that names `killed` retries a killed run: the request is then cleared.
     let other = s.a.create_tasks(q.id, vec![doc! {}]).await.unwrap()[0];
     assert_eq!(claim_run(&*s.a, &q, "n1").await, other);
-    s.b.request_kill(disbatch::store::TaskTarget::Task(other), &stop)
+    disbatch::lifecycle::run::request_kill(&*s.b, disbatch::store::TaskTarget::Task(other), &stop)
         .await
         .unwrap();
     let killed = RetryAt {
         after_kill: true,
         ..retry
     };
-    assert!(s.a.retry_later(other, "n1", &killed).await.unwrap());
+    assert!(disbatch::lifecycle::retry::retry_later(&*s.a, other, "n1", &killed)
+        .await
+        .unwrap());
     let t = task(&*s.b, other).await;
     assert_eq!((t.status, t.stop), (status::QUEUED, None));
 }

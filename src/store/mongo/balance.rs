@@ -58,8 +58,7 @@ impl MongoStore {
     /// before it reads the queues ([`Self::fence_queue_shares`]); a write that lands before
     /// that is read by the successor's pass.
     pub(super) async fn write_share(&self, queue: ObjectId, share: Option<i64>, token: i64) -> StoreResult<bool> {
-        let held = self
-            .read_lead()
+        let held = super::leases::lease(self, crate::store::LEADER_LEASE)
             .await?
             .is_some_and(|l| l.token == token && l.holder(DateTime::now()).is_some());
         if !held {

@@ -4,7 +4,6 @@
 
 use bson::{doc, DateTime, Document};
 use futures::TryStreamExt;
-use mongodb::options::ReturnDocument;
 
 use super::documents::{as_date, as_int};
 use super::{db_err, is_duplicate_key, MongoStore};
@@ -33,43 +32,25 @@ impl MongoStore {
         self.db.collection(BATCHES)
     }
 
-    /// [`Store::open_batch`](crate::store::Store::open_batch).
-    pub(super) async fn record_batch(&self, id: &str, size: Option<i64>) -> StoreResult<Batch> {
-        let err = db_err("record the batch");
-        let insert = doc! { "$setOnInsert": { "size": size, "ctime": DateTime::now() } };
-        let found = match self
-            .batches()
-            .find_one_and_update(doc! { "_id": id }, insert)
-            .upsert(true)
-            .return_document(ReturnDocument::After)
-            .await
-        {
-            Ok(d) => d,
-            // Two first submissions raced; the other one inserted it: read it below.
-            Err(e) if is_duplicate_key(&e) => None,
-            Err(e) => return Err(err(e)),
-        };
-        let mut batch = match found {
-            Some(d) => batch_from(&d)?,
-            None => self.read_batch(id).await?.ok_or_else(|| StoreError::Malformed {
-                collection: BATCHES,
-                id: id.to_string(),
-                reason: "the batch vanished while it was recorded".into(),
-            })?,
-        };
-        if let (None, Some(n)) = (batch.size, size) {
-            let set = self
-                .batches()
-                .find_one_and_update(doc! { "_id": id, "size": null }, doc! { "$set": { "size": n } })
-                .return_document(ReturnDocument::After)
-                .await
-                .map_err(&err)?;
-            batch = match set {
-                Some(d) => batch_from(&d)?,
-                None => self.read_batch(id).await?.unwrap_or(batch),
-            };
+    /// [`Store::insert_batch`](crate::store::Store::insert_batch): one insert; a duplicate
+    /// `_id` means the batch was recorded already.
+    pub(super) async fn insert_batch(&self, id: &str, size: Option<i64>) -> StoreResult<bool> {
+        let first = doc! { "_id": id, "size": size, "ctime": DateTime::now() };
+        match self.batches().insert_one(first).await {
+            Ok(_) => Ok(true),
+            Err(e) if is_duplicate_key(&e) => Ok(false),
+            Err(e) => Err(db_err("record the batch")(e)),
         }
-        Ok(batch)
+    }
+
+    /// [`Store::set_batch_size_if_unset`](crate::store::Store::set_batch_size_if_unset).
+    pub(super) async fn set_batch_size_if_unset(&self, id: &str, size: i64) -> StoreResult<bool> {
+        let done = self
+            .batches()
+            .update_one(doc! { "_id": id, "size": null }, doc! { "$set": { "size": size } })
+            .await
+            .map_err(db_err("record the batch size"))?;
+        Ok(done.matched_count == 1)
     }
 
     /// [`Store::batch`](crate::store::Store::batch).

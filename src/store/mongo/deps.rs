@@ -3,20 +3,16 @@
 //! index finds the tasks blocked on one of them. A task or batch that blocked tasks wait
 //! for carries `dependents: true` until its end has been settled (the `{dependents}` index
 //! finds those left unsettled by a DEN that died). Resolving a dependency is one
-//! compare-and-set on the task's `pending` list, so two parents ending at once never both
-//! leave it blocked.
+//! compare-and-set on the task's `pending` list ([`resolve_pending`]), so two parents
+//! ending at once never both leave it blocked.
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
 use futures::TryStreamExt;
 
-use super::documents::as_date;
 use super::{batches::BATCHES, db_err, MongoStore};
-use crate::model::{status, StopRequest};
-use crate::store::{due_status, Dependency, Resolved, StoreResult};
-
-/// How often a compare-and-set on `pending` is tried before it is left to the next settle.
-const CAS_TRIES: usize = 64;
+use crate::model::status;
+use crate::store::{Dependency, PendingChange, StoreResult};
 
 /// The statuses of an ended task, as a query on `status`.
 pub(super) fn ended() -> Document {
@@ -68,96 +64,6 @@ impl MongoStore {
             .await
             .map_err(&err)?;
         Ok(docs.iter().filter_map(|d| d.get_object_id("_id").ok()).collect())
-    }
-
-    /// [`Store::resolve_dependency`](crate::store::Store::resolve_dependency).
-    pub(super) async fn resolve(
-        &self,
-        task: ObjectId,
-        dep: &Dependency,
-        failed: Option<&StopRequest>,
-    ) -> StoreResult<Resolved> {
-        let err = db_err("release a blocked task");
-        let key = dep.key();
-        for _ in 0..CAS_TRIES {
-            let Some(d) = self
-                .tasks
-                .find_one(doc! { "_id": task, "status": status::BLOCKED })
-                .projection(doc! { "pending": 1, "after_failure": 1, "run_at": 1, "dependents": 1, "batch": 1 })
-                .await
-                .map_err(&err)?
-            else {
-                return Ok(Resolved::Gone);
-            };
-            let pending: Vec<Bson> = match d.get("pending") {
-                Some(Bson::Array(a)) => a.clone(),
-                _ => Vec::new(),
-            };
-            let waits = pending.iter().any(|p| p.as_str() == Some(key.as_str()));
-            let runs_anyway = d.get_str("after_failure") == Ok("run");
-            if let (Some(stop), false, true) = (failed, runs_anyway, waits) {
-                let done = self
-                    .tasks
-                    .update_one(
-                        doc! { "_id": task, "status": status::BLOCKED },
-                        doc! { "$set": {
-                            "status": status::CANCELLED,
-                            "stop": stop.to_document(),
-                            "mtime": DateTime::now(),
-                        } },
-                    )
-                    .await
-                    .map_err(&err)?;
-                if done.matched_count == 0 {
-                    continue;
-                }
-                return Ok(Resolved::Cancelled {
-                    dependents: d.get_bool("dependents").unwrap_or(false),
-                    batch: d.get_str("batch").ok().map(str::to_owned),
-                });
-            }
-            let rest: Vec<Bson> = pending
-                .iter()
-                .filter(|p| p.as_str() != Some(key.as_str()))
-                .cloned()
-                .collect();
-            if waits && !rest.is_empty() {
-                let done = self
-                    .tasks
-                    .update_one(
-                        doc! { "_id": task, "status": status::BLOCKED, "pending": pending },
-                        doc! { "$set": { "pending": rest } },
-                    )
-                    .await
-                    .map_err(&err)?;
-                if done.matched_count == 1 {
-                    return Ok(Resolved::Waiting);
-                }
-                continue;
-            }
-            if !rest.is_empty() {
-                return Ok(Resolved::Gone);
-            }
-            // Nothing more to wait for (this was the last, or a release was cut short).
-            let now = DateTime::now();
-            let run_at = d.get("run_at").and_then(as_date);
-            let done = self
-                .tasks
-                .update_one(
-                    doc! { "_id": task, "status": status::BLOCKED, "pending": pending },
-                    doc! { "$set": { "pending": [], "status": due_status(run_at, now), "mtime": now } },
-                )
-                .await
-                .map_err(&err)?;
-            if done.matched_count == 1 {
-                return Ok(Resolved::Released);
-            }
-        }
-        // Others kept changing the list: an error, so the end is not marked settled and
-        // the next settle (the leader's sweep) tries again.
-        Err(crate::store::StoreError::Database(format!(
-            "task {task}: its list of what it waits for kept changing; {key} is resolved later"
-        )))
     }
 
     /// [`Store::settled`](crate::store::Store::settled).
@@ -219,4 +125,33 @@ impl MongoStore {
         );
         Ok(out)
     }
+}
+
+/// [`Store::resolve_pending`](crate::store::Store::resolve_pending): one update fenced on
+/// `{_id, status: -4, pending}` as read.
+pub(super) async fn resolve_pending(
+    store: &MongoStore,
+    task: ObjectId,
+    expect: &[String],
+    change: PendingChange<'_>,
+) -> StoreResult<bool> {
+    let now = DateTime::now();
+    let set = match change {
+        PendingChange::Met(dep) => {
+            let key = dep.key();
+            let rest: Vec<&String> = expect.iter().filter(|p| **p != key).collect();
+            doc! { "pending": rest }
+        }
+        PendingChange::Release(to) => doc! { "pending": [], "status": to, "mtime": now },
+        PendingChange::Stop(to, stop) => doc! { "status": to, "stop": stop.to_document(), "mtime": now },
+    };
+    let done = store
+        .tasks
+        .update_one(
+            doc! { "_id": task, "status": status::BLOCKED, "pending": expect },
+            doc! { "$set": set },
+        )
+        .await
+        .map_err(db_err("resolve what a blocked task waits for"))?;
+    Ok(done.matched_count == 1)
 }

@@ -6,15 +6,13 @@
 //! time to `timestamp` and `beat`. A Disbatch 4 DEN writes `{node, timestamp}`: on a new
 //! name it writes no `process`, and on a name ours held before it reads the document and
 //! writes it back whole with a new `timestamp`, so `beat` falls behind. Either way the node
-//! is *foreign* ([`is_foreign`]). Foreign DENs claim tasks without taking slots, so their
-//! claimed and running tasks are counted against each queue's limit here (see
-//! `foreign_running`), and a foreign node's name is not taken while its heartbeat is fresh
-//! or while it has claimed or running tasks.
+//! is *foreign* ([`is_foreign`], read as [`NodeRecord::foreign`]). Foreign DENs claim
+//! tasks without taking slots, so their claimed and running tasks are counted against each
+//! queue's limit (`busy_nodes` in `slots`, used by `lifecycle::slots`); when a foreign
+//! node's name may be taken is decided in [`lifecycle::nodes`](crate::lifecycle::nodes).
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
 use futures::TryStreamExt;
 use mongodb::options::ReturnDocument;
@@ -22,9 +20,9 @@ use mongodb::options::ReturnDocument;
 use super::documents::{as_date, node_from};
 use super::errors::{db_err, is_duplicate_key};
 use super::{slots, MongoStore};
-use crate::model::{status, NameHolder, Node, NodeProcess, NodeStats};
+use crate::model::{Node, NodeProcess};
 use crate::store::queue_doc::opt_int_bson;
-use crate::store::{StoreError, StoreResult};
+use crate::store::{NodeChange, NodeFence, NodeRecord, StoreError, StoreResult};
 
 /// How long the list of foreign nodes is used before it is read again.
 const FOREIGN_TTL: Duration = Duration::from_secs(1);
@@ -63,106 +61,84 @@ impl MongoStore {
         node_from(&found)
     }
 
-    /// [`Store::take_node`](crate::store::Store::take_node): reads the node document and
-    /// takes the name with an update fenced on what was read, so two processes never both
-    /// take it.
-    pub(super) async fn take_node_name(
-        &self,
-        node: &str,
-        process: &NodeProcess,
-        stale_before: DateTime,
-    ) -> StoreResult<Option<NameHolder>> {
-        let err = db_err("take node name");
-        let process_doc = bson::to_document(process).map_err(|e| StoreError::Invalid(format!("node process: {e}")))?;
-        for _ in 0..3 {
-            let now = DateTime::now();
-            let Some(current) = self.nodes.find_one(doc! { "node": node }).await.map_err(&err)? else {
-                let new = doc! { "node": node, "process": process_doc.clone(), "timestamp": now, "beat": now, "maxthreads": null };
-                match self.nodes.insert_one(new).await {
-                    Ok(_) => {
-                        // A node document deleted by hand may have left tasks behind.
-                        self.recover_node(node).await?;
-                        return Ok(None);
+    /// [`Store::change_node`](crate::store::Store::change_node): one `update_one` on the
+    /// node's name, and its `process.id` under [`NodeFence::HeldBy`].
+    pub(super) async fn write_node(&self, node: &str, fence: NodeFence, change: NodeChange) -> StoreResult<bool> {
+        let mut filter = doc! { "node": node };
+        match fence {
+            NodeFence::Any => {}
+            NodeFence::HeldBy(process) => {
+                filter.insert("process.id", process);
+            }
+            NodeFence::Absent => return self.insert_node(node, change).await,
+            NodeFence::AsRead { heartbeat, process } => {
+                match heartbeat {
+                    Some(at) => {
+                        filter.insert("$or", heartbeat_as_read(at));
                     }
-                    // Another process created it meanwhile: read it again.
-                    Err(e) if is_duplicate_key(&e) => continue,
-                    Err(e) => return Err(err(e)),
+                    None => {
+                        filter.insert("timestamp", unreadable_date());
+                    }
                 }
-            };
-            let heartbeat = current.get("timestamp").and_then(as_date);
-            let stale = heartbeat.is_none_or(|t| t < stale_before);
-            let foreign = is_foreign(&current);
-            if foreign {
-                // Its task runners outlive it and write their own results: the name stays
-                // theirs while the DEN lives or any of its tasks is claimed or running.
-                let tasks = if stale {
-                    self.tasks
-                        .count_documents(super::recovery::held_by(node))
-                        .await
-                        .map_err(&err)?
-                } else {
-                    0
-                };
-                if !stale || tasks > 0 {
-                    return Ok(Some(NameHolder::Foreign {
-                        heartbeat,
-                        heartbeat_age: age(now, heartbeat),
-                        tasks,
-                    }));
-                }
+                filter.insert(
+                    "process.id",
+                    process.map_or_else(|| doc! { "$exists": false }.into(), Bson::ObjectId),
+                );
             }
-            if !foreign && !stale {
-                if let Some(holder) = node_from(&current)?.process.filter(|p| p.id != process.id) {
-                    return Ok(Some(NameHolder::Den(holder)));
-                }
-            }
-            let taken = self
-                .nodes
-                .update_one(
-                    unchanged(&current),
-                    doc! { "$set": { "process": process_doc.clone(), "timestamp": now, "beat": now } },
-                )
-                .await
-                .map_err(&err)?;
-            if taken.matched_count == 0 {
-                // Someone wrote the document between the read and the update.
-                continue;
-            }
-            // Whatever the node's name still holds belongs to a process that is gone (a
-            // foreign node gets here only without claimed or running tasks).
-            self.recover_node(node).await?;
-            return Ok(None);
         }
-        Err(StoreError::Database(format!(
-            "cannot take node name {node:?}: its document keeps changing"
-        )))
+        let set = match change {
+            NodeChange::Take(process) => {
+                let now = DateTime::now();
+                // `process` and `beat` mark a document of this implementation (see the module's doc).
+                doc! { "process": process_bson(&process)?, "timestamp": now, "beat": now }
+            }
+            NodeChange::Release => doc! { "process": null },
+            NodeChange::Maxthreads(n) => doc! { "maxthreads": opt_int_bson(n) },
+            NodeChange::Stats(stats) => {
+                let stats = bson::to_bson(&stats).map_err(|e| StoreError::Invalid(format!("node stats: {e}")))?;
+                doc! { "stats": stats }
+            }
+            NodeChange::QueueProblems(problems) => {
+                let problems: Document = problems.into_iter().map(|(k, v)| (k, Bson::String(v))).collect();
+                doc! { "queue_problems": problems }
+            }
+        };
+        let result = self
+            .nodes
+            .update_one(filter, doc! { "$set": set })
+            .await
+            .map_err(db_err("change node"))?;
+        Ok(result.matched_count > 0)
     }
 
-    pub(super) async fn write_queue_problems(
-        &self,
-        node: &str,
-        problems: &BTreeMap<String, String>,
-    ) -> StoreResult<()> {
-        let problems: Document = problems
-            .iter()
-            .map(|(k, v)| (k.clone(), Bson::String(v.clone())))
-            .collect();
-        self.nodes
-            .update_one(doc! { "node": node }, doc! { "$set": { "queue_problems": problems } })
-            .await
-            .map_err(db_err("report queue problems"))?;
-        Ok(())
+    /// [`NodeFence::Absent`]: creates the node document with `change` applied; false when
+    /// it exists already.
+    async fn insert_node(&self, node: &str, change: NodeChange) -> StoreResult<bool> {
+        let NodeChange::Take(process) = change else {
+            return Ok(false);
+        };
+        let now = DateTime::now();
+        let new = doc! { "node": node, "process": process_bson(&process)?, "timestamp": now, "beat": now, "maxthreads": null };
+        match self.nodes.insert_one(new).await {
+            Ok(_) => Ok(true),
+            Err(e) if is_duplicate_key(&e) => Ok(false),
+            Err(e) => Err(db_err("create node")(e)),
+        }
     }
 
-    pub(super) async fn give_up_node(&self, node: &str, process: ObjectId) -> StoreResult<()> {
-        self.nodes
-            .update_one(
-                doc! { "node": node, "process.id": process },
-                doc! { "$set": { "process": null } },
-            )
+    /// [`Store::node`](crate::store::Store::node).
+    pub(super) async fn read_node(&self, node: &str) -> StoreResult<Option<NodeRecord>> {
+        let found = self
+            .nodes
+            .find_one(doc! { "node": node })
             .await
-            .map_err(db_err("release node name"))?;
-        Ok(())
+            .map_err(db_err("read node"))?;
+        let Some(found) = found else { return Ok(None) };
+        Ok(Some(NodeRecord {
+            node: node_from(&found)?,
+            heartbeat: found.get("timestamp").and_then(as_date),
+            foreign: is_foreign(&found),
+        }))
     }
 
     pub(super) async fn list_nodes(&self) -> StoreResult<Vec<Node>> {
@@ -183,28 +159,6 @@ impl MongoStore {
             }
         }
         Ok(nodes)
-    }
-
-    pub(super) async fn write_maxthreads(&self, node: &str, maxthreads: Option<i64>) -> StoreResult<bool> {
-        crate::store::queue_doc::check_count("maxthreads", maxthreads)?;
-        let result = self
-            .nodes
-            .update_one(
-                doc! { "node": node },
-                doc! { "$set": { "maxthreads": opt_int_bson(maxthreads) } },
-            )
-            .await
-            .map_err(db_err("set maxthreads"))?;
-        Ok(result.matched_count > 0)
-    }
-
-    pub(super) async fn write_stats(&self, node: &str, stats: &NodeStats) -> StoreResult<()> {
-        let stats = bson::to_bson(stats).map_err(|e| StoreError::Invalid(format!("node stats: {e}")))?;
-        self.nodes
-            .update_one(doc! { "node": node }, doc! { "$set": { "stats": stats } })
-            .await
-            .map_err(db_err("report node stats"))?;
-        Ok(())
     }
 
     /// The names of the nodes without a process marker (Disbatch 4 DENs), read at most
@@ -237,26 +191,6 @@ impl MongoStore {
         }
         Ok(names)
     }
-
-    /// The claimed (-1) and running (0) tasks of `queue` on foreign nodes, which hold no
-    /// slot: they count against the queue's limit as Disbatch 4 counts ours against it.
-    /// Without foreign nodes this costs no query beyond the cached node list.
-    pub(super) async fn foreign_running(&self, queue: ObjectId) -> StoreResult<i64> {
-        let names = self.foreign_nodes().await?;
-        if names.is_empty() {
-            return Ok(0);
-        }
-        let n = self
-            .tasks
-            .count_documents(doc! {
-                "queue": queue,
-                "status": { "$in": status::BUSY.to_vec() },
-                "node": { "$in": names },
-            })
-            .await
-            .map_err(db_err("count the tasks of Disbatch 4 nodes"))?;
-        Ok(i64::try_from(n).unwrap_or(i64::MAX))
-    }
 }
 
 /// Whether a node document was last heartbeaten by a Disbatch 4 DEN: it has no `process`,
@@ -271,22 +205,27 @@ pub(super) fn is_foreign(node: &Document) -> bool {
     }
 }
 
-/// How old a heartbeat at `at` is at `now` (zero when unreadable or in the future).
-fn age(now: DateTime, at: Option<DateTime>) -> Duration {
-    at.map_or(Duration::ZERO, |t| {
-        Duration::from_millis(u64::try_from(now.timestamp_millis() - t.timestamp_millis()).unwrap_or(0))
-    })
+/// A node's `process` sub-document.
+fn process_bson(process: &NodeProcess) -> StoreResult<Document> {
+    bson::to_document(process).map_err(|e| StoreError::Invalid(format!("node process: {e}")))
 }
 
-/// The filter matching `current` as read, field for field where the take depends on it:
-/// its `timestamp` and its `process` (or that it has none).
-fn unchanged(current: &Document) -> Document {
-    let mut fence = doc! { "_id": current.get("_id").cloned().unwrap_or(Bson::Null) };
-    for field in ["timestamp", "process"] {
-        match current.get(field) {
-            Some(v) => fence.insert(field, v.clone()),
-            None => fence.insert(field, doc! { "$exists": false }),
-        };
-    }
-    fence
+/// The filter of a `timestamp` the reader ([`as_date`]) reads as `at`: the date itself, or
+/// the epoch number in seconds or in milliseconds that rounds to it (Disbatch 4 writes
+/// epoch seconds, whole or fractional), or its decimal string. A heartbeat written since
+/// the read moves it out of all of them.
+fn heartbeat_as_read(at: DateTime) -> Bson {
+    let ms = at.timestamp_millis();
+    let (lo, hi) = (ms as f64 - 0.5, ms as f64 + 0.5);
+    Bson::Array(vec![
+        doc! { "timestamp": at }.into(),
+        doc! { "timestamp": { "$gte": lo / 1000.0, "$lt": hi / 1000.0 } }.into(),
+        doc! { "timestamp": { "$gte": lo, "$lt": hi } }.into(),
+        doc! { "timestamp": { "$in": [(ms / 1000).to_string(), ms.to_string()] } }.into(),
+    ])
+}
+
+/// The filter of a `timestamp` that cannot be read as a time (taken as stale).
+fn unreadable_date() -> Bson {
+    Bson::Document(doc! { "$not": { "$type": "date" } })
 }

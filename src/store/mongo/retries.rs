@@ -41,20 +41,6 @@ pub(super) fn replaced_fields(new: &NewTask, now: DateTime) -> Document {
 }
 
 impl MongoStore {
-    /// [`Store::retry_later`](crate::store::Store::retry_later).
-    pub(super) async fn retry_run(&self, task: ObjectId, node: &str, retry: &RetryAt) -> StoreResult<bool> {
-        let mut fence = doc! { "_id": task, "node": node, "status": status::RUNNING };
-        if !retry.after_kill {
-            fence.insert("stop.action", doc! { "$ne": "kill" });
-        }
-        let result = self
-            .tasks
-            .update_one(fence, retry_update(retry, DateTime::now()))
-            .await
-            .map_err(db_err("retry task"))?;
-        Ok(result.matched_count == 1)
-    }
-
     /// [`Store::retry_by_hand`](crate::store::Store::retry_by_hand).
     pub(super) async fn retry_finished(
         &self,

@@ -61,28 +61,6 @@ impl MongoStore {
         }
     }
 
-    pub(super) async fn start_task(&self, task: ObjectId, node: &str) -> StoreResult<bool> {
-        let result = self
-            .tasks
-            .update_one(
-                doc! { "_id": task, "node": node, "status": status::CLAIMED },
-                doc! { "$set": { "status": status::RUNNING, "mtime": DateTime::now() } },
-            )
-            .await
-            .map_err(db_err("start task"))?;
-        if result.matched_count == 1 {
-            return Ok(true);
-        }
-        // A retry after a lost reply: the first attempt applied.
-        let already = self
-            .tasks
-            .count_documents(doc! { "_id": task, "node": node, "status": status::RUNNING })
-            .limit(1)
-            .await
-            .map_err(db_err("start task"))?;
-        Ok(already == 1)
-    }
-
     pub(super) async fn discard_files(&self, task: ObjectId, files: &[ObjectId]) -> StoreResult<()> {
         let used = self
             .tasks
@@ -161,23 +139,6 @@ impl MongoStore {
             )
             .await
             .map_err(db_err("finish task"))?;
-        Ok(result.matched_count == 1)
-    }
-
-    pub(super) async fn write_progress(
-        &self,
-        task: ObjectId,
-        node: &str,
-        progress: &TaskProgress,
-    ) -> StoreResult<bool> {
-        let result = self
-            .tasks
-            .update_one(
-                doc! { "_id": task, "node": node, "status": status::RUNNING },
-                doc! { "$set": { "progress": progress.to_document() } },
-            )
-            .await
-            .map_err(db_err("report progress"))?;
         Ok(result.matched_count == 1)
     }
 

@@ -1,25 +1,21 @@
-//! Queue slot leases: the `slots` collection that makes a queue's `threads` hold across
-//! every DEN.
-//!
-//! A queue has one document `{queue, n, holder, expires}` per slot `n` in `0..threads`,
-//! created on first use. A slot is taken with one conditional update when it is unheld or
-//! its lease has expired, renewed by its holder's heartbeat, and given back by its holder.
-//!
-//! A node that finds no free slot asks for one by setting `want` (its name) and
-//! `want_until` on a slot of the node holding the most; that holder, before its next claim
-//! with the slot, gives it up with `reserved` and `reserved_until` copied from the ask, so
-//! only the asker takes it until then.
+//! Queue slot leases: the `slots` collection, one document `{queue, n, holder, expires,
+//! want, want_until, reserved, reserved_until}` per slot `n` of a queue, read as
+//! [`SlotRow`]s and written with one conditional update per [`SlotChange`] under its
+//! [`SlotFence`]. The rules are in `lifecycle::slots`.
 
 use std::time::Duration;
 
-use bson::{doc, DateTime, Document};
+use async_trait::async_trait;
+use bson::oid::ObjectId;
+use bson::{doc, Bson, DateTime, Document};
 use futures::TryStreamExt;
-use mongodb::options::ReturnDocument;
 
 use super::documents::as_int;
 use super::{db_err, is_duplicate_key, MongoStore, SLOTS};
-use crate::model::{status, Queue};
-use crate::store::{Slot, SlotRenewal, StoreError, StoreResult};
+use crate::model::status;
+use crate::store::{
+    BusyNode, BusyOf, Holder, Lease, Mark, Slot, SlotChange, SlotFence, SlotRow, SlotStore, StoreError, StoreResult,
+};
 
 /// A lease's end as a BSON date.
 pub(super) fn lease_end(now: DateTime, lease: Duration) -> DateTime {
@@ -27,15 +23,118 @@ pub(super) fn lease_end(now: DateTime, lease: Duration) -> DateTime {
     DateTime::from_millis(now.timestamp_millis().saturating_add(millis))
 }
 
-impl MongoStore {
-    /// Creates the slot documents `0..threads` of `queue` unless known to exist.
-    async fn ensure_slots(&self, queue: bson::oid::ObjectId, threads: i64) -> StoreResult<()> {
+/// A slot document read as a row.
+fn row_from(d: &Document) -> StoreResult<SlotRow> {
+    let n = d.get("n").and_then(as_int).ok_or_else(|| StoreError::Malformed {
+        collection: SLOTS,
+        id: d.get("_id").map_or("?".to_string(), ToString::to_string),
+        reason: "field `n` must be an integer".to_string(),
+    })?;
+    let text = |f: &str| d.get_str(f).ok().map(str::to_owned);
+    let date = |f: &str| d.get_datetime(f).ok().copied();
+    Ok(SlotRow {
+        n,
+        holder: text("holder"),
+        expires: date("expires").unwrap_or(DateTime::from_millis(0)),
+        want: text("want"),
+        want_until: date("want_until"),
+        reserved: text("reserved"),
+        reserved_until: date("reserved_until"),
+    })
+}
+
+/// The condition on one mark's fields (`field`, `{field}_until`), if any.
+fn mark_filter(field: &str, mark: &Mark) -> Option<Document> {
+    let until = format!("{field}_until");
+    match mark {
+        Mark::Any => None,
+        Mark::By(node) => Some(doc! { field: node }),
+        Mark::OpenTo { node, at } => {
+            let mut open = vec![doc! { field: Bson::Null }, doc! { until: { "$lt": *at } }];
+            if let Some(node) = node {
+                open.push(doc! { field: node });
+            }
+            Some(doc! { "$or": open })
+        }
+    }
+}
+
+/// The filter matching the row of `slot` under `fence`.
+fn fence_filter(slot: &Slot, fence: &SlotFence) -> Document {
+    let mut filter = doc! { "queue": slot.queue, "n": slot.n };
+    match &fence.holder {
+        Holder::Any => {}
+        Holder::Unheld => {
+            filter.insert("holder", Bson::Null);
+        }
+        Holder::By(node) => {
+            filter.insert("holder", node);
+        }
+    }
+    match fence.lease {
+        Lease::Any => {}
+        Lease::LiveAt(t) => {
+            filter.insert("expires", doc! { "$gt": t });
+        }
+        Lease::EndedAt(t) => {
+            filter.insert("expires", doc! { "$lt": t });
+        }
+    }
+    let marks: Vec<Document> = [
+        mark_filter("want", &fence.want),
+        mark_filter("reserved", &fence.reserved),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if !marks.is_empty() {
+        filter.insert("$and", marks);
+    }
+    filter
+}
+
+/// The update making `change`.
+fn change_update(change: &SlotChange) -> Document {
+    let set = match change {
+        SlotChange::Take { holder, until } => {
+            doc! { "holder": holder, "expires": *until, "reserved": null, "want": null, "want_until": null }
+        }
+        SlotChange::Renew { until } => doc! { "expires": *until },
+        SlotChange::Release => doc! { "holder": null, "want": null, "want_until": null },
+        SlotChange::Yield { to, until } => {
+            doc! { "holder": null, "reserved": to, "reserved_until": *until, "want": null, "want_until": null }
+        }
+        SlotChange::Ask { by, until } => doc! { "want": by, "want_until": *until },
+        SlotChange::Unask => doc! { "want": null, "want_until": null },
+    };
+    doc! { "$set": set }
+}
+
+#[async_trait]
+impl SlotStore for MongoStore {
+    async fn slots(&self, queue: ObjectId) -> StoreResult<Vec<SlotRow>> {
+        let err = db_err("read the queue's slots");
+        let docs: Vec<Document> = self
+            .slots
+            .find(doc! { "queue": queue })
+            .sort(doc! { "n": 1 })
+            .await
+            .map_err(&err)?
+            .try_collect()
+            .await
+            .map_err(&err)?;
+        docs.iter().map(row_from).collect()
+    }
+
+    /// Creates the documents unless known to exist (an unordered insert whose duplicate
+    /// keys are ignored).
+    async fn ensure_slots(&self, queue: ObjectId, threads: i64) -> StoreResult<()> {
         let known = self
             .ensured_slots
             .lock()
             .map(|s| s.contains(&(queue, threads)))
             .unwrap_or(false);
-        if known {
+        if known || threads <= 0 {
             return Ok(());
         }
         let docs: Vec<Document> = (0..threads)
@@ -52,318 +151,54 @@ impl MongoStore {
         Ok(())
     }
 
-    /// [`Store::acquire_slot`](crate::store::Store::acquire_slot): refuses while a slot at
-    /// or above the limit is in use (held and unexpired, or expired with its holder's task
-    /// not yet recovered), else takes the lowest free slot below it.
-    pub(super) async fn take_slot(&self, queue: &Queue, node: &str, lease: Duration) -> StoreResult<Option<Slot>> {
-        let limit = queue.limit();
-        if limit <= 0 {
-            return Ok(None);
-        }
-        self.ensure_slots(queue.id, limit).await?;
-        // Tasks Disbatch 4 DENs run hold no slot; the slots they use are the top ones.
-        let foreign = self.foreign_running(queue.id).await?;
-        let threads = limit - foreign;
-        if threads <= 0 {
-            return Ok(None);
-        }
-        if self.slots_used_from(queue.id, threads).await? > 0 {
-            return Ok(None);
-        }
-        let now = DateTime::now();
-        let lease_until = lease_end(now, lease);
-        let mut taken = self
+    async fn change_slot(&self, slot: &Slot, fence: &SlotFence, change: &SlotChange) -> StoreResult<bool> {
+        let done = self
             .slots
-            .find_one_and_update(
-                doc! {
-                    "queue": queue.id,
-                    "n": { "$lt": threads },
-                    "holder": null,
-                    "$or": [{ "reserved": null }, { "reserved": node }, { "reserved_until": { "$lt": now } }],
-                },
-                doc! { "$set": { "holder": node, "expires": lease_until, "reserved": null, "want": null, "want_until": null } },
-            )
-            .sort(doc! { "n": 1 })
-            .return_document(ReturnDocument::After)
+            .update_one(fence_filter(slot, fence), change_update(change))
             .await
-            .map_err(db_err("acquire slot"))?;
-        if taken.is_none() {
-            taken = self.take_expired_slot(queue, threads, node, now, lease_until).await?;
+            .map_err(db_err("change a slot"))?;
+        Ok(done.matched_count == 1)
+    }
+
+    /// One aggregation over the `{queue, status}` index entries of the claimed and running
+    /// tasks; a node is foreign as [`super::nodes::is_foreign`] says (the node list is
+    /// cached), so without Disbatch 4 DENs [`BusyOf::Foreign`] costs no query.
+    async fn busy_nodes(&self, queue: Option<ObjectId>, of: BusyOf) -> StoreResult<Vec<BusyNode>> {
+        let foreign = self.foreign_nodes().await?;
+        let mut filter = doc! { "status": { "$in": status::BUSY.to_vec() } };
+        if let Some(q) = queue {
+            filter.insert("queue", q);
         }
-        let Some(taken) = taken else {
-            return Ok(None);
+        match of {
+            BusyOf::All => filter.insert("node", doc! { "$type": "string" }),
+            BusyOf::Foreign if foreign.is_empty() => return Ok(Vec::new()),
+            BusyOf::Foreign => filter.insert("node", doc! { "$in": &foreign }),
         };
-        let n = taken.get("n").and_then(as_int).ok_or_else(|| StoreError::Malformed {
-            collection: SLOTS,
-            id: taken.get("_id").map_or("?".to_string(), ToString::to_string),
-            reason: "field `n` must be an integer".to_string(),
-        })?;
-        self.confirm_slot(Slot { queue: queue.id, n }, node, threads, foreign)
-            .await
-    }
-
-    /// Keeps a slot just taken under the caller's view of the queue's limit (`seen`) only
-    /// if the limit as stored now allows it: a DEN whose copy of the queue is older than a
-    /// lowered `threads` or `maxthreads` (the leader's QueueBalance) gives the slot back
-    /// before it claims anything with it. When the stored limit is lower than `seen`, the
-    /// check for slots held above it is made again under the stored limit.
-    async fn confirm_slot(&self, slot: Slot, node: &str, seen: i64, foreign: i64) -> StoreResult<Option<Slot>> {
-        let checked = self.check_taken_slot(&slot, seen, foreign).await;
-        if !matches!(checked, Ok(true)) {
-            // Not allowed, or not known to be: given back before anything is claimed with it.
-            self.give_back_slot(&slot, node).await?;
-        }
-        Ok(checked?.then_some(slot))
-    }
-
-    /// Whether the stored limit, less `foreign` tasks, allows a slot taken under `seen`
-    /// (see `confirm_slot`).
-    async fn check_taken_slot(&self, slot: &Slot, seen: i64, foreign: i64) -> StoreResult<bool> {
-        let stored = self.stored_limit(slot.queue, foreign).await?;
-        Ok(slot.n < stored && (stored >= seen || self.slots_used_from(slot.queue, stored).await? == 0))
-    }
-
-    /// The limit of `queue` as stored now, less the `foreign` tasks Disbatch 4 DENs run in
-    /// it (0 when the queue is gone or unreadable).
-    async fn stored_limit(&self, queue: bson::oid::ObjectId, foreign: i64) -> StoreResult<i64> {
-        let stored = self
-            .queues
-            .find_one(doc! { "_id": queue })
-            .await
-            .map_err(db_err("read the queue's limit"))?
-            .and_then(|d| crate::store::queue_doc::read(&d).ok())
-            .map_or(0, |(q, _)| q.limit());
-        Ok(stored - foreign)
-    }
-
-    /// [`Store::slots_in_use`](crate::store::Store::slots_in_use).
-    pub(super) async fn occupied_slots(&self, queue: bson::oid::ObjectId) -> StoreResult<i64> {
-        Ok(self.slots_used_from(queue, 0).await? + self.foreign_running(queue).await?)
-    }
-
-    /// The slots of `queue` numbered `from` or above in use: held and unexpired, or
-    /// expired while their holder still has a claimed or running task of the queue.
-    async fn slots_used_from(&self, queue: bson::oid::ObjectId, from: i64) -> StoreResult<i64> {
-        let err = db_err("count the queue's slots in use");
-        let now = DateTime::now();
-        let held: Vec<Document> = self
-            .slots
-            .find(doc! { "queue": queue, "n": { "$gte": from }, "holder": { "$ne": null } })
-            .projection(doc! { "holder": 1, "expires": 1 })
+        let err = db_err("count the claimed and running tasks by node");
+        let groups: Vec<Document> = self
+            .tasks
+            .aggregate(vec![
+                doc! { "$match": filter },
+                doc! { "$group": { "_id": "$node", "tasks": { "$sum": 1 } } },
+            ])
             .await
             .map_err(&err)?
             .try_collect()
             .await
             .map_err(&err)?;
-        let mut in_use = 0;
-        for slot in held {
-            let live = slot.get_datetime("expires").is_ok_and(|e| *e > now);
-            let busy = || async {
-                let holder = slot.get("holder").cloned().unwrap_or(bson::Bson::Null);
-                self.tasks
-                    .count_documents(doc! {
-                        "queue": queue,
-                        "node": holder,
-                        "status": { "$in": status::BUSY.to_vec() },
-                    })
-                    .limit(1)
-                    .await
-                    .map_err(&err)
-            };
-            if live || busy().await? > 0 {
-                in_use += 1;
-            }
-        }
-        Ok(in_use)
-    }
-
-    /// Takes a slot whose lease expired, but only from a holder that has no claimed or
-    /// running task left in the queue: a slot is freed only with (or after) the recovery
-    /// of its holder's tasks, so the tasks at -1/0 never outnumber `threads`.
-    async fn take_expired_slot(
-        &self,
-        queue: &Queue,
-        threads: i64,
-        node: &str,
-        now: DateTime,
-        lease_until: DateTime,
-    ) -> StoreResult<Option<Document>> {
-        let err = db_err("acquire an expired slot");
-        let expired: Vec<Document> = self
-            .slots
-            .find(doc! {
-                "queue": queue.id,
-                "n": { "$lt": threads },
-                "holder": { "$ne": null },
-                "expires": { "$lt": now },
-            })
-            .sort(doc! { "n": 1 })
-            .await
-            .map_err(&err)?
-            .try_collect()
-            .await
-            .map_err(&err)?;
-        for slot in expired {
-            let (Ok(id), Some(holder)) = (slot.get_object_id("_id"), slot.get("holder").cloned()) else {
-                continue;
-            };
-            let busy = self
-                .tasks
-                .count_documents(doc! {
-                    "queue": queue.id,
-                    "node": holder.clone(),
-                    "status": { "$in": status::BUSY.to_vec() },
-                })
-                .limit(1)
-                .await
-                .map_err(&err)?;
-            if busy > 0 {
-                continue;
-            }
-            let taken = self
-                .slots
-                .find_one_and_update(
-                    doc! { "_id": id, "holder": holder, "expires": { "$lt": now } },
-                    doc! { "$set": { "holder": node, "expires": lease_until, "want": null, "want_until": null } },
-                )
-                .return_document(ReturnDocument::After)
-                .await
-                .map_err(&err)?;
-            if taken.is_some() {
-                return Ok(taken);
-            }
-        }
-        Ok(None)
-    }
-
-    /// [`Store::renew_slot`](crate::store::Store::renew_slot): renews the lease when
-    /// `node` still holds the slot and nobody asked for it; gives it up to an asker.
-    pub(super) async fn renew_one_slot(&self, slot: &Slot, node: &str, lease: Duration) -> StoreResult<SlotRenewal> {
-        let err = db_err("renew slot lease");
-        let foreign = self.foreign_running(slot.queue).await?;
-        if foreign > 0 && slot.n >= self.stored_limit(slot.queue, foreign).await? {
-            return Ok(SlotRenewal::OverLimit);
-        }
-        let now = DateTime::now();
-        let mine = doc! { "queue": slot.queue, "n": slot.n, "holder": node };
-        // An expired lease is not renewed: the slot may have been counted free since.
-        let mut live = mine.clone();
-        live.insert("expires", doc! { "$gt": now });
-        let mut unasked = live.clone();
-        unasked.insert(
-            "$or",
-            vec![doc! { "want": null }, doc! { "want_until": { "$lt": now } }],
-        );
-        let renew = doc! { "$set": { "expires": lease_end(now, lease) } };
-        if self
-            .slots
-            .update_one(unasked, renew.clone())
-            .await
-            .map_err(&err)?
-            .matched_count
-            == 1
-        {
-            return Ok(SlotRenewal::Held);
-        }
-        let Some(current) = self.slots.find_one(mine.clone()).await.map_err(&err)? else {
-            return Ok(SlotRenewal::Lost);
-        };
-        if let (Ok(to), Ok(until)) = (current.get_str("want"), current.get_datetime("want_until")) {
-            let mut asked = mine.clone();
-            asked.insert("want", to);
-            let give = doc! {
-                "$set": { "holder": null, "reserved": to, "reserved_until": until, "want": null, "want_until": null },
-            };
-            if self.slots.update_one(asked, give).await.map_err(&err)?.matched_count == 1 {
-                return Ok(SlotRenewal::Yielded { to: to.to_string() });
-            }
-        }
-        // The ask ended or changed meanwhile: keep the slot if it is still ours.
-        let held = self.slots.update_one(live, renew).await.map_err(&err)?.matched_count == 1;
-        Ok(if held { SlotRenewal::Held } else { SlotRenewal::Lost })
-    }
-
-    /// [`Store::want_slot`](crate::store::Store::want_slot). Not while the queue is over
-    /// its limit (a slot given up then could not be taken). One live ask per node and
-    /// queue, moved to the donor's next slot at each ask, so a slot busy with a long task
-    /// does not hold the asker up.
-    pub(super) async fn ask_for_slot(&self, queue: &Queue, node: &str, ask: Duration) -> StoreResult<Option<String>> {
-        // A slot Disbatch 4 DENs' tasks leave no room for could not be taken.
-        let threads = queue.limit() - self.foreign_running(queue.id).await?;
-        if threads <= 0 {
-            return Ok(None);
-        }
-        let err = db_err("ask for a slot");
-        let now = DateTime::now();
-        let live: Vec<Document> = self
-            .slots
-            .find(doc! { "queue": queue.id, "holder": { "$ne": null }, "expires": { "$gt": now } })
-            .projection(doc! { "holder": 1, "n": 1, "want": 1, "want_until": 1 })
-            .await
-            .map_err(&err)?
-            .try_collect()
-            .await
-            .map_err(&err)?;
-        let n_of = |d: &Document| d.get("n").and_then(as_int).unwrap_or(i64::MAX);
-        if live.iter().any(|d| n_of(d) >= threads) {
-            return Ok(None);
-        }
-        let holders = live.iter().filter_map(|d| d.get_str("holder").ok());
-        let Some(most) = crate::store::fair_share_donor(holders, node) else {
-            return Ok(None);
-        };
-        // The donor's slot after the one asked last (in slot order, round).
-        let askable = |d: &Document| match d.get_str("want") {
-            Ok(w) => w == node || d.get_datetime("want_until").map_or(true, |u| *u < now),
-            Err(_) => true,
-        };
-        let mut theirs: Vec<(i64, bool)> = live
+        Ok(groups
             .iter()
-            .filter(|d| d.get_str("holder") == Ok(most.as_str()) && askable(d))
-            .map(|d| (n_of(d), d.get_str("want") == Ok(node)))
-            .collect();
-        if theirs.is_empty() {
-            // Every slot of the donor is asked for by others already.
-            return Ok(None);
-        }
-        theirs.sort_unstable();
-        let last = theirs.iter().position(|(_, mine)| *mine);
-        let (n, _) = theirs[last.map_or(0, |i| (i + 1) % theirs.len())];
-        self.slots
-            .update_many(
-                doc! { "queue": queue.id, "want": node, "n": { "$ne": n } },
-                doc! { "$set": { "want": null, "want_until": null } },
-            )
-            .await
-            .map_err(&err)?;
-        let asked = self
-            .slots
-            .update_one(
-                doc! {
-                    "queue": queue.id,
-                    "n": n,
-                    "holder": &most,
-                    "$or": [{ "want": null }, { "want_until": { "$lt": now } }, { "want": node }],
-                },
-                doc! { "$set": { "want": node, "want_until": lease_end(now, ask) } },
-            )
-            .await
-            .map_err(&err)?;
-        Ok((asked.matched_count == 1).then_some(most))
+            .filter_map(|g| {
+                let node = g.get_str("_id").ok()?.to_string();
+                let tasks = g.get("tasks").and_then(as_int).unwrap_or(0);
+                let foreign = foreign.contains(&node);
+                Some(BusyNode { node, tasks, foreign })
+            })
+            .collect())
     }
+}
 
-    /// [`Store::release_slot`](crate::store::Store::release_slot), fenced on the holder.
-    pub(super) async fn give_back_slot(&self, slot: &Slot, node: &str) -> StoreResult<()> {
-        self.slots
-            .update_one(
-                doc! { "queue": slot.queue, "n": slot.n, "holder": node },
-                doc! { "$set": { "holder": null, "want": null, "want_until": null } },
-            )
-            .await
-            .map_err(db_err("release slot"))?;
-        Ok(())
-    }
-
+impl MongoStore {
     /// Renews the leases of every slot `node` holds until `until`, but not one that expired:
     /// it may have been counted free since.
     pub(super) async fn renew_slots(&self, node: &str, until: DateTime) -> StoreResult<()> {
@@ -395,17 +230,5 @@ impl MongoStore {
             .await
             .map_err(db_err("free slots of stale nodes"))?;
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn lease_end_adds_and_saturates() {
-        let now = DateTime::from_millis(1_000);
-        assert_eq!(lease_end(now, Duration::from_secs(30)), DateTime::from_millis(31_000));
-        assert_eq!(lease_end(now, Duration::MAX), DateTime::from_millis(i64::MAX));
     }
 }

@@ -19,8 +19,8 @@ impl SqliteStore {
     /// `balance_token` checked and the share written in one transaction.
     pub(super) async fn write_share(&self, queue: ObjectId, share: Option<i64>, token: i64) -> StoreResult<bool> {
         self.write("write a QueueBalance share", move |tx| {
-            let held =
-                super::leader::read(tx)?.is_some_and(|l| l.token == token && l.holder(DateTime::now()).is_some());
+            let held = super::leases::lease(tx, crate::store::LEADER_LEASE)?
+                .is_some_and(|l| l.token == token && l.holder(DateTime::now()).is_some());
             if !held {
                 return Ok(false);
             }

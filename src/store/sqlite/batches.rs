@@ -35,24 +35,32 @@ fn read(conn: &rusqlite::Connection, id: &str) -> StoreResult<Option<Batch>> {
 }
 
 impl SqliteStore {
-    /// [`Store::open_batch`](crate::store::Store::open_batch), in one transaction.
-    pub(super) async fn record_batch(&self, id: &str, size: Option<i64>) -> StoreResult<Batch> {
+    /// [`Store::insert_batch`](crate::store::Store::insert_batch).
+    pub(super) async fn insert_batch(&self, id: &str, size: Option<i64>) -> StoreResult<bool> {
         let id = id.to_string();
         self.write_quiet("record the batch", move |tx| {
-            let err = db_err("record the batch");
-            tx.execute(
-                "INSERT OR IGNORE INTO batches (id, size, ctime) VALUES (?1, ?2, ?3)",
-                params![id, size, DateTime::now().timestamp_millis()],
-            )
-            .map_err(&err)?;
-            if let Some(n) = size {
-                tx.execute(
-                    "UPDATE batches SET size = ?2 WHERE id = ?1 AND size IS NULL",
-                    params![id, n],
+            let n = tx
+                .execute(
+                    "INSERT OR IGNORE INTO batches (id, size, ctime) VALUES (?1, ?2, ?3)",
+                    params![id, size, DateTime::now().timestamp_millis()],
                 )
-                .map_err(&err)?;
-            }
-            read(tx, &id)?.ok_or_else(|| err(rusqlite::Error::QueryReturnedNoRows))
+                .map_err(db_err("record the batch"))?;
+            Ok(n == 1)
+        })
+        .await
+    }
+
+    /// [`Store::set_batch_size_if_unset`](crate::store::Store::set_batch_size_if_unset).
+    pub(super) async fn set_batch_size_if_unset(&self, id: &str, size: i64) -> StoreResult<bool> {
+        let id = id.to_string();
+        self.write_quiet("record the batch size", move |tx| {
+            let n = tx
+                .execute(
+                    "UPDATE batches SET size = ?2 WHERE id = ?1 AND size IS NULL",
+                    params![id, size],
+                )
+                .map_err(db_err("record the batch size"))?;
+            Ok(n == 1)
         })
         .await
     }

@@ -3,14 +3,13 @@
 
 use bson::oid::ObjectId;
 use bson::DateTime;
-use std::time::Duration;
 
 use rusqlite::{params, Connection, OptionalExtension, Transaction};
 
 use super::rows::{db_err, task_from_row, CLAIMED_COLUMNS};
-use super::{recovery, retries, slots, SqliteStore, Touched};
+use super::{recovery, retries, SqliteStore, Touched};
 use crate::model::{status, Queue, Sort, Task};
-use crate::store::{FinishExtra, OutputValue, Recovery, Slot, SlotRenewal, StoreResult};
+use crate::store::{FinishExtra, OutputValue, Recovery, StoreResult};
 
 /// Creates the indexes of the claim: queued tasks only (a claim takes its task out of
 /// them, a finish does not touch them), by queue in each claim order, so a claim reads
@@ -61,64 +60,6 @@ impl SqliteStore {
             claimed_touched,
         )
         .await?
-    }
-
-    /// [`Store::renew_and_claim`](crate::store::Store::renew_and_claim) in one transaction.
-    pub(super) async fn renew_and_claim(
-        &self,
-        slot: &Slot,
-        queue: &Queue,
-        node: &str,
-        lease: Duration,
-    ) -> StoreResult<(SlotRenewal, Option<Task>)> {
-        let (slot, queue, node) = (slot.clone(), queue.clone(), node.to_string());
-        let (renewal, claimed) = self
-            .write_touching(
-                "renew slot lease and claim",
-                move |tx| {
-                    let renewal = slots::renew_in(tx, &slot, &node, lease)?;
-                    let claimed = match renewal {
-                        SlotRenewal::Held => claim_in(tx, &queue, &node, status::RUNNING)?,
-                        _ => Ok(None),
-                    };
-                    Ok((renewal, claimed))
-                },
-                |(_, claimed)| claimed_touched(claimed),
-            )
-            .await?;
-        Ok((renewal, claimed?))
-    }
-
-    pub(super) async fn start(&self, task: ObjectId, node: &str) -> StoreResult<bool> {
-        let node = node.to_string();
-        let started = self
-            .with(move |conn| {
-                let n = conn
-                    .execute(
-                        "UPDATE tasks SET status = ?1, mtime = ?2 WHERE id = ?3 AND node = ?4 AND status = ?5",
-                        params![
-                            status::RUNNING,
-                            DateTime::now().timestamp_millis(),
-                            task.to_hex(),
-                            node,
-                            status::CLAIMED
-                        ],
-                    )
-                    .map_err(db_err("start task"))?;
-                if n == 1 {
-                    return Ok(true);
-                }
-                // A retry after a lost reply: the first attempt applied.
-                conn.query_row(
-                    "SELECT EXISTS (SELECT 1 FROM tasks WHERE id = ?1 AND node = ?2 AND status = ?3)",
-                    params![task.to_hex(), node, status::RUNNING],
-                    |r| r.get(0),
-                )
-                .map_err(db_err("start task"))
-            })
-            .await;
-        self.signal_task(task);
-        started
     }
 
     pub(super) async fn finish_with(
@@ -223,7 +164,7 @@ impl SqliteStore {
 }
 
 /// The task a claim changed.
-fn claimed_touched(claimed: &StoreResult<Option<Task>>) -> Touched {
+pub(super) fn claimed_touched(claimed: &StoreResult<Option<Task>>) -> Touched {
     match claimed {
         Ok(Some(t)) => Touched::Tasks(vec![t.id]),
         Ok(None) => Touched::Nothing,
@@ -235,7 +176,12 @@ fn claimed_touched(claimed: &StoreResult<Option<Task>>) -> Touched {
 /// Claims `queue`'s next task for `node` in `tx`, giving it status `claimed`. The outer
 /// error fails the transaction; the inner one is a claimed row that cannot be read as a
 /// task, marked failed (status 2, the reason in `stderr`) in `tx`, which must commit.
-fn claim_in(tx: &Transaction<'_>, queue: &Queue, node: &str, claimed: i32) -> StoreResult<StoreResult<Option<Task>>> {
+pub(super) fn claim_in(
+    tx: &Transaction<'_>,
+    queue: &Queue,
+    node: &str,
+    claimed: i32,
+) -> StoreResult<StoreResult<Option<Task>>> {
     let order = match queue.sort {
         Sort::Fifo => "ORDER BY priority DESC, id ASC",
         Sort::Lifo => "ORDER BY priority DESC, id DESC",

@@ -47,6 +47,7 @@ pub(super) fn connect(path: &Path) -> StoreResult<Connection> {
     // another connection empties a connection's page cache.
     conn.pragma_update(None, "mmap_size", MMAP_SIZE).map_err(&open)?;
     conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+    super::change::register(&conn).map_err(&open)?;
     Ok(conn)
 }
 

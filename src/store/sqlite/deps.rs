@@ -7,12 +7,12 @@
 
 use bson::oid::ObjectId;
 use bson::DateTime;
-use rusqlite::{params, OptionalExtension, Transaction};
+use rusqlite::{params, Transaction};
 
 use super::rows::{add_columns, bson_bytes, db_err};
 use super::SqliteStore;
-use crate::model::{status, StopRequest};
-use crate::store::{due_status, Dependency, Resolved, StoreResult};
+use crate::model::status;
+use crate::store::{Dependency, PendingChange, StoreResult};
 
 /// The `task_deps` table.
 pub(super) const SCHEMA: &str = "
@@ -29,9 +29,6 @@ fn ended() -> String {
     let held: Vec<String> = status::ENDED_HELD.iter().map(i32::to_string).collect();
     format!("(status > 0 OR status IN ({}))", held.join(", "))
 }
-
-/// A blocked task's `run_at`, `after_failure`, `dependents` and `batch`.
-type BlockedRow = (Option<i64>, Option<i64>, Option<i64>, Option<String>);
 
 /// Adds `batches.dependents` to a database file created before it.
 pub(super) fn migrate(conn: &rusqlite::Connection) -> StoreResult<()> {
@@ -53,13 +50,6 @@ pub(super) fn insert_deps(tx: &Transaction<'_>, child: &str, deps: &[Dependency]
 pub(super) fn after_column(deps: &[Dependency]) -> Option<String> {
     (!deps.is_empty())
         .then(|| serde_json::Value::from(deps.iter().map(Dependency::key).collect::<Vec<_>>()).to_string())
-}
-
-/// The keys of an `after` column (or of the pending list read beside it).
-pub(super) fn keys_of(json: Option<&str>) -> Vec<String> {
-    json.and_then(|j| serde_json::from_str::<Vec<Option<String>>>(j).ok())
-        .map(|v| v.into_iter().flatten().collect())
-        .unwrap_or_default()
 }
 
 impl SqliteStore {
@@ -99,80 +89,6 @@ impl SqliteStore {
             Ok(ids.iter().filter_map(|s| ObjectId::parse_str(s).ok()).collect())
         })
         .await
-    }
-
-    /// [`Store::resolve_dependency`](crate::store::Store::resolve_dependency).
-    pub(super) async fn resolve(
-        &self,
-        task: ObjectId,
-        dep: &Dependency,
-        failed: Option<&StopRequest>,
-    ) -> StoreResult<Resolved> {
-        let key = dep.key();
-        let stop = failed.map(|s| bson_bytes(&s.to_document())).transpose()?;
-        let (resolved, released) = self
-            .write_task("release a blocked task", task, move |tx| {
-                let err = db_err("release a blocked task");
-                let id = task.to_hex();
-                let row: Option<BlockedRow> = tx
-                    .query_row(
-                        "SELECT run_at, after_failure, dependents, batch FROM tasks WHERE id = ?1 AND status = ?2",
-                        params![id, status::BLOCKED],
-                        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
-                    )
-                    .optional()
-                    .map_err(&err)?;
-                let Some((run_at, runs_anyway, dependents, batch)) = row else {
-                    return Ok((Resolved::Gone, false));
-                };
-                let now = DateTime::now().timestamp_millis();
-                let waits: bool = tx
-                    .query_row(
-                        "SELECT EXISTS (SELECT 1 FROM task_deps WHERE child = ?1 AND dep = ?2 AND met IS NULL)",
-                        params![id, key],
-                        |r| r.get(0),
-                    )
-                    .map_err(&err)?;
-                if let (Some(stop), true, false) = (&stop, waits, runs_anyway.is_some_and(|r| r != 0)) {
-                    tx.execute(
-                        "UPDATE tasks SET status = ?1, stop = ?2, mtime = ?3 WHERE id = ?4",
-                        params![status::CANCELLED, stop, now, id],
-                    )
-                    .map_err(&err)?;
-                    let resolved = Resolved::Cancelled {
-                        dependents: dependents.is_some_and(|d| d != 0),
-                        batch,
-                    };
-                    return Ok((resolved, false));
-                }
-                tx.execute(
-                    "UPDATE task_deps SET met = 1 WHERE child = ?1 AND dep = ?2",
-                    params![id, key],
-                )
-                .map_err(&err)?;
-                let left: i64 = tx
-                    .query_row(
-                        "SELECT COUNT(*) FROM task_deps WHERE child = ?1 AND met IS NULL",
-                        [&id],
-                        |r| r.get(0),
-                    )
-                    .map_err(&err)?;
-                if left > 0 {
-                    return Ok((if waits { Resolved::Waiting } else { Resolved::Gone }, false));
-                }
-                let due = due_status(run_at.map(DateTime::from_millis), DateTime::from_millis(now));
-                tx.execute(
-                    "UPDATE tasks SET status = ?1, mtime = ?2 WHERE id = ?3",
-                    params![due, now, id],
-                )
-                .map_err(&err)?;
-                Ok((Resolved::Released, due == status::QUEUED))
-            })
-            .await?;
-        if released {
-            self.signal_queued();
-        }
-        Ok(resolved)
     }
 
     /// [`Store::settled`](crate::store::Store::settled).
@@ -219,4 +135,77 @@ impl SqliteStore {
         })
         .await
     }
+}
+
+/// [`Store::resolve_pending`](crate::store::Store::resolve_pending), in one transaction:
+/// the task still blocked (-4) and its unmet `task_deps` rows still `expect`, then the
+/// change.
+pub(super) async fn resolve_pending(
+    store: &SqliteStore,
+    task: ObjectId,
+    expect: &[String],
+    change: PendingChange<'_>,
+) -> StoreResult<bool> {
+    enum Write {
+        Met(String),
+        Release(i32),
+        Stop(i32, Vec<u8>),
+    }
+    let write = match change {
+        PendingChange::Met(dep) => Write::Met(dep.key()),
+        PendingChange::Release(to) => Write::Release(to),
+        PendingChange::Stop(to, stop) => Write::Stop(to, bson_bytes(&stop.to_document())?),
+    };
+    let queued = matches!(write, Write::Release(to) if to == status::QUEUED);
+    let mut expect = expect.to_vec();
+    expect.sort();
+    let done = store
+        .write_task("resolve what a blocked task waits for", task, move |tx| {
+            let err = db_err("resolve what a blocked task waits for");
+            let id = task.to_hex();
+            let blocked: bool = tx
+                .query_row(
+                    "SELECT EXISTS (SELECT 1 FROM tasks WHERE id = ?1 AND status = ?2)",
+                    params![id, status::BLOCKED],
+                    |r| r.get(0),
+                )
+                .map_err(&err)?;
+            let mut stmt = tx
+                .prepare_cached("SELECT dep FROM task_deps WHERE child = ?1 AND met IS NULL ORDER BY dep")
+                .map_err(&err)?;
+            let pending = stmt
+                .query_map([&id], |r| r.get::<_, String>(0))
+                .map_err(&err)?
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(&err)?;
+            if !blocked || pending != expect {
+                return Ok(false);
+            }
+            let now = DateTime::now().timestamp_millis();
+            match &write {
+                Write::Met(key) => tx.execute(
+                    "UPDATE task_deps SET met = 1 WHERE child = ?1 AND dep = ?2",
+                    params![id, key],
+                ),
+                Write::Release(to) => {
+                    tx.execute("UPDATE task_deps SET met = 1 WHERE child = ?1 AND met IS NULL", [&id])
+                        .map_err(&err)?;
+                    tx.execute(
+                        "UPDATE tasks SET status = ?1, mtime = ?2 WHERE id = ?3",
+                        params![to, now, id],
+                    )
+                }
+                Write::Stop(to, stop) => tx.execute(
+                    "UPDATE tasks SET status = ?1, stop = ?2, mtime = ?3 WHERE id = ?4",
+                    params![to, stop, now, id],
+                ),
+            }
+            .map_err(&err)?;
+            Ok(true)
+        })
+        .await?;
+    if done && queued {
+        store.signal_queued();
+    }
+    Ok(done)
 }

@@ -1,6 +1,5 @@
 //! Nodes in the embedded store: heartbeats, node names, `maxthreads`, reported stats.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use bson::oid::ObjectId;
@@ -8,16 +7,16 @@ use bson::DateTime;
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::rows::{db_err, lease_end};
-use super::{parse_oid, recovery, SqliteStore, Touched};
-use crate::model::{NameHolder, Node, NodeProcess, NodeStats};
-use crate::store::{StoreError, StoreResult};
+use super::{parse_oid, slots, SqliteStore};
+use crate::model::Node;
+use crate::store::{NodeChange, NodeFence, NodeRecord, StoreError, StoreResult};
 
 impl SqliteStore {
     pub(super) async fn heartbeat(&self, node: &str, lease: Duration) -> StoreResult<Node> {
         let node = node.to_string();
         self.write_liveness("heartbeat", move |tx| {
             let now = DateTime::now();
-            renew_slots(tx, &node, lease_end(now, lease))?;
+            slots::renew_slots(tx, &node, lease_end(now, lease))?;
             let err = db_err("heartbeat");
             tx.execute(
                 "INSERT INTO nodes (id, node, timestamp, maxthreads) VALUES (?1, ?2, ?3, NULL)
@@ -31,89 +30,106 @@ impl SqliteStore {
         .await
     }
 
-    pub(super) async fn take_node(
-        &self,
-        node: &str,
-        process: &NodeProcess,
-        stale_before: DateTime,
-    ) -> StoreResult<Option<NameHolder>> {
-        let text = serde_json::to_string(process).map_err(|e| StoreError::Invalid(format!("node process: {e}")))?;
+    /// [`Store::change_node`](crate::store::Store::change_node): the fence read and the
+    /// change written in one write transaction.
+    pub(super) async fn change_node(&self, node: &str, fence: NodeFence, change: NodeChange) -> StoreResult<bool> {
+        // Serialized before the transaction, so a bad value is refused without writing.
+        let json = match &change {
+            NodeChange::Stats(stats) => {
+                Some(serde_json::to_string(stats).map_err(|e| StoreError::Invalid(format!("node stats: {e}")))?)
+            }
+            NodeChange::QueueProblems(problems) => {
+                Some(serde_json::to_string(problems).map_err(|e| StoreError::Invalid(format!("queue problems: {e}")))?)
+            }
+            NodeChange::Take(process) => {
+                Some(serde_json::to_string(process).map_err(|e| StoreError::Invalid(format!("node process: {e}")))?)
+            }
+            NodeChange::Release | NodeChange::Maxthreads(_) => None,
+        };
         let node = node.to_string();
-        let id = process.id;
-        // Ok(holder) when the name is held, Err(whether tasks were requeued) when taken.
-        let taken: Result<NodeProcess, bool> = self
-            .write_touching(
-                "take node name",
-                move |tx| {
-                    let err = db_err("take node name");
-                    if let Some(current) = read_node(tx, &node).map_err(&err)? {
-                        let current = node_from(current)?;
-                        if let Some(holder) = current.process {
-                            if holder.id != id && current.timestamp >= stale_before {
-                                return Ok(Ok(holder));
-                            }
-                        }
-                    }
+        self.write_quiet("change node", move |tx| {
+            let err = db_err("change node");
+            let matched: bool = match fence {
+                NodeFence::Any => tx.query_row("SELECT EXISTS (SELECT 1 FROM nodes WHERE node = ?1)", [&node], |r| {
+                    r.get(0)
+                }),
+                NodeFence::HeldBy(process) => tx.query_row(
+                    "SELECT EXISTS (SELECT 1 FROM nodes JOIN node_process ON node_process.node = nodes.node
+                     WHERE nodes.node = ?1 AND node_process.id = ?2)",
+                    params![node, process.to_hex()],
+                    |r| r.get(0),
+                ),
+                NodeFence::Absent => tx.query_row(
+                    "SELECT NOT EXISTS (SELECT 1 FROM nodes WHERE node = ?1)",
+                    [&node],
+                    |r| r.get(0),
+                ),
+                // Every timestamp here is a time: an unreadable one never matches.
+                NodeFence::AsRead { heartbeat, process } => tx.query_row(
+                    "SELECT EXISTS (SELECT 1 FROM nodes LEFT JOIN node_process ON node_process.node = nodes.node
+                     WHERE nodes.node = ?1 AND nodes.timestamp = ?2 AND node_process.id IS ?3)",
+                    params![
+                        node,
+                        heartbeat.map(|t| t.timestamp_millis()),
+                        process.map(|p| p.to_hex())
+                    ],
+                    |r| r.get(0),
+                ),
+            }
+            .map_err(&err)?;
+            if !matched {
+                return Ok(false);
+            }
+            match &change {
+                NodeChange::Take(process) => {
                     tx.execute(
                         "INSERT INTO nodes (id, node, timestamp, maxthreads) VALUES (?1, ?2, ?3, NULL)
-                 ON CONFLICT (node) DO UPDATE SET timestamp = excluded.timestamp",
+                         ON CONFLICT (node) DO UPDATE SET timestamp = excluded.timestamp",
                         params![ObjectId::new().to_hex(), node, DateTime::now().timestamp_millis()],
                     )
                     .map_err(&err)?;
                     tx.execute(
                         "INSERT INTO node_process (node, id, process) VALUES (?1, ?2, ?3)
-                 ON CONFLICT (node) DO UPDATE SET id = excluded.id, process = excluded.process",
-                        params![node, id.to_hex(), text],
+                         ON CONFLICT (node) DO UPDATE SET id = excluded.id, process = excluded.process",
+                        params![node, process.id.to_hex(), json],
                     )
-                    .map_err(&err)?;
-                    // Whatever the node's name still holds belongs to a process that is gone.
-                    let recovered = recovery::recover_node(tx, &node)?;
-                    Ok(Err(!recovered.requeued.is_empty()))
-                },
-                |taken| if taken.is_ok() { Touched::Nothing } else { Touched::Any },
-            )
-            .await?;
-        match taken {
-            Ok(holder) => Ok(Some(NameHolder::Den(holder))),
-            Err(requeued) => {
-                if requeued {
-                    self.signal_queued();
                 }
-                Ok(None)
+                NodeChange::Release => tx.execute("DELETE FROM node_process WHERE node = ?1", [&node]),
+                NodeChange::Maxthreads(n) => {
+                    tx.execute("UPDATE nodes SET maxthreads = ?2 WHERE node = ?1", params![node, n])
+                }
+                NodeChange::Stats(_) => tx.execute(
+                    "INSERT INTO node_stats (node, stats) VALUES (?1, ?2)
+                     ON CONFLICT (node) DO UPDATE SET stats = excluded.stats",
+                    params![node, json],
+                ),
+                NodeChange::QueueProblems(_) => tx.execute(
+                    "INSERT INTO node_queue_problems (node, problems) VALUES (?1, ?2)
+                     ON CONFLICT (node) DO UPDATE SET problems = excluded.problems",
+                    params![node, json],
+                ),
             }
-        }
-    }
-
-    pub(super) async fn report_queue_problems(
-        &self,
-        node: &str,
-        problems: &BTreeMap<String, String>,
-    ) -> StoreResult<()> {
-        let text = serde_json::to_string(problems).map_err(|e| StoreError::Invalid(format!("queue problems: {e}")))?;
-        let node = node.to_string();
-        self.with(move |conn| {
-            conn.execute(
-                "INSERT INTO node_queue_problems (node, problems) VALUES (?1, ?2)
-                 ON CONFLICT (node) DO UPDATE SET problems = excluded.problems",
-                params![node, text],
-            )
-            .map_err(db_err("report queue problems"))?;
-            Ok(())
+            .map_err(&err)?;
+            Ok(true)
         })
         .await
     }
 
-    pub(super) async fn release_node(&self, node: &str, process: ObjectId) -> StoreResult<()> {
+    /// [`Store::node`](crate::store::Store::node).
+    pub(super) async fn read_node(&self, node: &str) -> StoreResult<Option<NodeRecord>> {
         let node = node.to_string();
-        self.with(move |conn| {
-            conn.execute(
-                "DELETE FROM node_process WHERE node = ?1 AND id = ?2",
-                params![node, process.to_hex()],
-            )
-            .map_err(db_err("release node name"))?;
-            Ok(())
-        })
-        .await
+        let row = self
+            .with(move |conn| read_node(conn, &node).map_err(db_err("read node")))
+            .await?;
+        let Some(node) = row.map(node_from).transpose()? else {
+            return Ok(None);
+        };
+        // Only DENs of this implementation share an embedded store.
+        Ok(Some(NodeRecord {
+            heartbeat: Some(node.timestamp),
+            foreign: false,
+            node,
+        }))
     }
 
     pub(super) async fn nodes(&self) -> StoreResult<Vec<Node>> {
@@ -140,47 +156,6 @@ impl SqliteStore {
         }
         Ok(nodes)
     }
-
-    pub(super) async fn set_maxthreads(&self, node: &str, maxthreads: Option<i64>) -> StoreResult<bool> {
-        crate::store::queue_doc::check_count("maxthreads", maxthreads)?;
-        let node = node.to_string();
-        self.with(move |conn| {
-            let n = conn
-                .execute(
-                    "UPDATE nodes SET maxthreads = ?1 WHERE node = ?2",
-                    params![maxthreads, node],
-                )
-                .map_err(db_err("set maxthreads"))?;
-            Ok(n > 0)
-        })
-        .await
-    }
-
-    pub(super) async fn report_stats(&self, node: &str, stats: &NodeStats) -> StoreResult<()> {
-        let text = serde_json::to_string(stats).map_err(|e| StoreError::Invalid(format!("node stats: {e}")))?;
-        let node = node.to_string();
-        self.with(move |conn| {
-            conn.execute(
-                "INSERT INTO node_stats (node, stats) VALUES (?1, ?2)
-                 ON CONFLICT (node) DO UPDATE SET stats = excluded.stats",
-                params![node, text],
-            )
-            .map_err(db_err("report node stats"))?;
-            Ok(())
-        })
-        .await
-    }
-}
-
-/// Renews the leases of every slot `node` holds, but not one that expired: it may have
-/// been counted free since.
-fn renew_slots(tx: &rusqlite::Transaction<'_>, node: &str, until: i64) -> StoreResult<()> {
-    tx.execute(
-        "UPDATE slots SET expires = ?1 WHERE holder = ?2 AND expires > ?3",
-        params![until, node, DateTime::now().timestamp_millis()],
-    )
-    .map_err(db_err("renew slot leases"))?;
-    Ok(())
 }
 
 /// A node row as a node.

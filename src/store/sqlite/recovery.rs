@@ -7,8 +7,10 @@ use bson::oid::ObjectId;
 use bson::DateTime;
 use rusqlite::{params, Transaction};
 
-use super::retries::{appended, read_attempts, write_retry};
+use super::retries::{appended, write_retry};
+use super::rows::read_attempts;
 use super::rows::{db_err, on_orphan_lenient, read_bson};
+use super::{SqliteStore, Touched};
 use crate::model::{status, OnOrphan, RetryPolicy};
 use crate::store::retries::{recover_as, Recover};
 use crate::store::{Recovery, StoreResult};
@@ -140,7 +142,7 @@ pub(super) fn recover_orphans(tx: &Transaction<'_>, claimed_before: i64, stale_b
 
 /// Recovers every claimed or running task of `node` and frees its slots, when a new
 /// process takes the name (it has no tasks yet; these are a dead process's).
-pub(super) fn recover_node(tx: &Transaction<'_>, node: &str) -> StoreResult<Recovery> {
+fn recover_node(tx: &Transaction<'_>, node: &str) -> StoreResult<Recovery> {
     let found = candidates(
         tx,
         "node = ?1 AND status IN (?2, ?3)",
@@ -153,4 +155,30 @@ pub(super) fn recover_node(tx: &Transaction<'_>, node: &str) -> StoreResult<Reco
     )
     .map_err(db_err("free the slots of a restarted node"))?;
     Ok(recovery)
+}
+
+impl SqliteStore {
+    /// [`Store::recover_node`](crate::store::Store::recover_node) in one transaction.
+    pub(super) async fn recover_node(&self, node: &str) -> StoreResult<Recovery> {
+        let node = node.to_string();
+        let recovery = self
+            .write_touching(
+                "recover the tasks of a restarted node",
+                move |tx| recover_node(tx, &node),
+                |r| {
+                    Touched::Tasks(
+                        [&r.orphaned, &r.requeued, &r.retried]
+                            .into_iter()
+                            .flatten()
+                            .copied()
+                            .collect(),
+                    )
+                },
+            )
+            .await?;
+        if !recovery.requeued.is_empty() || !recovery.retried.is_empty() {
+            self.signal_queued();
+        }
+        Ok(recovery)
+    }
 }

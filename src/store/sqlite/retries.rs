@@ -6,19 +6,11 @@ use bson::oid::ObjectId;
 use bson::{Bson, DateTime};
 use rusqlite::{params, OptionalExtension, Transaction};
 
-use super::rows::{bson_bytes, db_err, output_columns, read_bson, task_from_row, TASK_COLUMNS};
+use super::rows::{bson_bytes, db_err, output_columns, read_attempts, task_from_row, TASK_COLUMNS};
 use super::SqliteStore;
 use crate::model::{status, Attempt, RetryAt};
 use crate::store::retries::{last_run, rerun_record, Recover};
 use crate::store::{FinishExtra, HandRetry, NewTask, OutputValue, StoreResult};
-
-/// The records stored in an `attempts` column.
-pub(super) fn read_attempts(id: &str, bytes: Option<&[u8]>) -> Vec<Attempt> {
-    bytes
-        .and_then(|b| read_bson("tasks", id, b).ok())
-        .map(|d| Attempt::list_from(d.get("list")))
-        .unwrap_or_default()
-}
 
 /// The `attempts` column of task `id` with `attempt` appended.
 pub(super) fn appended(tx: &Transaction<'_>, id: &str, attempt: &Attempt) -> StoreResult<Vec<u8>> {
@@ -151,74 +143,6 @@ pub(super) fn finish(
 }
 
 impl SqliteStore {
-    /// [`Store::resubmit_waiting`](crate::store::Store::resubmit_waiting).
-    pub(super) async fn resubmit(&self, id: ObjectId, status: i32, task: &NewTask) -> StoreResult<bool> {
-        let bytes = bson_bytes(&task.params)?;
-        let task = task.clone();
-        let done = self
-            .write_task("submit a task again", id, move |tx| {
-                let key = id.to_hex();
-                let waiting: bool = tx
-                    .query_row(
-                        "SELECT EXISTS (SELECT 1 FROM tasks WHERE id = ?1 AND status = ?2 AND node IS NULL)",
-                        params![key, status],
-                        |r| r.get(0),
-                    )
-                    .map_err(db_err("submit a task again"))?;
-                if waiting {
-                    replace_fields(tx, &key, &bytes, &task, DateTime::now())?;
-                }
-                Ok(waiting)
-            })
-            .await?;
-        if done {
-            self.signal_queued();
-        }
-        Ok(done)
-    }
-
-    /// [`Store::request_rerun`](crate::store::Store::request_rerun).
-    pub(super) async fn rerun(&self, id: ObjectId) -> StoreResult<bool> {
-        self.write_task("submit a running task again", id, move |tx| {
-            let n = tx
-                .execute(
-                    "UPDATE tasks SET rerun = 1 WHERE id = ?1 AND status IN (?2, ?3)",
-                    params![id.to_hex(), status::CLAIMED, status::RUNNING],
-                )
-                .map_err(db_err("submit a running task again"))?;
-            Ok(n == 1)
-        })
-        .await
-    }
-
-    /// [`Store::retry_later`](crate::store::Store::retry_later).
-    pub(super) async fn retry_run(&self, task: ObjectId, node: &str, retry: &RetryAt) -> StoreResult<bool> {
-        let (node, retry) = (node.to_owned(), retry.clone());
-        let done = self
-            .write_task("retry task", task, move |tx| {
-                // A running task's `stop` can only be a kill request: it stops the retry
-                // unless the run was killed and the policy retries kills.
-                let fence = if retry.after_kill {
-                    "node = ?2 AND status = ?3"
-                } else {
-                    "node = ?2 AND status = ?3 AND stop IS NULL"
-                };
-                write_retry(
-                    tx,
-                    &task.to_hex(),
-                    fence,
-                    (&node, &status::RUNNING),
-                    &retry,
-                    DateTime::now(),
-                )
-            })
-            .await?;
-        if done {
-            self.signal_queued();
-        }
-        Ok(done)
-    }
-
     /// [`Store::retry_by_hand`](crate::store::Store::retry_by_hand).
     pub(super) async fn retry_finished(
         &self,

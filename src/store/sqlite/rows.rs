@@ -7,7 +7,7 @@ use std::time::Duration;
 use bson::oid::ObjectId;
 use bson::{DateTime, Document};
 
-use crate::model::{Output, Task};
+use crate::model::{Attempt, Output, Task};
 use crate::store::{OutputValue, StoreError, StoreResult};
 
 pub(super) use crate::store::queue_doc::{on_orphan_lenient, read as queue_from};
@@ -162,17 +162,32 @@ pub(super) fn task_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(String, 
             progress: progress
                 .and_then(|b| read_bson("tasks", &id, &b).ok())
                 .map(|d| crate::model::TaskProgress::from_document(&d)),
-            attempts: super::retries::read_attempts(&id, attempts.as_deref()),
+            attempts: read_attempts(&id, attempts.as_deref()),
             key,
             batch,
             rerun: rerun.is_some_and(|r| r != 0),
-            after: super::deps::keys_of(after.as_deref()),
-            pending: super::deps::keys_of(pending.as_deref()),
+            after: keys_of(after.as_deref()),
+            pending: keys_of(pending.as_deref()),
             after_failure_runs: after_failure.is_some_and(|r| r != 0),
             dependents: dependents.is_some_and(|r| r != 0),
         })
     })();
     Ok((id.clone(), task))
+}
+
+/// The keys of an `after` column (or of the pending list read beside it).
+pub(super) fn keys_of(json: Option<&str>) -> Vec<String> {
+    json.and_then(|j| serde_json::from_str::<Vec<Option<String>>>(j).ok())
+        .map(|v| v.into_iter().flatten().collect())
+        .unwrap_or_default()
+}
+
+/// The records stored in an `attempts` column.
+pub(super) fn read_attempts(id: &str, bytes: Option<&[u8]>) -> Vec<Attempt> {
+    bytes
+        .and_then(|b| read_bson("tasks", id, b).ok())
+        .map(|d| Attempt::list_from(d.get("list")))
+        .unwrap_or_default()
 }
 
 #[cfg(test)]

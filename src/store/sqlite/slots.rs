@@ -1,17 +1,22 @@
-//! Queue slot leases in the embedded store: `slots(queue, n, holder, expires)` with the
-//! asks of [`Store::want_slot`](crate::store::Store::want_slot) (`want`, `want_until`) and the
-//! reservations they leave (`reserved`, `reserved_until`), by the same rules as MongoDB's
-//! `slots` collection, each operation one transaction.
+//! Queue slot leases in the embedded store: `slots(queue, n, holder, expires, want,
+//! want_until, reserved, reserved_until)`, read as [`SlotRow`]s and written with one
+//! conditional UPDATE per [`SlotChange`] under its [`SlotFence`], as MongoDB's `slots`
+//! collection. The rules are in `lifecycle::slots`.
 
+use async_trait::async_trait;
+use bson::oid::ObjectId;
+use bson::DateTime;
+use rusqlite::types::Value;
+use rusqlite::{params, params_from_iter, Connection, OptionalExtension, Row, Transaction};
 use std::time::Duration;
 
-use bson::DateTime;
-use rusqlite::{params, Connection, OptionalExtension};
-
-use super::rows::{add_columns, db_err, lease_end, queue_from};
-use super::{queue_doc, SqliteStore};
-use crate::model::{status, Queue};
-use crate::store::{fair_share_donor, Slot, SlotRenewal, StoreResult};
+use super::rows::{add_columns, db_err, lease_end};
+use super::{claims, SqliteStore};
+use crate::model::{status, Queue, Task};
+use crate::store::{
+    BusyNode, BusyOf, Holder, Lease, Mark, RenewRule, Slot, SlotChange, SlotFence, SlotRenewal, SlotRow, SlotStore,
+    StoreResult,
+};
 
 /// Columns added to `slots` after its first release.
 const ADDED_COLUMNS: &[(&str, &str)] = &[
@@ -26,218 +31,237 @@ pub(super) fn migrate(conn: &Connection) -> StoreResult<()> {
     add_columns(conn, "slots", ADDED_COLUMNS)
 }
 
-impl SqliteStore {
-    /// [`Store::acquire_slot`](crate::store::Store::acquire_slot): refuses while a slot at
-    /// or above the queue's limit is held and unexpired, else takes the lowest free slot
-    /// below it. The limit is read in the same transaction (not taken from `queue`, which
-    /// may be older), so a lowered `threads` or `maxthreads` holds at once.
-    pub(super) async fn take_slot(&self, queue: &Queue, node: &str, lease: Duration) -> StoreResult<Option<Slot>> {
-        if queue.limit() <= 0 {
+/// The columns of a [`SlotRow`], in [`row_from`]'s order.
+const ROW: &str = "n, holder, expires, want, want_until, reserved, reserved_until";
+
+/// A row of [`ROW`] as a [`SlotRow`].
+fn row_from(r: &Row<'_>) -> rusqlite::Result<SlotRow> {
+    let date = |i| r.get::<_, Option<i64>>(i).map(|t| t.map(DateTime::from_millis));
+    Ok(SlotRow {
+        n: r.get(0)?,
+        holder: r.get(1)?,
+        expires: DateTime::from_millis(r.get::<_, Option<i64>>(2)?.unwrap_or(0)),
+        want: r.get(3)?,
+        want_until: date(4)?,
+        reserved: r.get(5)?,
+        reserved_until: date(6)?,
+    })
+}
+
+/// The row of `slot`, if any.
+fn row_in(conn: &Connection, slot: &Slot) -> StoreResult<Option<SlotRow>> {
+    conn.prepare_cached(&format!("SELECT {ROW} FROM slots WHERE queue = ?1 AND n = ?2"))
+        .and_then(|mut s| s.query_row(params![slot.queue.to_hex(), slot.n], row_from).optional())
+        .map_err(db_err("read a slot"))
+}
+
+/// The condition on one mark's columns (`col`, `{col}_until`), adding its values.
+fn mark_sql(col: &str, mark: &Mark, values: &mut Vec<Value>) -> Option<String> {
+    match mark {
+        Mark::Any => None,
+        Mark::By(node) => {
+            values.push(Value::Text(node.clone()));
+            Some(format!("{col} = ?{}", values.len()))
+        }
+        Mark::OpenTo { node, at } => {
+            values.push(Value::Integer(at.timestamp_millis()));
+            let mut open = format!("({col} IS NULL OR {col}_until < ?{}", values.len());
+            if let Some(node) = node {
+                values.push(Value::Text(node.clone()));
+                open.push_str(&format!(" OR {col} = ?{}", values.len()));
+            }
+            open.push(')');
+            Some(open)
+        }
+    }
+}
+
+/// The WHERE clause matching the row of `slot` under `fence`, with its values.
+fn fence_sql(slot: &Slot, fence: &SlotFence) -> (String, Vec<Value>) {
+    let mut values = vec![Value::Text(slot.queue.to_hex()), Value::Integer(slot.n)];
+    let mut terms = vec!["queue = ?1".to_string(), "n = ?2".to_string()];
+    match &fence.holder {
+        Holder::Any => {}
+        Holder::Unheld => terms.push("holder IS NULL".to_string()),
+        Holder::By(node) => {
+            values.push(Value::Text(node.clone()));
+            terms.push(format!("holder = ?{}", values.len()));
+        }
+    }
+    let (op, at) = match fence.lease {
+        Lease::Any => ("", None),
+        Lease::LiveAt(t) => (">", Some(t)),
+        Lease::EndedAt(t) => ("<", Some(t)),
+    };
+    if let Some(t) = at {
+        values.push(Value::Integer(t.timestamp_millis()));
+        terms.push(format!("expires {op} ?{}", values.len()));
+    }
+    terms.extend(mark_sql("want", &fence.want, &mut values));
+    terms.extend(mark_sql("reserved", &fence.reserved, &mut values));
+    (terms.join(" AND "), values)
+}
+
+/// The SET clause making `change`, with its values (numbered from `first`).
+fn change_sql(change: &SlotChange, first: usize) -> (String, Vec<Value>) {
+    let text = |s: &String| Value::Text(s.clone());
+    let date = |t: &DateTime| Value::Integer(t.timestamp_millis());
+    let (set, values): (&str, Vec<Value>) = match change {
+        SlotChange::Take { holder, until } => (
+            "holder = ?A, expires = ?B, reserved = NULL, want = NULL, want_until = NULL",
+            vec![text(holder), date(until)],
+        ),
+        SlotChange::Renew { until } => ("expires = ?A", vec![date(until)]),
+        SlotChange::Release => ("holder = NULL, want = NULL, want_until = NULL", vec![]),
+        SlotChange::Yield { to, until } => (
+            "holder = NULL, reserved = ?A, reserved_until = ?B, want = NULL, want_until = NULL",
+            vec![text(to), date(until)],
+        ),
+        SlotChange::Ask { by, until } => ("want = ?A, want_until = ?B", vec![text(by), date(until)]),
+        SlotChange::Unask => ("want = NULL, want_until = NULL", vec![]),
+    };
+    let set = set
+        .replace("?A", &format!("?{first}"))
+        .replace("?B", &format!("?{}", first + 1));
+    (set, values)
+}
+
+/// [`SlotStore::change_slot`] in `tx`.
+pub(super) fn change_in(tx: &Connection, slot: &Slot, fence: &SlotFence, change: &SlotChange) -> StoreResult<bool> {
+    let (filter, mut values) = fence_sql(slot, fence);
+    let (set, more) = change_sql(change, values.len() + 1);
+    values.extend(more);
+    let changed = tx
+        .prepare_cached(&format!("UPDATE slots SET {set} WHERE {filter}"))
+        .and_then(|mut s| s.execute(params_from_iter(values)))
+        .map_err(db_err("change a slot"))?;
+    Ok(changed == 1)
+}
+
+/// [`Store::renew_and_claim`](crate::store::Store::renew_and_claim) in `tx`: the slot's
+/// row read, the step `rule` decides written, and the queue's next task claimed and
+/// started when that step's outcome is Held. None when the step's write did not apply.
+#[allow(clippy::type_complexity)]
+pub(super) fn renew_and_claim_in(
+    tx: &Transaction<'_>,
+    slot: &Slot,
+    queue: &Queue,
+    node: &str,
+    lease: Duration,
+    rule: RenewRule,
+) -> StoreResult<Option<(SlotRenewal, StoreResult<Option<Task>>)>> {
+    let now = DateTime::now();
+    let row = row_in(tx, slot)?.unwrap_or_else(|| SlotRow::unheld(slot.n));
+    let step = rule(&row, node, now, DateTime::from_millis(lease_end(now, lease)));
+    if let Some((fence, change)) = &step.write {
+        if !change_in(tx, slot, fence, change)? {
             return Ok(None);
         }
-        let queue_id = queue.id;
-        let node = node.to_string();
-        self.write_quiet("acquire slot", move |tx| {
-            let err = db_err("acquire slot");
-            let q = queue_id.to_hex();
-            let threads = stored_limit(tx, &q)?;
-            if threads <= 0 {
-                return Ok(None);
-            }
-            let now = DateTime::now();
-            let millis = now.timestamp_millis();
+    }
+    let claimed = match step.renewal {
+        SlotRenewal::Held => claims::claim_in(tx, queue, node, status::RUNNING)?,
+        _ => Ok(None),
+    };
+    Ok(Some((step.renewal, claimed)))
+}
+
+/// Renews the leases of every slot `node` holds, but not one that expired: it may have
+/// been counted free since.
+pub(super) fn renew_slots(tx: &Transaction<'_>, node: &str, until: i64) -> StoreResult<()> {
+    tx.execute(
+        "UPDATE slots SET expires = ?1 WHERE holder = ?2 AND expires > ?3",
+        params![until, node, DateTime::now().timestamp_millis()],
+    )
+    .map_err(db_err("renew slot leases"))?;
+    Ok(())
+}
+
+#[async_trait]
+impl SlotStore for SqliteStore {
+    async fn slots(&self, queue: ObjectId) -> StoreResult<Vec<SlotRow>> {
+        self.with(move |conn| {
+            let err = db_err("read the queue's slots");
+            let mut stmt = conn
+                .prepare_cached(&format!("SELECT {ROW} FROM slots WHERE queue = ?1 ORDER BY n"))
+                .map_err(&err)?;
+            let rows = stmt
+                .query_map(params![queue.to_hex()], row_from)
+                .map_err(&err)?
+                .collect::<Result<_, _>>()
+                .map_err(&err);
+            rows
+        })
+        .await
+    }
+
+    async fn ensure_slots(&self, queue: ObjectId, threads: i64) -> StoreResult<()> {
+        let known = self.with(move |conn| {
+            conn.query_row(
+                "SELECT COUNT(*) FROM slots WHERE queue = ?1 AND n < ?2",
+                params![queue.to_hex(), threads],
+                |r| r.get::<_, i64>(0),
+            )
+            .map_err(db_err("count the queue's slots"))
+        });
+        if known.await? >= threads {
+            return Ok(());
+        }
+        self.write_quiet("create slots", move |tx| {
+            let err = db_err("create slots");
             let mut insert = tx
                 .prepare_cached("INSERT OR IGNORE INTO slots (queue, n, holder, expires) VALUES (?1, ?2, NULL, 0)")
                 .map_err(&err)?;
             for n in 0..threads {
-                insert.execute(params![q, n]).map_err(&err)?;
+                insert.execute(params![queue.to_hex(), n]).map_err(&err)?;
             }
-            if used_from(tx, &q, threads)? > 0 {
-                return Ok(None);
-            }
-            let n: Option<i64> = tx
-                .query_row(
-                    "UPDATE slots SET holder = ?1, expires = ?2, reserved = NULL, want = NULL, want_until = NULL
-                     WHERE queue = ?3 AND n = (SELECT n FROM slots
-                         WHERE queue = ?3 AND n < ?4
-                           AND ((holder IS NULL
-                                 AND (reserved IS NULL OR reserved = ?1 OR reserved_until < ?5))
-                                OR (holder IS NOT NULL AND expires < ?5 AND NOT EXISTS (SELECT 1 FROM tasks
-                                    WHERE tasks.queue = ?3 AND tasks.node = slots.holder
-                                      AND tasks.status IN (?6, ?7))))
-                         ORDER BY holder IS NOT NULL, n LIMIT 1)
-                     RETURNING n",
-                    params![
-                        node,
-                        lease_end(now, lease),
-                        q,
-                        threads,
-                        millis,
-                        status::CLAIMED,
-                        status::RUNNING
-                    ],
-                    |r| r.get(0),
-                )
-                .optional()
-                .map_err(&err)?;
-            Ok(n.map(|n| Slot { queue: queue_id, n }))
+            Ok(())
         })
         .await
     }
 
-    /// [`Store::release_slot`](crate::store::Store::release_slot), fenced on the holder.
-    pub(super) async fn give_back_slot(&self, slot: &Slot, node: &str) -> StoreResult<()> {
-        let (q, n, node) = (slot.queue.to_hex(), slot.n, node.to_string());
-        // On the writer thread, so that it never waits behind it for the write lock.
-        self.writer
-            .write("release slot", move |tx| {
-                tx.execute(
-                    "UPDATE slots SET holder = NULL, want = NULL, want_until = NULL
-                 WHERE queue = ?1 AND n = ?2 AND holder = ?3",
-                    params![q, n, node],
-                )
-                .map_err(db_err("release slot"))?;
-                Ok(())
-            })
-            .await
-    }
-
-    /// [`Store::renew_slot`](crate::store::Store::renew_slot): renews the lease when `node`
-    /// still holds the slot and nobody asked for it; gives it up to an asker.
-    pub(super) async fn renew_one_slot(&self, slot: &Slot, node: &str, lease: Duration) -> StoreResult<SlotRenewal> {
-        let (slot, node) = (slot.clone(), node.to_string());
-        self.write_liveness("renew slot lease", move |tx| renew_in(tx, &slot, &node, lease))
-            .await
-    }
-
-    /// [`Store::want_slot`](crate::store::Store::want_slot), by the rules of MongoDB's
-    /// (not while over the limit; one live ask per node and queue, moved to the donor's
-    /// next slot at each ask).
-    pub(super) async fn ask_for_slot(&self, queue: &Queue, node: &str, ask: Duration) -> StoreResult<Option<String>> {
-        let threads = queue.limit();
-        if threads <= 0 {
-            return Ok(None);
+    /// A renewal goes before the ordinary writes waiting (a lease kept alive); the others
+    /// take their turn.
+    async fn change_slot(&self, slot: &Slot, fence: &SlotFence, change: &SlotChange) -> StoreResult<bool> {
+        let (s, f, c) = (slot.clone(), fence.clone(), change.clone());
+        let write = move |tx: &rusqlite::Transaction<'_>| change_in(tx, &s, &f, &c);
+        match change {
+            SlotChange::Renew { .. } => self.write_liveness("renew slot lease", write).await,
+            _ => self.write_quiet("change a slot", write).await,
         }
-        let (q, node) = (queue.id.to_hex(), node.to_string());
-        self.write_quiet("ask for a slot", move |tx| {
-            let err = db_err("ask for a slot");
-            let now = DateTime::now();
-            let millis = now.timestamp_millis();
-            let mut stmt = tx
-                .prepare_cached(
-                    "SELECT n, holder, want IS NOT NULL AND want <> ?3 AND want_until >= ?2, want IS ?3
-                     FROM slots WHERE queue = ?1 AND holder IS NOT NULL AND expires > ?2 ORDER BY n",
-                )
+    }
+
+    /// No Disbatch 4 DEN shares an embedded database: [`BusyOf::Foreign`] is empty.
+    async fn busy_nodes(&self, queue: Option<ObjectId>, of: BusyOf) -> StoreResult<Vec<BusyNode>> {
+        if of == BusyOf::Foreign {
+            return Ok(Vec::new());
+        }
+        self.with(move |conn| {
+            let err = db_err("count the claimed and running tasks by node");
+            let of_queue = if queue.is_some() { "AND queue = ?3" } else { "" };
+            let mut stmt = conn
+                .prepare_cached(&format!(
+                    "SELECT node, COUNT(*) FROM tasks WHERE status IN (?1, ?2) AND node IS NOT NULL {of_queue}
+                     GROUP BY node"
+                ))
                 .map_err(&err)?;
-            let live: Vec<(i64, String, bool, bool)> = stmt
-                .query_map(params![q, millis, node], |r| {
-                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+            let mut values = vec![
+                Value::Integer(status::CLAIMED.into()),
+                Value::Integer(status::RUNNING.into()),
+            ];
+            values.extend(queue.map(|q| Value::Text(q.to_hex())));
+            let busy = stmt
+                .query_map(params_from_iter(values), |r| {
+                    Ok(BusyNode {
+                        node: r.get(0)?,
+                        tasks: r.get(1)?,
+                        foreign: false,
+                    })
                 })
                 .map_err(&err)?
                 .collect::<Result<_, _>>()
-                .map_err(&err)?;
-            if live.iter().any(|(n, ..)| *n >= threads) {
-                return Ok(None);
-            }
-            let Some(most) = fair_share_donor(live.iter().map(|(_, h, ..)| h.as_str()), &node) else {
-                return Ok(None);
-            };
-            let theirs: Vec<(i64, bool)> = live
-                .iter()
-                .filter(|(_, h, others, _)| *h == most && !others)
-                .map(|(n, _, _, mine)| (*n, *mine))
-                .collect();
-            if theirs.is_empty() {
-                return Ok(None);
-            }
-            let last = theirs.iter().position(|(_, mine)| *mine);
-            let (n, _) = theirs[last.map_or(0, |i| (i + 1) % theirs.len())];
-            tx.execute(
-                "UPDATE slots SET want = NULL, want_until = NULL WHERE queue = ?1 AND want = ?2 AND n <> ?3",
-                params![q, node, n],
-            )
-            .map_err(&err)?;
-            let asked = tx
-                .execute(
-                    "UPDATE slots SET want = ?1, want_until = ?2 WHERE queue = ?3 AND n = ?4 AND holder = ?5",
-                    params![node, lease_end(now, ask), q, n, most],
-                )
-                .map_err(&err)?;
-            Ok((asked == 1).then_some(most))
+                .map_err(&err);
+            busy
         })
         .await
     }
-}
-
-/// The limit of the queue `q` (hex id) as stored: 0 when it is gone or cannot be read.
-fn stored_limit(conn: &Connection, q: &str) -> StoreResult<i64> {
-    let bytes: Option<Vec<u8>> = conn
-        .query_row("SELECT doc FROM queues WHERE id = ?1", params![q], |r| r.get(0))
-        .optional()
-        .map_err(db_err("read the queue's limit"))?;
-    Ok(bytes
-        .and_then(|b| queue_doc("queues", q, &b).ok())
-        .and_then(|d| queue_from(&d).ok())
-        .map_or(0, |(queue, _)| queue.limit()))
-}
-
-/// Slots of the queue `q` (hex id) in use: held and unexpired, or expired while their
-/// holder still has a claimed or running task of the queue (such a slot is freed only
-/// with the recovery of that task).
-pub(super) fn occupied(conn: &Connection, q: &str) -> StoreResult<i64> {
-    used_from(conn, q, 0)
-}
-
-/// Slots of the queue `q` numbered `from` or above in use (see [`occupied`]).
-fn used_from(conn: &Connection, q: &str, from: i64) -> StoreResult<i64> {
-    conn.query_row(
-        "SELECT COUNT(*) FROM slots WHERE queue = ?1 AND n >= ?2 AND holder IS NOT NULL
-           AND (expires > ?3 OR EXISTS (SELECT 1 FROM tasks
-                WHERE tasks.queue = ?1 AND tasks.node = slots.holder AND tasks.status IN (?4, ?5)))",
-        params![
-            q,
-            from,
-            DateTime::now().timestamp_millis(),
-            status::CLAIMED,
-            status::RUNNING
-        ],
-        |r| r.get(0),
-    )
-    .map_err(db_err("count the queue's slots in use"))
-}
-
-/// [`Store::renew_slot`](crate::store::Store::renew_slot) in `tx`.
-pub(super) fn renew_in(tx: &Connection, slot: &Slot, node: &str, lease: Duration) -> StoreResult<SlotRenewal> {
-    let (q, n) = (slot.queue.to_hex(), slot.n);
-    let err = db_err("renew slot lease");
-    let now = DateTime::now();
-    let renewed = tx
-        .prepare_cached(
-            "UPDATE slots SET expires = ?1 WHERE queue = ?2 AND n = ?3 AND holder = ?4
-               AND expires > ?5 AND (want IS NULL OR want_until < ?5)",
-        )
-        .and_then(|mut s| s.execute(params![lease_end(now, lease), q, n, node, now.timestamp_millis()]))
-        .map_err(&err)?;
-    if renewed == 1 {
-        return Ok(SlotRenewal::Held);
-    }
-    // Asked for: given up to the asker. An expired lease nobody asked for is lost but
-    // stays with its holder, free only once the holder has no claimed or running task in
-    // the queue (a slot is freed only with or after the recovery of its tasks).
-    let to: Option<String> = tx
-        .query_row(
-            "UPDATE slots SET holder = NULL, reserved = want, reserved_until = want_until,
-                 want = NULL, want_until = NULL
-             WHERE queue = ?1 AND n = ?2 AND holder = ?3 AND want IS NOT NULL
-             RETURNING reserved",
-            params![q, n, node],
-            |r| r.get::<_, Option<String>>(0),
-        )
-        .optional()
-        .map_err(&err)?
-        .flatten();
-    Ok(match to {
-        Some(to) => SlotRenewal::Yielded { to },
-        None => SlotRenewal::Lost,
-    })
 }

@@ -91,13 +91,6 @@ impl SqliteStore {
         };
     }
 
-    /// Tells the watchers of [`Store::watch_tasks`] that task `id` changed.
-    pub(super) fn signal_task(&self, id: ObjectId) {
-        if self.changed.receiver_count() > 0 {
-            self.signal_changed(Touched::Tasks(vec![id]));
-        }
-    }
-
     /// Tells the watchers of [`Store::watch_queued`] that tasks were queued.
     pub(super) fn signal_queued(&self) {
         let _ = self.queued.send(());

@@ -1,0 +1,229 @@
+//! Fenced task changes on MongoDB ([`crate::store::change`]): a fence becomes a filter,
+//! a change an update of `$set`, `$unset` and `$push`.
+
+use bson::oid::ObjectId;
+use bson::{doc, Bson, DateTime, Document};
+use futures::TryStreamExt;
+use mongodb::options::{ReadPreference, SelectionCriteria};
+
+use super::documents::output_bson;
+use super::{db_err, unclaimed, MongoStore};
+use crate::store::change::{NodeIs, StopIs, TaskChange, TaskFence, Write};
+use crate::store::{StoreResult, TaskTarget};
+
+/// Most ids named in one `updateMany` of [`MongoStore::change_where`].
+const CHUNK: usize = 1000;
+
+/// The filter of `fence`.
+pub(super) fn fence_filter(fence: &TaskFence) -> Document {
+    let mut f = Document::new();
+    match fence.statuses.as_deref() {
+        None => {}
+        Some([one]) => {
+            f.insert("status", *one);
+        }
+        Some(many) => {
+            f.insert("status", doc! { "$in": many.to_vec() });
+        }
+    }
+    match &fence.node {
+        NodeIs::Any => {}
+        NodeIs::Unclaimed => {
+            f.insert("node", unclaimed());
+        }
+        NodeIs::Node(n) => {
+            f.insert("node", n.as_str());
+        }
+    }
+    if let Some(t) = fence.mtime {
+        f.insert("mtime", t);
+    }
+    match fence.stop {
+        StopIs::Any => {}
+        StopIs::None => {
+            f.insert("stop", Bson::Null);
+        }
+        StopIs::Kill => {
+            f.insert("stop.action", "kill");
+        }
+        StopIs::NotKill => {
+            f.insert("stop.action", doc! { "$ne": "kill" });
+        }
+    }
+    match fence.rerun {
+        None => {}
+        Some(true) => {
+            f.insert("rerun", true);
+        }
+        Some(false) => {
+            f.insert("rerun", doc! { "$ne": true });
+        }
+    }
+    if let Some(t) = fence.due_by {
+        f.insert("run_at", doc! { "$lte": t });
+    }
+    f
+}
+
+/// The filter of `target`'s tasks.
+fn target_filter(target: TaskTarget) -> Document {
+    match target {
+        TaskTarget::Task(id) => doc! { "_id": id },
+        TaskTarget::Queue(q) => doc! { "queue": q },
+        TaskTarget::All => Document::new(),
+    }
+}
+
+/// Puts `key` in `$set` (or clears it: null, or absent with `unset`) as `w` says.
+fn write_field<T>(w: &Write<T>, key: &str, value: impl Fn(&T) -> Bson, unset: bool, u: &mut Update) {
+    match w {
+        Write::Keep => {}
+        Write::Clear if unset => {
+            u.unset.insert(key, "");
+        }
+        Write::Clear => {
+            u.set.insert(key, Bson::Null);
+        }
+        Write::Set(v) => {
+            u.set.insert(key, value(v));
+        }
+    }
+}
+
+#[derive(Default)]
+struct Update {
+    set: Document,
+    unset: Document,
+}
+
+/// The update of `change`, writing `now` as `mtime` when it touches the task.
+pub(super) fn change_update(change: &TaskChange, now: DateTime) -> StoreResult<Document> {
+    change.check_for_named()?;
+    let mut u = Update::default();
+    if let Some(s) = change.status {
+        u.set.insert("status", s);
+    }
+    write_field(&change.node, "node", |n| Bson::String(n.clone()), false, &mut u);
+    write_field(&change.stdout, "stdout", output_bson, false, &mut u);
+    write_field(&change.stderr, "stderr", output_bson, false, &mut u);
+    write_field(&change.progress, "progress", |p| p.to_document().into(), true, &mut u);
+    write_field(&change.stop, "stop", |s| s.to_document().into(), true, &mut u);
+    write_field(&change.run_at, "run_at", |t| Bson::DateTime(*t), false, &mut u);
+    match &change.avoid {
+        Write::Keep => {}
+        Write::Clear => {
+            u.unset.insert("avoid_node", "");
+            u.unset.insert("avoid_until", "");
+        }
+        Write::Set((node, until)) => {
+            u.set.insert("avoid_node", node.as_str());
+            u.set.insert("avoid_until", *until);
+        }
+    }
+    match change.rerun {
+        None => {}
+        Some(true) => {
+            u.set.insert("rerun", true);
+        }
+        Some(false) => {
+            u.unset.insert("rerun", "");
+        }
+    }
+    if let Some(p) = change.priority {
+        u.set.insert("priority", p);
+    }
+    if let Some(p) = &change.params {
+        u.set.insert("params", p.clone());
+    }
+    if change.touch {
+        u.set.insert("mtime", now);
+    }
+    let mut update = Document::new();
+    if !u.set.is_empty() {
+        update.insert("$set", u.set);
+    }
+    if !u.unset.is_empty() {
+        update.insert("$unset", u.unset);
+    }
+    if let Some(a) = &change.attempt {
+        update.insert("$push", doc! { "attempts": a.to_document() });
+    }
+    Ok(update)
+}
+
+impl MongoStore {
+    /// [`Store::change_tasks`](crate::store::Store::change_tasks): one fenced `updateOne`
+    /// per entry, in order.
+    pub(super) async fn change_each(&self, changes: &[(ObjectId, TaskFence, TaskChange)]) -> StoreResult<Vec<bool>> {
+        let mut done = Vec::with_capacity(changes.len());
+        for (id, fence, change) in changes {
+            let update = change_update(change, DateTime::now())?;
+            let mut filter = fence_filter(fence);
+            filter.insert("_id", id);
+            let result = self
+                .tasks
+                .update_one(filter, update)
+                .await
+                .map_err(db_err("change task"))?;
+            done.push(result.matched_count == 1);
+        }
+        Ok(done)
+    }
+
+    /// [`Store::change_where`](crate::store::Store::change_where): the ids the fence holds
+    /// for, read from the primary, then one `updateMany` per [`CHUNK`] of them under the
+    /// same fence. When a chunk's update matched fewer than it names (others changed some
+    /// meanwhile), the ids written are read back by the values just written (`mtime`
+    /// among them).
+    pub(super) async fn change_matching(
+        &self,
+        target: TaskTarget,
+        fence: &TaskFence,
+        change: &TaskChange,
+    ) -> StoreResult<Vec<ObjectId>> {
+        change.check_for_matching()?;
+        let err = db_err("change tasks");
+        let mut filter = fence_filter(fence);
+        filter.extend(target_filter(target));
+        let primary = SelectionCriteria::ReadPreference(ReadPreference::Primary);
+        let found: Vec<Document> = self
+            .tasks
+            .find(filter.clone())
+            .selection_criteria(primary.clone())
+            .projection(doc! { "_id": 1 })
+            .await
+            .map_err(&err)?
+            .try_collect()
+            .await
+            .map_err(&err)?;
+        let ids: Vec<ObjectId> = found.iter().filter_map(|d| d.get_object_id("_id").ok()).collect();
+        let mut changed = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(CHUNK) {
+            let now = DateTime::now();
+            let update = change_update(change, now)?;
+            let mut named = filter.clone();
+            named.insert("_id", doc! { "$in": chunk.to_vec() });
+            let result = self.tasks.update_many(named, update.clone()).await.map_err(&err)?;
+            if result.matched_count as usize == chunk.len() {
+                changed.extend_from_slice(chunk);
+                continue;
+            }
+            let mut written = doc! { "_id": { "$in": chunk.to_vec() } };
+            if let Ok(set) = update.get_document("$set") {
+                written.extend(set.clone());
+            }
+            let back: Vec<Document> = self
+                .tasks
+                .find(written)
+                .selection_criteria(primary.clone())
+                .projection(doc! { "_id": 1 })
+                .await
+                .map_err(&err)?
+                .try_collect()
+                .await
+                .map_err(&err)?;
+            changed.extend(back.iter().filter_map(|d| d.get_object_id("_id").ok()));
+        }
+        Ok(changed)
+    }
+}
