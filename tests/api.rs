@@ -231,9 +231,7 @@ async fn tasks_from_params_search_and_read_back() {
     assert!(disbatch::lifecycle::run::start(&db.store, task.id, "n1").await.unwrap());
     let big = "line\n".repeat(100_000);
     let file = db.store.write_output_file(task.id, "stdout", &big).await.unwrap();
-    let done = db
-        .store
-        .finish(
+    let done = disbatch::lifecycle::run::finish(&db.store, 
             task.id,
             "n1",
             1,

@@ -104,9 +104,7 @@ async fn ui_creates_a_queue_submits_a_task_edits_limits_and_shows_output() {
         .unwrap());
     let stdout = "shown in the browser\n".repeat(20_000);
     let file = db.store.write_output_file(task.id, "stdout", &stdout).await.unwrap();
-    assert!(db
-        .store
-        .finish(
+    assert!(disbatch::lifecycle::run::finish(&db.store, 
             task.id,
             "ui-node",
             1,

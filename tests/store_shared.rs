@@ -218,9 +218,7 @@ async fn created_claimed_started_finished_field_by_field(s: Stores) {
     );
     assert_eq!(task(&*s.b, id).await.stdout, None, "stdout stays null while running");
 
-    assert!(!s
-        .a
-        .finish(
+    assert!(!disbatch::lifecycle::run::finish(&*s.a, 
             id,
             "den-2",
             1,
@@ -229,9 +227,7 @@ async fn created_claimed_started_finished_field_by_field(s: Stores) {
         )
         .await
         .unwrap());
-    assert!(s
-        .a
-        .finish(
+    assert!(disbatch::lifecycle::run::finish(&*s.a, 
             id,
             "den-1",
             1,
@@ -248,9 +244,7 @@ async fn created_claimed_started_finished_field_by_field(s: Stores) {
     assert_eq!(done.params, params);
     assert_eq!(done.ctime, created.ctime);
     assert!(done.mtime >= claimed.mtime);
-    assert!(!s
-        .a
-        .finish(
+    assert!(!disbatch::lifecycle::run::finish(&*s.a, 
             id,
             "den-1",
             2,
@@ -292,9 +286,7 @@ async fn held_statuses_are_never_claimed(s: Stores) {
     for (i, code) in [-6, -5, -4, -3, -7, 1, 2].into_iter().enumerate() {
         let id = claim_run(&*s.a, &q, "n").await;
         assert_eq!(id, ids[i]);
-        assert!(s
-            .a
-            .finish(
+        assert!(disbatch::lifecycle::run::finish(&*s.a, 
                 id,
                 "n",
                 code,
@@ -615,9 +607,7 @@ async fn finish_is_fenced_after_recovery(s: Stores) {
     let r = s.b.recover_orphans(ago(3_600_000), DateTime::now()).await.unwrap();
     assert_eq!(r.orphaned.len(), 2);
     assert!(!disbatch::lifecycle::run::start(&*s.a, claimed, "gone").await.unwrap());
-    assert!(!s
-        .a
-        .finish(
+    assert!(!disbatch::lifecycle::run::finish(&*s.a, 
             running,
             "gone",
             1,
@@ -637,9 +627,7 @@ async fn requeue_own_puts_back_only_our_unfinished_tasks(s: Stores) {
     let claimed = s.a.claim(&q, "me").await.unwrap().unwrap().id;
     let running = claim_run(&*s.a, &q, "me").await;
     let done = claim_run(&*s.a, &q, "me").await;
-    assert!(s
-        .a
-        .finish(
+    assert!(disbatch::lifecycle::run::finish(&*s.a, 
             done,
             "me",
             1,
@@ -649,7 +637,7 @@ async fn requeue_own_puts_back_only_our_unfinished_tasks(s: Stores) {
         .await
         .unwrap());
     let theirs = claim_run(&*s.b, &q, "them").await;
-    let mut back = s.a.requeue_own("me", &[claimed, running, done, theirs]).await.unwrap();
+    let mut back = disbatch::lifecycle::run::requeue_own(&*s.a, "me", &[claimed, running, done, theirs]).await.unwrap();
     back.sort();
     let mut want = vec![claimed, running];
     want.sort();
@@ -678,9 +666,7 @@ async fn output_file_round_trip_of_20_mb_multibyte_text(s: Stores) {
         s.a.write_output_file(id, &format!("{id}-stderr.txt"), "")
             .await
             .unwrap();
-    assert!(s
-        .a
-        .finish(id, "n", 1, OutputValue::File(file), OutputValue::File(empty))
+    assert!(disbatch::lifecycle::run::finish(&*s.a, id, "n", 1, OutputValue::File(file), OutputValue::File(empty))
         .await
         .unwrap());
     let t = task(&*s.b, id).await;
@@ -907,9 +893,7 @@ async fn queue_counts_by_status(s: Stores) {
     s.a.claim(&q1, "n").await.unwrap().unwrap();
     let run = claim_run(&*s.a, &q1, "n").await;
     let done = claim_run(&*s.a, &q1, "n").await;
-    assert!(s
-        .a
-        .finish(
+    assert!(disbatch::lifecycle::run::finish(&*s.a, 
             done,
             "n",
             1,

@@ -109,7 +109,7 @@ async fn resubmitting_a_waiting_or_finished_task(s: Stores) {
     assert_eq!((t.status, t.run_at), (status::QUEUED, None));
     assert_eq!(claim_run(&*s.a, &q, "n1").await, first.id);
     let out = |s: &str| OutputValue::Inline(s.into());
-    assert!(s.a.finish(first.id, "n1", 1, out("done"), out("")).await.unwrap());
+    assert!(disbatch::lifecycle::run::finish(&*s.a, first.id, "n1", 1, out("done"), out("")).await.unwrap());
     // Finished: queued again with the new params, the run it had kept in attempts.
     let Keyed::Resubmitted(t) = disbatch::lifecycle::keys::insert_keyed(&*s.b, q.id, keyed("k", doc! {"v": 4}), true)
         .await
@@ -200,7 +200,7 @@ async fn a_rerun_is_dropped_by_a_kill_and_by_recovery(s: Stores) {
         .await
         .unwrap();
     let empty = OutputValue::Inline(String::new());
-    assert!(s.a.finish(a.id, "gone", 2, empty.clone(), empty).await.unwrap());
+    assert!(disbatch::lifecycle::run::finish(&*s.a, a.id, "gone", 2, empty.clone(), empty).await.unwrap());
     let t = task(&*s.b, a.id).await;
     assert_eq!((t.status, t.rerun), (2, false), "a killed task does not run again");
     // Its node dies: recovery puts it back once (on_orphan requeue) and drops the rerun.
