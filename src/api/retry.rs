@@ -9,8 +9,8 @@ use serde_json::Value;
 use super::body::{OptionalFields, PathKey};
 use super::json::{self, TaskView};
 use super::{ApiError, Shared};
-use crate::model::status;
 use crate::lifecycle::retry::{self, HandRetry};
+use crate::model::status;
 
 /// `POST /tasks/{id}/retry {reason?, by?}`.
 pub(super) async fn retry(

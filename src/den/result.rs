@@ -19,8 +19,8 @@ use tracing::{debug, error, info, warn};
 
 use super::output::{self, OutputFiles};
 use super::Den;
-use crate::model::{status, Task};
 use crate::lifecycle::run::{self, FinishExtra};
+use crate::model::{status, Task};
 use crate::store::{OutputValue, StoreError, StoreResult};
 
 /// Longest backoff between two attempts of a store write.

@@ -8,7 +8,9 @@
 use bson::DateTime;
 
 use crate::model::{status, Attempt, RetryAt, StopRequest, Task, TaskProgress};
-use crate::store::{due_status, NewTask, NodeIs, OutputValue, StopIs, TaskChange, TaskFence, Write, KILLED_AT_SHUTDOWN};
+use crate::store::{
+    due_status, NewTask, NodeIs, OutputValue, StopIs, TaskChange, TaskFence, Write, KILLED_AT_SHUTDOWN,
+};
 
 /// Statuses a task may be cancelled from: waiting to run (queued, scheduled, blocked).
 pub const CANCELLABLE: [i32; 3] = status::WAITING;
@@ -355,7 +357,10 @@ mod tests {
         }
         let out = OutputValue::Inline("o".into());
         let done = finish(status::SUCCEEDED, &out, &out, None, None);
-        assert_eq!((done.status, done.rerun, done.progress), (Some(1), Some(false), Write::Keep));
+        assert_eq!(
+            (done.status, done.rerun, done.progress),
+            (Some(1), Some(false), Write::Keep)
+        );
         let again = rerun_requeue(Attempt {
             node: None,
             started: None,
@@ -365,7 +370,10 @@ mod tests {
             stdout: None,
             stderr: None,
         });
-        assert_eq!((again.status, again.node, again.stdout), (Some(status::QUEUED), Write::Clear, Write::Clear));
+        assert_eq!(
+            (again.status, again.node, again.stdout),
+            (Some(status::QUEUED), Write::Clear, Write::Clear)
+        );
     }
 
     #[test]
@@ -375,7 +383,10 @@ mod tests {
         assert_eq!(requeue().status, Some(status::QUEUED));
         let failed = fail_killed_at_shutdown();
         assert_eq!(failed.status, Some(status::FAILED));
-        assert_eq!(failed.stderr, Write::Set(OutputValue::Inline(KILLED_AT_SHUTDOWN.into())));
+        assert_eq!(
+            failed.stderr,
+            Write::Set(OutputValue::Inline(KILLED_AT_SHUTDOWN.into()))
+        );
     }
 
     #[test]
@@ -392,13 +403,21 @@ mod tests {
         let now = DateTime::from_millis(1_000);
         let plain = hand_retry(last.clone(), None, now);
         assert_eq!(plain.status, Some(status::QUEUED));
-        assert_eq!((plain.params, plain.run_at.clone()), (None, Write::Keep));
+        assert_eq!((plain.params.clone(), plain.run_at.clone()), (None, Write::Keep));
         let mut new = NewTask::queued(bson::oid::ObjectId::new(), bson::doc! {"a": 1});
         new.run_at = Some(DateTime::from_millis(2_000));
         let replaced = hand_retry(last, Some(&new), now);
         assert_eq!(replaced.status, Some(status::SCHEDULED));
         assert_eq!(replaced.params, Some(bson::doc! {"a": 1}));
-        let cleared = |c: &TaskChange| (c.node.clone(), c.stop.clone(), c.avoid.clone(), c.rerun, c.attempt.is_some());
+        let cleared = |c: &TaskChange| {
+            (
+                c.node.clone(),
+                c.stop.clone(),
+                c.avoid.clone(),
+                c.rerun,
+                c.attempt.is_some(),
+            )
+        };
         assert_eq!(cleared(&plain), cleared(&replaced));
     }
 }

@@ -63,9 +63,8 @@ use mongodb::{Collection, Database, IndexModel};
 use self::documents::{task_filter_doc, task_from, task_or_problem};
 use self::errors::{db_err, is_duplicate_key};
 use super::{
-    Batch, Dependency, Leader, NewQueue, NewTask, OutputStream, Page,
-    PendingChange, QueueState, QueueUpdate, Recovery, StatusCounts, Store, StoreError, StoreResult, TaskChange,
-    TaskFence, TaskFilter, TaskTarget,
+    Batch, Dependency, Leader, NewQueue, NewTask, OutputStream, Page, PendingChange, QueueState, QueueUpdate, Recovery,
+    StatusCounts, Store, StoreError, StoreResult, TaskChange, TaskFence, TaskFilter, TaskTarget,
 };
 use super::{NodeChange, NodeFence, NodeRecord};
 use crate::model::{status, Node, Output, Queue, Sort, StopRequest, Task, UnreadableQueue};

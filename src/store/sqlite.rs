@@ -67,9 +67,8 @@ use rusqlite::{params, Connection, OptionalExtension};
 use self::rows::{db_err, read_bson};
 use self::touched::Touched;
 use super::{
-    Batch, Dependency, Leader, NewQueue, NewTask, Page, PendingChange, QueueState,
-    QueueUpdate, Recovery, Slot, SlotRenewal, StatusCounts, Store, StoreError, StoreResult, TaskChange, TaskFence,
-    TaskFilter, TaskTarget,
+    Batch, Dependency, Leader, NewQueue, NewTask, Page, PendingChange, QueueState, QueueUpdate, Recovery, Slot,
+    SlotRenewal, StatusCounts, Store, StoreError, StoreResult, TaskChange, TaskFence, TaskFilter, TaskTarget,
 };
 use super::{NodeChange, NodeFence, NodeRecord};
 use crate::model::{Node, Output, Queue, StopRequest, Task, UnreadableQueue};
