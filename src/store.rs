@@ -25,7 +25,6 @@ pub use self::change::{NodeIs, StopIs, TaskChange, TaskFence, Write};
 pub use self::node_change::{NodeChange, NodeFence, NodeRecord};
 pub use self::plugins::{PluginRef, PluginStore, PluginVersion, Pushed};
 pub use self::queue_doc::QueueState;
-pub use self::retries::{FinishExtra, HandRetry};
 pub use self::slot_change::{
     BusyNode, BusyOf, Holder, Lease, Mark, RenewRule, RenewStep, SlotChange, SlotFence, SlotRow,
 };
@@ -290,7 +289,8 @@ pub trait Store: PluginStore + SlotStore + Send + Sync + 'static {
     /// Stores an output stream too large for the task document as the file `file` tied to
     /// `task` (`filename` is `stdout` or `stderr`). MongoDB keeps it in GridFS
     /// (`tasks.files` / `tasks.chunks`, String chunks), the embedded store as a blob.
-    /// Called before [`Store::finish`], so a task never points at a missing file.
+    /// Called before the result that points at it is written
+    /// (`lifecycle::run::finish_with`), so a task never points at a missing file.
     /// Idempotent: writing the same `file` again replaces whatever an earlier attempt (cut
     /// short, or whose reply was lost) left, so a retried write leaves one whole file.
     async fn put_output_file(&self, file: ObjectId, task: ObjectId, filename: &str, text: &str) -> StoreResult<()>;
@@ -299,47 +299,6 @@ pub trait Store: PluginStore + SlotStore + Send + Sync + 'static {
     /// pieces. A file the task document points at is kept (a finish whose reply was lost
     /// did apply), and so is a file of another task; ids never written are ignored.
     async fn discard_output_files(&self, task: ObjectId, files: &[ObjectId]) -> StoreResult<()>;
-    /// Finishes a task: status, stdout, stderr and mtime in one update, fenced on
-    /// `{_id, node, status: 0}`. Returns false when the task was recovered meanwhile (then
-    /// nothing is written).
-    async fn finish(
-        &self,
-        task: ObjectId,
-        node: &str,
-        status: i32,
-        stdout: OutputValue,
-        stderr: OutputValue,
-    ) -> StoreResult<bool> {
-        self.finish_with(task, node, status, stdout, stderr, &FinishExtra::default())
-            .await
-    }
-    /// [`Store::finish`], also storing the plugin's last progress report and appending the
-    /// run's record to `attempts` in the same update. A task marked to run again
-    /// (`lifecycle::retry::request_rerun`) is queued again instead (-2, node null, outputs cleared),
-    /// with the run's record — its outputs as a file or the end of the text — appended.
-    async fn finish_with(
-        &self,
-        task: ObjectId,
-        node: &str,
-        status: i32,
-        stdout: OutputValue,
-        stderr: OutputValue,
-        extra: &FinishExtra,
-    ) -> StoreResult<bool>;
-    /// Queues a finished task again by hand (succeeded, failed or any other positive
-    /// status, orphaned, cancelled or terminated): its last run becomes a record in
-    /// `attempts` (with `reason`, and its outputs: a file kept as is, a text's last
-    /// 4 KiB), and it is queued (-2, node null) with its outputs, progress and stop
-    /// request cleared. Fenced on the status and mtime read, so of two concurrent retries
-    /// one wins.
-    ///
-    /// With `replace`, the task also takes its params, priority and `run_at` (waiting as
-    /// scheduled when that is still to come): a finished task submitted again by key.
-    async fn retry_by_hand(&self, task: ObjectId, reason: &str, replace: Option<&NewTask>) -> StoreResult<HandRetry>;
-    /// Puts tasks of `node` that are claimed or running back in their queue (-2, node
-    /// null), for a graceful shutdown. Returns the ids requeued. A task someone asked to
-    /// kill is not put back: it ends failed (2) with [`KILLED_AT_SHUTDOWN`] as stderr.
-    async fn requeue_own(&self, node: &str, tasks: &[ObjectId]) -> StoreResult<Vec<ObjectId>>;
     /// Recovers orphans: claimed (-1) tasks whose mtime is older than `claimed_before`
     /// (the spec's sweep), and claimed or running tasks of any node that is not fresh
     /// (heartbeat older than `stale_before`, or no node document) once the task's own

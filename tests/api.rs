@@ -231,17 +231,16 @@ async fn tasks_from_params_search_and_read_back() {
     assert!(disbatch::lifecycle::run::start(&db.store, task.id, "n1").await.unwrap());
     let big = "line\n".repeat(100_000);
     let file = db.store.write_output_file(task.id, "stdout", &big).await.unwrap();
-    let done = db
-        .store
-        .finish(
-            task.id,
-            "n1",
-            1,
-            OutputValue::File(file),
-            OutputValue::Inline("warn".into()),
-        )
-        .await
-        .unwrap();
+    let done = disbatch::lifecycle::run::finish(
+        &db.store,
+        task.id,
+        "n1",
+        1,
+        OutputValue::File(file),
+        OutputValue::Inline("warn".into()),
+    )
+    .await
+    .unwrap();
     assert!(done);
     let raw = get(&app, &format!("/tasks/{}", task.id.to_hex())).await.json();
     assert_eq!(raw["stdout"]["$oid"], file.to_hex());

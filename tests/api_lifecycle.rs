@@ -291,11 +291,11 @@ async fn retry_policies_and_retries_by_hand() {
     assert_eq!(r.status, StatusCode::CONFLICT);
     assert!(r.error().contains("kill stops a running task"), "{}", r.error());
     let text = |s: &str| disbatch::store::OutputValue::Inline(s.into());
-    assert!(db
-        .store
-        .finish(t, "den-1", 2, text("half done"), text("disk full"))
-        .await
-        .unwrap());
+    assert!(
+        disbatch::lifecycle::run::finish(&db.store, t, "den-1", 2, text("half done"), text("disk full"))
+            .await
+            .unwrap()
+    );
     let r = post(
         &app,
         &format!("/tasks/{t}/retry"),

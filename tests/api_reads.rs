@@ -137,7 +137,11 @@ async fn full_cuts_large_outputs_and_the_server_memory_does_not_grow_with_them()
             let out_file = store.write_output_file(task.id, "stdout", &out).await.unwrap();
             let err_file = store.write_output_file(task.id, "stderr", &err).await.unwrap();
             let files = (OutputValue::File(out_file), OutputValue::File(err_file));
-            assert!(store.finish(task.id, "n1", 1, files.0, files.1).await.unwrap());
+            assert!(
+                disbatch::lifecycle::run::finish(&store, task.id, "n1", 1, files.0, files.1)
+                    .await
+                    .unwrap()
+            );
             texts.insert(task.id.to_hex(), out);
         }
     }

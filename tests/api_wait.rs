@@ -54,7 +54,11 @@ async fn run_one(store: &Arc<dyn Store>, status: i32) -> ObjectId {
     let t = store.claim(&q, "den-1").await.unwrap().expect("a queued task").id;
     assert!(disbatch::lifecycle::run::start(&**store, t, "den-1").await.unwrap());
     let empty = OutputValue::Inline(String::new());
-    assert!(store.finish(t, "den-1", status, empty.clone(), empty).await.unwrap());
+    assert!(
+        disbatch::lifecycle::run::finish(&**store, t, "den-1", status, empty.clone(), empty)
+            .await
+            .unwrap()
+    );
     t
 }
 
@@ -177,7 +181,11 @@ async fn events_follow_a_task_until_it_ends(store: Arc<dyn Store>, _name: &str) 
         (Some(0), Some(50.0))
     );
     let empty = OutputValue::Inline(String::new());
-    assert!(store.finish(id, "den-1", 1, empty.clone(), empty).await.unwrap());
+    assert!(
+        disbatch::lifecycle::run::finish(&*store, id, "den-1", 1, empty.clone(), empty)
+            .await
+            .unwrap()
+    );
     assert_eq!(next_event(&mut body, &mut buf).await.unwrap()["status"], 1);
     assert!(
         next_event(&mut body, &mut buf).await.is_none(),

@@ -104,17 +104,16 @@ async fn ui_creates_a_queue_submits_a_task_edits_limits_and_shows_output() {
         .unwrap());
     let stdout = "shown in the browser\n".repeat(20_000);
     let file = db.store.write_output_file(task.id, "stdout", &stdout).await.unwrap();
-    assert!(db
-        .store
-        .finish(
-            task.id,
-            "ui-node",
-            1,
-            OutputValue::File(file),
-            OutputValue::Inline(String::new())
-        )
-        .await
-        .unwrap());
+    assert!(disbatch::lifecycle::run::finish(
+        &db.store,
+        task.id,
+        "ui-node",
+        1,
+        OutputValue::File(file),
+        OutputValue::Inline(String::new())
+    )
+    .await
+    .unwrap());
 
     let balance = json!({"balance": {"enabled": true}});
     let _den = common::DenProcess::start(&db.uri, &db.name, "ui-node", balance.clone());

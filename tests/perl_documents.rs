@@ -184,3 +184,29 @@ async fn an_unreadable_queue_is_listed_with_its_problem_fixed_and_deleted() {
         "{all}"
     );
 }
+
+/// A task Perl Disbatch 4 finished (its status a string, its `mtime` epoch seconds) is
+/// retried by hand through the API like any other: the compare-and-set on the task as
+/// read matches the forms the reader accepts.
+#[tokio::test]
+async fn a_perl_finished_task_is_retried_by_hand() {
+    let (t, app) = common::http::setup("perl_retry", |_| {}).await;
+    let q = insert_queue(&t.db, "perlq", "demo", doc! {}).await;
+    let now_secs = bson::DateTime::now().timestamp_millis() / 1000;
+    let id = bson::oid::ObjectId::new();
+    t.db.collection::<Document>("tasks")
+        .insert_one(doc! {
+            "_id": id, "queue": q, "ctime": now_secs, "mtime": now_secs, "node": "perl",
+            "status": "2", "params": {}, "stdout": "", "stderr": "died",
+        })
+        .await
+        .unwrap();
+    let r = post(&app, &format!("/tasks/{id}/retry"), json!({"reason": "flaky"})).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let stored = find_docs(&t.db, "tasks", doc! {"_id": id}).await;
+    assert_eq!(stored[0].get("status"), Some(&Bson::Int32(-2)), "{stored:?}");
+    assert_eq!(stored[0].get("node"), Some(&Bson::Null), "{stored:?}");
+    // Retried once: a second retry finds it queued.
+    let r = post(&app, &format!("/tasks/{id}/retry"), json!({})).await;
+    assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.text);
+}

@@ -147,17 +147,16 @@ async fn spec_documents_are_claimed_and_finished_field_by_field() {
         .write_output_file(id, "stderr", "warning: é€😀\n")
         .await
         .unwrap();
-    let finished = t
-        .store
-        .finish(
-            id,
-            "den-1",
-            status::SUCCEEDED,
-            OutputValue::Inline("done\n".into()),
-            OutputValue::File(file),
-        )
-        .await
-        .unwrap();
+    let finished = disbatch::lifecycle::run::finish(
+        &t.store,
+        id,
+        "den-1",
+        status::SUCCEEDED,
+        OutputValue::Inline("done\n".into()),
+        OutputValue::File(file),
+    )
+    .await
+    .unwrap();
     assert!(finished);
     let d = raw(&t.db, id).await;
     assert_eq!(d.get("status"), Some(&Bson::Int32(1)));
@@ -717,17 +716,16 @@ async fn start_and_finish_are_fenced_against_recovery() {
         .await
         .unwrap());
     let file = t.store.write_output_file(second.id, "stdout", "late").await.unwrap();
-    let written = t
-        .store
-        .finish(
-            second.id,
-            "den",
-            status::SUCCEEDED,
-            OutputValue::File(file),
-            OutputValue::Inline(String::new()),
-        )
-        .await
-        .unwrap();
+    let written = disbatch::lifecycle::run::finish(
+        &t.store,
+        second.id,
+        "den",
+        status::SUCCEEDED,
+        OutputValue::File(file),
+        OutputValue::Inline(String::new()),
+    )
+    .await
+    .unwrap();
     assert!(!written, "finish of a recovered task must not write");
     let d = raw(&t.db, second.id).await;
     assert_eq!(d.get("status"), Some(&Bson::Int32(-6)));
@@ -739,7 +737,8 @@ async fn start_and_finish_are_fenced_against_recovery() {
     let claimed = t.store.claim(&queue, "den").await.unwrap().unwrap();
     assert_eq!(claimed.id, third);
     assert!(disbatch::lifecycle::run::start(&t.store, third, "den").await.unwrap());
-    let other = t.store.finish(
+    let other = disbatch::lifecycle::run::finish(
+        &t.store,
         third,
         "intruder",
         1,
@@ -759,7 +758,9 @@ async fn requeue_own_puts_back_only_our_unfinished_tasks() {
     let b = t.store.claim(&queue, "den").await.unwrap().unwrap().id;
     let c = t.store.claim(&queue, "other").await.unwrap().unwrap().id;
     assert!(disbatch::lifecycle::run::start(&t.store, b, "den").await.unwrap());
-    let requeued = t.store.requeue_own("den", &[a, b, c]).await.unwrap();
+    let requeued = disbatch::lifecycle::run::requeue_own(&t.store, "den", &[a, b, c])
+        .await
+        .unwrap();
     assert_eq!(requeued, vec![a, b]);
     for id in [a, b] {
         let d = raw(&t.db, id).await;

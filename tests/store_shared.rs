@@ -218,28 +218,26 @@ async fn created_claimed_started_finished_field_by_field(s: Stores) {
     );
     assert_eq!(task(&*s.b, id).await.stdout, None, "stdout stays null while running");
 
-    assert!(!s
-        .a
-        .finish(
-            id,
-            "den-2",
-            1,
-            OutputValue::Inline("x".into()),
-            OutputValue::Inline(String::new())
-        )
-        .await
-        .unwrap());
-    assert!(s
-        .a
-        .finish(
-            id,
-            "den-1",
-            1,
-            OutputValue::Inline("out\n".into()),
-            OutputValue::Inline(String::new())
-        )
-        .await
-        .unwrap());
+    assert!(!disbatch::lifecycle::run::finish(
+        &*s.a,
+        id,
+        "den-2",
+        1,
+        OutputValue::Inline("x".into()),
+        OutputValue::Inline(String::new())
+    )
+    .await
+    .unwrap());
+    assert!(disbatch::lifecycle::run::finish(
+        &*s.a,
+        id,
+        "den-1",
+        1,
+        OutputValue::Inline("out\n".into()),
+        OutputValue::Inline(String::new())
+    )
+    .await
+    .unwrap());
     let done = task(&*s.b, id).await;
     assert_eq!(done.status, 1);
     assert_eq!(done.node.as_deref(), Some("den-1"));
@@ -248,17 +246,16 @@ async fn created_claimed_started_finished_field_by_field(s: Stores) {
     assert_eq!(done.params, params);
     assert_eq!(done.ctime, created.ctime);
     assert!(done.mtime >= claimed.mtime);
-    assert!(!s
-        .a
-        .finish(
-            id,
-            "den-1",
-            2,
-            OutputValue::Inline("again".into()),
-            OutputValue::Inline(String::new())
-        )
-        .await
-        .unwrap());
+    assert!(!disbatch::lifecycle::run::finish(
+        &*s.a,
+        id,
+        "den-1",
+        2,
+        OutputValue::Inline("again".into()),
+        OutputValue::Inline(String::new())
+    )
+    .await
+    .unwrap());
     assert_eq!(s.a.read_output(&Output::Inline("abc".into())).await.unwrap(), "abc");
 }
 
@@ -292,17 +289,16 @@ async fn held_statuses_are_never_claimed(s: Stores) {
     for (i, code) in [-6, -5, -4, -3, -7, 1, 2].into_iter().enumerate() {
         let id = claim_run(&*s.a, &q, "n").await;
         assert_eq!(id, ids[i]);
-        assert!(s
-            .a
-            .finish(
-                id,
-                "n",
-                code,
-                OutputValue::Inline(String::new()),
-                OutputValue::Inline(String::new())
-            )
-            .await
-            .unwrap());
+        assert!(disbatch::lifecycle::run::finish(
+            &*s.a,
+            id,
+            "n",
+            code,
+            OutputValue::Inline(String::new()),
+            OutputValue::Inline(String::new())
+        )
+        .await
+        .unwrap());
     }
     assert!(!s.b.has_queued(q.id).await.unwrap());
     assert!(s.b.claim(&q, "other").await.unwrap().is_none());
@@ -615,17 +611,16 @@ async fn finish_is_fenced_after_recovery(s: Stores) {
     let r = s.b.recover_orphans(ago(3_600_000), DateTime::now()).await.unwrap();
     assert_eq!(r.orphaned.len(), 2);
     assert!(!disbatch::lifecycle::run::start(&*s.a, claimed, "gone").await.unwrap());
-    assert!(!s
-        .a
-        .finish(
-            running,
-            "gone",
-            1,
-            OutputValue::Inline("late".into()),
-            OutputValue::Inline(String::new())
-        )
-        .await
-        .unwrap());
+    assert!(!disbatch::lifecycle::run::finish(
+        &*s.a,
+        running,
+        "gone",
+        1,
+        OutputValue::Inline("late".into()),
+        OutputValue::Inline(String::new())
+    )
+    .await
+    .unwrap());
     let t = task(&*s.b, running).await;
     assert_eq!((t.status, t.stdout), (status::ORPHANED, None));
     assert_eq!(task(&*s.b, claimed).await.status, status::ORPHANED);
@@ -637,19 +632,20 @@ async fn requeue_own_puts_back_only_our_unfinished_tasks(s: Stores) {
     let claimed = s.a.claim(&q, "me").await.unwrap().unwrap().id;
     let running = claim_run(&*s.a, &q, "me").await;
     let done = claim_run(&*s.a, &q, "me").await;
-    assert!(s
-        .a
-        .finish(
-            done,
-            "me",
-            1,
-            OutputValue::Inline(String::new()),
-            OutputValue::Inline(String::new())
-        )
-        .await
-        .unwrap());
+    assert!(disbatch::lifecycle::run::finish(
+        &*s.a,
+        done,
+        "me",
+        1,
+        OutputValue::Inline(String::new()),
+        OutputValue::Inline(String::new())
+    )
+    .await
+    .unwrap());
     let theirs = claim_run(&*s.b, &q, "them").await;
-    let mut back = s.a.requeue_own("me", &[claimed, running, done, theirs]).await.unwrap();
+    let mut back = disbatch::lifecycle::run::requeue_own(&*s.a, "me", &[claimed, running, done, theirs])
+        .await
+        .unwrap();
     back.sort();
     let mut want = vec![claimed, running];
     want.sort();
@@ -678,11 +674,11 @@ async fn output_file_round_trip_of_20_mb_multibyte_text(s: Stores) {
         s.a.write_output_file(id, &format!("{id}-stderr.txt"), "")
             .await
             .unwrap();
-    assert!(s
-        .a
-        .finish(id, "n", 1, OutputValue::File(file), OutputValue::File(empty))
-        .await
-        .unwrap());
+    assert!(
+        disbatch::lifecycle::run::finish(&*s.a, id, "n", 1, OutputValue::File(file), OutputValue::File(empty))
+            .await
+            .unwrap()
+    );
     let t = task(&*s.b, id).await;
     assert_eq!(t.stdout, Some(Output::File(file)));
     assert_eq!(t.stderr, Some(Output::File(empty)));
@@ -907,17 +903,16 @@ async fn queue_counts_by_status(s: Stores) {
     s.a.claim(&q1, "n").await.unwrap().unwrap();
     let run = claim_run(&*s.a, &q1, "n").await;
     let done = claim_run(&*s.a, &q1, "n").await;
-    assert!(s
-        .a
-        .finish(
-            done,
-            "n",
-            1,
-            OutputValue::Inline(String::new()),
-            OutputValue::Inline(String::new())
-        )
-        .await
-        .unwrap());
+    assert!(disbatch::lifecycle::run::finish(
+        &*s.a,
+        done,
+        "n",
+        1,
+        OutputValue::Inline(String::new()),
+        OutputValue::Inline(String::new())
+    )
+    .await
+    .unwrap());
     let _ = run;
     let counts = s.b.queue_counts().await.unwrap();
     assert_eq!(counts.len(), 2);

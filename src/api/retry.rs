@@ -9,8 +9,8 @@ use serde_json::Value;
 use super::body::{OptionalFields, PathKey};
 use super::json::{self, TaskView};
 use super::{ApiError, Shared};
+use crate::lifecycle::retry::{self, HandRetry};
 use crate::model::status;
-use crate::store::HandRetry;
 
 /// `POST /tasks/{id}/retry {reason?, by?}`.
 pub(super) async fn retry(
@@ -32,7 +32,7 @@ pub(super) async fn retry(
     if !why.is_empty() {
         reason = format!("{reason}: {why}");
     }
-    match state.store.retry_by_hand(oid, &reason, None).await? {
+    match retry::retry_by_hand(&*state.store, oid, &reason, None).await? {
         HandRetry::Queued => {}
         HandRetry::NotFound => return Err(ApiError::NotFound(format!("no task {id}"))),
         HandRetry::NotFinished(code) => {

@@ -64,7 +64,7 @@ impl Den {
         if lost.is_empty() {
             return Ok(0);
         }
-        let back = self.store.requeue_own(node, &lost).await?;
+        let back = crate::lifecycle::run::requeue_own(&*self.store, node, &lost).await?;
         warn!(tasks = ?back, "claims whose reply was lost put back in their queue (-2)");
         Ok(back.len())
     }

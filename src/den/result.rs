@@ -19,8 +19,9 @@ use tracing::{debug, error, info, warn};
 
 use super::output::{self, OutputFiles};
 use super::Den;
+use crate::lifecycle::run::{self, FinishExtra};
 use crate::model::{status, Task};
-use crate::store::{FinishExtra, OutputValue, StoreError, StoreResult};
+use crate::store::{OutputValue, StoreError, StoreResult};
 
 /// Longest backoff between two attempts of a store write.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
@@ -122,8 +123,15 @@ impl Den {
         let written = self
             .retry("write result", || {
                 tries.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                self.store
-                    .finish_with(task.id, node, result.status, out.clone(), err.clone(), &extra)
+                run::finish_with(
+                    &*self.store,
+                    task.id,
+                    node,
+                    result.status,
+                    out.clone(),
+                    err.clone(),
+                    &extra,
+                )
             })
             .await;
         // A write retried after an error may have applied with its reply lost: the fenced
@@ -224,7 +232,8 @@ impl Den {
         for (step, stderr) in attempts {
             let written = self
                 .retry(step, || {
-                    self.store.finish(
+                    run::finish(
+                        &*self.store,
                         task.id,
                         node,
                         status::FAILED,

@@ -50,7 +50,7 @@ impl Den {
         self.abandoned.cancel();
         if !left.is_empty() {
             let ids: Vec<ObjectId> = left.iter().map(|(id, _)| *id).collect();
-            match self.store.requeue_own(&self.settings.node, &ids).await {
+            match crate::lifecycle::run::requeue_own(&*self.store, &self.settings.node, &ids).await {
                 Ok(requeued) => warn!(
                     count = requeued.len(),
                     tasks = ?requeued,

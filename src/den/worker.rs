@@ -308,7 +308,12 @@ impl Den {
     pub(super) async fn recover_fenced(&self, task: &Task) {
         let node = &self.settings.node;
         let ids = [task.id];
-        match self.retry("requeue", || self.store.requeue_own(node, &ids)).await {
+        match self
+            .retry("requeue", || {
+                crate::lifecycle::run::requeue_own(&*self.store, node, &ids)
+            })
+            .await
+        {
             Ok(ids) if !ids.is_empty() => {
                 info!("no other node had recovered the task; put it back in its queue (-2)")
             }

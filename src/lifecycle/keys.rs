@@ -5,9 +5,9 @@
 
 use bson::oid::ObjectId;
 
-use super::retry::{request_rerun, resubmit_waiting};
+use super::retry::{request_rerun, resubmit_waiting, retry_by_hand, HandRetry};
 use crate::model::{status, Task};
-use crate::store::{HandRetry, NewTask, Page, Store, StoreError, StoreResult, TaskFilter};
+use crate::store::{NewTask, Page, Store, StoreError, StoreResult, TaskFilter};
 
 /// What [`insert_keyed`] did.
 #[derive(Debug, Clone, PartialEq)]
@@ -46,7 +46,7 @@ pub async fn by_key(s: &(impl Store + ?Sized), queue: Option<ObjectId>, key: &st
 /// again: one still waiting (queued or scheduled, unclaimed) takes the new params,
 /// priority and `run_at`; a claimed or running one is marked to run once more when
 /// this run ends ([`request_rerun`]); a finished one is queued again with the new params
-/// ([`Store::retry_by_hand`]); a held one is left as it is.
+/// ([`retry_by_hand`]); a held one is left as it is.
 pub async fn insert_keyed(
     s: &(impl Store + ?Sized),
     queue: ObjectId,
@@ -81,7 +81,7 @@ pub async fn insert_keyed(
             }
             status::CLAIMED | status::RUNNING => request_rerun(s, existing.id).await?,
             code if status::finished(code) => {
-                s.retry_by_hand(existing.id, RESUBMITTED, Some(&task)).await? == HandRetry::Queued
+                retry_by_hand(s, existing.id, RESUBMITTED, Some(&task)).await? == HandRetry::Queued
             }
             // Held (blocked, or a status of another tool): left as it is.
             _ => return Ok(Keyed::Existing(existing)),

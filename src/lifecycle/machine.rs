@@ -7,8 +7,10 @@
 
 use bson::DateTime;
 
-use crate::model::{status, RetryAt, StopRequest, TaskProgress};
-use crate::store::{due_status, NewTask, NodeIs, StopIs, TaskChange, TaskFence, Write};
+use crate::model::{status, Attempt, RetryAt, StopRequest, Task, TaskProgress};
+use crate::store::{
+    due_status, NewTask, NodeIs, OutputValue, StopIs, TaskChange, TaskFence, Write, KILLED_AT_SHUTDOWN,
+};
 
 /// Statuses a task may be cancelled from: waiting to run (queued, scheduled, blocked).
 pub const CANCELLABLE: [i32; 3] = status::WAITING;
@@ -52,6 +54,137 @@ pub fn progress(p: &TaskProgress) -> TaskChange {
         progress: Write::Set(p.clone()),
         ..TaskChange::default()
     }
+}
+
+// ---- the end of a run ----------------------------------------------------------------
+
+/// A run on `node` that ends with its result: running there, not marked to run once more.
+pub fn ends_plainly(node: &str) -> TaskFence {
+    running_on(node).rerun(false)
+}
+
+/// A run on `node` marked to run once more, that someone asked to kill: it ends with its
+/// result all the same (a kill wins over the rerun).
+pub fn ends_killed(node: &str) -> TaskFence {
+    running_on(node).rerun(true).stop(StopIs::Kill)
+}
+
+/// A run on `node` marked to run once more, not asked to kill: queued once more.
+pub fn ends_for_rerun(node: &str) -> TaskFence {
+    running_on(node).rerun(true).stop(StopIs::NotKill)
+}
+
+/// Running → ended with status `code` and its outputs; the plugin's last progress report
+/// and the run's record (`attempt`, appended) when given; the rerun mark cleared.
+pub fn finish(
+    code: i32,
+    stdout: &OutputValue,
+    stderr: &OutputValue,
+    progress: Option<&TaskProgress>,
+    attempt: Option<&Attempt>,
+) -> TaskChange {
+    TaskChange {
+        status: Some(code),
+        stdout: Write::Set(stdout.clone()),
+        stderr: Write::Set(stderr.clone()),
+        progress: progress.map_or(Write::Keep, |p| Write::Set(p.clone())),
+        rerun: Some(false),
+        attempt: attempt.cloned(),
+        touch: true,
+        ..TaskChange::default()
+    }
+}
+
+/// Running → queued once more (submitted again while it ran): unclaimed, outputs and
+/// progress cleared, the rerun mark cleared, the run's `record` appended.
+pub fn rerun_requeue(record: Attempt) -> TaskChange {
+    TaskChange {
+        status: Some(status::QUEUED),
+        node: Write::Clear,
+        stdout: Write::Clear,
+        stderr: Write::Clear,
+        progress: Write::Clear,
+        rerun: Some(false),
+        attempt: Some(record),
+        touch: true,
+        ..TaskChange::default()
+    }
+}
+
+/// A task claimed or running on `node` that nobody asked to kill (a stopping DEN puts it
+/// back).
+pub fn own_unasked(node: &str) -> TaskFence {
+    TaskFence::statuses(&status::BUSY)
+        .on(NodeIs::Node(node.to_owned()))
+        .stop(StopIs::NotKill)
+}
+
+/// A task claimed or running on `node` that someone asked to kill.
+pub fn own_asked_to_kill(node: &str) -> TaskFence {
+    TaskFence::statuses(&status::BUSY)
+        .on(NodeIs::Node(node.to_owned()))
+        .stop(StopIs::Kill)
+}
+
+/// Claimed or running → back in its queue (a DEN stopping before it ran it to the end):
+/// unclaimed, the rerun mark cleared.
+pub fn requeue() -> TaskChange {
+    TaskChange {
+        status: Some(status::QUEUED),
+        node: Write::Clear,
+        rerun: Some(false),
+        touch: true,
+        ..TaskChange::default()
+    }
+}
+
+/// A task asked to be killed whose DEN stopped the plugin while shutting down ends failed
+/// (2) with [`KILLED_AT_SHUTDOWN`] as stderr rather than running again.
+pub fn fail_killed_at_shutdown() -> TaskChange {
+    TaskChange {
+        status: Some(status::FAILED),
+        stdout: Write::Set(OutputValue::Inline(String::new())),
+        stderr: Write::Set(OutputValue::Inline(KILLED_AT_SHUTDOWN.to_owned())),
+        touch: true,
+        ..TaskChange::default()
+    }
+}
+
+/// The task exactly as `t` was read: its status and `mtime` (a compare-and-set: of two
+/// writers that read it alike, one wins).
+pub fn as_read(t: &Task) -> TaskFence {
+    TaskFence {
+        mtime: Some(t.mtime),
+        ..TaskFence::statuses(&[t.status])
+    }
+}
+
+/// A finished task queued again by hand: its last run's record (`last`) appended, queued
+/// (-2) and unclaimed, its outputs, progress, stop request, avoidance and rerun mark
+/// cleared. With `replace` (submitted again by key) it also takes that submission's
+/// params, priority and `run_at`, and the status they mean at `now`.
+pub fn hand_retry(last: Attempt, replace: Option<&NewTask>, now: DateTime) -> TaskChange {
+    let mut change = TaskChange {
+        status: Some(status::QUEUED),
+        node: Write::Clear,
+        stdout: Write::Clear,
+        stderr: Write::Clear,
+        progress: Write::Clear,
+        stop: Write::Clear,
+        rerun: Some(false),
+        avoid: Write::Clear,
+        attempt: Some(last),
+        touch: true,
+        ..TaskChange::default()
+    };
+    if let Some(new) = replace {
+        let again = resubmit(new, now);
+        change.status = again.status;
+        change.params = again.params;
+        change.priority = again.priority;
+        change.run_at = again.run_at;
+    }
+    change
 }
 
 /// A failed run ends waiting for its retry: its record appended, unclaimed, scheduled (or
@@ -199,5 +332,92 @@ mod tests {
         assert_eq!(resubmit(&new, now).run_at, Write::Clear);
         new.run_at = Some(DateTime::from_millis(2_000));
         assert_eq!(resubmit(&new, now).status, Some(status::SCHEDULED));
+    }
+
+    #[test]
+    fn the_end_of_a_run_is_decided_by_one_fence_of_three() {
+        let f = [ends_plainly("n"), ends_killed("n"), ends_for_rerun("n")];
+        // (rerun, kill) → which fences hold.
+        for (rerun, kill) in [(false, false), (false, true), (true, false), (true, true)] {
+            let holds = |fence: &TaskFence| {
+                fence.rerun.is_none_or(|r| r == rerun)
+                    && match fence.stop {
+                        StopIs::Kill => kill,
+                        StopIs::NotKill => !kill,
+                        _ => true,
+                    }
+            };
+            let n = f.iter().filter(|x| holds(x)).count();
+            assert_eq!(n, 1, "rerun {rerun}, kill {kill}");
+            assert_eq!(holds(&f[2]), rerun && !kill, "only an unkilled rerun runs again");
+        }
+        for x in &f {
+            assert_eq!(x.statuses.as_deref(), Some(&[status::RUNNING][..]));
+            assert_eq!(x.node, NodeIs::Node("n".into()));
+        }
+        let out = OutputValue::Inline("o".into());
+        let done = finish(status::SUCCEEDED, &out, &out, None, None);
+        assert_eq!(
+            (done.status, done.rerun, done.progress),
+            (Some(1), Some(false), Write::Keep)
+        );
+        let again = rerun_requeue(Attempt {
+            node: None,
+            started: None,
+            ended: DateTime::from_millis(0),
+            status: 1,
+            reason: String::new(),
+            stdout: None,
+            stderr: None,
+        });
+        assert_eq!(
+            (again.status, again.node, again.stdout),
+            (Some(status::QUEUED), Write::Clear, Write::Clear)
+        );
+    }
+
+    #[test]
+    fn a_stopping_den_requeues_unless_asked_to_kill() {
+        assert_eq!(own_unasked("n").stop, StopIs::NotKill);
+        assert_eq!(own_asked_to_kill("n").stop, StopIs::Kill);
+        assert_eq!(requeue().status, Some(status::QUEUED));
+        let failed = fail_killed_at_shutdown();
+        assert_eq!(failed.status, Some(status::FAILED));
+        assert_eq!(
+            failed.stderr,
+            Write::Set(OutputValue::Inline(KILLED_AT_SHUTDOWN.into()))
+        );
+    }
+
+    #[test]
+    fn a_retry_by_hand_clears_the_run_and_may_take_a_resubmission() {
+        let last = Attempt {
+            node: Some("n".into()),
+            started: None,
+            ended: DateTime::from_millis(0),
+            status: 1,
+            reason: "by hand".into(),
+            stdout: None,
+            stderr: None,
+        };
+        let now = DateTime::from_millis(1_000);
+        let plain = hand_retry(last.clone(), None, now);
+        assert_eq!(plain.status, Some(status::QUEUED));
+        assert_eq!((plain.params.clone(), plain.run_at.clone()), (None, Write::Keep));
+        let mut new = NewTask::queued(bson::oid::ObjectId::new(), bson::doc! {"a": 1});
+        new.run_at = Some(DateTime::from_millis(2_000));
+        let replaced = hand_retry(last, Some(&new), now);
+        assert_eq!(replaced.status, Some(status::SCHEDULED));
+        assert_eq!(replaced.params, Some(bson::doc! {"a": 1}));
+        let cleared = |c: &TaskChange| {
+            (
+                c.node.clone(),
+                c.stop.clone(),
+                c.avoid.clone(),
+                c.rerun,
+                c.attempt.is_some(),
+            )
+        };
+        assert_eq!(cleared(&plain), cleared(&replaced));
     }
 }

@@ -1,12 +1,115 @@
-//! Running a task again: after a failed run (its queue's `retry` policy), when its key is
-//! submitted again while it waits or runs.
+//! Running a task again: after a failed run (its queue's `retry` policy), by hand once it
+//! finished, when its key is submitted again while it waits or runs.
 
 use bson::oid::ObjectId;
 use bson::DateTime;
 
 use super::machine;
-use crate::model::{status, RetryAt};
-use crate::store::{NewTask, StopIs, Store, StoreResult, TaskFence};
+use super::run::FinishExtra;
+use crate::model::{kept_output, status, Attempt, Output, RetryAt, Task};
+use crate::store::{NewTask, OutputValue, StopIs, Store, StoreError, StoreResult, TaskFence};
+
+/// The answer of [`retry_by_hand`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HandRetry {
+    /// Queued again.
+    Queued,
+    /// Not finished: still waiting or running, with this status.
+    NotFinished(i32),
+    /// No such task.
+    NotFound,
+}
+
+/// Queues a finished task again by hand (succeeded, failed or any other positive status,
+/// orphaned, cancelled or terminated): its last run becomes a record in `attempts` (with
+/// `reason`, and its outputs: a file kept as is, a text's last 4 KiB), and it is queued
+/// (-2, node null) with its outputs, progress and stop request cleared. Fenced on the
+/// status and `mtime` read, so of two concurrent retries one wins.
+///
+/// With `replace`, the task also takes its params, priority and `run_at` (waiting as
+/// scheduled when that is still to come): a finished task submitted again by key.
+/// [`StoreError::Malformed`] when the task cannot be read.
+pub async fn retry_by_hand(
+    store: &(impl Store + ?Sized),
+    task: ObjectId,
+    reason: &str,
+    replace: Option<&NewTask>,
+) -> StoreResult<HandRetry> {
+    let Some(t) = store.task(task).await? else {
+        return Ok(HandRetry::NotFound);
+    };
+    if let Some(problem) = &t.problem {
+        return Err(StoreError::Malformed {
+            collection: "tasks",
+            id: task.to_hex(),
+            reason: problem.clone(),
+        });
+    }
+    if !status::finished(t.status) {
+        return Ok(HandRetry::NotFinished(t.status));
+    }
+    let change = machine::hand_retry(last_run(&t, reason), replace, DateTime::now());
+    if store.change_tasks(&[(task, machine::as_read(&t), change)]).await?[0] {
+        return Ok(HandRetry::Queued);
+    }
+    // Changed meanwhile (another retry won): say what it is now.
+    Ok(match store.task(task).await? {
+        None => HandRetry::NotFound,
+        Some(now) => HandRetry::NotFinished(now.status),
+    })
+}
+
+/// The record of a finished task's last run, kept when it is queued again by hand or by
+/// key: its outputs as the file they are in, or the end of their text.
+pub(crate) fn last_run(t: &Task, reason: &str) -> Attempt {
+    let kept = |o: &Option<Output>| match o {
+        Some(Output::Inline(s)) => kept_output(s),
+        other => other.clone(),
+    };
+    Attempt {
+        node: t.node.clone(),
+        started: None,
+        ended: t.mtime,
+        status: t.status,
+        reason: reason.to_owned(),
+        stdout: kept(&t.stdout),
+        stderr: kept(&t.stderr),
+    }
+}
+
+/// The record of a run that ends while its task was submitted again (it runs once more):
+/// its outputs as the files they were written to, or the end of their text.
+pub(crate) fn rerun_record(
+    node: &str,
+    status: i32,
+    stdout: &OutputValue,
+    stderr: &OutputValue,
+    extra: &FinishExtra,
+) -> Attempt {
+    let kept = |o: &OutputValue| match o {
+        OutputValue::Inline(s) => kept_output(s),
+        OutputValue::File(id) => Some(Output::File(*id)),
+    };
+    let base = extra.attempt.clone().unwrap_or(Attempt {
+        node: Some(node.to_owned()),
+        started: None,
+        ended: DateTime::now(),
+        status,
+        reason: String::new(),
+        stdout: None,
+        stderr: None,
+    });
+    Attempt {
+        reason: if base.reason.is_empty() {
+            "submitted again while it ran: it runs once more".to_owned()
+        } else {
+            format!("{}; submitted again while it ran: it runs once more", base.reason)
+        },
+        stdout: kept(stdout),
+        stderr: kept(stderr),
+        ..base
+    }
+}
 
 /// Ends a failed run that its queue's `retry` policy runs again, fenced on `{_id, node,
 /// status: 0}`: appends `retry.attempt` to `attempts`, and the task waits (-7, node null)

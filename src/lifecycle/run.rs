@@ -1,13 +1,24 @@
 //! A task's run on a DEN, and the actions on tasks that have not ended: start, progress,
-//! scheduled tasks becoming due, cancel and kill requests. Each decides its fence and
-//! change once ([`super::machine`]) and writes them through the store's fenced changes.
+//! the end of a run (finish or rerun), requeue at shutdown, scheduled tasks becoming due,
+//! cancel and kill requests. Each decides its fence and change once ([`super::machine`])
+//! and writes them through the store's fenced changes.
 
 use bson::oid::ObjectId;
 use bson::DateTime;
 
-use super::machine;
-use crate::model::{status, StopAction, StopRequest, TaskProgress};
-use crate::store::{Store, StoreResult, TaskTarget};
+use super::{machine, retry};
+use crate::model::{status, Attempt, StopAction, StopRequest, TaskProgress};
+use crate::store::{OutputValue, Store, StoreResult, TaskTarget};
+
+/// What the end of a run stores beside the result ([`finish_with`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FinishExtra {
+    /// The plugin's last progress report.
+    pub progress: Option<TaskProgress>,
+    /// The run's record, appended to `attempts` (for a task of a queue with a `retry`
+    /// policy, or one retried before).
+    pub attempt: Option<Attempt>,
+}
 
 /// Marks a task `node` claimed as running (0), fenced on `{_id, node, status: -1}`.
 /// Idempotent: a task already running on `node` (a retry whose first reply was lost) also
@@ -20,6 +31,80 @@ pub async fn start(store: &(impl Store + ?Sized), task: ObjectId, node: &str) ->
     // A retry after a lost reply: the first attempt applied.
     let now = store.task(task).await?;
     Ok(now.is_some_and(|t| t.status == status::RUNNING && t.node.as_deref() == Some(node)))
+}
+
+/// [`finish_with`] without extras.
+pub async fn finish(
+    store: &(impl Store + ?Sized),
+    task: ObjectId,
+    node: &str,
+    code: i32,
+    stdout: OutputValue,
+    stderr: OutputValue,
+) -> StoreResult<bool> {
+    finish_with(store, task, node, code, stdout, stderr, &FinishExtra::default()).await
+}
+
+/// Ends a run of `task` on `node` with status `code` and its outputs (each inline text, or
+/// an output file [`Store::put_output_file`] wrote before: a task never points at a
+/// missing file), storing `extra` in the same write; fenced on `{_id, node, status: 0}`.
+/// A task marked to run once more ([`retry::request_rerun`]) is queued again instead (-2,
+/// node null, outputs and progress cleared) with the run's record — its outputs as a file
+/// or the end of the text — appended; unless someone asked to kill it, then it ends here.
+/// False, with nothing written, when the task is no longer running on `node` (recovered
+/// meanwhile).
+///
+/// Two fenced attempts: the first is the end of a run nobody submitted again (one write
+/// for almost every run); the second, one of the other two ends (killed, or run once
+/// more), whose fences exclude each other.
+pub async fn finish_with(
+    store: &(impl Store + ?Sized),
+    task: ObjectId,
+    node: &str,
+    code: i32,
+    stdout: OutputValue,
+    stderr: OutputValue,
+    extra: &FinishExtra,
+) -> StoreResult<bool> {
+    let done = machine::finish(code, &stdout, &stderr, extra.progress.as_ref(), extra.attempt.as_ref());
+    let plain = [(task, machine::ends_plainly(node), done.clone())];
+    if store.change_tasks(&plain).await?[0] {
+        return Ok(true);
+    }
+    let record = retry::rerun_record(node, code, &stdout, &stderr, extra);
+    let other = [
+        (task, machine::ends_killed(node), done),
+        (task, machine::ends_for_rerun(node), machine::rerun_requeue(record)),
+    ];
+    Ok(store.change_tasks(&other).await?.contains(&true))
+}
+
+/// Puts `tasks` that `node` claimed or runs back in their queue (-2, node null), for a
+/// graceful shutdown or claims it will not run. Answers the ids requeued. A task someone
+/// asked to kill is not put back: it ends failed (2) with
+/// [`KILLED_AT_SHUTDOWN`](crate::store::KILLED_AT_SHUTDOWN) as stderr. Tasks no longer
+/// `node`'s are left alone. One [`Store::change_tasks`] call: two entries per task, whose
+/// fences exclude each other.
+pub async fn requeue_own(store: &(impl Store + ?Sized), node: &str, tasks: &[ObjectId]) -> StoreResult<Vec<ObjectId>> {
+    if tasks.is_empty() {
+        return Ok(Vec::new());
+    }
+    let entries: Vec<_> = tasks
+        .iter()
+        .flat_map(|&id| {
+            [
+                (id, machine::own_unasked(node), machine::requeue()),
+                (id, machine::own_asked_to_kill(node), machine::fail_killed_at_shutdown()),
+            ]
+        })
+        .collect();
+    let done = store.change_tasks(&entries).await?;
+    Ok(tasks
+        .iter()
+        .zip(done.chunks(2))
+        .filter(|(_, d)| d[0])
+        .map(|(id, _)| *id)
+        .collect())
 }
 
 /// Stores a running task's latest progress, fenced on `{_id, node, status: 0}`. False

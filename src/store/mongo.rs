@@ -60,12 +60,11 @@ use futures::TryStreamExt;
 use mongodb::options::{FindOneAndUpdateOptions, IndexOptions, ReturnDocument};
 use mongodb::{Collection, Database, IndexModel};
 
-use self::documents::{output_bson, task_filter_doc, task_from, task_or_problem};
+use self::documents::{task_filter_doc, task_from, task_or_problem};
 use self::errors::{db_err, is_duplicate_key};
 use super::{
-    Batch, Dependency, FinishExtra, HandRetry, Leader, NewQueue, NewTask, OutputStream, OutputValue, Page,
-    PendingChange, QueueState, QueueUpdate, Recovery, StatusCounts, Store, StoreError, StoreResult, TaskChange,
-    TaskFence, TaskFilter, TaskTarget,
+    Batch, Dependency, Leader, NewQueue, NewTask, OutputStream, Page, PendingChange, QueueState, QueueUpdate, Recovery,
+    StatusCounts, Store, StoreError, StoreResult, TaskChange, TaskFence, TaskFilter, TaskTarget,
 };
 use super::{NodeChange, NodeFence, NodeRecord};
 use crate::model::{status, Node, Output, Queue, Sort, StopRequest, Task, UnreadableQueue};
@@ -354,22 +353,6 @@ impl Store for MongoStore {
         self.discard_files(task, files).await
     }
 
-    async fn finish_with(
-        &self,
-        task: ObjectId,
-        node: &str,
-        status: i32,
-        stdout: OutputValue,
-        stderr: OutputValue,
-        extra: &FinishExtra,
-    ) -> StoreResult<bool> {
-        self.finish_task(task, node, status, stdout, stderr, extra).await
-    }
-
-    async fn requeue_own(&self, node: &str, tasks: &[ObjectId]) -> StoreResult<Vec<ObjectId>> {
-        self.requeue_mine(node, tasks).await
-    }
-
     async fn recover_orphans(&self, claimed_before: DateTime, stale_before: DateTime) -> StoreResult<Recovery> {
         self.recover(claimed_before, stale_before).await
     }
@@ -395,10 +378,6 @@ impl Store for MongoStore {
 
     async fn insert_tasks(&self, queue: ObjectId, tasks: Vec<NewTask>) -> StoreResult<()> {
         tasks::insert(self, queue, tasks).await
-    }
-
-    async fn retry_by_hand(&self, task: ObjectId, reason: &str, replace: Option<&NewTask>) -> StoreResult<HandRetry> {
-        self.retry_finished(task, reason, replace).await
     }
 
     async fn kill_requests(&self, node: &str) -> StoreResult<Vec<(ObjectId, StopRequest)>> {

@@ -67,9 +67,8 @@ use rusqlite::{params, Connection, OptionalExtension};
 use self::rows::{db_err, read_bson};
 use self::touched::Touched;
 use super::{
-    Batch, Dependency, FinishExtra, HandRetry, Leader, NewQueue, NewTask, OutputValue, Page, PendingChange, QueueState,
-    QueueUpdate, Recovery, Slot, SlotRenewal, StatusCounts, Store, StoreError, StoreResult, TaskChange, TaskFence,
-    TaskFilter, TaskTarget,
+    Batch, Dependency, Leader, NewQueue, NewTask, Page, PendingChange, QueueState, QueueUpdate, Recovery, Slot,
+    SlotRenewal, StatusCounts, Store, StoreError, StoreResult, TaskChange, TaskFence, TaskFilter, TaskTarget,
 };
 use super::{NodeChange, NodeFence, NodeRecord};
 use crate::model::{Node, Output, Queue, StopRequest, Task, UnreadableQueue};
@@ -422,22 +421,6 @@ impl Store for SqliteStore {
         self.discard_files(task, files).await
     }
 
-    async fn finish_with(
-        &self,
-        task: ObjectId,
-        node: &str,
-        status: i32,
-        stdout: OutputValue,
-        stderr: OutputValue,
-        extra: &FinishExtra,
-    ) -> StoreResult<bool> {
-        self.finish_with(task, node, status, stdout, stderr, extra).await
-    }
-
-    async fn requeue_own(&self, node: &str, tasks: &[ObjectId]) -> StoreResult<Vec<ObjectId>> {
-        self.requeue_own(node, tasks).await
-    }
-
     async fn recover_orphans(&self, claimed_before: DateTime, stale_before: DateTime) -> StoreResult<Recovery> {
         self.recover_orphans(claimed_before, stale_before).await
     }
@@ -463,10 +446,6 @@ impl Store for SqliteStore {
 
     async fn insert_tasks(&self, queue: ObjectId, tasks: Vec<NewTask>) -> StoreResult<()> {
         self.insert_tasks(queue, tasks).await
-    }
-
-    async fn retry_by_hand(&self, task: ObjectId, reason: &str, replace: Option<&NewTask>) -> StoreResult<HandRetry> {
-        self.retry_finished(task, reason, replace).await
     }
 
     async fn kill_requests(&self, node: &str) -> StoreResult<Vec<(ObjectId, StopRequest)>> {

@@ -128,7 +128,7 @@ pub struct TaskFilter {
 }
 
 /// The stderr of a task that was asked to be killed while its DEN shut down
-/// ([`super::Store::requeue_own`] ends it failed instead of putting it back).
+/// (`lifecycle::run::requeue_own` ends it failed instead of putting it back).
 pub const KILLED_AT_SHUTDOWN: &str =
     "[disbatch: killed; its DEN stopped the plugin before it could store a result (the task's `stop` field says who asked and why)]\n";
 

@@ -21,8 +21,8 @@ pub struct Recording {
     /// The next this many `put_output_file` calls apply, then fail as if their reply had
     /// been lost (a transient error).
     pub lost_file_replies: AtomicUsize,
-    /// The next this many `finish_with` calls apply, then fail as if their reply had been
-    /// lost (a transient error).
+    /// The next this many results written (`lifecycle::run::finish_with`) apply, then fail
+    /// as if their reply had been lost (a transient error).
     pub lost_finish_replies: AtomicUsize,
     /// How many times every task was counted ([`Store::queue_counts`]).
     pub full_counts: AtomicUsize,
@@ -64,12 +64,30 @@ impl Store for Recording {
         self.inner.change_node(node, fence, change).await
     }
     async fn change_tasks(&self, changes: &[(ObjectId, TaskFence, TaskChange)]) -> StoreResult<Vec<bool>> {
+        use disbatch::model::status;
         let done = self.inner.change_tasks(changes).await?;
         // A start: claimed (-1) to running (0).
         let start = disbatch::lifecycle::machine::start();
+        let mut finished = None;
         for ((id, fence, change), ok) in changes.iter().zip(&done) {
-            if *ok && *change == start && fence.statuses.as_deref() == Some(&[disbatch::model::status::CLAIMED][..]) {
+            if *ok && *change == start && fence.statuses.as_deref() == Some(&[status::CLAIMED][..]) {
                 self.started.lock().unwrap().push(*id);
+            }
+            // The end of a run: running (0) to a result.
+            if *ok
+                && fence.statuses.as_deref() == Some(&[status::RUNNING][..])
+                && change.status.is_some_and(status::finished)
+            {
+                finished = Some(*id);
+            }
+        }
+        if let Some(task) = finished {
+            let lose = self
+                .lost_finish_replies
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+            if lose {
+                return Err(StoreError::Database(format!("reply to the result of task {task} lost")));
             }
         }
         Ok(done)
@@ -192,39 +210,6 @@ impl Store for Recording {
     }
     async fn discard_output_files(&self, task: ObjectId, files: &[ObjectId]) -> StoreResult<()> {
         self.inner.discard_output_files(task, files).await
-    }
-    async fn finish_with(
-        &self,
-        task: ObjectId,
-        node: &str,
-        status: i32,
-        stdout: OutputValue,
-        stderr: OutputValue,
-        extra: &disbatch::store::FinishExtra,
-    ) -> StoreResult<bool> {
-        let written = self
-            .inner
-            .finish_with(task, node, status, stdout, stderr, extra)
-            .await?;
-        let lose = self
-            .lost_finish_replies
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok();
-        if lose {
-            return Err(StoreError::Database(format!("reply to the result of task {task} lost")));
-        }
-        Ok(written)
-    }
-    async fn retry_by_hand(
-        &self,
-        task: ObjectId,
-        reason: &str,
-        replace: Option<&NewTask>,
-    ) -> StoreResult<disbatch::store::HandRetry> {
-        self.inner.retry_by_hand(task, reason, replace).await
-    }
-    async fn requeue_own(&self, node: &str, tasks: &[ObjectId]) -> StoreResult<Vec<ObjectId>> {
-        self.inner.requeue_own(node, tasks).await
     }
     async fn recover_orphans(&self, claimed_before: DateTime, stale_before: DateTime) -> StoreResult<Recovery> {
         self.inner.recover_orphans(claimed_before, stale_before).await

@@ -30,7 +30,13 @@ async fn claims_to_run_go_to_exactly_one_claimer_and_finish(s: Stores) {
                 }
                 let done = OutputValue::Inline(format!("{}", t.id));
                 let empty = OutputValue::Inline(String::new());
-                assert!(store.finish(t.id, &node, 1, done, empty).await.unwrap(), "{}", t.id);
+                assert!(
+                    disbatch::lifecycle::run::finish(&*store, t.id, &node, 1, done, empty)
+                        .await
+                        .unwrap(),
+                    "{}",
+                    t.id
+                );
                 got.push(t.id);
             }
             got

@@ -34,7 +34,9 @@ async fn run_to(s: &dyn Store, q: &Queue, id: ObjectId, code: i32) {
     assert_eq!(t.id, id, "the task claimed");
     assert!(disbatch::lifecycle::run::start(s, t.id, "n").await.unwrap());
     let out = OutputValue::Inline(String::new());
-    assert!(s.finish(t.id, "n", code, out.clone(), out).await.unwrap());
+    assert!(disbatch::lifecycle::run::finish(s, t.id, "n", code, out.clone(), out)
+        .await
+        .unwrap());
     deps::task_ended(s, t.id, t.dependents, t.batch.as_deref())
         .await
         .unwrap();
@@ -132,7 +134,9 @@ async fn parents_ending_at_once_release_their_child_once(s: Stores) {
         assert_eq!(t.id, *p);
         disbatch::lifecycle::run::start(&*s.a, t.id, "n").await.unwrap();
         let out = OutputValue::Inline(String::new());
-        assert!(s.a.finish(t.id, "n", 1, out.clone(), out).await.unwrap());
+        assert!(disbatch::lifecycle::run::finish(&*s.a, t.id, "n", 1, out.clone(), out)
+            .await
+            .unwrap());
     }
     // Every parent's end settled at once, half through each store handle.
     let settles: Vec<_> = parents
@@ -171,7 +175,9 @@ async fn the_sweep_settles_ends_no_den_settled(s: Stores) {
     );
     disbatch::lifecycle::run::start(&*s.a, p, "n").await.unwrap();
     let out = OutputValue::Inline(String::new());
-    assert!(s.a.finish(p, "n", 1, out.clone(), out).await.unwrap());
+    assert!(disbatch::lifecycle::run::finish(&*s.a, p, "n", 1, out.clone(), out)
+        .await
+        .unwrap());
     deps::task_ended(&*s.a, p, claimed.dependents, None).await.unwrap();
     assert_eq!(task(&*s.b, c).await.status, status::BLOCKED, "the DEN did not know");
     assert_eq!(s.b.unsettled(10).await.unwrap(), vec![Dependency::Task(p)]);
@@ -254,7 +260,11 @@ async fn a_parent_submitted_again_while_it_runs_holds_its_children(s: Stores) {
     );
     // This run fails, but the task runs once more: its child neither runs nor is cancelled.
     let out = OutputValue::Inline(String::new());
-    assert!(s.a.finish(p, "n", status::FAILED, out.clone(), out).await.unwrap());
+    assert!(
+        disbatch::lifecycle::run::finish(&*s.a, p, "n", status::FAILED, out.clone(), out)
+            .await
+            .unwrap()
+    );
     deps::task_ended(&*s.a, p, t.dependents, None).await.unwrap();
     assert_eq!(task(&*s.b, p).await.status, status::QUEUED, "queued for its next run");
     assert_eq!(task(&*s.b, c).await.status, status::BLOCKED);

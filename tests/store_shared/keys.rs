@@ -11,6 +11,7 @@ on_both_stores!(
     resubmitting_a_waiting_or_finished_task,
     a_task_submitted_again_while_it_runs_runs_once_more,
     a_rerun_is_dropped_by_a_kill_and_by_recovery,
+    only_a_key_clash_is_a_duplicate_key,
 );
 
 fn keyed(key: &str, params: Document) -> NewTask {
@@ -109,7 +110,11 @@ async fn resubmitting_a_waiting_or_finished_task(s: Stores) {
     assert_eq!((t.status, t.run_at), (status::QUEUED, None));
     assert_eq!(claim_run(&*s.a, &q, "n1").await, first.id);
     let out = |s: &str| OutputValue::Inline(s.into());
-    assert!(s.a.finish(first.id, "n1", 1, out("done"), out("")).await.unwrap());
+    assert!(
+        disbatch::lifecycle::run::finish(&*s.a, first.id, "n1", 1, out("done"), out(""))
+            .await
+            .unwrap()
+    );
     // Finished: queued again with the new params, the run it had kept in attempts.
     let Keyed::Resubmitted(t) = disbatch::lifecycle::keys::insert_keyed(&*s.b, q.id, keyed("k", doc! {"v": 4}), true)
         .await
@@ -200,7 +205,11 @@ async fn a_rerun_is_dropped_by_a_kill_and_by_recovery(s: Stores) {
         .await
         .unwrap();
     let empty = OutputValue::Inline(String::new());
-    assert!(s.a.finish(a.id, "gone", 2, empty.clone(), empty).await.unwrap());
+    assert!(
+        disbatch::lifecycle::run::finish(&*s.a, a.id, "gone", 2, empty.clone(), empty)
+            .await
+            .unwrap()
+    );
     let t = task(&*s.b, a.id).await;
     assert_eq!((t.status, t.rerun), (2, false), "a killed task does not run again");
     // Its node dies: recovery puts it back once (on_orphan requeue) and drops the rerun.
@@ -210,4 +219,45 @@ async fn a_rerun_is_dropped_by_a_kill_and_by_recovery(s: Stores) {
     assert_eq!(r.requeued, vec![b.id]);
     let t = task(&*s.a, b.id).await;
     assert_eq!((t.status, t.rerun), (status::QUEUED, false));
+}
+
+/// A duplicate task key is a clash on the key alone: a keyed task whose `_id` is taken
+/// fails otherwise (retrying cannot help), and a key taken fails as a duplicate key
+/// however many tasks are inserted with it.
+async fn only_a_key_clash_is_a_duplicate_key(s: Stores) {
+    let q = queue(&*s.a, "clash", 4, Sort::Fifo).await;
+    let first = keyed("k1", doc! {"n": 1});
+    s.a.insert_tasks(q.id, vec![first.clone()]).await.unwrap();
+    // A fresh key on a taken id.
+    let same_id = NewTask {
+        id: first.id,
+        ..keyed("k2", doc! {"n": 2})
+    };
+    let e = s.b.insert_tasks(q.id, vec![same_id]).await.unwrap_err();
+    assert!(
+        !matches!(e, StoreError::Duplicate { .. }) && !e.is_transient(),
+        "an id clash is not a duplicate key: {e:?}"
+    );
+    // A taken key on a fresh id, alone and among others.
+    let e =
+        s.b.insert_tasks(q.id, vec![keyed("k1", doc! {"n": 3})])
+            .await
+            .unwrap_err();
+    assert!(
+        matches!(e, StoreError::Duplicate { what: "task key", ref name } if name == "k1"),
+        "{e:?}"
+    );
+    let plain = NewTask::queued(ObjectId::new(), doc! {"n": 4});
+    let e =
+        s.b.insert_tasks(q.id, vec![plain, keyed("k1", doc! {"n": 5})])
+            .await
+            .unwrap_err();
+    assert!(
+        matches!(e, StoreError::Duplicate { what: "task key", ref name } if name == "k1"),
+        "{e:?}"
+    );
+    // The same keyed task again (a write whose reply was lost): its key is taken.
+    let e = s.b.insert_tasks(q.id, vec![first.clone()]).await.unwrap_err();
+    assert!(matches!(e, StoreError::Duplicate { what: "task key", .. }), "{e:?}");
+    assert_eq!(s.a.task(first.id).await.unwrap().unwrap().key.as_deref(), Some("k1"));
 }

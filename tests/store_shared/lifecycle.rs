@@ -232,7 +232,11 @@ async fn kill_requests_reach_only_the_node_running_the_task(s: Stores) {
     );
     // Once finished, a task has no kill request to carry out.
     let empty = OutputValue::Inline(String::new());
-    assert!(s.a.finish(mine, "n", 2, empty.clone(), empty).await.unwrap());
+    assert!(
+        disbatch::lifecycle::run::finish(&*s.a, mine, "n", 2, empty.clone(), empty)
+            .await
+            .unwrap()
+    );
     assert!(s.a.kill_requests("n").await.unwrap().is_empty());
     assert!(task(&*s.a, mine).await.stop.is_some(), "the request stays on the task");
 }
@@ -322,7 +326,12 @@ async fn a_task_asked_to_be_killed_never_runs_again(s: Stores) {
         .await
         .unwrap();
     // A shutdown puts back only the task nobody asked to kill; the other ends failed.
-    assert_eq!(s.a.requeue_own("n", &[asked, plain]).await.unwrap(), vec![plain]);
+    assert_eq!(
+        disbatch::lifecycle::run::requeue_own(&*s.a, "n", &[asked, plain])
+            .await
+            .unwrap(),
+        vec![plain]
+    );
     let t = task(&*s.b, asked).await;
     assert_eq!(t.status, status::FAILED);
     let stderr = s.b.read_output(t.stderr.as_ref().unwrap()).await.unwrap();
@@ -363,21 +372,20 @@ async fn progress_is_stored_while_running_and_kept_at_the_end(s: Stores) {
         at: DateTime::now(),
     };
     let empty = OutputValue::Inline(String::new());
-    assert!(s
-        .a
-        .finish_with(
-            id,
-            "n",
-            1,
-            empty.clone(),
-            empty.clone(),
-            &disbatch::store::FinishExtra {
-                progress: Some(done.clone()),
-                attempt: None,
-            },
-        )
-        .await
-        .unwrap());
+    assert!(disbatch::lifecycle::run::finish_with(
+        &*s.a,
+        id,
+        "n",
+        1,
+        empty.clone(),
+        empty.clone(),
+        &disbatch::lifecycle::run::FinishExtra {
+            progress: Some(done.clone()),
+            attempt: None,
+        },
+    )
+    .await
+    .unwrap());
     let t = task(&*s.b, id).await;
     assert_eq!(
         (t.status, t.progress.as_ref()),
@@ -398,7 +406,11 @@ async fn progress_is_stored_while_running_and_kept_at_the_end(s: Stores) {
     assert!(disbatch::lifecycle::run::report_progress(&*s.b, id, "n", &half)
         .await
         .unwrap());
-    assert!(s.a.finish(id, "n", 2, empty.clone(), empty).await.unwrap());
+    assert!(
+        disbatch::lifecycle::run::finish(&*s.a, id, "n", 2, empty.clone(), empty)
+            .await
+            .unwrap()
+    );
     assert_eq!(task(&*s.b, id).await.progress, Some(half));
 }
 

@@ -198,7 +198,11 @@ async fn renewing_an_expired_lease_keeps_the_slot_of_a_running_task(s: Stores) {
         "a late renewal freed the slot of a running task: the queue would run threads + 1"
     );
     let empty = OutputValue::Inline(String::new());
-    assert!(s.a.finish(running, "late", 1, empty.clone(), empty).await.unwrap());
+    assert!(
+        disbatch::lifecycle::run::finish(&*s.a, running, "late", 1, empty.clone(), empty)
+            .await
+            .unwrap()
+    );
     assert!(disbatch::lifecycle::slots::acquire_slot(&*s.b, &q, "other", LEASE)
         .await
         .unwrap()
@@ -221,7 +225,11 @@ async fn start_succeeds_again_after_a_lost_reply(s: Stores) {
         "not another node's task"
     );
     let empty = OutputValue::Inline(String::new());
-    assert!(s.a.finish(t.id, "me", 1, empty.clone(), empty).await.unwrap());
+    assert!(
+        disbatch::lifecycle::run::finish(&*s.a, t.id, "me", 1, empty.clone(), empty)
+            .await
+            .unwrap()
+    );
     assert!(
         !disbatch::lifecycle::run::start(&*s.a, t.id, "me").await.unwrap(),
         "a finished task does not start again"

@@ -33,7 +33,11 @@ async fn output_files_are_rewritten_in_place_and_discarded_unless_used(s: Stores
     let run = claim_run(&*s.a, &q, "n").await;
     assert_eq!(run, mine);
     let empty = OutputValue::Inline(String::new());
-    assert!(s.a.finish(mine, "n", 1, OutputValue::File(used), empty).await.unwrap());
+    assert!(
+        disbatch::lifecycle::run::finish(&*s.a, mine, "n", 1, OutputValue::File(used), empty)
+            .await
+            .unwrap()
+    );
     s.a.discard_output_files(mine, &[used, other]).await.unwrap();
     assert_eq!(s.b.read_output(&Output::File(used)).await.unwrap(), "used");
     assert_eq!(s.b.read_output(&Output::File(other)).await.unwrap(), "theirs");

@@ -2,8 +2,10 @@
 //! orphans retried by their queue's policy, retries by hand, and DENs carrying out a
 //! policy (failures, a plugin that fails and then succeeds, an activity timeout).
 
+use disbatch::lifecycle::retry::HandRetry;
+use disbatch::lifecycle::run::FinishExtra;
 use disbatch::model::{Attempt, Output, RetryAt};
-use disbatch::store::{FinishExtra, HandRetry, OutputValue};
+use disbatch::store::OutputValue;
 
 use super::*;
 
@@ -106,11 +108,11 @@ async fn a_retry_waits_its_time_and_prefers_another_node(s: Stores) {
             ..failed_attempt("n2")
         }),
     };
-    assert!(s
-        .b
-        .finish_with(other.id, "n2", 1, empty.clone(), empty, &done)
-        .await
-        .unwrap());
+    assert!(
+        disbatch::lifecycle::run::finish_with(&*s.b, other.id, "n2", 1, empty.clone(), empty, &done)
+            .await
+            .unwrap()
+    );
     let t = task(&*s.a, other.id).await;
     assert_eq!(t.attempts.len(), 2, "the final run is appended to the list");
     assert_eq!(t.attempts[1].node.as_deref(), Some("n2"));
@@ -170,30 +172,33 @@ async fn a_finished_task_is_retried_by_hand_once(s: Stores) {
     let q = queue(&*s.a, "by-hand", 4, Sort::Fifo).await;
     let id = s.a.create_tasks(q.id, vec![doc! {}]).await.unwrap()[0];
     assert_eq!(
-        s.b.retry_by_hand(id, "x", None).await.unwrap(),
+        disbatch::lifecycle::retry::retry_by_hand(&*s.b, id, "x", None)
+            .await
+            .unwrap(),
         HandRetry::NotFinished(status::QUEUED)
     );
     assert_eq!(
-        s.b.retry_by_hand(ObjectId::new(), "x", None).await.unwrap(),
+        disbatch::lifecycle::retry::retry_by_hand(&*s.b, ObjectId::new(), "x", None)
+            .await
+            .unwrap(),
         HandRetry::NotFound
     );
     assert_eq!(claim_run(&*s.a, &q, "n1").await, id);
     let long = "e".repeat(5000);
-    assert!(s
-        .a
-        .finish(
-            id,
-            "n1",
-            2,
-            OutputValue::Inline("out".into()),
-            OutputValue::Inline(long)
-        )
-        .await
-        .unwrap());
+    assert!(disbatch::lifecycle::run::finish(
+        &*s.a,
+        id,
+        "n1",
+        2,
+        OutputValue::Inline("out".into()),
+        OutputValue::Inline(long)
+    )
+    .await
+    .unwrap());
     // Two callers at once: one queues it, the other finds it no longer finished.
     let (x, y) = tokio::join!(
-        s.a.retry_by_hand(id, "retried by hand by ops: flaky disk", None),
-        s.b.retry_by_hand(id, "retried by hand by other", None)
+        disbatch::lifecycle::retry::retry_by_hand(&*s.a, id, "retried by hand by ops: flaky disk", None),
+        disbatch::lifecycle::retry::retry_by_hand(&*s.b, id, "retried by hand by other", None)
     );
     let answers = [x.unwrap(), y.unwrap()];
     assert_eq!(
@@ -356,7 +361,9 @@ async fn a_task_asked_to_be_killed_is_never_retried(s: Stores) {
     );
     let empty = OutputValue::Inline(String::new());
     assert!(
-        s.a.finish(id, "n1", 2, empty.clone(), empty).await.unwrap(),
+        disbatch::lifecycle::run::finish(&*s.a, id, "n1", 2, empty.clone(), empty)
+            .await
+            .unwrap(),
         "the failure is stored instead"
     );
     assert!(s.b.claim(&q, "n2").await.unwrap().is_none(), "it never runs again");

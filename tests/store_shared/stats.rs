@@ -107,7 +107,9 @@ async fn active_counts_are_the_full_counts_of_active_statuses(s: Stores) {
     for code in [1, 2] {
         let id = claim_run(&*s.a, &q1, "n").await;
         let empty = || OutputValue::Inline(String::new());
-        assert!(s.a.finish(id, "n", code, empty(), empty()).await.unwrap());
+        assert!(disbatch::lifecycle::run::finish(&*s.a, id, "n", code, empty(), empty())
+            .await
+            .unwrap());
     }
     let full = s.b.queue_counts().await.unwrap();
     let active = s.b.active_counts().await.unwrap();

@@ -14,10 +14,15 @@ use crate::store::{StoreResult, TaskTarget};
 /// Most ids named in one `updateMany` of [`MongoStore::change_where`].
 const CHUNK: usize = 1000;
 
-/// The filter of `fence`.
+/// The filter of `fence`. A fence on `mtime` is a compare-and-set on a task as read, so
+/// its statuses and `mtime` match every form the lenient reader reads as those values
+/// ([`status_forms`], [`mtime_forms`]): a task a Disbatch 4 tool wrote stays within reach.
 pub(super) fn fence_filter(fence: &TaskFence) -> Document {
     let mut f = Document::new();
     match fence.statuses.as_deref() {
+        Some(read) if fence.mtime.is_some() => {
+            f.insert("status", doc! { "$in": status_forms(read) });
+        }
         None => {}
         Some([one]) => {
             f.insert("status", *one);
@@ -36,7 +41,7 @@ pub(super) fn fence_filter(fence: &TaskFence) -> Document {
         }
     }
     if let Some(t) = fence.mtime {
-        f.insert("mtime", t);
+        f.insert("mtime", doc! { "$in": mtime_forms(t) });
     }
     match fence.stop {
         StopIs::Any => {}
@@ -63,6 +68,22 @@ pub(super) fn fence_filter(fence: &TaskFence) -> Document {
         f.insert("run_at", doc! { "$lte": t });
     }
     f
+}
+
+/// The stored forms the lenient reader reads as these statuses: each number (a query on a
+/// number matches every numeric type) and its decimal string.
+fn status_forms(statuses: &[i32]) -> Vec<Bson> {
+    statuses
+        .iter()
+        .flat_map(|s| [Bson::Int32(*s), Bson::String(s.to_string())])
+        .collect()
+}
+
+/// The stored forms the lenient reader reads as `mtime` ([`super::documents::as_date`]):
+/// the date, or the epoch number in milliseconds or in seconds.
+fn mtime_forms(mtime: DateTime) -> Vec<Bson> {
+    let ms = mtime.timestamp_millis();
+    vec![Bson::DateTime(mtime), Bson::Int64(ms), Bson::Double(ms as f64 / 1000.0)]
 }
 
 /// The filter of `target`'s tasks.

@@ -1,5 +1,5 @@
-//! The DEN's writes to a task it runs: the spec's claim, the start, progress reports, the
-//! result (fenced on the claiming node), and giving back what a stopping DEN did not start.
+//! The spec's claim (a claimed task that cannot be read is failed at once), and the output
+//! files a result that was not written leaves behind.
 
 use super::*;
 
@@ -77,108 +77,5 @@ impl MongoStore {
             .unwrap_or_default();
         let unused: Vec<ObjectId> = files.iter().copied().filter(|f| !used.contains(f)).collect();
         Ok(gridfs::delete_files(&self.db, task, &unused).await?)
-    }
-
-    pub(super) async fn finish_task(
-        &self,
-        task: ObjectId,
-        node: &str,
-        status: i32,
-        stdout: OutputValue,
-        stderr: OutputValue,
-        extra: &FinishExtra,
-    ) -> StoreResult<bool> {
-        let mut set = doc! {
-            "status": status,
-            "stdout": output_bson(&stdout),
-            "stderr": output_bson(&stderr),
-            "mtime": DateTime::now(),
-        };
-        if let Some(p) = &extra.progress {
-            set.insert("progress", p.to_document());
-        }
-        let mut update = doc! { "$set": set };
-        if let Some(a) = &extra.attempt {
-            update.insert("$push", doc! { "attempts": a.to_document() });
-        }
-        let fence = doc! { "_id": task, "node": node, "status": status::RUNNING };
-        let mut plain = fence.clone();
-        // Submitted again but then killed: it ends here.
-        plain.insert(
-            "$or",
-            vec![doc! { "rerun": { "$ne": true } }, doc! { "stop.action": "kill" }],
-        );
-        update.insert("$unset", doc! { "rerun": "" });
-        let result = self
-            .tasks
-            .update_one(plain, update)
-            .await
-            .map_err(db_err("finish task"))?;
-        if result.matched_count == 1 {
-            return Ok(true);
-        }
-        // Submitted again while it ran: queued once more, this run kept in `attempts`.
-        let record = crate::store::retries::rerun_record(node, status, &stdout, &stderr, extra);
-        let mut again = fence;
-        again.insert("rerun", true);
-        let result = self
-            .tasks
-            .update_one(
-                again,
-                doc! {
-                    "$set": {
-                        "status": status::QUEUED,
-                        "node": Bson::Null,
-                        "stdout": Bson::Null,
-                        "stderr": Bson::Null,
-                        "mtime": DateTime::now(),
-                    },
-                    "$unset": { "progress": "", "rerun": "" },
-                    "$push": { "attempts": record.to_document() },
-                },
-            )
-            .await
-            .map_err(db_err("finish task"))?;
-        Ok(result.matched_count == 1)
-    }
-
-    pub(super) async fn requeue_mine(&self, node: &str, tasks: &[ObjectId]) -> StoreResult<Vec<ObjectId>> {
-        let mut requeued = Vec::new();
-        for id in tasks {
-            let ours = doc! { "_id": id, "node": node, "status": { "$in": status::BUSY.to_vec() } };
-            let mut unasked = ours.clone();
-            unasked.insert("stop.action", doc! { "$ne": "kill" });
-            let result = self
-                .tasks
-                .update_one(
-                    unasked,
-                    doc! {
-                        "$set": { "status": status::QUEUED, "node": null, "mtime": DateTime::now() },
-                        "$unset": { "rerun": "" },
-                    },
-                )
-                .await
-                .map_err(db_err("requeue task"))?;
-            if result.modified_count == 1 {
-                requeued.push(*id);
-                continue;
-            }
-            // A task someone asked to kill ends failed rather than running again.
-            let mut asked = ours;
-            asked.insert("stop.action", "kill");
-            self.tasks
-                .update_one(
-                    asked,
-                    doc! { "$set": {
-                        "status": status::FAILED,
-                        "stdout": "",
-                        "stderr": crate::store::KILLED_AT_SHUTDOWN,
-                        "mtime": DateTime::now(),
-                    } },
-                )
-                .await
-                .map_err(db_err("end killed task"))?;
-        }
-        Ok(requeued)
     }
 }

@@ -16,9 +16,7 @@ pub(super) async fn insert(store: &MongoStore, queue: ObjectId, tasks: Vec<NewTa
         return Ok(());
     }
     let now = DateTime::now();
-    // A keyed task is inserted alone, so a duplicate key names it.
-    let keyed = tasks.len() == 1 && tasks[0].key.is_some();
-    let first_key = tasks[0].key.clone();
+    let keys: Vec<Option<String>> = tasks.iter().map(|t| t.key.clone()).collect();
     let docs = tasks.into_iter().map(|t| {
         let mut d = doc! {
             "_id": t.id,
@@ -54,15 +52,45 @@ pub(super) async fn insert(store: &MongoStore, queue: ObjectId, tasks: Vec<NewTa
         }
         d
     });
-    let key = keyed.then(|| first_key.unwrap_or_default());
     match store.tasks.insert_many(docs).await {
         Ok(_) => Ok(()),
-        Err(e) if key.is_some() && is_duplicate_key(&e) => Err(StoreError::Duplicate {
-            what: "task key",
-            name: key.unwrap_or_default(),
-        }),
-        Err(e) => Err(db_err("create tasks")(e)),
+        Err(e) => match key_clash(store, queue, &keys, &e).await? {
+            Some(key) => Err(StoreError::Duplicate {
+                what: "task key",
+                name: key,
+            }),
+            None => Err(db_err("create tasks")(e)),
+        },
     }
+}
+
+/// The key of the task whose insert failed with `e`, when `e` is a clash on that key: a
+/// task of `queue` holds it (possibly the very task, inserted before by a write whose reply
+/// was lost). A clash on an `_id` alone is not one.
+async fn key_clash(
+    store: &MongoStore,
+    queue: ObjectId,
+    keys: &[Option<String>],
+    e: &mongodb::error::Error,
+) -> StoreResult<Option<String>> {
+    if !is_duplicate_key(e) {
+        return Ok(None);
+    }
+    // An ordered insert stops at its first failure.
+    let at = match e.kind.as_ref() {
+        mongodb::error::ErrorKind::InsertMany(m) => m.write_errors.as_ref().and_then(|w| w.first()).map(|w| w.index),
+        _ => Some(0),
+    };
+    let Some(Some(key)) = at.and_then(|i| keys.get(i)) else {
+        return Ok(None);
+    };
+    let held = store
+        .tasks
+        .find_one(doc! { "queue": queue, "key": key })
+        .projection(doc! { "_id": 1 })
+        .await
+        .map_err(db_err("create tasks"))?;
+    Ok(held.map(|_| key.clone()))
 }
 
 /// [`Store::find_tasks`](crate::store::Store::find_tasks).

@@ -1,5 +1,5 @@
-//! The DEN's side of the embedded store: claiming, starting, finishing and requeueing
-//! tasks, and recovering those of dead nodes.
+//! The DEN's side of the embedded store: claiming tasks, and recovering those of dead
+//! nodes.
 
 use bson::oid::ObjectId;
 use bson::DateTime;
@@ -7,9 +7,9 @@ use bson::DateTime;
 use rusqlite::{params, Connection, OptionalExtension, Transaction};
 
 use super::rows::{db_err, task_from_row, CLAIMED_COLUMNS};
-use super::{recovery, retries, SqliteStore, Touched};
+use super::{recovery, SqliteStore, Touched};
 use crate::model::{status, Queue, Sort, Task};
-use crate::store::{FinishExtra, OutputValue, Recovery, StoreResult};
+use crate::store::{Recovery, StoreResult};
 
 /// Creates the indexes of the claim: queued tasks only (a claim takes its task out of
 /// them, a finish does not touch them), by queue in each claim order, so a claim reads
@@ -60,76 +60,6 @@ impl SqliteStore {
             claimed_touched,
         )
         .await?
-    }
-
-    pub(super) async fn finish_with(
-        &self,
-        task: ObjectId,
-        node: &str,
-        status: i32,
-        stdout: OutputValue,
-        stderr: OutputValue,
-        extra: &FinishExtra,
-    ) -> StoreResult<bool> {
-        let (node, extra) = (node.to_string(), extra.clone());
-        let done = self
-            .write_task("finish task", task, move |tx| {
-                retries::finish(tx, task, &node, status, &stdout, &stderr, &extra)
-            })
-            .await?;
-        if done == Some(true) {
-            self.signal_queued();
-        }
-        Ok(done.is_some())
-    }
-
-    pub(super) async fn requeue_own(&self, node: &str, tasks: &[ObjectId]) -> StoreResult<Vec<ObjectId>> {
-        let (node, tasks) = (node.to_string(), tasks.to_vec());
-        let touched = tasks.clone();
-        let requeued = self
-            .write_touching(
-                "requeue task",
-                move |tx| {
-                    let now = DateTime::now().timestamp_millis();
-                    let mut requeued = Vec::new();
-                    for &id in &tasks {
-                        let n = tx
-                            .execute(
-                                "UPDATE tasks SET status = ?1, node = NULL, rerun = NULL, mtime = ?2
-                         WHERE id = ?3 AND node = ?4 AND status IN (?5, ?6) AND stop IS NULL",
-                                params![status::QUEUED, now, id.to_hex(), node, status::CLAIMED, status::RUNNING],
-                            )
-                            .map_err(db_err("requeue task"))?;
-                        if n == 1 {
-                            requeued.push(id);
-                            continue;
-                        }
-                        // A task someone asked to kill ends failed rather than running again.
-                        tx.execute(
-                            "UPDATE tasks SET status = ?1, stdout = '', stdout_file = NULL, stderr = ?2,
-                             stderr_file = NULL, mtime = ?3
-                         WHERE id = ?4 AND node = ?5 AND status IN (?6, ?7) AND stop IS NOT NULL",
-                            params![
-                                status::FAILED,
-                                crate::store::KILLED_AT_SHUTDOWN,
-                                now,
-                                id.to_hex(),
-                                node,
-                                status::CLAIMED,
-                                status::RUNNING
-                            ],
-                        )
-                        .map_err(db_err("end killed task"))?;
-                    }
-                    Ok(requeued)
-                },
-                move |_| Touched::Tasks(touched),
-            )
-            .await?;
-        if !requeued.is_empty() {
-            self.signal_queued();
-        }
-        Ok(requeued)
     }
 
     /// Recovers as the MongoDB store does, in one transaction: a node is fresh when its

@@ -10,6 +10,15 @@ use super::{deps, SqliteStore, Touched, OUTPUT_FILES};
 use crate::model::{Output, Task};
 use crate::store::{NewTask, Page, StoreError, StoreResult, TaskFilter};
 
+/// Whether a task of `queue` holds `key`: then an insert that failed on a keyed row failed
+/// on its key (possibly held by the very task, inserted before by a write whose reply was
+/// lost), and not on its `id` alone or another constraint.
+fn key_held(tx: &rusqlite::Transaction<'_>, queue: &str, key: &str) -> StoreResult<bool> {
+    tx.prepare_cached("SELECT EXISTS (SELECT 1 FROM tasks WHERE queue = ?1 AND key = ?2)")
+        .and_then(|mut s| s.query_row(params![queue, key], |r| r.get(0)))
+        .map_err(db_err("create tasks"))
+}
+
 impl SqliteStore {
     pub(super) async fn insert_tasks(&self, queue: ObjectId, tasks: Vec<NewTask>) -> StoreResult<()> {
         if tasks.is_empty() {
@@ -64,15 +73,15 @@ impl SqliteStore {
                         dependents.then_some(1)
                     ]) {
                         Ok(_) => {}
-                        Err(rusqlite::Error::SqliteFailure(e, _))
-                            if e.code == rusqlite::ErrorCode::ConstraintViolation && key.is_some() =>
-                        {
-                            return Err(StoreError::Duplicate {
-                                what: "task key",
-                                name: key.clone().unwrap_or_default(),
+                        Err(e) => {
+                            return Err(match key {
+                                Some(k) if key_held(tx, &q, k)? => StoreError::Duplicate {
+                                    what: "task key",
+                                    name: k.clone(),
+                                },
+                                _ => err(e),
                             })
                         }
-                        Err(e) => return Err(err(e)),
                     }
                 }
                 Ok(())
