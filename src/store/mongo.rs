@@ -15,8 +15,7 @@
 //! logged once per process.
 //!
 //! Parts: `connect` ([`MongoOptions`], TLS and credentials), `documents` (BSON ↔ model,
-//! lenient parsing), `queues` (queue documents), `slots` (queue slot leases), `recovery`
-//! (orphan recovery), `lifecycle` (scheduled tasks, cancel and kill), `errors` (driver errors as transient or permanent store errors),
+//! lenient parsing), `queues` (queue documents), `slots` (queue slot leases), `lifecycle` (scheduled tasks, cancel and kill), `errors` (driver errors as transient or permanent store errors),
 //! `counts` (task counts per queue and status), `nodes` (heartbeats, the node-name guard,
 //! Disbatch 4 DENs on the same database), `running` (the DEN's claim, start, progress and
 //! finish), `indexes` (the collections' indexes).
@@ -36,7 +35,6 @@ mod lifecycle;
 mod nodes;
 mod plugins;
 mod queues;
-mod recovery;
 mod retries;
 mod running;
 mod slots;
@@ -64,9 +62,10 @@ use self::documents::{output_bson, task_filter_doc, task_from, task_or_problem};
 use self::errors::{db_err, is_duplicate_key};
 use super::{
     Batch, Dependency, FinishExtra, HandRetry, Leader, NewQueue, NewTask, OutputStream, OutputValue, Page,
-    PendingChange, QueueState, QueueUpdate, Recovery, StatusCounts, Store, StoreError, StoreResult, TaskChange,
-    TaskFence, TaskFilter, TaskTarget,
+    PendingChange, QueueState, QueueUpdate, StatusCounts, Store, StoreError, StoreResult, TaskChange, TaskFence,
+    TaskFilter, TaskTarget,
 };
+use super::{HeadFilter, TaskHead};
 use super::{NodeChange, NodeFence, NodeRecord};
 use crate::model::{status, Node, Output, Queue, Sort, StopRequest, Task, UnreadableQueue};
 
@@ -370,12 +369,8 @@ impl Store for MongoStore {
         self.requeue_mine(node, tasks).await
     }
 
-    async fn recover_orphans(&self, claimed_before: DateTime, stale_before: DateTime) -> StoreResult<Recovery> {
-        self.recover(claimed_before, stale_before).await
-    }
-
-    async fn recover_node(&self, node: &str) -> StoreResult<Recovery> {
-        self.recover_node(node).await
+    async fn task_heads(&self, filter: &HeadFilter, limit: usize) -> StoreResult<Vec<TaskHead>> {
+        tasks::heads(self, filter, limit).await
     }
 
     // ---- tasks (the DCI) ---------------------------------------------------------------

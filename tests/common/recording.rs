@@ -226,11 +226,8 @@ impl Store for Recording {
     async fn requeue_own(&self, node: &str, tasks: &[ObjectId]) -> StoreResult<Vec<ObjectId>> {
         self.inner.requeue_own(node, tasks).await
     }
-    async fn recover_orphans(&self, claimed_before: DateTime, stale_before: DateTime) -> StoreResult<Recovery> {
-        self.inner.recover_orphans(claimed_before, stale_before).await
-    }
-    async fn recover_node(&self, node: &str) -> StoreResult<Recovery> {
-        self.inner.recover_node(node).await
+    async fn task_heads(&self, filter: &HeadFilter, limit: usize) -> StoreResult<Vec<TaskHead>> {
+        self.inner.task_heads(filter, limit).await
     }
     async fn insert_tasks(&self, queue: ObjectId, tasks: Vec<NewTask>) -> StoreResult<()> {
         self.inner.insert_tasks(queue, tasks).await
@@ -269,6 +266,9 @@ impl SlotStore for Recording {
     }
     async fn busy_nodes(&self, queue: Option<ObjectId>, of: BusyOf) -> StoreResult<Vec<BusyNode>> {
         self.inner.busy_nodes(queue, of).await
+    }
+    async fn slots_held_by(&self, holders: &[String]) -> StoreResult<Vec<(ObjectId, SlotRow)>> {
+        self.inner.slots_held_by(holders).await
     }
 }
 

@@ -6,28 +6,9 @@ use bson::{doc, Bson, DateTime, Document};
 
 use super::documents::task_from;
 use super::{db_err, MongoStore};
-use crate::model::{status, RetryAt};
-use crate::store::retries::{last_run, Recover};
+use crate::model::status;
+use crate::store::retries::last_run;
 use crate::store::{HandRetry, NewTask, StoreResult};
-
-/// The update that sends a task back to wait for its retry.
-pub(super) fn retry_update(retry: &RetryAt, now: DateTime) -> Document {
-    doc! {
-        "$set": {
-            "status": Recover::retry_status(retry, now),
-            "node": Bson::Null,
-            "run_at": retry.run_at,
-            "priority": retry.priority,
-            "avoid_node": &retry.avoid_node,
-            "avoid_until": retry.avoid_until,
-            "stdout": Bson::Null,
-            "stderr": Bson::Null,
-            "mtime": now,
-        },
-        "$unset": { "progress": "", "stop": "", "rerun": "" },
-        "$push": { "attempts": retry.attempt.to_document() },
-    }
-}
 
 /// The fields a task takes from a submission of its key: params, priority, `run_at` and
 /// the status they mean at `now`.
