@@ -9,11 +9,11 @@
 //! suite (`tests/store_shared.rs`) holds both to the same behaviour.
 
 pub mod change;
+pub mod heads;
 pub mod mongo;
 pub mod node_change;
 pub mod plugins;
 pub mod queue_doc;
-mod retries;
 pub mod slot_change;
 mod slots;
 pub mod sqlite;
@@ -22,6 +22,7 @@ pub mod testing;
 mod types;
 
 pub use self::change::{NodeIs, StopIs, TaskChange, TaskFence, Write};
+pub use self::heads::{HeadFilter, HeadNode, TaskHead};
 pub use self::node_change::{NodeChange, NodeFence, NodeRecord};
 pub use self::plugins::{PluginRef, PluginStore, PluginVersion, Pushed};
 pub use self::queue_doc::QueueState;
@@ -36,7 +37,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bson::oid::ObjectId;
-use bson::{DateTime, Document};
+use bson::Document;
 
 use crate::model::{Node, Output, Queue, StopRequest, Task, UnreadableQueue};
 
@@ -299,23 +300,9 @@ pub trait Store: PluginStore + SlotStore + Send + Sync + 'static {
     /// pieces. A file the task document points at is kept (a finish whose reply was lost
     /// did apply), and so is a file of another task; ids never written are ignored.
     async fn discard_output_files(&self, task: ObjectId, files: &[ObjectId]) -> StoreResult<()>;
-    /// Recovers orphans: claimed (-1) tasks whose mtime is older than `claimed_before`
-    /// (the spec's sweep), and claimed or running tasks of any node that is not fresh
-    /// (heartbeat older than `stale_before`, or no node document) once the task's own
-    /// mtime is older than `stale_before` too, so a task claimed a moment ago by a node
-    /// that registered after the node list was read is left alone. Each task is changed
-    /// only if its status, node and mtime are still the ones read. Each becomes orphaned
-    /// (-6), or queued again (-2, node null) when its queue's `on_orphan` is `requeue` and
-    /// nobody asked to kill it;
-    /// mtime is set to now. Slots held by stale nodes are freed; slots of nodes without a
-    /// document are not freed here but expire with their lease.
-    async fn recover_orphans(&self, claimed_before: DateTime, stale_before: DateTime) -> StoreResult<Recovery>;
-    /// Recovers, at once, every claimed (-1) or running (0) task of `node` as
-    /// [`Store::recover_orphans`] does, and frees the slots `node` holds: the tasks of a
-    /// dead process whose name a new process just took
-    /// ([`lifecycle::nodes::take`](crate::lifecycle::nodes::take); the new process has
-    /// none yet).
-    async fn recover_node(&self, node: &str) -> StoreResult<Recovery>;
+    /// The heads of up to `limit` tasks matching `filter` ([`heads`]), in no particular
+    /// order: what orphan recovery (`lifecycle::recovery`) decides on.
+    async fn task_heads(&self, filter: &HeadFilter, limit: usize) -> StoreResult<Vec<TaskHead>>;
 
     // ---- tasks (the DCI) ---------------------------------------------------------------
 

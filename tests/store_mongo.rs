@@ -610,7 +610,9 @@ async fn stale_nodes_tasks_are_recovered_and_fresh_nodes_left_alone() {
         .unwrap();
     tokio::time::sleep(short * 2).await;
 
-    let recovery = t.store.recover_orphans(ago(300_000), ago(30_000)).await.unwrap();
+    let recovery = disbatch::lifecycle::recovery::recover_orphans(&t.store, ago(300_000), ago(30_000))
+        .await
+        .unwrap();
     let orphaned: HashSet<_> = recovery.orphaned.iter().copied().collect();
     let requeued: HashSet<_> = recovery.requeued.iter().copied().collect();
     assert_eq!(
@@ -652,7 +654,9 @@ async fn stale_nodes_tasks_are_recovered_and_fresh_nodes_left_alone() {
     assert_eq!(holder(alive_slot.n).await, Some(Bson::String("alive".into())));
 
     // A second sweep finds nothing more; requeued tasks can be claimed again.
-    let again = t.store.recover_orphans(ago(300_000), ago(30_000)).await.unwrap();
+    let again = disbatch::lifecycle::recovery::recover_orphans(&t.store, ago(300_000), ago(30_000))
+        .await
+        .unwrap();
     assert!(again.orphaned.is_empty() && again.requeued.is_empty(), "{again:?}");
     let rq = queue(&t.store, requeueing).await;
     assert_eq!(
@@ -670,7 +674,9 @@ async fn spec_sweep_orphans_old_claimed_tasks_of_any_node() {
     let new_claim = insert_tasks(&t.db, vec![task_in(q, Some("alive"), -1, ago(60_000))]).await[0];
     let long_run = insert_tasks(&t.db, vec![task_in(q, Some("alive"), 0, ago(600_000))]).await[0];
 
-    let recovery = t.store.recover_orphans(ago(300_000), ago(30_000)).await.unwrap();
+    let recovery = disbatch::lifecycle::recovery::recover_orphans(&t.store, ago(300_000), ago(30_000))
+        .await
+        .unwrap();
     assert_eq!(recovery.orphaned, vec![old_claim]);
     assert!(recovery.requeued.is_empty());
     assert_eq!(raw(&t.db, old_claim).await.get("status"), Some(&Bson::Int32(-6)));
@@ -709,7 +715,9 @@ async fn start_and_finish_are_fenced_against_recovery() {
         .update_many(doc! { "queue": q }, doc! { "$set": { "mtime": ago(60_000) } })
         .await
         .unwrap();
-    let recovery = t.store.recover_orphans(ago(300_000), ago(30_000)).await.unwrap();
+    let recovery = disbatch::lifecycle::recovery::recover_orphans(&t.store, ago(300_000), ago(30_000))
+        .await
+        .unwrap();
     assert_eq!(recovery.orphaned.len(), 2);
 
     assert!(!disbatch::lifecycle::run::start(&t.store, first.id, "den")

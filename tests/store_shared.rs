@@ -108,6 +108,8 @@ mod claims;
 mod deps;
 #[path = "store_shared/fair_slots.rs"]
 mod fair_slots;
+#[path = "store_shared/heads.rs"]
+mod heads;
 #[path = "store_shared/keys.rs"]
 mod keys;
 #[path = "store_shared/leader.rs"]
@@ -548,7 +550,9 @@ async fn stale_nodes_tasks_are_recovered_and_fresh_nodes_left_alone(s: Stores) {
     s.b.heartbeat("fresh", LEASE).await.unwrap();
 
     tokio::time::sleep(short * 2).await;
-    let r = s.b.recover_orphans(ago(3_600_000), cut).await.unwrap();
+    let r = disbatch::lifecycle::recovery::recover_orphans(&*s.b, ago(3_600_000), cut)
+        .await
+        .unwrap();
     let orphaned: HashSet<_> = r.orphaned.iter().copied().collect();
     assert_eq!(orphaned, HashSet::from([stale_claimed, stale_running, nodeless]));
     assert_eq!(r.requeued, vec![requeued]);
@@ -579,7 +583,9 @@ async fn stale_nodes_tasks_are_recovered_and_fresh_nodes_left_alone(s: Stores) {
         .await
         .unwrap()
         .is_some());
-    let again = s.b.recover_orphans(ago(3_600_000), cut).await.unwrap();
+    let again = disbatch::lifecycle::recovery::recover_orphans(&*s.b, ago(3_600_000), cut)
+        .await
+        .unwrap();
     assert!(again.orphaned.is_empty() && again.requeued.is_empty());
 }
 
@@ -594,7 +600,9 @@ async fn spec_sweep_orphans_old_claimed_tasks(s: Stores) {
     pause().await;
     let new_claimed = s.a.claim(&q, "live").await.unwrap().unwrap().id;
     s.a.heartbeat("live", LEASE).await.unwrap();
-    let r = s.b.recover_orphans(cut, ago(3_600_000)).await.unwrap();
+    let r = disbatch::lifecycle::recovery::recover_orphans(&*s.b, cut, ago(3_600_000))
+        .await
+        .unwrap();
     assert_eq!(r.orphaned, vec![old_claimed]);
     assert!(r.requeued.is_empty());
     assert_eq!(task(&*s.a, old_running).await.status, status::RUNNING);
@@ -608,7 +616,9 @@ async fn finish_is_fenced_after_recovery(s: Stores) {
     let claimed = s.a.claim(&q, "gone").await.unwrap().unwrap().id;
     let running = claim_run(&*s.a, &q, "gone").await;
     pause().await;
-    let r = s.b.recover_orphans(ago(3_600_000), DateTime::now()).await.unwrap();
+    let r = disbatch::lifecycle::recovery::recover_orphans(&*s.b, ago(3_600_000), DateTime::now())
+        .await
+        .unwrap();
     assert_eq!(r.orphaned.len(), 2);
     assert!(!disbatch::lifecycle::run::start(&*s.a, claimed, "gone").await.unwrap());
     assert!(!disbatch::lifecycle::run::finish(

@@ -141,10 +141,12 @@ impl Den {
             return Ok(());
         }
         let now = DateTime::now();
-        let recovered = self
-            .store
-            .recover_orphans(before(now, s.orphan_claimed_after), before(now, s.heartbeat_stale))
-            .await?;
+        let recovered = crate::lifecycle::recovery::recover_orphans(
+            &*self.store,
+            before(now, s.orphan_claimed_after),
+            before(now, s.heartbeat_stale),
+        )
+        .await?;
         if !recovered.orphaned.is_empty() {
             warn!(count = recovered.orphaned.len(), tasks = ?recovered.orphaned, "marked orphaned tasks (-6)");
         }

@@ -267,6 +267,41 @@ pub fn killable() -> TaskFence {
     TaskFence::statuses(&KILLABLE).stop(StopIs::NotKill)
 }
 
+// ---- orphan recovery (see `super::recovery`) ------------------------------------------
+
+/// A task whose node stopped answering, recovered as it was read: its status, its node
+/// (none when unclaimed) and its `mtime` (when stored as a time) unchanged since.
+pub fn orphan_as_read(status: i32, node: Option<&str>, mtime: Option<DateTime>) -> TaskFence {
+    TaskFence {
+        mtime,
+        ..TaskFence::statuses(&[status]).on(node.map_or(NodeIs::Unclaimed, |n| NodeIs::Node(n.to_owned())))
+    }
+}
+
+/// An orphan ends orphaned (-6), with the record of its run when a `retry` policy
+/// governed it; it does not run again, so a rerun mark is dropped.
+pub fn orphan(record: Option<Attempt>) -> TaskChange {
+    TaskChange {
+        status: Some(status::ORPHANED),
+        rerun: Some(false),
+        attempt: record,
+        touch: true,
+        ..TaskChange::default()
+    }
+}
+
+/// An orphan is put back in its queue (-2, unclaimed): the queue's `on_orphan: requeue`.
+/// Its rerun mark is dropped (it runs again anyway).
+pub fn requeue_orphan() -> TaskChange {
+    TaskChange {
+        status: Some(status::QUEUED),
+        node: Write::Clear,
+        rerun: Some(false),
+        touch: true,
+        ..TaskChange::default()
+    }
+}
+
 /// Scheduled tasks whose `run_at` is not after `now`.
 pub fn due(now: DateTime) -> TaskFence {
     TaskFence {
@@ -278,7 +313,6 @@ pub fn due(now: DateTime) -> TaskFence {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::Attempt;
 
     fn retry_at(run_at: DateTime) -> RetryAt {
         RetryAt {

@@ -31,7 +31,7 @@ const TAKE_ATTEMPTS: usize = 3;
 /// on the document as read so two processes never both take it. Returns `None` when
 /// taken, the holder otherwise. On taking it, the node's claimed (-1) and running (0)
 /// tasks — a dead earlier process's, as the taking process has none yet — are recovered at
-/// once and its slots freed ([`Store::recover_node`]); a Disbatch 4 holder is given up
+/// once and its slots freed ([`recover_node`](super::recovery::recover_node)); a Disbatch 4 holder is given up
 /// only once it has none.
 pub async fn take(
     store: &(impl Store + ?Sized),
@@ -64,7 +64,7 @@ pub async fn take(
             // Whatever the name still holds belongs to a process that is gone (a Disbatch 4
             // holder gets here only without claimed or running tasks). A document deleted
             // by hand may have left tasks behind too.
-            store.recover_node(node).await?;
+            super::recovery::recover_node(store, node).await?;
             return Ok(None);
         }
         // Someone wrote the document between the read and the take: read it again.

@@ -15,8 +15,7 @@
 //! logged once per process.
 //!
 //! Parts: `connect` ([`MongoOptions`], TLS and credentials), `documents` (BSON ↔ model,
-//! lenient parsing), `queues` (queue documents), `slots` (queue slot leases), `recovery`
-//! (orphan recovery), `lifecycle` (scheduled tasks, cancel and kill), `errors` (driver errors as transient or permanent store errors),
+//! lenient parsing), `queues` (queue documents), `slots` (queue slot leases), `lifecycle` (scheduled tasks, cancel and kill), `errors` (driver errors as transient or permanent store errors),
 //! `counts` (task counts per queue and status), `nodes` (heartbeats, the node-name guard,
 //! Disbatch 4 DENs on the same database), `running` (the DEN's claim, start, progress and
 //! finish), `indexes` (the collections' indexes).
@@ -36,8 +35,6 @@ mod lifecycle;
 mod nodes;
 mod plugins;
 mod queues;
-mod recovery;
-mod retries;
 mod running;
 mod slots;
 mod stats;
@@ -63,9 +60,10 @@ use mongodb::{Collection, Database, IndexModel};
 use self::documents::{task_filter_doc, task_from, task_or_problem};
 use self::errors::{db_err, is_duplicate_key};
 use super::{
-    Batch, Dependency, Leader, NewQueue, NewTask, OutputStream, Page, PendingChange, QueueState, QueueUpdate, Recovery,
+    Batch, Dependency, Leader, NewQueue, NewTask, OutputStream, Page, PendingChange, QueueState, QueueUpdate,
     StatusCounts, Store, StoreError, StoreResult, TaskChange, TaskFence, TaskFilter, TaskTarget,
 };
+use super::{HeadFilter, TaskHead};
 use super::{NodeChange, NodeFence, NodeRecord};
 use crate::model::{status, Node, Output, Queue, Sort, StopRequest, Task, UnreadableQueue};
 
@@ -353,12 +351,8 @@ impl Store for MongoStore {
         self.discard_files(task, files).await
     }
 
-    async fn recover_orphans(&self, claimed_before: DateTime, stale_before: DateTime) -> StoreResult<Recovery> {
-        self.recover(claimed_before, stale_before).await
-    }
-
-    async fn recover_node(&self, node: &str) -> StoreResult<Recovery> {
-        self.recover_node(node).await
+    async fn task_heads(&self, filter: &HeadFilter, limit: usize) -> StoreResult<Vec<TaskHead>> {
+        tasks::heads(self, filter, limit).await
     }
 
     // ---- tasks (the DCI) ---------------------------------------------------------------

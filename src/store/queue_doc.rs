@@ -333,15 +333,6 @@ pub fn updated(before: &Document, set: Document) -> StoreResult<(Document, Queue
     }
 }
 
-/// A queue's `on_orphan` policy for recovery: anything but `"requeue"` is the spec's
-/// orphaning, so a malformed queue still gets its tasks recovered.
-pub fn on_orphan_lenient(d: &Document) -> OnOrphan {
-    match d.get("on_orphan") {
-        Some(Bson::String(s)) if s == "requeue" => OnOrphan::Requeue,
-        _ => OnOrphan::Orphan,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -386,8 +377,6 @@ mod tests {
         assert_eq!(q.sandbox.timeout, Some(std::time::Duration::from_secs(30)));
         assert_eq!(q.sandbox.memory_mib, Some(64));
         assert_eq!(q.on_orphan, OnOrphan::Requeue);
-        assert_eq!(on_orphan_lenient(&d), OnOrphan::Requeue);
-        assert_eq!(on_orphan_lenient(&doc! { "on_orphan": 5 }), OnOrphan::Orphan);
     }
 
     #[test]

@@ -22,4 +22,6 @@ pub trait SlotStore: Send + Sync {
     /// The nodes with claimed (-1) or running (0) tasks, of `queue` when given (else of
     /// any queue), with how many; only those Disbatch 4 DENs run with [`BusyOf::Foreign`].
     async fn busy_nodes(&self, queue: Option<ObjectId>, of: BusyOf) -> StoreResult<Vec<BusyNode>>;
+    /// Every slot row held by one of `holders`, with its queue.
+    async fn slots_held_by(&self, holders: &[String]) -> StoreResult<Vec<(ObjectId, SlotRow)>>;
 }

@@ -43,7 +43,6 @@ mod lifecycle;
 mod nodes;
 mod plugins;
 mod queues;
-mod recovery;
 mod retries;
 mod rows;
 mod schema;
@@ -61,16 +60,16 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bson::oid::ObjectId;
-use bson::{DateTime, Document};
+use bson::Document;
 use rusqlite::{params, Connection, OptionalExtension};
 
 use self::rows::{db_err, read_bson};
 use self::touched::Touched;
 use super::{
-    Batch, Dependency, Leader, NewQueue, NewTask, Page, PendingChange, QueueState, QueueUpdate, Recovery, Slot,
-    SlotRenewal, StatusCounts, Store, StoreError, StoreResult, TaskChange, TaskFence, TaskFilter, TaskTarget,
+    Batch, Dependency, Leader, NewQueue, NewTask, Page, PendingChange, QueueState, QueueUpdate, Slot, SlotRenewal,
+    StatusCounts, Store, StoreError, StoreResult, TaskChange, TaskFence, TaskFilter, TaskTarget,
 };
-use super::{NodeChange, NodeFence, NodeRecord};
+use super::{HeadFilter, NodeChange, NodeFence, NodeRecord, TaskHead};
 use crate::model::{Node, Output, Queue, StopRequest, Task, UnreadableQueue};
 
 /// How often a watcher of task changes looks for writes by other processes.
@@ -421,12 +420,8 @@ impl Store for SqliteStore {
         self.discard_files(task, files).await
     }
 
-    async fn recover_orphans(&self, claimed_before: DateTime, stale_before: DateTime) -> StoreResult<Recovery> {
-        self.recover_orphans(claimed_before, stale_before).await
-    }
-
-    async fn recover_node(&self, node: &str) -> StoreResult<Recovery> {
-        self.recover_node(node).await
+    async fn task_heads(&self, filter: &HeadFilter, limit: usize) -> StoreResult<Vec<TaskHead>> {
+        self.task_heads(filter, limit).await
     }
 
     // ---- tasks (the DCI) ---------------------------------------------------------------

@@ -211,11 +211,8 @@ impl Store for Recording {
     async fn discard_output_files(&self, task: ObjectId, files: &[ObjectId]) -> StoreResult<()> {
         self.inner.discard_output_files(task, files).await
     }
-    async fn recover_orphans(&self, claimed_before: DateTime, stale_before: DateTime) -> StoreResult<Recovery> {
-        self.inner.recover_orphans(claimed_before, stale_before).await
-    }
-    async fn recover_node(&self, node: &str) -> StoreResult<Recovery> {
-        self.inner.recover_node(node).await
+    async fn task_heads(&self, filter: &HeadFilter, limit: usize) -> StoreResult<Vec<TaskHead>> {
+        self.inner.task_heads(filter, limit).await
     }
     async fn insert_tasks(&self, queue: ObjectId, tasks: Vec<NewTask>) -> StoreResult<()> {
         self.inner.insert_tasks(queue, tasks).await
@@ -254,6 +251,9 @@ impl SlotStore for Recording {
     }
     async fn busy_nodes(&self, queue: Option<ObjectId>, of: BusyOf) -> StoreResult<Vec<BusyNode>> {
         self.inner.busy_nodes(queue, of).await
+    }
+    async fn slots_held_by(&self, holders: &[String]) -> StoreResult<Vec<(ObjectId, SlotRow)>> {
+        self.inner.slots_held_by(holders).await
     }
 }
 

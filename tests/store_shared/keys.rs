@@ -215,7 +215,9 @@ async fn a_rerun_is_dropped_by_a_kill_and_by_recovery(s: Stores) {
     // Its node dies: recovery puts it back once (on_orphan requeue) and drops the rerun.
     pause().await;
     let later = DateTime::from_millis(DateTime::now().timestamp_millis() + 1000);
-    let r = s.b.recover_orphans(ago(3_600_000), later).await.unwrap();
+    let r = disbatch::lifecycle::recovery::recover_orphans(&*s.b, ago(3_600_000), later)
+        .await
+        .unwrap();
     assert_eq!(r.requeued, vec![b.id]);
     let t = task(&*s.a, b.id).await;
     assert_eq!((t.status, t.rerun), (status::QUEUED, false));

@@ -343,7 +343,9 @@ async fn a_task_asked_to_be_killed_never_runs_again(s: Stores) {
         .await
         .unwrap();
     pause().await;
-    let r = s.b.recover_orphans(DateTime::now(), DateTime::now()).await.unwrap();
+    let r = disbatch::lifecycle::recovery::recover_orphans(&*s.b, DateTime::now(), DateTime::now())
+        .await
+        .unwrap();
     assert_eq!((r.requeued, r.orphaned), (vec![plain], vec![asked]));
 }
 

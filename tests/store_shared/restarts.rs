@@ -90,7 +90,9 @@ async fn an_expired_slot_stays_held_while_its_holder_has_tasks(s: Stores) {
     );
     // Recovery (the holder is stale) orphans the task and frees the slot together.
     let future = DateTime::from_millis(DateTime::now().timestamp_millis() + 1000);
-    let r = s.b.recover_orphans(ago(3_600_000), future).await.unwrap();
+    let r = disbatch::lifecycle::recovery::recover_orphans(&*s.b, ago(3_600_000), future)
+        .await
+        .unwrap();
     assert_eq!(r.orphaned, vec![running]);
     assert!(disbatch::lifecycle::slots::acquire_slot(&*s.b, &q, "other", LEASE)
         .await
@@ -116,7 +118,9 @@ async fn a_stale_nodes_slot_stays_held_while_a_task_claimed_after_its_heartbeat_
     tokio::time::sleep(Duration::from_millis(500)).await;
     // The node is stale, but its task is younger than the stale window: not recovered
     // yet, so its slot stays held and the queue's one thread stays taken.
-    let r = s.b.recover_orphans(ago(3_600_000), between).await.unwrap();
+    let r = disbatch::lifecycle::recovery::recover_orphans(&*s.b, ago(3_600_000), between)
+        .await
+        .unwrap();
     assert!(r.orphaned.is_empty() && r.requeued.is_empty(), "{r:?}");
     assert_eq!(task(&*s.b, running).await.status, status::RUNNING);
     assert!(
@@ -128,7 +132,9 @@ async fn a_stale_nodes_slot_stays_held_while_a_task_claimed_after_its_heartbeat_
     );
     // Once the task itself is recovered, its slot goes with it.
     let future = DateTime::from_millis(DateTime::now().timestamp_millis() + 1000);
-    let r = s.b.recover_orphans(ago(3_600_000), future).await.unwrap();
+    let r = disbatch::lifecycle::recovery::recover_orphans(&*s.b, ago(3_600_000), future)
+        .await
+        .unwrap();
     assert_eq!(r.orphaned, vec![running]);
     assert!(disbatch::lifecycle::slots::acquire_slot(&*s.b, &q, "other", LEASE)
         .await
@@ -160,7 +166,9 @@ async fn a_slot_lease_is_revalidated_by_its_holder_only(s: Stores) {
     );
     tokio::time::sleep(short * 2).await;
     let future = DateTime::from_millis(DateTime::now().timestamp_millis() + 1000);
-    s.b.recover_orphans(ago(3_600_000), future).await.unwrap();
+    disbatch::lifecycle::recovery::recover_orphans(&*s.b, ago(3_600_000), future)
+        .await
+        .unwrap();
     assert_eq!(
         disbatch::lifecycle::slots::renew_slot(&*s.a, &slot, "holder", LEASE)
             .await

@@ -141,7 +141,9 @@ async fn recovery_retries_orphans_while_attempts_are_left(s: Stores) {
     s.a.heartbeat("gone", Duration::from_secs(30)).await.unwrap();
     assert_eq!(claim_run(&*s.a, &q, "gone").await, id);
     pause().await;
-    let recovery = s.b.recover_orphans(ago(3_600_000), later(1000)).await.unwrap();
+    let recovery = disbatch::lifecycle::recovery::recover_orphans(&*s.b, ago(3_600_000), later(1000))
+        .await
+        .unwrap();
     assert_eq!(recovery.retried, vec![id]);
     assert!(recovery.orphaned.is_empty() && recovery.requeued.is_empty());
     let t = task(&*s.a, id).await;
@@ -161,7 +163,9 @@ async fn recovery_retries_orphans_while_attempts_are_left(s: Stores) {
     s.a.heartbeat("gone2", Duration::from_secs(30)).await.unwrap();
     assert_eq!(claim_run(&*s.a, &q, "gone2").await, id);
     pause().await;
-    let recovery = s.b.recover_orphans(ago(3_600_000), later(1000)).await.unwrap();
+    let recovery = disbatch::lifecycle::recovery::recover_orphans(&*s.b, ago(3_600_000), later(1000))
+        .await
+        .unwrap();
     assert_eq!(recovery.orphaned, vec![id]);
     let t = task(&*s.a, id).await;
     assert_eq!(t.status, status::ORPHANED);

@@ -196,6 +196,25 @@ impl SlotStore for MongoStore {
             })
             .collect())
     }
+
+    async fn slots_held_by(&self, holders: &[String]) -> StoreResult<Vec<(ObjectId, SlotRow)>> {
+        if holders.is_empty() {
+            return Ok(Vec::new());
+        }
+        let err = db_err("read the slots of nodes");
+        let docs: Vec<Document> = self
+            .slots
+            .find(doc! { "holder": { "$in": holders } })
+            .await
+            .map_err(&err)?
+            .try_collect()
+            .await
+            .map_err(&err)?;
+        docs.iter()
+            .filter_map(|d| d.get_object_id("queue").ok().map(|q| (q, d)))
+            .map(|(q, d)| Ok((q, row_from(d)?)))
+            .collect()
+    }
 }
 
 impl MongoStore {
@@ -209,26 +228,6 @@ impl MongoStore {
             )
             .await
             .map_err(db_err("renew slot leases"))?;
-        Ok(())
-    }
-
-    /// Frees every slot held by one of `nodes` (only those whose lease expired before
-    /// `expired_before`, when given: a node that came back has renewed its leases).
-    pub(super) async fn free_slots_of(&self, nodes: &[String], expired_before: Option<DateTime>) -> StoreResult<()> {
-        if nodes.is_empty() {
-            return Ok(());
-        }
-        let mut filter = doc! { "holder": { "$in": nodes } };
-        if let Some(t) = expired_before {
-            filter.insert("expires", doc! { "$lt": t });
-        }
-        self.slots
-            .update_many(
-                filter,
-                doc! { "$set": { "holder": null, "want": null, "want_until": null } },
-            )
-            .await
-            .map_err(db_err("free slots of stale nodes"))?;
         Ok(())
     }
 }

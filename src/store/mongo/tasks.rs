@@ -4,11 +4,11 @@ use bson::oid::ObjectId;
 use bson::{doc, DateTime, Document};
 use futures::TryStreamExt;
 
-use super::documents::{task_filter_doc, task_or_problem};
+use super::documents::{as_int, task_filter_doc, task_or_problem};
 use super::errors::{db_err, is_duplicate_key};
 use super::MongoStore;
-use crate::model::Task;
-use crate::store::{Dependency, NewTask, Page, StoreError, StoreResult, TaskFilter};
+use crate::model::{Attempt, Task};
+use crate::store::{Dependency, HeadFilter, HeadNode, NewTask, Page, StoreError, StoreResult, TaskFilter, TaskHead};
 
 /// [`Store::insert_tasks`](crate::store::Store::insert_tasks).
 pub(super) async fn insert(store: &MongoStore, queue: ObjectId, tasks: Vec<NewTask>) -> StoreResult<()> {
@@ -111,4 +111,57 @@ pub(super) async fn find(store: &MongoStore, filter: &TaskFilter, page: Page) ->
         .await
         .map_err(db_err("find tasks"))?;
     Ok(docs.iter().filter_map(task_or_problem).collect())
+}
+
+/// The filter of `filter`.
+fn head_filter(filter: &HeadFilter) -> Document {
+    let mut f = doc! { "status": { "$in": filter.statuses.clone() } };
+    match &filter.node {
+        HeadNode::Any => {}
+        HeadNode::Is(n) => {
+            f.insert("node", n.as_str());
+        }
+        HeadNode::NoneOf(names) => {
+            f.insert("node", doc! { "$nin": names.clone() });
+        }
+    }
+    if let Some(t) = filter.mtime_before {
+        f.insert("mtime", doc! { "$lt": t });
+    }
+    f
+}
+
+/// A task document (projected to its head's fields) as a head; None without an `_id`.
+fn head_from(d: &Document) -> Option<TaskHead> {
+    Some(TaskHead {
+        id: d.get_object_id("_id").ok()?,
+        queue: d.get_object_id("queue").ok(),
+        status: d.get("status").and_then(as_int).and_then(|s| i32::try_from(s).ok())?,
+        node: d.get_str("node").ok().map(str::to_owned),
+        mtime: d.get_datetime("mtime").ok().copied(),
+        kill: d.get_document("stop").ok().and_then(|s| s.get_str("action").ok()) == Some("kill"),
+        priority: d.get("priority").and_then(as_int).unwrap_or(0),
+        attempts: Attempt::list_from(d.get("attempts")),
+    })
+}
+
+/// [`Store::task_heads`](crate::store::Store::task_heads).
+pub(super) async fn heads(store: &MongoStore, filter: &HeadFilter, limit: usize) -> StoreResult<Vec<TaskHead>> {
+    if limit == 0 {
+        return Ok(Vec::new());
+    }
+    let err = db_err("read task heads");
+    let docs: Vec<Document> = store
+        .tasks
+        .find(head_filter(filter))
+        .projection(
+            doc! { "queue": 1, "status": 1, "node": 1, "mtime": 1, "stop.action": 1, "attempts": 1, "priority": 1 },
+        )
+        .limit(i64::try_from(limit).unwrap_or(i64::MAX))
+        .await
+        .map_err(&err)?
+        .try_collect()
+        .await
+        .map_err(&err)?;
+    Ok(docs.iter().filter_map(head_from).collect())
 }

@@ -7,9 +7,9 @@ use bson::DateTime;
 use rusqlite::{params, Connection, OptionalExtension, Transaction};
 
 use super::rows::{db_err, task_from_row, CLAIMED_COLUMNS};
-use super::{recovery, SqliteStore, Touched};
+use super::{SqliteStore, Touched};
 use crate::model::{status, Queue, Sort, Task};
-use crate::store::{Recovery, StoreResult};
+use crate::store::StoreResult;
 
 /// Creates the indexes of the claim: queued tasks only (a claim takes its task out of
 /// them, a finish does not touch them), by queue in each claim order, so a claim reads
@@ -60,36 +60,6 @@ impl SqliteStore {
             claimed_touched,
         )
         .await?
-    }
-
-    /// Recovers as the MongoDB store does, in one transaction: a node is fresh when its
-    /// `timestamp` is at or after `stale_before`; claimed or running tasks of any other
-    /// node are recovered once their own `mtime` is before `stale_before` too.
-    pub(super) async fn recover_orphans(
-        &self,
-        claimed_before: DateTime,
-        stale_before: DateTime,
-    ) -> StoreResult<Recovery> {
-        let (claimed_before, stale_before) = (claimed_before.timestamp_millis(), stale_before.timestamp_millis());
-        let recovery = self
-            .write_touching(
-                "recover orphans",
-                move |tx| recovery::recover_orphans(tx, claimed_before, stale_before),
-                |r| {
-                    Touched::Tasks(
-                        [&r.orphaned, &r.requeued, &r.retried]
-                            .into_iter()
-                            .flatten()
-                            .copied()
-                            .collect(),
-                    )
-                },
-            )
-            .await?;
-        if !recovery.requeued.is_empty() || !recovery.retried.is_empty() {
-            self.signal_queued();
-        }
-        Ok(recovery)
     }
 }
 

@@ -10,7 +10,7 @@ use bson::{DateTime, Document};
 use crate::model::{Attempt, Output, Task};
 use crate::store::{OutputValue, StoreError, StoreResult};
 
-pub(super) use crate::store::queue_doc::{on_orphan_lenient, read as queue_from};
+pub(super) use crate::store::queue_doc::read as queue_from;
 
 /// The columns of a task row, in the order [`task_from_row`] reads them.
 pub(super) const TASK_COLUMNS: &str =

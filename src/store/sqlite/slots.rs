@@ -230,6 +230,30 @@ impl SlotStore for SqliteStore {
         }
     }
 
+    async fn slots_held_by(&self, holders: &[String]) -> StoreResult<Vec<(ObjectId, SlotRow)>> {
+        if holders.is_empty() {
+            return Ok(Vec::new());
+        }
+        let names: Vec<Value> = holders.iter().map(|h| Value::Text(h.clone())).collect();
+        self.with(move |conn| {
+            let err = db_err("read the slots of nodes");
+            let marks = vec!["?"; names.len()].join(", ");
+            let mut stmt = conn
+                .prepare(&format!("SELECT {ROW}, queue FROM slots WHERE holder IN ({marks})"))
+                .map_err(&err)?;
+            let rows = stmt
+                .query_map(params_from_iter(names), |r| Ok((r.get::<_, String>(7)?, row_from(r)?)))
+                .map_err(&err)?
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(&err)?;
+            Ok(rows
+                .into_iter()
+                .filter_map(|(q, row)| ObjectId::parse_str(q).ok().map(|q| (q, row)))
+                .collect())
+        })
+        .await
+    }
+
     /// No Disbatch 4 DEN shares an embedded database: [`BusyOf::Foreign`] is empty.
     async fn busy_nodes(&self, queue: Option<ObjectId>, of: BusyOf) -> StoreResult<Vec<BusyNode>> {
         if of == BusyOf::Foreign {

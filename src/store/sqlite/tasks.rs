@@ -5,10 +5,10 @@ use bson::oid::ObjectId;
 use bson::DateTime;
 use rusqlite::{params, OptionalExtension};
 
-use super::rows::{bson_bytes, db_err, task_from_row, TASK_COLUMNS};
+use super::rows::{bson_bytes, db_err, read_attempts, task_from_row, TASK_COLUMNS};
 use super::{deps, SqliteStore, Touched, OUTPUT_FILES};
 use crate::model::{Output, Task};
-use crate::store::{NewTask, Page, StoreError, StoreResult, TaskFilter};
+use crate::store::{HeadFilter, HeadNode, NewTask, Page, StoreError, StoreResult, TaskFilter, TaskHead};
 
 /// Whether a task of `queue` holds `key`: then an insert that failed on a keyed row failed
 /// on its key (possibly held by the very task, inserted before by a write whose reply was
@@ -240,4 +240,79 @@ fn filter_sql(filter: &TaskFilter) -> (String, Vec<rusqlite::types::Value>) {
         format!(" WHERE {}", clauses.join(" AND "))
     };
     (sql, args)
+}
+
+/// The `WHERE` clause of `filter` and the values it binds. Statuses are written out, not
+/// bound, so the partial indexes over one status serve the search.
+fn head_sql(filter: &HeadFilter) -> (String, Vec<rusqlite::types::Value>) {
+    use rusqlite::types::Value;
+    let statuses: Vec<String> = filter.statuses.iter().map(i32::to_string).collect();
+    let mut parts = vec![format!("status IN ({})", statuses.join(", "))];
+    let mut values = Vec::new();
+    match &filter.node {
+        HeadNode::Any => {}
+        HeadNode::Is(n) => {
+            values.push(Value::Text(n.clone()));
+            parts.push("node = ?".into());
+        }
+        HeadNode::NoneOf(names) if names.is_empty() => {}
+        HeadNode::NoneOf(names) => {
+            values.extend(names.iter().map(|n| Value::Text(n.clone())));
+            let marks = vec!["?"; names.len()].join(", ");
+            parts.push(format!("(node IS NULL OR node NOT IN ({marks}))"));
+        }
+    }
+    if let Some(t) = filter.mtime_before {
+        values.push(Value::Integer(t.timestamp_millis()));
+        parts.push("mtime < ?".into());
+    }
+    (parts.join(" AND "), values)
+}
+
+impl SqliteStore {
+    /// [`Store::task_heads`](crate::store::Store::task_heads).
+    pub(super) async fn task_heads(&self, filter: &HeadFilter, limit: usize) -> StoreResult<Vec<TaskHead>> {
+        if limit == 0 || filter.statuses.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (clause, mut args) = head_sql(filter);
+        args.push(rusqlite::types::Value::Integer(
+            i64::try_from(limit).unwrap_or(i64::MAX),
+        ));
+        let sql = format!(
+            "SELECT id, queue, status, node, mtime, stop_action(stop) IS 'kill', COALESCE(priority, 0), attempts
+             FROM tasks WHERE {clause} LIMIT ?"
+        );
+        self.with(move |conn| {
+            let err = db_err("read task heads");
+            let mut stmt = conn.prepare(&sql).map_err(&err)?;
+            let rows = stmt
+                .query_map(rusqlite::params_from_iter(args), |r| {
+                    let id: String = r.get(0)?;
+                    let queue: Option<String> = r.get(1)?;
+                    let mtime: Option<i64> = r.get(4)?;
+                    let attempts: Option<Vec<u8>> = r.get(7)?;
+                    Ok((id, queue, r.get(2)?, r.get(3)?, mtime, r.get(5)?, r.get(6)?, attempts))
+                })
+                .map_err(&err)?
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(&err)?;
+            Ok(rows
+                .into_iter()
+                .filter_map(|(id, queue, status, node, mtime, kill, priority, attempts)| {
+                    Some(TaskHead {
+                        id: ObjectId::parse_str(&id).ok()?,
+                        queue: queue.and_then(|q| ObjectId::parse_str(q).ok()),
+                        status,
+                        node,
+                        mtime: mtime.map(DateTime::from_millis),
+                        kill,
+                        priority,
+                        attempts: read_attempts(&id, attempts.as_deref()),
+                    })
+                })
+                .collect())
+        })
+        .await
+    }
 }
