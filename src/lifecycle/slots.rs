@@ -263,9 +263,18 @@ pub async fn acquire_slot(
         return Ok(None);
     }
     let rows = store.slots(queue.id).await?;
-    let busy = store.busy_nodes(Some(queue.id), BusyOf::All).await?;
-    let busy = busy_names(&busy);
     let now = DateTime::now();
+    // Who has claimed or running tasks matters only for a slot held past its lease, or
+    // held at or above the limit: without one, the count is not read.
+    let busy = if rows
+        .iter()
+        .any(|r| r.holder.is_some() && (r.expires <= now || r.n >= threads))
+    {
+        store.busy_nodes(Some(queue.id), BusyOf::All).await?
+    } else {
+        Vec::new()
+    };
+    let busy = busy_names(&busy);
     if used_from(&rows, &busy, threads, now) > 0 {
         return Ok(None);
     }
