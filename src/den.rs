@@ -1,18 +1,25 @@
 //! The DEN (Disbatch Execution Node): the daemon loop that claims tasks and runs them.
 //!
-//! Every tick (1 s by default, and at once when a worker frees a slot) the DEN:
-//! 1. upserts its node document (renewing its slot leases) and reads its `maxthreads`;
-//! 2. takes or renews the cluster's leader lease (`heartbeat_stale` long, so a dead
-//!    leader's successor takes over within that and a tick); on the leader only, recovers
-//!    orphans: the spec's sweep of tasks claimed (-1) for over 5 minutes, plus claimed or
-//!    running tasks of nodes whose heartbeat is stale (→ -6, or back to -2 when the queue
-//!    has `on_orphan: "requeue"`);
-//! 3. processes each queue that is active here, whose plugin is allowed and loadable and
-//!    whose sandbox settings are valid: while the node's `maxthreads` allows, it takes a
-//!    lease on one of the queue's `threads` slots and claims a task with the spec's
-//!    `findOneAndUpdate`, then hands both to a worker. When every slot is held it asks the
-//!    node holding the most (at least two more than this one) for one, reserved for it for
-//!    three ticks.
+//! Two loops run side by side, so that claims slow behind a slow link never hold a
+//! heartbeat back (a late heartbeat lets the others count this node dead):
+//!
+//! - the upkeep, every tick and at least four times per `heartbeat_stale`
+//!   ([`housekeeping`]): the DEN upserts its node document (renewing its slot leases) and
+//!   reads its `maxthreads`; then, each in a task of its own, it reports its queue problems
+//!   and duration histograms, and takes or renews the cluster's leader lease
+//!   (`heartbeat_stale` long, so a dead leader's successor takes over within that and a
+//!   tick); on the leader only, it recovers orphans: the spec's sweep of tasks claimed (-1)
+//!   for over 5 minutes, plus claimed or running tasks of nodes whose heartbeat is stale
+//!   (→ -6, or back to -2 when the queue has `on_orphan: "requeue"`);
+//! - the claims, every tick (1 s by default) and at once when a worker frees a slot or a
+//!   task is queued: each queue that is active here, whose plugin is allowed and loadable
+//!   and whose sandbox settings are valid, while the node's `maxthreads` allows, takes a
+//!   lease on one of the queue's `threads` slots and claims a task with the spec's
+//!   `findOneAndUpdate`, then hands both to a worker. When every slot is held it asks the
+//!   node holding the most (at least two more than this one) for one, reserved for it for
+//!   three ticks.
+//!
+//! The first upkeep (heartbeat and orphan recovery) ends before the first claim.
 //!
 //! A worker runs its task in the sandbox (on a blocking thread), writes the result back in
 //! one update fenced on `{_id, node}`, and claims the queue's next task with the same slot
@@ -207,6 +214,8 @@ pub struct Den {
     leading: Mutex<Option<i64>>,
     /// Whether the leader's duties (lease, orphan recovery) are running.
     leader_busy: std::sync::atomic::AtomicBool,
+    /// Whether the node's reports after a heartbeat are running.
+    reports_busy: std::sync::atomic::AtomicBool,
     /// Runs counted per (minute, queue), not yet stored.
     minute_stats: stats::MinuteStats,
     /// Queues whose claims failed permanently, left alone for a while.
@@ -241,6 +250,7 @@ impl Den {
             node_problem: Mutex::new(None),
             leading: Mutex::new(None),
             leader_busy: std::sync::atomic::AtomicBool::new(false),
+            reports_busy: std::sync::atomic::AtomicBool::new(false),
             minute_stats: stats::MinuteStats::default(),
             claim_backoff: backoff::ClaimBackoff::default(),
         })
@@ -272,29 +282,23 @@ impl Den {
             // Kill requests are carried out until the drain is over, not only until the signal.
             let lifecycle_stop = CancellationToken::new();
             let lifecycle = tokio::spawn(self.clone().lifecycle(lifecycle_stop.clone()));
-            // The first pass always heartbeats and recovers orphans before claiming.
-            let mut first = true;
+            // The first pass heartbeats and recovers orphans before anything is claimed; from
+            // then on the upkeep runs on its own, so slow claims never hold a heartbeat back.
+            let first = self.upkeep(true).await;
+            self.note_outage(first);
+            let upkeep_stop = CancellationToken::new();
+            let upkeep = tokio::spawn(self.clone().keep_up(upkeep_stop.clone()));
             loop {
                 let ticked = tokio::select! {
                     _ = shutdown.cancelled() => break,
                     _ = interval.tick() => true,
                     _ = self.wake.notified() => false,
                 };
-                let first_pass = std::mem::take(&mut first);
-                match self.tick(first_pass || ticked, first_pass).await {
-                    Ok(()) => {
-                        if self.in_outage.swap(false, Ordering::SeqCst) {
-                            info!("database reachable again");
-                        }
-                    }
-                    Err(e @ StoreError::Database(_)) if !self.in_outage.load(Ordering::SeqCst) => {
-                        error!(error = %e, "database unreachable; running tasks continue, claiming resumes when it is back");
-                        self.in_outage.store(true, Ordering::SeqCst);
-                    }
-                    Err(e @ StoreError::Database(_)) => debug!(error = %e, "database still unreachable"),
-                    Err(e) => error!(error = %e, "tick failed"),
-                }
+                let claimed = self.tick(ticked).await;
+                self.note_outage(claimed);
             }
+            upkeep_stop.cancel();
+            let _ = upkeep.await;
             watcher.abort();
             self.drain().await;
             lifecycle_stop.cancel();
@@ -313,32 +317,11 @@ impl Den {
         .await
     }
 
-    /// One pass of the loop. A `full` pass (every tick) also heartbeats and recovers
-    /// orphans (the `first` pass waits for the recovery before it claims); a pass woken by
-    /// a freed slot or a queued task only claims.
-    async fn tick(self: &Arc<Self>, full: bool, first: bool) -> StoreResult<()> {
+    /// One pass of the claim loop: each ready queue's tasks claimed while this node has
+    /// room. A `full` pass (every tick, rather than a wake by a freed slot or a queued task)
+    /// also reads the queues' plugins again and asks for slots held elsewhere.
+    async fn tick(self: &Arc<Self>, full: bool) -> StoreResult<()> {
         let s = &self.settings;
-        if full {
-            // A store call that never answers must not stop the claiming: past the stale
-            // window the others count this node dead anyway, and the next tick tries again.
-            match tokio::time::timeout(s.heartbeat_stale, self.housekeeping()).await {
-                Ok(done) => {
-                    done?;
-                    let duties = self.spawn_leader_duties();
-                    if first {
-                        // The first pass recovers orphans before it claims.
-                        if let Some(d) = duties {
-                            let _ = d.await;
-                        }
-                    }
-                }
-                Err(_) => warn!(
-                    limit_secs = s.heartbeat_stale.as_secs_f64(),
-                    "the heartbeat took longer than heartbeat_stale; trying again next tick"
-                ),
-            }
-            self.stats_duties();
-        }
         let all = self.store.queues().await?;
         let ready = self.queues.refresh(&*self.store, &self.runner, all, full).await;
         // Asks for slots held elsewhere, at most one per task this node has room for.

@@ -278,7 +278,8 @@ async fn dens_behind_latency_resets_and_a_partition_keep_threads_and_run_each_ta
             break;
         }
         // A bound on progress, not on speed: 300 short tasks behind 120 ms proxies take
-        // about 4 minutes on a loaded 2-core machine; a DEN that stopped claiming never ends.
+        // about a minute (more on a loaded 2-core machine); a DEN that stopped claiming never
+        // ends.
         assert!(
             start.elapsed() < Duration::from_secs(600),
             "the queue was not drained in 600 s ({freeze:?}): {} left\n{}",
@@ -349,4 +350,56 @@ fn logs(dens: &[DenProcess]) -> String {
             format!("--- {n} (last 60 lines)\n{}\n", tail.join("\n"))
         })
         .collect()
+}
+
+/// A DEN whose claim pass takes longer than its stale window (a slow link, and many
+/// queues each costing round trips) still heartbeats on time: its node's `timestamp`, as
+/// the other nodes read it, never gets older than `heartbeat_stale`, and it never finds
+/// its own lease lapsed. The heartbeat does not wait for the claims.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slow_claim_pass_holds_no_heartbeat_back() {
+    const QUEUES: usize = 12;
+    const STALE: Duration = Duration::from_secs(3);
+    let t = common::test_db("slow_pass").await;
+    for i in 0..QUEUES {
+        let q = insert_queue(&t.db, &format!("q{i}"), "demo", doc! {"threads": 1}).await;
+        let params = (0..30).map(|k| doc! {"message": format!("m{k}"), "sleep_ms": 50});
+        insert_tasks(&t.db, q, params).await;
+    }
+    let proxy = FaultProxy::in_front_of(&t.uri).await;
+    proxy.set_latency(Latency::fixed_ms(100), Latency::fixed_ms(100));
+    let extra = serde_json::json!({"heartbeat_stale": STALE.as_secs()});
+    let den = DenProcess::start(&proxy.uri(), &t.name, "slow-pass", extra);
+    let beat = || async {
+        common::find_docs(&t.db, "nodes", doc! {"node": "slow-pass"})
+            .await
+            .first()
+            .and_then(|n| n.get_datetime("timestamp").ok().copied())
+    };
+    wait_for(Duration::from_secs(60), "the DEN's first heartbeat", || async {
+        beat().await.is_some()
+    })
+    .await;
+    wait_for(Duration::from_secs(60), "tasks to run", || async {
+        count(&t.db, doc! {"status": 1}).await > 0
+    })
+    .await;
+    // Sampled while the DEN claims across its queues (12 queues × several round trips
+    // of 200 ms: each pass over them takes longer than the stale window).
+    let start = Instant::now();
+    let mut oldest = Duration::ZERO;
+    while start.elapsed() < Duration::from_secs(20) {
+        let at = beat().await.expect("the node document");
+        let age = (bson::DateTime::now().timestamp_millis() - at.timestamp_millis()).max(0);
+        oldest = oldest.max(Duration::from_millis(age as u64));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let done = count(&t.db, doc! {"status": 1}).await;
+    println!("slow claim pass: heartbeat at most {oldest:?} old over 20 s (stale {STALE:?}); {done} tasks done");
+    let log = den.log();
+    assert!(
+        oldest < STALE,
+        "the node's heartbeat was {oldest:?} old, past heartbeat_stale {STALE:?}: the others count it dead\n{log}"
+    );
+    assert!(!log.contains("lease lapsed"), "the DEN found its lease lapsed:\n{log}");
 }

@@ -3,19 +3,90 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use bson::DateTime;
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use super::{before, Den};
-use crate::store::StoreResult;
+use crate::store::{StoreError, StoreResult};
 
 /// The leader's duties (lease and orphan recovery) are given up after this many stale
 /// windows and tried again at the next tick.
 const LEADER_DUTIES_BOUND: u32 = 5;
 
 impl Den {
+    /// How often the upkeep runs: every tick, and at least four times per stale window, so
+    /// a heartbeat lost to a dropped connection leaves time for the next ones before the
+    /// others count this node dead.
+    pub(super) fn upkeep_period(&self) -> Duration {
+        let s = &self.settings;
+        s.tick.min(s.heartbeat_stale / 4).max(Duration::from_millis(10))
+    }
+
+    /// Runs [`Den::upkeep`] every [`Den::upkeep_period`] until `stop` is cancelled: apart
+    /// from the claims, so a claim pass that takes long behind a slow link does not hold a
+    /// heartbeat back (and the node's lease with it).
+    pub(super) async fn keep_up(self: Arc<Self>, stop: CancellationToken) {
+        let mut interval = tokio::time::interval(self.upkeep_period());
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        interval.tick().await;
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = interval.tick() => {}
+            }
+            let done = self.upkeep(false).await;
+            self.note_outage(done);
+        }
+    }
+
+    /// The heartbeat ([`Den::heartbeat_and_read`]), then, each in a task of its own so
+    /// the next heartbeat never waits for them, the node's reports ([`Den::spawn_reports`])
+    /// and the leader's duties ([`Den::spawn_leader_duties`]); the `first` pass awaits
+    /// them (it recovers orphans before anything is claimed). Then the per-minute counters.
+    pub(super) async fn upkeep(self: &Arc<Self>, first: bool) -> StoreResult<()> {
+        let s = &self.settings;
+        // A store call that never answers must not hold the upkeep: past the stale window
+        // the others count this node dead anyway, and the next pass tries again.
+        match tokio::time::timeout(s.heartbeat_stale, self.heartbeat_and_read()).await {
+            Ok(done) => done?,
+            Err(_) => {
+                warn!(
+                    limit_secs = s.heartbeat_stale.as_secs_f64(),
+                    "the heartbeat took longer than heartbeat_stale; trying again"
+                );
+                return Ok(());
+            }
+        }
+        let reports = self.spawn_reports();
+        let duties = self.spawn_leader_duties();
+        if first {
+            for task in [reports, duties].into_iter().flatten() {
+                let _ = task.await;
+            }
+        }
+        self.stats_duties();
+        Ok(())
+    }
+
+    /// Logs the database becoming unreachable, or reachable again, once per change.
+    pub(super) fn note_outage(&self, result: StoreResult<()>) {
+        match result {
+            Ok(()) => {
+                if self.in_outage.swap(false, Ordering::SeqCst) {
+                    info!("database reachable again");
+                }
+            }
+            Err(e @ StoreError::Database(_)) if !self.in_outage.swap(true, Ordering::SeqCst) => {
+                error!(error = %e, "database unreachable; running tasks continue, claiming resumes when it is back");
+            }
+            Err(e @ StoreError::Database(_)) => debug!(error = %e, "database still unreachable"),
+            Err(e) => error!(error = %e, "the DEN's pass failed"),
+        }
+    }
+
     /// A heartbeat alone, renewing the running tasks' leases when it succeeds (used while
     /// a shutdown waits for them).
     pub(super) async fn beat(&self) {
@@ -28,16 +99,17 @@ impl Den {
         self.renew_leases(sent, heartbeat.is_ok());
     }
 
-    /// Heartbeat (also renewing slot leases and reading `maxthreads`) and the duration
-    /// histograms when they changed. The leader's duties run apart
-    /// ([`Den::leader_duties`]).
-    pub(super) async fn housekeeping(&self) -> StoreResult<()> {
+    /// The heartbeat (also renewing slot leases), and what the node's document says:
+    /// `maxthreads`, another process under this node's name, a problem with the document.
+    pub(super) async fn heartbeat_and_read(&self) -> StoreResult<()> {
         let s = &self.settings;
         let sent = (Instant::now(), SystemTime::now());
         let heartbeat = self.store.heartbeat(&s.node, s.heartbeat_stale).await;
         self.renew_leases(sent, heartbeat.is_ok());
         let me = heartbeat?;
-        self.give_back_strays().await;
+        if self.in_outage.load(Ordering::SeqCst) {
+            *self.outage_ended.lock().unwrap_or_else(|e| e.into_inner()) = Some(tokio::time::Instant::now());
+        }
         if let Some(other) = me.process.filter(|p| p.id != self.process.id) {
             let mut seen = self.intruder.lock().unwrap_or_else(|e| e.into_inner());
             if seen.replace(other.id) != Some(other.id) {
@@ -49,35 +121,52 @@ impl Den {
             }
         }
         *self.maxthreads.lock().unwrap_or_else(|e| e.into_inner()) = me.maxthreads;
-        {
-            let mut seen = self.node_problem.lock().unwrap_or_else(|e| e.into_inner());
-            if *seen != me.problem {
-                match &me.problem {
-                    Some(problem) => error!("this node's document: {problem}"),
-                    None => info!("this node's document reads well again"),
-                }
-                seen.clone_from(&me.problem);
+        let mut seen = self.node_problem.lock().unwrap_or_else(|e| e.into_inner());
+        if *seen != me.problem {
+            match &me.problem {
+                Some(problem) => error!("this node's document: {problem}"),
+                None => info!("this node's document reads well again"),
             }
+            seen.clone_from(&me.problem);
         }
+        Ok(())
+    }
+
+    /// [`Den::reports`] in a task of its own, skipped while the previous one still runs.
+    fn spawn_reports(self: &Arc<Self>) -> Option<tokio::task::JoinHandle<()>> {
+        if self.reports_busy.swap(true, Ordering::SeqCst) {
+            return None;
+        }
+        let den = Arc::clone(self);
+        Some(tokio::spawn(async move {
+            if let Err(e) = den.reports().await {
+                warn!(error = %e, "cannot report this node's queue problems; trying again");
+            }
+            den.reports_busy.store(false, Ordering::SeqCst);
+        }))
+    }
+
+    /// What the node reports after a heartbeat: slots left to give back, the queues'
+    /// problems (when they changed) and the duration histograms (when they changed).
+    async fn reports(&self) -> StoreResult<()> {
+        let s = &self.settings;
+        self.give_back_strays().await;
         let changed = {
             let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
             std::mem::take(&mut stats.1).then(|| stats.0.clone())
         };
+        if let Some(stats) = changed {
+            if let Err(e) = self.store.report_stats(&s.node, &stats).await {
+                // Reported again next time; recovery must not wait for it.
+                self.stats.lock().unwrap_or_else(|e| e.into_inner()).1 = true;
+                warn!(error = %e, "cannot report the duration histograms; trying again");
+            }
+        }
         let problems = self.queues.problems();
         let reported = self.reported_problems.lock().unwrap_or_else(|e| e.into_inner()).clone();
         if reported.as_ref() != Some(&problems) {
             self.store.report_queue_problems(&s.node, &problems).await?;
             *self.reported_problems.lock().unwrap_or_else(|e| e.into_inner()) = Some(problems);
-        }
-        if let Some(stats) = changed {
-            if let Err(e) = self.store.report_stats(&s.node, &stats).await {
-                // Reported again next tick; recovery must not wait for it.
-                self.stats.lock().unwrap_or_else(|e| e.into_inner()).1 = true;
-                warn!(error = %e, "cannot report the duration histograms; retrying next tick");
-            }
-        }
-        if self.in_outage.load(Ordering::SeqCst) {
-            *self.outage_ended.lock().unwrap_or_else(|e| e.into_inner()) = Some(tokio::time::Instant::now());
         }
         Ok(())
     }
