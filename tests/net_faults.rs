@@ -359,7 +359,7 @@ fn logs(dens: &[DenProcess]) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_slow_claim_pass_holds_no_heartbeat_back() {
     const QUEUES: usize = 12;
-    const STALE: Duration = Duration::from_secs(3);
+    const STALE: Duration = Duration::from_secs(5);
     let t = common::test_db("slow_pass").await;
     for i in 0..QUEUES {
         let q = insert_queue(&t.db, &format!("q{i}"), "demo", doc! {"threads": 1}).await;
@@ -385,7 +385,7 @@ async fn a_slow_claim_pass_holds_no_heartbeat_back() {
     })
     .await;
     // Sampled while the DEN claims across its queues (12 queues × several round trips
-    // of 200 ms: each pass over them takes longer than the stale window).
+    // of 200 ms: each pass over them takes longer than the stale window, about 15 s).
     let start = Instant::now();
     let mut oldest = Duration::ZERO;
     while start.elapsed() < Duration::from_secs(20) {
