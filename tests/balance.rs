@@ -496,3 +496,64 @@ async fn a_claim_held_up_past_its_slot_lease_claims_nothing_on_mongodb() {
     );
     assert!(got.is_none(), "a claimed after its slot went to b");
 }
+
+/// A node whose slot lease ran out takes the slot again (it holds no task of the queue):
+/// giving it back, or renewing it, through the lease that ran out changes nothing, so a
+/// worker left with the old lease cannot free the slot another of the node's workers now
+/// claims with (which would let a third take it: one task more than `threads`).
+async fn retaken_slot(store: Arc<dyn Store>) {
+    let q = store
+        .create_queue(disbatch::store::NewQueue {
+            name: "retaken".into(),
+            plugin: "demo".into(),
+            threads: Some(1),
+            sort: disbatch::model::Sort::Fifo,
+            extra: bson::Document::new(),
+        })
+        .await
+        .unwrap();
+    let short = Duration::from_millis(200);
+    let old = store
+        .acquire_slot(&q, "b", short)
+        .await
+        .unwrap()
+        .expect("a slot under threads 1");
+    let start = std::time::Instant::now();
+    let new = loop {
+        if let Some(s) = store.acquire_slot(&q, "b", Duration::from_secs(60)).await.unwrap() {
+            break s;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "b never took its slot again once its lease ran out"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!((new.queue, new.n), (old.queue, old.n), "one slot under threads 1");
+    assert_eq!(
+        store.renew_slot(&old, "b", Duration::from_secs(60)).await.unwrap(),
+        disbatch::store::SlotRenewal::Lost,
+        "the lease that ran out is not renewed"
+    );
+    store.release_slot(&old, "b").await.unwrap();
+    assert_eq!(
+        store.acquire_slot(&q, "c", Duration::from_secs(60)).await.unwrap(),
+        None,
+        "the slot b took again stays b's: the old lease gave nothing back"
+    );
+    assert_eq!(store.slots_in_use(q.id).await.unwrap(), 1);
+    store.release_slot(&new, "b").await.unwrap();
+    assert!(store.acquire_slot(&q, "c", short).await.unwrap().is_some());
+}
+
+#[tokio::test]
+async fn a_slot_taken_again_is_not_given_back_through_its_old_lease_on_mongodb() {
+    let t = common::test_db("balance_retaken").await;
+    retaken_slot(Arc::new(t.store.clone())).await;
+}
+
+#[tokio::test]
+async fn a_slot_taken_again_is_not_given_back_through_its_old_lease_on_the_embedded_store() {
+    let dir = tempfile::tempdir().unwrap();
+    retaken_slot(Arc::new(SqliteStore::open(&dir.path().join("r.db")).await.unwrap())).await;
+}
