@@ -320,9 +320,12 @@ pub trait Store: PluginStore + Send + Sync + 'static {
     /// the slot is still held, [`Store::claim_to_run`] of `queue`. The embedded store does
     /// both in one transaction. An error of either step is returned as is (a claimed task
     /// that cannot be read was failed by the store, as [`Store::claim`] does). Done as two
-    /// writes, the claim is sent only while less than half of `lease` has passed since the
-    /// renewal was sent: a process paused after the renewal (its lease may have run out and
-    /// its slot gone to another node) claims nothing when it wakes.
+    /// writes, the claim is sent only within [`claim_window`] of the renewal being sent: a
+    /// process paused after the renewal (its lease may have run out and its slot gone to
+    /// another node) claims nothing when it wakes. MongoDB also has the server refuse a
+    /// claim reaching it after that window (by the renewal's wall clock), so a claim held
+    /// up on its way (the process stopped just after the check, a slow network) claims
+    /// nothing either.
     async fn renew_and_claim(
         &self,
         slot: &Slot,
@@ -332,7 +335,7 @@ pub trait Store: PluginStore + Send + Sync + 'static {
     ) -> StoreResult<(SlotRenewal, Option<Task>)> {
         let sent = std::time::Instant::now();
         match self.renew_slot(slot, node, lease).await? {
-            SlotRenewal::Held if sent.elapsed() >= lease / 2 => Ok((SlotRenewal::Held, None)),
+            SlotRenewal::Held if sent.elapsed() >= claim_window(lease) => Ok((SlotRenewal::Held, None)),
             SlotRenewal::Held => Ok((SlotRenewal::Held, self.claim_to_run(queue, node).await?)),
             other => Ok((other, None)),
         }
@@ -484,6 +487,14 @@ pub fn task_mark(t: &Task) -> u64 {
         (p.percent.map(f64::to_bits), &p.info, p.at.timestamp_millis()).hash(&mut h);
     }
     h.finish()
+}
+
+/// How long after a slot's renewal was sent a claim with it may still be made
+/// ([`Store::renew_and_claim`]): half the slot's `lease`. Whoever takes the slot once its
+/// lease has run out finds the claim made (the task held by the slot's holder) and leaves
+/// the slot; the other half of the lease is the margin for clocks that disagree.
+pub fn claim_window(lease: Duration) -> Duration {
+    lease / 2
 }
 
 /// The node a slot should be asked from ([`Store::want_slot`]): of the holders of a queue's

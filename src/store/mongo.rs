@@ -375,6 +375,16 @@ impl Store for MongoStore {
         self.claim_task(queue, node).await
     }
 
+    async fn renew_and_claim(
+        &self,
+        slot: &Slot,
+        queue: &Queue,
+        node: &str,
+        lease: Duration,
+    ) -> StoreResult<(SlotRenewal, Option<Task>)> {
+        self.renew_then_claim(slot, queue, node, lease).await
+    }
+
     async fn start(&self, task: ObjectId, node: &str) -> StoreResult<bool> {
         self.start_task(task, node).await
     }

@@ -37,6 +37,10 @@ pub struct Slot {
     pub queue: ObjectId,
     /// Slot number, `0..threads`.
     pub n: i64,
+    /// The take this lease came from, written on the slot when it was taken: renewals and
+    /// the release are fenced on it, so a lease that ran out and was taken again (by its
+    /// holder's node too) is not renewed or given back through the old one.
+    pub taken: ObjectId,
 }
 
 /// A batch of tasks as recorded at its first submission ([`super::Store::open_batch`]).

@@ -28,6 +28,50 @@ impl MongoStore {
     /// is marked failed (status 2, the reason in `stderr`) so it neither blocks the queue
     /// nor waits for the orphan sweep, and the error is returned.
     pub(super) async fn claim_task(&self, queue: &Queue, node: &str) -> StoreResult<Option<Task>> {
+        self.claim_task_until(queue, node, None).await
+    }
+
+    /// [`Store::renew_and_claim`](crate::store::Store::renew_and_claim): the slot renewed,
+    /// then the claim, which the server makes only before the end of the
+    /// [`claim_window`](crate::store::claim_window) after the renewal was sent, by its own
+    /// clock (`$$NOW`) against the DEN's wall clock. A claim that reaches the server later
+    /// (the process was stopped between the two writes, the request was held up on the
+    /// network) claims nothing: by then the slot's lease may have run out, and another node
+    /// taken the slot, found no task of this node in the queue and claimed with it. (The
+    /// check against the monotonic clock before sending also stands: a process paused
+    /// during the renewal sends no claim.)
+    pub(super) async fn renew_then_claim(
+        &self,
+        slot: &Slot,
+        queue: &Queue,
+        node: &str,
+        lease: Duration,
+    ) -> StoreResult<(SlotRenewal, Option<Task>)> {
+        let window = crate::store::claim_window(lease);
+        let sent = std::time::Instant::now();
+        let until = super::slots::lease_end(DateTime::now(), window);
+        match self.renew_one_slot(slot, node, lease).await? {
+            SlotRenewal::Held if sent.elapsed() >= window => Ok((SlotRenewal::Held, None)),
+            SlotRenewal::Held => Ok((
+                SlotRenewal::Held,
+                self.claim_task_until(queue, node, Some(until)).await?,
+            )),
+            other => Ok((other, None)),
+        }
+    }
+
+    /// [`MongoStore::claim_task`], made by the server only before `until` (by its clock) when
+    /// given.
+    async fn claim_task_until(&self, queue: &Queue, node: &str, until: Option<DateTime>) -> StoreResult<Option<Task>> {
+        let mut filter = doc! {
+            "node": unclaimed(),
+            "status": status::QUEUED,
+            "queue": queue.id,
+            "$nor": [{ "avoid_node": node, "avoid_until": { "$gt": DateTime::now() } }],
+        };
+        if let Some(until) = until {
+            filter.insert("$expr", doc! { "$lt": ["$$NOW", until] });
+        }
         let mut options = FindOneAndUpdateOptions::default();
         options.return_document = Some(ReturnDocument::After);
         options.sort = Some(match queue.sort {
@@ -38,12 +82,7 @@ impl MongoStore {
         let claimed = self
             .tasks
             .find_one_and_update(
-                doc! {
-                    "node": unclaimed(),
-                    "status": status::QUEUED,
-                    "queue": queue.id,
-                    "$nor": [{ "avoid_node": node, "avoid_until": { "$gt": DateTime::now() } }],
-                },
+                filter,
                 doc! { "$set": { "node": node, "status": status::CLAIMED, "mtime": DateTime::now() } },
             )
             .with_options(options)

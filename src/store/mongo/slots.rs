@@ -12,6 +12,7 @@
 
 use std::time::Duration;
 
+use bson::oid::ObjectId;
 use bson::{doc, DateTime, Document};
 use futures::TryStreamExt;
 use mongodb::options::ReturnDocument;
@@ -72,6 +73,7 @@ impl MongoStore {
         }
         let now = DateTime::now();
         let lease_until = lease_end(now, lease);
+        let take = ObjectId::new();
         let mut taken = self
             .slots
             .find_one_and_update(
@@ -81,14 +83,16 @@ impl MongoStore {
                     "holder": null,
                     "$or": [{ "reserved": null }, { "reserved": node }, { "reserved_until": { "$lt": now } }],
                 },
-                doc! { "$set": { "holder": node, "expires": lease_until, "reserved": null, "want": null, "want_until": null } },
+                doc! { "$set": { "holder": node, "taken": take, "expires": lease_until, "reserved": null, "want": null, "want_until": null } },
             )
             .sort(doc! { "n": 1 })
             .return_document(ReturnDocument::After)
             .await
             .map_err(db_err("acquire slot"))?;
         if taken.is_none() {
-            taken = self.take_expired_slot(queue, threads, node, now, lease_until).await?;
+            taken = self
+                .take_expired_slot(queue, threads, node, take, now, lease_until)
+                .await?;
         }
         let Some(taken) = taken else {
             return Ok(None);
@@ -98,8 +102,12 @@ impl MongoStore {
             id: taken.get("_id").map_or("?".to_string(), ToString::to_string),
             reason: "field `n` must be an integer".to_string(),
         })?;
-        self.confirm_slot(Slot { queue: queue.id, n }, node, threads, foreign)
-            .await
+        let slot = Slot {
+            queue: queue.id,
+            n,
+            taken: take,
+        };
+        self.confirm_slot(slot, node, threads, foreign).await
     }
 
     /// Keeps a slot just taken under the caller's view of the queue's limit (`seen`) only
@@ -185,6 +193,7 @@ impl MongoStore {
         queue: &Queue,
         threads: i64,
         node: &str,
+        take: ObjectId,
         now: DateTime,
         lease_until: DateTime,
     ) -> StoreResult<Option<Document>> {
@@ -224,7 +233,7 @@ impl MongoStore {
                 .slots
                 .find_one_and_update(
                     doc! { "_id": id, "holder": holder, "expires": { "$lt": now } },
-                    doc! { "$set": { "holder": node, "expires": lease_until, "want": null, "want_until": null } },
+                    doc! { "$set": { "holder": node, "taken": take, "expires": lease_until, "want": null, "want_until": null } },
                 )
                 .return_document(ReturnDocument::After)
                 .await
@@ -245,7 +254,7 @@ impl MongoStore {
             return Ok(SlotRenewal::OverLimit);
         }
         let now = DateTime::now();
-        let mine = doc! { "queue": slot.queue, "n": slot.n, "holder": node };
+        let mine = doc! { "queue": slot.queue, "n": slot.n, "holder": node, "taken": slot.taken };
         // An expired lease is not renewed: the slot may have been counted free since.
         let mut live = mine.clone();
         live.insert("expires", doc! { "$gt": now });
@@ -356,7 +365,7 @@ impl MongoStore {
     pub(super) async fn give_back_slot(&self, slot: &Slot, node: &str) -> StoreResult<()> {
         self.slots
             .update_one(
-                doc! { "queue": slot.queue, "n": slot.n, "holder": node },
+                doc! { "queue": slot.queue, "n": slot.n, "holder": node, "taken": slot.taken },
                 doc! { "$set": { "holder": null, "want": null, "want_until": null } },
             )
             .await

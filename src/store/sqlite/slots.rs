@@ -19,6 +19,7 @@ const ADDED_COLUMNS: &[(&str, &str)] = &[
     ("want_until", "INTEGER"),
     ("reserved", "TEXT"),
     ("reserved_until", "INTEGER"),
+    ("taken", "TEXT"),
 ];
 
 /// Adds the columns a database file created by an earlier release lacks.
@@ -46,6 +47,7 @@ impl SqliteStore {
             }
             let now = DateTime::now();
             let millis = now.timestamp_millis();
+            let take = bson::oid::ObjectId::new();
             let mut insert = tx
                 .prepare_cached("INSERT OR IGNORE INTO slots (queue, n, holder, expires) VALUES (?1, ?2, NULL, 0)")
                 .map_err(&err)?;
@@ -57,7 +59,8 @@ impl SqliteStore {
             }
             let n: Option<i64> = tx
                 .query_row(
-                    "UPDATE slots SET holder = ?1, expires = ?2, reserved = NULL, want = NULL, want_until = NULL
+                    "UPDATE slots SET holder = ?1, expires = ?2, taken = ?8, reserved = NULL, want = NULL,
+                         want_until = NULL
                      WHERE queue = ?3 AND n = (SELECT n FROM slots
                          WHERE queue = ?3 AND n < ?4
                            AND ((holder IS NULL
@@ -74,27 +77,32 @@ impl SqliteStore {
                         threads,
                         millis,
                         status::CLAIMED,
-                        status::RUNNING
+                        status::RUNNING,
+                        take.to_hex()
                     ],
                     |r| r.get(0),
                 )
                 .optional()
                 .map_err(&err)?;
-            Ok(n.map(|n| Slot { queue: queue_id, n }))
+            Ok(n.map(|n| Slot {
+                queue: queue_id,
+                n,
+                taken: take,
+            }))
         })
         .await
     }
 
     /// [`Store::release_slot`](crate::store::Store::release_slot), fenced on the holder.
     pub(super) async fn give_back_slot(&self, slot: &Slot, node: &str) -> StoreResult<()> {
-        let (q, n, node) = (slot.queue.to_hex(), slot.n, node.to_string());
+        let (q, n, node, taken) = (slot.queue.to_hex(), slot.n, node.to_string(), slot.taken.to_hex());
         // On the writer thread, so that it never waits behind it for the write lock.
         self.writer
             .write("release slot", move |tx| {
                 tx.execute(
                     "UPDATE slots SET holder = NULL, want = NULL, want_until = NULL
-                 WHERE queue = ?1 AND n = ?2 AND holder = ?3",
-                    params![q, n, node],
+                 WHERE queue = ?1 AND n = ?2 AND holder = ?3 AND taken = ?4",
+                    params![q, n, node, taken],
                 )
                 .map_err(db_err("release slot"))?;
                 Ok(())
@@ -208,15 +216,24 @@ fn used_from(conn: &Connection, q: &str, from: i64) -> StoreResult<i64> {
 
 /// [`Store::renew_slot`](crate::store::Store::renew_slot) in `tx`.
 pub(super) fn renew_in(tx: &Connection, slot: &Slot, node: &str, lease: Duration) -> StoreResult<SlotRenewal> {
-    let (q, n) = (slot.queue.to_hex(), slot.n);
+    let (q, n, taken) = (slot.queue.to_hex(), slot.n, slot.taken.to_hex());
     let err = db_err("renew slot lease");
     let now = DateTime::now();
     let renewed = tx
         .prepare_cached(
-            "UPDATE slots SET expires = ?1 WHERE queue = ?2 AND n = ?3 AND holder = ?4
+            "UPDATE slots SET expires = ?1 WHERE queue = ?2 AND n = ?3 AND holder = ?4 AND taken = ?6
                AND expires > ?5 AND (want IS NULL OR want_until < ?5)",
         )
-        .and_then(|mut s| s.execute(params![lease_end(now, lease), q, n, node, now.timestamp_millis()]))
+        .and_then(|mut s| {
+            s.execute(params![
+                lease_end(now, lease),
+                q,
+                n,
+                node,
+                now.timestamp_millis(),
+                taken
+            ])
+        })
         .map_err(&err)?;
     if renewed == 1 {
         return Ok(SlotRenewal::Held);
@@ -228,9 +245,9 @@ pub(super) fn renew_in(tx: &Connection, slot: &Slot, node: &str, lease: Duration
         .query_row(
             "UPDATE slots SET holder = NULL, reserved = want, reserved_until = want_until,
                  want = NULL, want_until = NULL
-             WHERE queue = ?1 AND n = ?2 AND holder = ?3 AND want IS NOT NULL
+             WHERE queue = ?1 AND n = ?2 AND holder = ?3 AND taken = ?4 AND want IS NOT NULL
              RETURNING reserved",
-            params![q, n, node],
+            params![q, n, node, taken],
             |r| r.get::<_, Option<String>>(0),
         )
         .optional()
