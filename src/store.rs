@@ -37,7 +37,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bson::oid::ObjectId;
-use bson::Document;
+use bson::{DateTime, Document};
 
 use crate::model::{Node, Output, Queue, StopRequest, Task, UnreadableQueue};
 
@@ -271,6 +271,16 @@ pub trait Store: PluginStore + SlotStore + Send + Sync + 'static {
     /// claim is the spec's). Either way exactly one caller gets it.
     async fn claim_to_run(&self, queue: &Queue, node: &str) -> StoreResult<Option<Task>> {
         self.claim(queue, node).await
+    }
+    /// [`Store::claim_to_run`], made only while the database's clock is before `until`:
+    /// the claim after a slot's renewal, which must not land past the renewal's
+    /// `lifecycle::slots::claim_window` (held up on its way, by a stopped process or a slow
+    /// network, its slot may have gone to another node meanwhile). MongoDB has the server
+    /// check it (`$$NOW`); the default, for a store that renews and claims in one
+    /// transaction ([`Store::renew_and_claim`]), claims without the check.
+    async fn claim_before(&self, queue: &Queue, node: &str, until: DateTime) -> StoreResult<Option<Task>> {
+        let _ = until;
+        self.claim_to_run(queue, node).await
     }
     /// Capability: a worker's next claim with the slot it holds, in one transaction: reads
     /// the slot's row, applies the step `rule` decides for it (`lease` from now), and when

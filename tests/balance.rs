@@ -15,6 +15,7 @@ use std::time::Duration;
 use axum::http::StatusCode;
 use axum::Router;
 use disbatch::api::{router, ApiState};
+use disbatch::lifecycle::slots;
 use disbatch::model::status;
 use disbatch::store::sqlite::SqliteStore;
 use disbatch::store::{Store, TaskFilter};
@@ -116,9 +117,12 @@ async fn balance(store: Arc<dyn Store>, start_den: impl Fn(&str) -> DenProcess) 
         || async { count(&*store, &bulk, status::RUNNING).await + count(&*store, &bulk, status::CLAIMED).await == MAX },
     )
     .await;
-    let shown = get(&app, "/balance").await.json();
-    assert_eq!(shown["status"], "OK", "{shown}");
-    assert_eq!(shown["max_tasks_now"], MAX, "{shown}");
+    // The leader writes its report after the shares the DENs claim under: awaited.
+    wait_for(Duration::from_secs(60), "the leader's report of the limit", || async {
+        let shown = get(&app, "/balance").await.json();
+        shown["status"] == "OK" && shown["max_tasks_now"] == MAX
+    })
+    .await;
     let m = get(&app, "/monitoring").await.json();
     assert_eq!(m["queuebalance"]["status"], "OK", "{m}");
 
@@ -141,10 +145,10 @@ async fn balance(store: Arc<dyn Store>, start_den: impl Fn(&str) -> DenProcess) 
     })
     .await;
     done.store(true, Ordering::SeqCst);
-    let peak = sampler.await.unwrap();
+    let (peak, over) = sampler.await.unwrap();
     assert_eq!(
         peak, MAX,
-        "the database showed {peak} tasks running at once; the limit is {MAX}"
+        "the database showed {peak} tasks running at once; the limit is {MAX}; over it {over}"
     );
 
     // Disabled for an hour: the limits are lifted; enabled again: back.
@@ -160,8 +164,16 @@ async fn balance(store: Arc<dyn Store>, start_den: impl Fn(&str) -> DenProcess) 
         queue(&app, "bulk").await["maxthreads"].is_null() && queue(&app, "urgent").await["maxthreads"].is_null()
     })
     .await;
-    let shown = get(&app, "/balance").await.json();
-    assert!(shown["message"].as_str().unwrap().contains("disabled until"), "{shown}");
+    // The pass that lifted them reports it once the shares are written: awaited.
+    wait_for(
+        Duration::from_secs(30),
+        "the leader to report the balance disabled",
+        || async {
+            let shown = get(&app, "/balance").await.json();
+            shown["message"].as_str().is_some_and(|m| m.contains("disabled until"))
+        },
+    )
+    .await;
     let r = post(
         &app,
         "/balance",
@@ -183,16 +195,47 @@ async fn balance(store: Arc<dyn Store>, start_den: impl Fn(&str) -> DenProcess) 
     }
 }
 
-/// Samples the tasks at -1/0 every 5 ms until `done`; answers the most seen at once.
-fn sample_peak(store: Arc<dyn Store>, done: Arc<AtomicBool>) -> tokio::task::JoinHandle<u64> {
+/// Samples the tasks at -1/0 every 5 ms until `done`; answers the most seen at once, and
+/// the tasks at -1/0 read right after the first sample over [`MAX`] (status and node).
+fn sample_peak(store: Arc<dyn Store>, done: Arc<AtomicBool>) -> tokio::task::JoinHandle<(u64, String)> {
     tokio::spawn(async move {
         let mut peak = 0;
+        let mut over = String::new();
         while !done.load(Ordering::SeqCst) {
-            peak = peak.max(running(&*store).await);
+            let n = running(&*store).await;
+            if n > MAX && over.is_empty() {
+                over = busy_tasks(&*store).await;
+            }
+            peak = peak.max(n);
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        peak
+        (peak, over)
     })
+}
+
+/// The time now, to line the test's steps up with the DENs' logs.
+fn now_text() -> String {
+    bson::DateTime::now().try_to_rfc3339_string().unwrap_or_default()
+}
+
+/// The tasks at -1/0 as `id status node`, for a failure's message.
+async fn busy_tasks(store: &dyn Store) -> String {
+    let filter = TaskFilter {
+        status: Some(vec![status::CLAIMED, status::RUNNING]),
+        ..TaskFilter::default()
+    };
+    let page = disbatch::store::Page {
+        skip: 0,
+        limit: 100,
+        oldest_first: true,
+    };
+    let tasks = store.find_tasks(&filter, page).await.unwrap();
+    let at = now_text();
+    let list: Vec<String> = tasks
+        .iter()
+        .map(|t| format!("{} {} {}", t.id, t.status, t.node.as_deref().unwrap_or("-")))
+        .collect();
+    format!("at {at}: [{}]", list.join(", "))
 }
 
 /// The leader is paused (SIGSTOP) past its lease while its tasks run, then resumed: the
@@ -266,12 +309,14 @@ async fn paused_leader(store: Arc<dyn Store>, start_den: impl Fn(&str) -> DenPro
         };
         let paused = if name == "paused-a" { &dens[0] } else { &dens[1] };
         paused.pause();
+        println!("attempt {attempt}: {name} paused at {}", now_text());
         let start = std::time::Instant::now();
         while start.elapsed() < Duration::from_secs(20) && !took_over {
             took_over = leader().await.is_some_and(|l| l != name);
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         paused.resume();
+        println!("attempt {attempt}: {name} resumed at {}", now_text());
         if took_over {
             break;
         }
@@ -283,11 +328,16 @@ async fn paused_leader(store: Arc<dyn Store>, start_den: impl Fn(&str) -> DenPro
     })
     .await;
     done.store(true, Ordering::SeqCst);
-    let peak = sampler.await.unwrap();
+    let (peak, over) = sampler.await.unwrap();
     println!("paused leader: at most {peak} tasks running at once (limit {MAX})");
+    if peak > MAX {
+        for den in &dens {
+            println!("---- log of a DEN ----\n{}", den.log());
+        }
+    }
     assert!(
         peak <= MAX,
-        "the database showed {peak} tasks running at once through the takeover; the limit is {MAX}"
+        "the database showed {peak} tasks running at once through the takeover; the limit is {MAX}; over it {over}"
     );
 }
 
@@ -380,4 +430,145 @@ async fn a_stale_queue_view_takes_no_slot_on_mongodb() {
 async fn a_stale_queue_view_takes_no_slot_on_the_embedded_store() {
     let dir = tempfile::tempdir().unwrap();
     stale_view(Arc::new(SqliteStore::open(&dir.path().join("s.db")).await.unwrap())).await;
+}
+
+/// The claim a DEN sends to MongoDB right after renewing its slot, as it reaches the
+/// server: a `findAndModify` of the `tasks` collection (a BSON string element).
+const TASKS_CLAIM: &[u8] = b"findAndModify\x00\x06\x00\x00\x00tasks\x00";
+
+/// A claim held up on its way to MongoDB past its slot's lease (its DEN stopped between
+/// the renewal and the claim, or a slow network) claims nothing once it arrives: by then
+/// another node has taken the slot and claims with it, and a late claim would put one
+/// task more at -1/0 than the queue's `threads`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_held_up_past_its_slot_lease_claims_nothing_on_mongodb() {
+    let t = common::test_db("balance_late_claim").await;
+    let proxy = common::FaultProxy::in_front_of(&t.uri).await;
+    let client = mongodb::Client::with_uri_str(proxy.uri()).await.unwrap();
+    let late: Arc<dyn Store> = Arc::new(disbatch::store::mongo::MongoStore::from_database(
+        client.database(&t.name),
+    ));
+    let store = &t.store;
+    let q = store
+        .create_queue(disbatch::store::NewQueue {
+            name: "late".into(),
+            plugin: "demo".into(),
+            threads: Some(1),
+            sort: disbatch::model::Sort::Fifo,
+            extra: bson::Document::new(),
+        })
+        .await
+        .unwrap();
+    let tasks = (0..2)
+        .map(|i| disbatch::store::NewTask::queued(bson::oid::ObjectId::new(), bson::doc! { "n": i }))
+        .collect();
+    store.insert_tasks(q.id, tasks).await.unwrap();
+    let lease = Duration::from_secs(2);
+    let slot = slots::acquire_slot(&*late, &q, "a", lease)
+        .await
+        .unwrap()
+        .expect("a slot under threads 1");
+    // Node a renews its slot; its claim is held on the way.
+    proxy.hold_matching(TASKS_CLAIM);
+    let claim = {
+        let (late, q) = (late.clone(), q.clone());
+        tokio::spawn(async move { slots::renew_and_claim(&*late, &slot, &q, "a", lease).await })
+    };
+    wait_for(Duration::from_secs(60), "a's claim to be held on its way", || async {
+        proxy.held() > 0
+    })
+    .await;
+    // Its slot's lease runs out; node b takes the slot (a holds no task of the queue) and
+    // claims with it.
+    let start = std::time::Instant::now();
+    let taken = loop {
+        if let Some(s) = slots::acquire_slot(&*store, &q, "b", lease).await.unwrap() {
+            break s;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "b never got the slot whose lease ran out"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let (_, got) = slots::renew_and_claim(&*store, &taken, &q, "b", lease).await.unwrap();
+    assert!(got.is_some(), "b claims with the slot it took");
+    // Node a's claim arrives.
+    proxy.release();
+    let (_, got) = claim.await.unwrap().unwrap();
+    let busy = running(store).await;
+    assert_eq!(
+        busy,
+        1,
+        "the database shows {busy} tasks at -1/0 in a queue of threads 1 (a's late claim: {:?})",
+        got.as_ref().map(|t| t.id)
+    );
+    assert!(got.is_none(), "a claimed after its slot went to b");
+}
+
+/// A node whose slot lease ran out takes the slot again (it holds no task of the queue):
+/// giving it back, or renewing it, through the lease that ran out changes nothing, so a
+/// worker left with the old lease cannot free the slot another of the node's workers now
+/// claims with (which would let a third take it: one task more than `threads`).
+async fn retaken_slot(store: Arc<dyn Store>) {
+    let q = store
+        .create_queue(disbatch::store::NewQueue {
+            name: "retaken".into(),
+            plugin: "demo".into(),
+            threads: Some(1),
+            sort: disbatch::model::Sort::Fifo,
+            extra: bson::Document::new(),
+        })
+        .await
+        .unwrap();
+    let short = Duration::from_millis(200);
+    let old = slots::acquire_slot(&*store, &q, "b", short)
+        .await
+        .unwrap()
+        .expect("a slot under threads 1");
+    let start = std::time::Instant::now();
+    let new = loop {
+        if let Some(s) = slots::acquire_slot(&*store, &q, "b", Duration::from_secs(60))
+            .await
+            .unwrap()
+        {
+            break s;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "b never took its slot again once its lease ran out"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!((new.queue, new.n), (old.queue, old.n), "one slot under threads 1");
+    assert_eq!(
+        slots::renew_slot(&*store, &old, "b", Duration::from_secs(60))
+            .await
+            .unwrap(),
+        disbatch::store::SlotRenewal::Lost,
+        "the lease that ran out is not renewed"
+    );
+    slots::release_slot(&*store, &old, "b").await.unwrap();
+    assert_eq!(
+        slots::acquire_slot(&*store, &q, "c", Duration::from_secs(60))
+            .await
+            .unwrap(),
+        None,
+        "the slot b took again stays b's: the old lease gave nothing back"
+    );
+    assert_eq!(slots::slots_in_use(&*store, q.id).await.unwrap(), 1);
+    slots::release_slot(&*store, &new, "b").await.unwrap();
+    assert!(slots::acquire_slot(&*store, &q, "c", short).await.unwrap().is_some());
+}
+
+#[tokio::test]
+async fn a_slot_taken_again_is_not_given_back_through_its_old_lease_on_mongodb() {
+    let t = common::test_db("balance_retaken").await;
+    retaken_slot(Arc::new(t.store.clone())).await;
+}
+
+#[tokio::test]
+async fn a_slot_taken_again_is_not_given_back_through_its_old_lease_on_the_embedded_store() {
+    let dir = tempfile::tempdir().unwrap();
+    retaken_slot(Arc::new(SqliteStore::open(&dir.path().join("r.db")).await.unwrap())).await;
 }

@@ -185,7 +185,7 @@ async fn free_idle_slots(
             ..SlotFence::default()
         };
         store
-            .change_slot(&Slot { queue, n: row.n }, &fence, &SlotChange::Release)
+            .change_slot(&Slot::numbered(queue, row.n), &fence, &SlotChange::Release)
             .await?;
     }
     Ok(())

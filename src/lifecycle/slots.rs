@@ -126,24 +126,27 @@ pub fn confirmed(n: i64, seen: i64, stored: i64, used_above: i64) -> bool {
     n < stored && (stored >= seen || used_above == 0)
 }
 
-/// The fence of a renewal that keeps the slot: held by `node`, its lease running and
-/// nobody else's ask on it at `now`.
-fn held_fence(node: &str, now: DateTime) -> SlotFence {
+/// The fence of a renewal that keeps `slot`: held by `node` through this lease's take,
+/// its lease running and nobody else's ask on it at `now`.
+fn held_fence(slot: &Slot, node: &str, now: DateTime) -> SlotFence {
     SlotFence {
         holder: Holder::By(node.to_string()),
         lease: Lease::LiveAt(now),
         want: Mark::OpenTo { node: None, at: now },
+        taken: Some(slot.taken),
         ..SlotFence::default()
     }
 }
 
-/// The renew decision for `node` from the slot's row at `now`: the lease runs on to
-/// `until` while `node` holds the slot, its lease runs and no live ask is on it (Held);
-/// an asked slot is given up to the asker, reserved for it until its ask ends (Yielded —
-/// also when the lease ended meanwhile); a slot held by another node, or whose lease
-/// ended unasked (it may have been counted free since), is Lost and stays as it is.
-pub fn renew_step(row: &SlotRow, node: &str, now: DateTime, until: DateTime) -> RenewStep {
-    if row.holder.as_deref() != Some(node) {
+/// The renew decision for `node`'s lease `slot` from the slot's row at `now`: the lease
+/// runs on to `until` while `node` holds the slot through this lease's take, its lease runs
+/// and no live ask is on it (Held); an asked slot is given up to the asker, reserved for it
+/// until its ask ends (Yielded — also when the lease ended meanwhile); a slot held by
+/// another node or through another take (a lease that ran out and was taken again), or
+/// whose lease ended unasked (it may have been counted free since), is Lost and stays as
+/// it is.
+pub fn renew_step(row: &SlotRow, slot: &Slot, node: &str, now: DateTime, until: DateTime) -> RenewStep {
+    if row.holder.as_deref() != Some(node) || row.taken != Some(slot.taken) {
         return RenewStep {
             renewal: SlotRenewal::Lost,
             write: None,
@@ -152,7 +155,7 @@ pub fn renew_step(row: &SlotRow, node: &str, now: DateTime, until: DateTime) -> 
     if row.expires > now && open_to(&row.want, row.want_until, None, now) {
         return RenewStep {
             renewal: SlotRenewal::Held,
-            write: Some((held_fence(node, now), SlotChange::Renew { until })),
+            write: Some((held_fence(slot, node, now), SlotChange::Renew { until })),
         };
     }
     match (&row.want, row.want_until) {
@@ -162,6 +165,7 @@ pub fn renew_step(row: &SlotRow, node: &str, now: DateTime, until: DateTime) -> 
                 SlotFence {
                     holder: Holder::By(node.to_string()),
                     want: Mark::By(to.clone()),
+                    taken: Some(slot.taken),
                     ..SlotFence::default()
                 },
                 SlotChange::Yield {
@@ -278,12 +282,18 @@ pub async fn acquire_slot(
     if used_from(&rows, &busy, threads, now) > 0 {
         return Ok(None);
     }
+    let taken = ObjectId::new();
     let take = SlotChange::Take {
         holder: node.to_string(),
         until: lease_end(now, lease),
+        taken,
     };
     for (n, fence) in takeable(&rows, node, &busy, threads, now) {
-        let slot = Slot { queue: queue.id, n };
+        let slot = Slot {
+            queue: queue.id,
+            n,
+            taken,
+        };
         if store.change_slot(&slot, &fence, &take).await? {
             return confirm_slot(store, slot, node, threads, foreign).await;
         }
@@ -317,10 +327,11 @@ async fn confirm_slot(
     Ok(checked?.then_some(slot))
 }
 
-/// Gives a slot back (only if `node` still holds it).
+/// Gives a slot back (only if `node` still holds it through this lease's take).
 pub async fn release_slot(store: &(impl Store + ?Sized), slot: &Slot, node: &str) -> StoreResult<()> {
     let fence = SlotFence {
         holder: Holder::By(node.to_string()),
+        taken: Some(slot.taken),
         ..SlotFence::default()
     };
     store.change_slot(slot, &fence, &SlotChange::Release).await?;
@@ -362,7 +373,7 @@ async fn renew_fenced(
     let now = DateTime::now();
     let until = lease_end(now, lease);
     if store
-        .change_slot(slot, &held_fence(node, now), &SlotChange::Renew { until })
+        .change_slot(slot, &held_fence(slot, node, now), &SlotChange::Renew { until })
         .await?
     {
         return Ok(SlotRenewal::Held);
@@ -373,7 +384,7 @@ async fn renew_fenced(
             .into_iter()
             .find(|r| r.n == slot.n)
             .unwrap_or_else(|| SlotRow::unheld(slot.n));
-        let step = renew_step(&row, node, DateTime::now(), until);
+        let step = renew_step(&row, slot, node, DateTime::now(), until);
         match &step.write {
             None => return Ok(step.renewal),
             Some((fence, change)) if store.change_slot(slot, fence, change).await? => return Ok(step.renewal),
@@ -402,10 +413,21 @@ pub async fn renew_and_claim(
     renew_then_claim(store, slot, queue, node, lease).await
 }
 
-/// [`renew_and_claim`] as two writes. The claim is sent only while less than half of
-/// `lease` has passed since the renewal was sent: a process paused after the renewal (its
-/// lease may have run out and its slot gone to another node) claims nothing when it wakes.
-/// An error of either step is returned as is.
+/// How long after a slot's renewal was sent a claim with it may still be made: half the
+/// slot's `lease`. Whoever takes the slot once its lease has run out finds the claim made
+/// (the task held by the slot's holder) and leaves the slot; the other half of the lease
+/// is the margin for clocks that disagree.
+pub fn claim_window(lease: Duration) -> Duration {
+    lease / 2
+}
+
+/// [`renew_and_claim`] as two writes. The claim is sent only within [`claim_window`] of the
+/// renewal being sent: a process paused after the renewal (its lease may have run out and
+/// its slot gone to another node) claims nothing when it wakes. The claim is also made only
+/// while the database's clock is before the window's end by the renewal's wall clock
+/// ([`Store::claim_before`]), so a claim held up on its way (the process stopped just after
+/// the check, a slow network) claims nothing either. An error of either step is returned
+/// as is.
 pub async fn renew_then_claim(
     store: &(impl Store + ?Sized),
     slot: &Slot,
@@ -413,10 +435,12 @@ pub async fn renew_then_claim(
     node: &str,
     lease: Duration,
 ) -> StoreResult<(SlotRenewal, Option<Task>)> {
+    let window = claim_window(lease);
     let sent = Instant::now();
+    let until = lease_end(DateTime::now(), window);
     match renew_fenced(store, slot, node, lease).await? {
-        SlotRenewal::Held if sent.elapsed() >= lease / 2 => Ok((SlotRenewal::Held, None)),
-        SlotRenewal::Held => Ok((SlotRenewal::Held, store.claim_to_run(queue, node).await?)),
+        SlotRenewal::Held if sent.elapsed() >= window => Ok((SlotRenewal::Held, None)),
+        SlotRenewal::Held => Ok((SlotRenewal::Held, store.claim_before(queue, node, until).await?)),
         other => Ok((other, None)),
     }
 }
@@ -459,10 +483,7 @@ pub async fn want_slot(
         ..SlotFence::default()
     };
     for r in rows.iter().filter(|r| r.n != n && r.want.as_deref() == Some(node)) {
-        let earlier = Slot {
-            queue: queue.id,
-            n: r.n,
-        };
+        let earlier = Slot::numbered(queue.id, r.n);
         store.change_slot(&earlier, &mine, &SlotChange::Unask).await?;
     }
     let fence = SlotFence {
@@ -477,7 +498,7 @@ pub async fn want_slot(
         by: node.to_string(),
         until: lease_end(now, ask),
     };
-    let asked = store.change_slot(&Slot { queue: queue.id, n }, &fence, &change).await?;
+    let asked = store.change_slot(&Slot::numbered(queue.id, n), &fence, &change).await?;
     Ok(asked.then_some(donor))
 }
 

@@ -343,6 +343,10 @@ impl Store for MongoStore {
         self.claim_task(queue, node).await
     }
 
+    async fn claim_before(&self, queue: &Queue, node: &str, until: DateTime) -> StoreResult<Option<Task>> {
+        self.claim_task_until(queue, node, Some(until)).await
+    }
+
     async fn put_output_file(&self, file: ObjectId, task: ObjectId, filename: &str, text: &str) -> StoreResult<()> {
         Ok(gridfs::put_file(&self.db, file, task, filename, text).await?)
     }

@@ -5,6 +5,7 @@
 //! the stores translate both into one conditional update and decide nothing. Which change
 //! to make under which fence is decided in `lifecycle::slots`.
 
+use bson::oid::ObjectId;
 use bson::DateTime;
 
 use super::SlotRenewal;
@@ -26,6 +27,8 @@ pub struct SlotRow {
     pub reserved: Option<String>,
     /// End of the reservation.
     pub reserved_until: Option<DateTime>,
+    /// The take its holder's lease came from ([`super::Slot::taken`]), if any.
+    pub taken: Option<ObjectId>,
 }
 
 impl SlotRow {
@@ -39,6 +42,7 @@ impl SlotRow {
             want_until: None,
             reserved: None,
             reserved_until: None,
+            taken: None,
         }
     }
 }
@@ -96,17 +100,23 @@ pub struct SlotFence {
     pub want: Mark,
     /// The reservation on it.
     pub reserved: Mark,
+    /// The take the holder's lease came from, when given: a lease that ran out and was
+    /// taken again (by the same node too) is not renewed or given back through the old one.
+    pub taken: Option<ObjectId>,
 }
 
 /// A write to one slot row.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SlotChange {
-    /// `holder` takes it until `until`; any ask and reservation is cleared.
+    /// `holder` takes it until `until`, by the take `taken`; any ask and reservation is
+    /// cleared.
     Take {
         /// The new holder.
         holder: String,
         /// End of its lease.
         until: DateTime,
+        /// The take, new for each ([`super::Slot::taken`]).
+        taken: ObjectId,
     },
     /// The lease runs on until `until`.
     Renew {
@@ -165,5 +175,5 @@ pub struct RenewStep {
 }
 
 /// The renew decision, handed to [`super::Store::renew_and_claim`]: from the slot's row,
-/// the renewing node, the time now and the lease's new end.
-pub type RenewRule = fn(&SlotRow, &str, DateTime, DateTime) -> RenewStep;
+/// the lease being renewed, the renewing node, the time now and the lease's new end.
+pub type RenewRule = fn(&SlotRow, &super::Slot, &str, DateTime, DateTime) -> RenewStep;

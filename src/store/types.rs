@@ -37,6 +37,22 @@ pub struct Slot {
     pub queue: ObjectId,
     /// Slot number, `0..threads`.
     pub n: i64,
+    /// The take this lease came from, written on the slot when it was taken: renewals and
+    /// the release are fenced on it, so a lease that ran out and was taken again (by its
+    /// holder's node too) is not renewed or given back through the old one.
+    pub taken: ObjectId,
+}
+
+impl Slot {
+    /// Slot `n` of `queue` as another node's lease is addressed (its take unknown): an ask
+    /// on it, which is fenced on its holder, never on the take.
+    pub fn numbered(queue: ObjectId, n: i64) -> Slot {
+        Slot {
+            queue,
+            n,
+            taken: ObjectId::from_bytes([0; 12]),
+        }
+    }
 }
 
 /// A batch of tasks as recorded at its first submission (`crate::lifecycle::batches::open_batch`).

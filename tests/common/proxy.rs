@@ -1,7 +1,9 @@
 //! A TCP fault proxy on 127.0.0.1 for putting network faults between a client (a DEN) and a
 //! server (the test database): added latency per direction (fixed or jittered), resets of
 //! every connection (now, or every T seconds), a freeze that holds every byte both ways
-//! while the connections stay open, and refusal of new connections.
+//! while the connections stay open, a hold of the requests that contain a given byte
+//! string (one chosen command held up on its way, the others not), and refusal of new
+//! connections.
 //!
 //! Bytes read from one side are forwarded to the other in order, each chunk no earlier
 //! than its latency after it was read. While frozen nothing is forwarded (what arrives is
@@ -58,6 +60,11 @@ impl Latency {
 
 /// What the test controls, shared with the connections.
 struct Faults {
+    /// While set, a client → server chunk containing these bytes is held (with what
+    /// follows it on its connection) until [`FaultProxy::release`].
+    hold: watch::Sender<Option<Vec<u8>>>,
+    /// Chunks held so far.
+    held: AtomicU64,
     /// Client → server.
     up: Mutex<Latency>,
     /// Server → client.
@@ -109,6 +116,8 @@ impl FaultProxy {
             .as_nanos() as u64
             | 1;
         let faults = Arc::new(Faults {
+            hold: watch::channel(None).0,
+            held: AtomicU64::new(0),
             up: Mutex::new(Latency::NONE),
             down: Mutex::new(Latency::NONE),
             frozen: watch::channel(false).0,
@@ -202,6 +211,22 @@ impl FaultProxy {
         self.faults.frozen.send_replace(false);
     }
 
+    /// From now on holds every client → server chunk that contains `bytes`, and what
+    /// follows it on its connection, until [`FaultProxy::release`]; other connections go on.
+    pub fn hold_matching(&self, bytes: &[u8]) {
+        self.faults.hold.send_replace(Some(bytes.to_vec()));
+    }
+
+    /// Forwards what [`FaultProxy::hold_matching`] held, and holds nothing more.
+    pub fn release(&self) {
+        self.faults.hold.send_replace(None);
+    }
+
+    /// Chunks [`FaultProxy::hold_matching`] held so far.
+    pub fn held(&self) -> u64 {
+        self.faults.held.load(Ordering::SeqCst)
+    }
+
     /// Refuses (resets at once) new connections while `refuse` holds.
     pub fn refuse_new(&self, refuse: bool) {
         self.faults.refuse.store(refuse, Ordering::SeqCst);
@@ -261,9 +286,10 @@ async fn connection(mut client: TcpStream, upstream: SocketAddr, f: Arc<Faults>)
     }
 }
 
-/// Forwards `from` → `to`, each chunk delayed by the direction's latency, held while frozen.
+/// Forwards `from` → `to`, each chunk delayed by the direction's latency, held while frozen
+/// (and, client → server, while it matches [`FaultProxy::hold_matching`]).
 async fn pump(mut from: ReadHalf<'_>, mut to: WriteHalf<'_>, f: Arc<Faults>, up: bool) {
-    let (tx, mut rx) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+    let (tx, mut rx) = mpsc::unbounded_channel::<(Instant, Vec<u8>, bool)>();
     let faults = f.clone();
     let reader = async move {
         let mut buf = vec![0u8; 64 * 1024];
@@ -276,7 +302,17 @@ async fn pump(mut from: ReadHalf<'_>, mut to: WriteHalf<'_>, f: Arc<Faults>, up:
                     // In order: never before the chunk read earlier.
                     let at = (Instant::now() + faults.delay(latency)).max(last);
                     last = at;
-                    if tx.send((at, buf[..n].to_vec())).is_err() {
+                    let chunk = &buf[..n];
+                    let held = up
+                        && faults
+                            .hold
+                            .borrow()
+                            .as_ref()
+                            .is_some_and(|p| !p.is_empty() && chunk.windows(p.len()).any(|w| w == p.as_slice()));
+                    if held {
+                        faults.held.fetch_add(1, Ordering::SeqCst);
+                    }
+                    if tx.send((at, chunk.to_vec(), held)).is_err() {
                         break;
                     }
                 }
@@ -285,9 +321,13 @@ async fn pump(mut from: ReadHalf<'_>, mut to: WriteHalf<'_>, f: Arc<Faults>, up:
     };
     let writer = async move {
         let mut frozen = f.frozen.subscribe();
-        while let Some((at, bytes)) = rx.recv().await {
+        let mut hold = f.hold.subscribe();
+        while let Some((at, bytes, held)) = rx.recv().await {
             tokio::time::sleep_until(at).await;
             if frozen.wait_for(|f| !*f).await.is_err() {
+                return;
+            }
+            if held && hold.wait_for(|h| h.is_none()).await.is_err() {
                 return;
             }
             if to.write_all(&bytes).await.is_err() {

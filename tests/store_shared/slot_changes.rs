@@ -24,6 +24,7 @@ fn fence(holder: Holder, lease: Lease, want: Mark, reserved: Mark) -> SlotFence 
         lease,
         want,
         reserved,
+        taken: None,
     }
 }
 
@@ -37,7 +38,8 @@ async fn a_slot_change_applies_only_under_its_fence(s: Stores) {
         vec![SlotRow::unheld(0), SlotRow::unheld(1)],
         "created once, unheld"
     );
-    let slot = Slot { queue: q.id, n: 0 };
+    let slot = Slot::numbered(q.id, 0);
+    let first_take = bson::oid::ObjectId::new();
     let now = DateTime::now();
     let later = DateTime::from_millis(now.timestamp_millis() + 60_000);
     let by = |n: &str| Holder::By(n.to_string());
@@ -48,6 +50,7 @@ async fn a_slot_change_applies_only_under_its_fence(s: Stores) {
     let take = |n: &str| SlotChange::Take {
         holder: n.to_string(),
         until: later,
+        taken: first_take,
     };
     let change = |f: SlotFence, c: SlotChange| {
         let (a, slot) = (s.a.clone(), slot.clone());
@@ -66,7 +69,19 @@ async fn a_slot_change_applies_only_under_its_fence(s: Stores) {
         "held now"
     );
     let r = row(&*s.b, &slot).await;
-    assert_eq!((r.holder.as_deref(), r.expires), (Some("x"), later));
+    assert_eq!(
+        (r.holder.as_deref(), r.expires, r.taken),
+        (Some("x"), later, Some(first_take))
+    );
+    let through = |taken| SlotFence {
+        taken: Some(taken),
+        ..fence(by("x"), Lease::Any, Mark::Any, Mark::Any)
+    };
+    assert!(
+        !change(through(bson::oid::ObjectId::new()), SlotChange::Renew { until: later }).await,
+        "another take's lease renews nothing"
+    );
+    assert!(change(through(first_take), SlotChange::Renew { until: later }).await);
     assert!(
         !change(fence(by("x"), Lease::EndedAt(now), Mark::Any, Mark::Any), take("y")).await,
         "lease runs"
@@ -164,7 +179,7 @@ async fn a_slot_change_applies_only_under_its_fence(s: Stores) {
         .await
     );
     assert_eq!(row(&*s.b, &slot).await.holder, None);
-    let missing = Slot { queue: q.id, n: 7 };
+    let missing = Slot::numbered(q.id, 7);
     assert!(
         !s.a.change_slot(&missing, &SlotFence::default(), &SlotChange::Release)
             .await

@@ -4,10 +4,16 @@ fn at(ms: i64) -> DateTime {
     DateTime::from_millis(ms)
 }
 
+/// The take of the leases [`held`] makes.
+fn take() -> ObjectId {
+    ObjectId::from_bytes([7; 12])
+}
+
 fn held(n: i64, holder: &str, expires: i64) -> SlotRow {
     SlotRow {
         holder: Some(holder.to_string()),
         expires: at(expires),
+        taken: Some(take()),
         ..SlotRow::unheld(n)
     }
 }
@@ -109,19 +115,36 @@ fn a_slot_taken_under_an_older_limit_is_kept_only_where_the_stored_limit_allows(
 fn the_renew_decision() {
     let now = at(1_000);
     let until = at(9_000);
-    let step = renew_step(&held(0, "me", 2_000), "me", now, until);
+    let slot = Slot {
+        queue: ObjectId::from_bytes([1; 12]),
+        n: 0,
+        taken: take(),
+    };
+    let step = renew_step(&held(0, "me", 2_000), &slot, "me", now, until);
     assert_eq!(step.renewal, SlotRenewal::Held);
     assert_eq!(step.write.unwrap().1, SlotChange::Renew { until });
 
     assert_eq!(
-        renew_step(&held(0, "other", 2_000), "me", now, until).renewal,
+        renew_step(&held(0, "other", 2_000), &slot, "me", now, until).renewal,
         SlotRenewal::Lost
     );
     assert_eq!(
-        renew_step(&SlotRow::unheld(0), "me", now, until).renewal,
+        renew_step(&SlotRow::unheld(0), &slot, "me", now, until).renewal,
         SlotRenewal::Lost
     );
-    let ended = renew_step(&held(0, "me", 500), "me", now, until);
+    let again = SlotRow {
+        taken: Some(ObjectId::from_bytes([8; 12])),
+        ..held(0, "me", 2_000)
+    };
+    assert_eq!(
+        renew_step(&again, &slot, "me", now, until),
+        RenewStep {
+            renewal: SlotRenewal::Lost,
+            write: None
+        },
+        "a lease that ran out and was taken again, by this node too, is not renewed through the old one"
+    );
+    let ended = renew_step(&held(0, "me", 500), &slot, "me", now, until);
     assert_eq!(
         (ended.renewal, ended.write),
         (SlotRenewal::Lost, None),
@@ -133,7 +156,7 @@ fn the_renew_decision() {
         want_until: Some(at(want_until)),
         ..held(0, "me", expires)
     };
-    let step = renew_step(&asked(2_000, 3_000), "me", now, until);
+    let step = renew_step(&asked(2_000, 3_000), &slot, "me", now, until);
     assert_eq!(step.renewal, SlotRenewal::Yielded { to: "asker".into() });
     let (fence, change) = step.write.unwrap();
     assert_eq!(fence.want, Mark::By("asker".into()));
@@ -145,12 +168,12 @@ fn the_renew_decision() {
         }
     );
     assert_eq!(
-        renew_step(&asked(2_000, 500), "me", now, until).renewal,
+        renew_step(&asked(2_000, 500), &slot, "me", now, until).renewal,
         SlotRenewal::Held,
         "an ended ask is no obstacle"
     );
     assert_eq!(
-        renew_step(&asked(500, 500), "me", now, until).renewal,
+        renew_step(&asked(500, 500), &slot, "me", now, until).renewal,
         SlotRenewal::Yielded { to: "asker".into() },
         "an ended lease still asked for goes to the asker"
     );

@@ -28,6 +28,28 @@ impl MongoStore {
     /// is marked failed (status 2, the reason in `stderr`) so it neither blocks the queue
     /// nor waits for the orphan sweep, and the error is returned.
     pub(super) async fn claim_task(&self, queue: &Queue, node: &str) -> StoreResult<Option<Task>> {
+        self.claim_task_until(queue, node, None).await
+    }
+
+    /// [`MongoStore::claim_task`], made by the server only before `until` (by its clock) when
+    /// given ([`Store::claim_before`](crate::store::Store::claim_before)): a claim that
+    /// reaches the server later (the process was stopped between the renewal and the claim,
+    /// the request was held up on the network) claims nothing.
+    pub(super) async fn claim_task_until(
+        &self,
+        queue: &Queue,
+        node: &str,
+        until: Option<DateTime>,
+    ) -> StoreResult<Option<Task>> {
+        let mut filter = doc! {
+            "node": unclaimed(),
+            "status": status::QUEUED,
+            "queue": queue.id,
+            "$nor": [{ "avoid_node": node, "avoid_until": { "$gt": DateTime::now() } }],
+        };
+        if let Some(until) = until {
+            filter.insert("$expr", doc! { "$lt": ["$$NOW", until] });
+        }
         let mut options = FindOneAndUpdateOptions::default();
         options.return_document = Some(ReturnDocument::After);
         options.sort = Some(match queue.sort {
@@ -38,12 +60,7 @@ impl MongoStore {
         let claimed = self
             .tasks
             .find_one_and_update(
-                doc! {
-                    "node": unclaimed(),
-                    "status": status::QUEUED,
-                    "queue": queue.id,
-                    "$nor": [{ "avoid_node": node, "avoid_until": { "$gt": DateTime::now() } }],
-                },
+                filter,
                 doc! { "$set": { "node": node, "status": status::CLAIMED, "mtime": DateTime::now() } },
             )
             .with_options(options)

@@ -1,5 +1,5 @@
 //! Queue slot leases: the `slots` collection, one document `{queue, n, holder, expires,
-//! want, want_until, reserved, reserved_until}` per slot `n` of a queue, read as
+//! taken, want, want_until, reserved, reserved_until}` per slot `n` of a queue, read as
 //! [`SlotRow`]s and written with one conditional update per [`SlotChange`] under its
 //! [`SlotFence`]. The rules are in `lifecycle::slots`.
 
@@ -40,6 +40,7 @@ fn row_from(d: &Document) -> StoreResult<SlotRow> {
         want_until: date("want_until"),
         reserved: text("reserved"),
         reserved_until: date("reserved_until"),
+        taken: d.get_object_id("taken").ok(),
     })
 }
 
@@ -90,14 +91,17 @@ fn fence_filter(slot: &Slot, fence: &SlotFence) -> Document {
     if !marks.is_empty() {
         filter.insert("$and", marks);
     }
+    if let Some(taken) = fence.taken {
+        filter.insert("taken", taken);
+    }
     filter
 }
 
 /// The update making `change`.
 fn change_update(change: &SlotChange) -> Document {
     let set = match change {
-        SlotChange::Take { holder, until } => {
-            doc! { "holder": holder, "expires": *until, "reserved": null, "want": null, "want_until": null }
+        SlotChange::Take { holder, until, taken } => {
+            doc! { "holder": holder, "expires": *until, "taken": taken, "reserved": null, "want": null, "want_until": null }
         }
         SlotChange::Renew { until } => doc! { "expires": *until },
         SlotChange::Release => doc! { "holder": null, "want": null, "want_until": null },

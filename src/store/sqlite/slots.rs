@@ -1,4 +1,4 @@
-//! Queue slot leases in the embedded store: `slots(queue, n, holder, expires, want,
+//! Queue slot leases in the embedded store: `slots(queue, n, holder, expires, taken, want,
 //! want_until, reserved, reserved_until)`, read as [`SlotRow`]s and written with one
 //! conditional UPDATE per [`SlotChange`] under its [`SlotFence`], as MongoDB's `slots`
 //! collection. The rules are in `lifecycle::slots`.
@@ -24,6 +24,7 @@ const ADDED_COLUMNS: &[(&str, &str)] = &[
     ("want_until", "INTEGER"),
     ("reserved", "TEXT"),
     ("reserved_until", "INTEGER"),
+    ("taken", "TEXT"),
 ];
 
 /// Adds the columns a database file created by an earlier release lacks.
@@ -32,7 +33,7 @@ pub(super) fn migrate(conn: &Connection) -> StoreResult<()> {
 }
 
 /// The columns of a [`SlotRow`], in [`row_from`]'s order.
-const ROW: &str = "n, holder, expires, want, want_until, reserved, reserved_until";
+const ROW: &str = "n, holder, expires, want, want_until, reserved, reserved_until, taken";
 
 /// A row of [`ROW`] as a [`SlotRow`].
 fn row_from(r: &Row<'_>) -> rusqlite::Result<SlotRow> {
@@ -45,6 +46,9 @@ fn row_from(r: &Row<'_>) -> rusqlite::Result<SlotRow> {
         want_until: date(4)?,
         reserved: r.get(5)?,
         reserved_until: date(6)?,
+        taken: r
+            .get::<_, Option<String>>(7)?
+            .and_then(|t| bson::oid::ObjectId::parse_str(t).ok()),
     })
 }
 
@@ -99,6 +103,10 @@ fn fence_sql(slot: &Slot, fence: &SlotFence) -> (String, Vec<Value>) {
     }
     terms.extend(mark_sql("want", &fence.want, &mut values));
     terms.extend(mark_sql("reserved", &fence.reserved, &mut values));
+    if let Some(taken) = fence.taken {
+        values.push(Value::Text(taken.to_hex()));
+        terms.push(format!("taken = ?{}", values.len()));
+    }
     (terms.join(" AND "), values)
 }
 
@@ -107,9 +115,9 @@ fn change_sql(change: &SlotChange, first: usize) -> (String, Vec<Value>) {
     let text = |s: &String| Value::Text(s.clone());
     let date = |t: &DateTime| Value::Integer(t.timestamp_millis());
     let (set, values): (&str, Vec<Value>) = match change {
-        SlotChange::Take { holder, until } => (
-            "holder = ?A, expires = ?B, reserved = NULL, want = NULL, want_until = NULL",
-            vec![text(holder), date(until)],
+        SlotChange::Take { holder, until, taken } => (
+            "holder = ?A, expires = ?B, taken = ?C, reserved = NULL, want = NULL, want_until = NULL",
+            vec![text(holder), date(until), Value::Text(taken.to_hex())],
         ),
         SlotChange::Renew { until } => ("expires = ?A", vec![date(until)]),
         SlotChange::Release => ("holder = NULL, want = NULL, want_until = NULL", vec![]),
@@ -122,7 +130,8 @@ fn change_sql(change: &SlotChange, first: usize) -> (String, Vec<Value>) {
     };
     let set = set
         .replace("?A", &format!("?{first}"))
-        .replace("?B", &format!("?{}", first + 1));
+        .replace("?B", &format!("?{}", first + 1))
+        .replace("?C", &format!("?{}", first + 2));
     (set, values)
 }
 
@@ -152,7 +161,7 @@ pub(super) fn renew_and_claim_in(
 ) -> StoreResult<Option<(SlotRenewal, StoreResult<Option<Task>>)>> {
     let now = DateTime::now();
     let row = row_in(tx, slot)?.unwrap_or_else(|| SlotRow::unheld(slot.n));
-    let step = rule(&row, node, now, DateTime::from_millis(lease_end(now, lease)));
+    let step = rule(&row, slot, node, now, DateTime::from_millis(lease_end(now, lease)));
     if let Some((fence, change)) = &step.write {
         if !change_in(tx, slot, fence, change)? {
             return Ok(None);
