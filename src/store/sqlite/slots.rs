@@ -251,7 +251,9 @@ impl SlotStore for SqliteStore {
                 .prepare(&format!("SELECT {ROW}, queue FROM slots WHERE holder IN ({marks})"))
                 .map_err(&err)?;
             let rows = stmt
-                .query_map(params_from_iter(names), |r| Ok((r.get::<_, String>(7)?, row_from(r)?)))
+                .query_map(params_from_iter(names), |r| {
+                    Ok((r.get::<_, String>(ROW.split(',').count())?, row_from(r)?))
+                })
                 .map_err(&err)?
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(&err)?;
