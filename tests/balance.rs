@@ -482,7 +482,7 @@ async fn a_claim_held_up_past_its_slot_lease_claims_nothing_on_mongodb() {
     // claims with it.
     let start = std::time::Instant::now();
     let taken = loop {
-        if let Some(s) = slots::acquire_slot(&*store, &q, "b", lease).await.unwrap() {
+        if let Some(s) = slots::acquire_slot(store, &q, "b", lease).await.unwrap() {
             break s;
         }
         assert!(
@@ -491,7 +491,7 @@ async fn a_claim_held_up_past_its_slot_lease_claims_nothing_on_mongodb() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    let (_, got) = slots::renew_and_claim(&*store, &taken, &q, "b", lease).await.unwrap();
+    let (_, got) = slots::renew_and_claim(store, &taken, &q, "b", lease).await.unwrap();
     assert!(got.is_some(), "b claims with the slot it took");
     // Node a's claim arrives.
     proxy.release();

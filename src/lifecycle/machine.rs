@@ -8,9 +8,12 @@
 use bson::DateTime;
 
 use crate::model::{status, Attempt, RetryAt, StopRequest, Task, TaskProgress};
-use crate::store::{
-    due_status, NewTask, NodeIs, OutputValue, StopIs, TaskChange, TaskFence, Write, KILLED_AT_SHUTDOWN,
-};
+use crate::store::{due_status, NewTask, NodeIs, OutputValue, StopIs, TaskChange, TaskFence, Write};
+
+/// The stderr of a task that was asked to be killed while its DEN shut down
+/// ([`super::run::requeue_own`] ends it failed instead of putting it back).
+pub const KILLED_AT_SHUTDOWN: &str =
+    "[disbatch: killed; its DEN stopped the plugin before it could store a result (the task's `stop` field says who asked and why)]\n";
 
 /// Statuses a task may be cancelled from: waiting to run (queued, scheduled, blocked).
 pub const CANCELLABLE: [i32; 3] = status::WAITING;

@@ -82,7 +82,7 @@ pub async fn finish_with(
 /// Puts `tasks` that `node` claimed or runs back in their queue (-2, node null), for a
 /// graceful shutdown or claims it will not run. Answers the ids requeued. A task someone
 /// asked to kill is not put back: it ends failed (2) with
-/// [`KILLED_AT_SHUTDOWN`](crate::store::KILLED_AT_SHUTDOWN) as stderr. Tasks no longer
+/// [`KILLED_AT_SHUTDOWN`](super::machine::KILLED_AT_SHUTDOWN) as stderr. Tasks no longer
 /// `node`'s are left alone. One [`Store::change_tasks`] call: two entries per task, whose
 /// fences exclude each other.
 pub async fn requeue_own(store: &(impl Store + ?Sized), node: &str, tasks: &[ObjectId]) -> StoreResult<Vec<ObjectId>> {

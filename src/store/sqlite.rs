@@ -38,12 +38,11 @@ mod claims;
 mod connect;
 mod deps;
 mod files;
+mod kills;
 mod leases;
-mod lifecycle;
 mod nodes;
 mod plugins;
 mod queues;
-mod retries;
 mod rows;
 mod schema;
 mod slots;
@@ -198,7 +197,7 @@ impl Store for SqliteStore {
             conn.execute_batch(batches::SCHEMA).map_err(db_err("create schema"))?;
             conn.execute_batch(deps::SCHEMA).map_err(db_err("create schema"))?;
             conn.execute_batch(stats::SCHEMA).map_err(db_err("create schema"))?;
-            lifecycle::migrate(conn)?;
+            schema::migrate(conn)?;
             claims::migrate(conn)?;
             deps::migrate(conn)?;
             slots::migrate(conn)

@@ -143,11 +143,6 @@ pub struct TaskFilter {
     pub older_than: Option<ObjectId>,
 }
 
-/// The stderr of a task that was asked to be killed while its DEN shut down
-/// (`lifecycle::run::requeue_own` ends it failed instead of putting it back).
-pub const KILLED_AT_SHUTDOWN: &str =
-    "[disbatch: killed; its DEN stopped the plugin before it could store a result (the task's `stop` field says who asked and why)]\n";
-
 /// A task to insert ([`super::Store::insert_tasks`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewTask {

@@ -335,7 +335,7 @@ async fn a_task_asked_to_be_killed_never_runs_again(s: Stores) {
     let t = task(&*s.b, asked).await;
     assert_eq!(t.status, status::FAILED);
     let stderr = s.b.read_output(t.stderr.as_ref().unwrap()).await.unwrap();
-    assert_eq!(stderr, disbatch::store::KILLED_AT_SHUTDOWN);
+    assert_eq!(stderr, disbatch::lifecycle::machine::KILLED_AT_SHUTDOWN);
 
     // A dead node's task: requeued by the queue's policy unless someone asked to kill it.
     let (asked, plain) = (claim_run(&*s.a, &q, "dead").await, claim_run(&*s.a, &q, "dead").await);

@@ -6,15 +6,14 @@
 //! same here as on MongoDB (`stop.action` is `kill`).
 
 use bson::oid::ObjectId;
-use bson::DateTime;
+use bson::{Bson, DateTime};
 use rusqlite::functions::FunctionFlags;
 use rusqlite::types::{Value, ValueRef};
-use rusqlite::{params_from_iter, Connection, Transaction};
+use rusqlite::{params_from_iter, Connection, OptionalExtension, Transaction};
 
-use super::retries::appended;
-use super::rows::{bson_bytes, db_err, output_columns};
+use super::rows::{bson_bytes, db_err, output_columns, read_attempts};
 use super::{SqliteStore, Touched};
-use crate::model::status;
+use crate::model::{status, Attempt};
 use crate::store::change::{NodeIs, StopIs, TaskChange, TaskFence, Write};
 use crate::store::{StoreResult, TaskTarget};
 
@@ -273,4 +272,20 @@ impl SqliteStore {
         }
         Ok(ids)
     }
+}
+
+/// The `attempts` column holds the BSON of `{list: [record, …]}`; a record is appended by
+/// reading and rewriting it in the same write transaction.
+/// The `attempts` column of task `id` with `attempt` appended.
+pub(super) fn appended(tx: &Transaction<'_>, id: &str, attempt: &Attempt) -> StoreResult<Vec<u8>> {
+    let stored: Option<Option<Vec<u8>>> = tx
+        .query_row("SELECT attempts FROM tasks WHERE id = ?1", [id], |r| r.get(0))
+        .optional()
+        .map_err(db_err("read attempts"))?;
+    let mut list: Vec<Bson> = read_attempts(id, stored.flatten().as_deref())
+        .iter()
+        .map(|a| Bson::Document(a.to_document()))
+        .collect();
+    list.push(Bson::Document(attempt.to_document()));
+    bson_bytes(&bson::doc! { "list": list })
 }

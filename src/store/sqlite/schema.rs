@@ -1,6 +1,12 @@
 //! The embedded store's tables (see the module documentation of `sqlite`); columns added
 //! since are created by the `migrate` functions of the modules that use them.
 
+use rusqlite::Connection;
+
+use super::rows::{add_columns, db_err};
+use crate::model::status;
+use crate::store::StoreResult;
+
 pub(super) const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS tasks (
     id TEXT PRIMARY KEY NOT NULL,
@@ -80,3 +86,41 @@ CREATE TABLE IF NOT EXISTS output_files (
 CREATE INDEX IF NOT EXISTS output_files_task ON output_files (task);
 CREATE INDEX IF NOT EXISTS output_files_name ON output_files (filename, upload_date);
 ";
+
+/// Columns added to `tasks` after its first release, with their types: a database file
+/// created before gets them on open.
+const ADDED_COLUMNS: &[(&str, &str)] = &[
+    ("run_at", "INTEGER"),
+    ("stop", "BLOB"),
+    ("progress", "BLOB"),
+    ("priority", "INTEGER NOT NULL DEFAULT 0"),
+    ("attempts", "BLOB"),
+    ("avoid_node", "TEXT"),
+    ("avoid_until", "INTEGER"),
+    ("key", "TEXT"),
+    ("rerun", "INTEGER"),
+    ("batch", "TEXT"),
+    ("after", "TEXT"),
+    ("after_failure", "INTEGER"),
+    ("dependents", "INTEGER"),
+];
+
+/// Adds the columns a database file created by an earlier release lacks, and their index.
+pub(super) fn migrate(conn: &Connection) -> StoreResult<()> {
+    let err = db_err("upgrade schema");
+    add_columns(conn, "tasks", ADDED_COLUMNS)?;
+    // Scheduled tasks only: a claim or a finish does not touch it (an index of every
+    // task's status and `run_at` was rewritten by both, and `tasks_status_mtime` serves
+    // the searches by status).
+    conn.execute_batch(&format!(
+        "DROP INDEX IF EXISTS tasks_scheduled;
+         CREATE INDEX IF NOT EXISTS tasks_due ON tasks (run_at) WHERE status = {scheduled};
+         CREATE UNIQUE INDEX IF NOT EXISTS tasks_key ON tasks (queue, key) WHERE key IS NOT NULL;
+         CREATE INDEX IF NOT EXISTS tasks_key_only ON tasks (key) WHERE key IS NOT NULL;
+         CREATE INDEX IF NOT EXISTS tasks_batch ON tasks (batch, status) WHERE batch IS NOT NULL;
+         CREATE INDEX IF NOT EXISTS tasks_dependents ON tasks (dependents, status) WHERE dependents = 1;",
+        scheduled = status::SCHEDULED
+    ))
+    .map_err(&err)?;
+    Ok(())
+}

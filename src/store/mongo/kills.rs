@@ -1,11 +1,6 @@
-//! A task's life beyond Disbatch 4's: scheduled tasks becoming due, cancel and kill
-//! (progress reports are written with the task's other running-state updates).
-//!
-//! Scheduled tasks wait with status -7 (which no Disbatch 4 DEN claims) and a `run_at`
-//! date; one `updateMany` over the `{status, run_at}` index queues those that are due.
-//! A cancel or kill records `stop: {action, by, at, reason}` on the task. Updates over a
-//! queue report the ids they changed by reading back the tasks carrying that exact `stop`
-//! sub-document.
+//! Kill requests on MongoDB: a cancel or kill records `stop: {action, by, at, reason}` on
+//! the task (written as a fenced change by `lifecycle::run`); a DEN reads the kill requests
+//! on the tasks it runs.
 
 use bson::oid::ObjectId;
 use bson::{doc, Document};
