@@ -62,7 +62,7 @@ async fn an_asked_slot_goes_to_the_asker_only(s: Stores) {
             .unwrap()
             .expect("the reserved slot");
     let given = held[found.iter().position(|f| *f == yielded).unwrap()].clone();
-    assert_eq!(taken, given);
+    assert_eq!((taken.queue, taken.n), (given.queue, given.n), "the slot given up");
     assert_eq!(s.b.renew_slot(&taken, "late", LEASE).await.unwrap(), SlotRenewal::Held);
     // Released, it is an ordinary free slot again.
     s.b.release_slot(&taken, "late").await.unwrap();
