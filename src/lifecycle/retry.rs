@@ -5,9 +5,8 @@ use bson::oid::ObjectId;
 use bson::DateTime;
 
 use super::machine;
-use super::run::FinishExtra;
 use crate::model::{kept_output, status, Attempt, Output, RetryAt, Task};
-use crate::store::{NewTask, OutputValue, StopIs, Store, StoreError, StoreResult, TaskFence};
+use crate::store::{NewTask, StopIs, Store, StoreError, StoreResult, TaskFence};
 
 /// The answer of [`retry_by_hand`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,40 +73,6 @@ pub(crate) fn last_run(t: &Task, reason: &str) -> Attempt {
         reason: reason.to_owned(),
         stdout: kept(&t.stdout),
         stderr: kept(&t.stderr),
-    }
-}
-
-/// The record of a run that ends while its task was submitted again (it runs once more):
-/// its outputs as the files they were written to, or the end of their text.
-pub(crate) fn rerun_record(
-    node: &str,
-    status: i32,
-    stdout: &OutputValue,
-    stderr: &OutputValue,
-    extra: &FinishExtra,
-) -> Attempt {
-    let kept = |o: &OutputValue| match o {
-        OutputValue::Inline(s) => kept_output(s),
-        OutputValue::File(id) => Some(Output::File(*id)),
-    };
-    let base = extra.attempt.clone().unwrap_or(Attempt {
-        node: Some(node.to_owned()),
-        started: None,
-        ended: DateTime::now(),
-        status,
-        reason: String::new(),
-        stdout: None,
-        stderr: None,
-    });
-    Attempt {
-        reason: if base.reason.is_empty() {
-            "submitted again while it ran: it runs once more".to_owned()
-        } else {
-            format!("{}; submitted again while it ran: it runs once more", base.reason)
-        },
-        stdout: kept(stdout),
-        stderr: kept(stderr),
-        ..base
     }
 }
 

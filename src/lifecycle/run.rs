@@ -6,8 +6,8 @@
 use bson::oid::ObjectId;
 use bson::DateTime;
 
-use super::{machine, retry};
-use crate::model::{status, Attempt, StopAction, StopRequest, TaskProgress};
+use super::machine;
+use crate::model::{kept_output, status, Attempt, Output, StopAction, StopRequest, TaskProgress};
 use crate::store::{OutputValue, Store, StoreResult, TaskTarget};
 
 /// What the end of a run stores beside the result ([`finish_with`]).
@@ -48,7 +48,7 @@ pub async fn finish(
 /// Ends a run of `task` on `node` with status `code` and its outputs (each inline text, or
 /// an output file [`Store::put_output_file`] wrote before: a task never points at a
 /// missing file), storing `extra` in the same write; fenced on `{_id, node, status: 0}`.
-/// A task marked to run once more ([`retry::request_rerun`]) is queued again instead (-2,
+/// A task marked to run once more ([`super::retry::request_rerun`]) is queued again instead (-2,
 /// node null, outputs and progress cleared) with the run's record — its outputs as a file
 /// or the end of the text — appended; unless someone asked to kill it, then it ends here.
 /// False, with nothing written, when the task is no longer running on `node` (recovered
@@ -71,7 +71,7 @@ pub async fn finish_with(
     if store.change_tasks(&plain).await?[0] {
         return Ok(true);
     }
-    let record = retry::rerun_record(node, code, &stdout, &stderr, extra);
+    let record = rerun_record(node, code, &stdout, &stderr, extra);
     let other = [
         (task, machine::ends_killed(node), done),
         (task, machine::ends_for_rerun(node), machine::rerun_requeue(record)),
@@ -156,4 +156,32 @@ pub async fn request_kill(
     store
         .change_where(target, &machine::killable(), &machine::kill_request(stop))
         .await
+}
+
+/// The record of a run that ends while its task was submitted again (it runs once more):
+/// its outputs as the files they were written to, or the end of their text.
+fn rerun_record(node: &str, status: i32, stdout: &OutputValue, stderr: &OutputValue, extra: &FinishExtra) -> Attempt {
+    let kept = |o: &OutputValue| match o {
+        OutputValue::Inline(s) => kept_output(s),
+        OutputValue::File(id) => Some(Output::File(*id)),
+    };
+    let base = extra.attempt.clone().unwrap_or(Attempt {
+        node: Some(node.to_owned()),
+        started: None,
+        ended: DateTime::now(),
+        status,
+        reason: String::new(),
+        stdout: None,
+        stderr: None,
+    });
+    Attempt {
+        reason: if base.reason.is_empty() {
+            "submitted again while it ran: it runs once more".to_owned()
+        } else {
+            format!("{}; submitted again while it ran: it runs once more", base.reason)
+        },
+        stdout: kept(stdout),
+        stderr: kept(stderr),
+        ..base
+    }
 }
