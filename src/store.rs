@@ -333,12 +333,21 @@ pub trait Store: PluginStore + Send + Sync + 'static {
         node: &str,
         lease: Duration,
     ) -> StoreResult<(SlotRenewal, Option<Task>)> {
+        let window = claim_window(lease);
         let sent = std::time::Instant::now();
+        let until = lease_end(DateTime::now(), window);
         match self.renew_slot(slot, node, lease).await? {
-            SlotRenewal::Held if sent.elapsed() >= claim_window(lease) => Ok((SlotRenewal::Held, None)),
-            SlotRenewal::Held => Ok((SlotRenewal::Held, self.claim_to_run(queue, node).await?)),
+            SlotRenewal::Held if sent.elapsed() >= window => Ok((SlotRenewal::Held, None)),
+            SlotRenewal::Held => Ok((SlotRenewal::Held, self.claim_before(queue, node, until).await?)),
             other => Ok((other, None)),
         }
+    }
+    /// [`Store::claim_to_run`], made only while the database's clock is before `until`: the
+    /// claim of [`Store::renew_and_claim`] done as two writes. MongoDB has the server check
+    /// it (`$$NOW`); the default claims without the check.
+    async fn claim_before(&self, queue: &Queue, node: &str, until: DateTime) -> StoreResult<Option<Task>> {
+        let _ = until;
+        self.claim_to_run(queue, node).await
     }
     /// Stores an output stream too large for the task document as the file `file` tied to
     /// `task` (`filename` is `stdout` or `stderr`). MongoDB keeps it in GridFS
@@ -487,6 +496,12 @@ pub fn task_mark(t: &Task) -> u64 {
         (p.percent.map(f64::to_bits), &p.info, p.at.timestamp_millis()).hash(&mut h);
     }
     h.finish()
+}
+
+/// A lease of `lease` from `now` as a date, saturating.
+pub(crate) fn lease_end(now: DateTime, lease: Duration) -> DateTime {
+    let millis = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
+    DateTime::from_millis(now.timestamp_millis().saturating_add(millis))
 }
 
 /// How long after a slot's renewal was sent a claim with it may still be made

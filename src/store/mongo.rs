@@ -375,14 +375,8 @@ impl Store for MongoStore {
         self.claim_task(queue, node).await
     }
 
-    async fn renew_and_claim(
-        &self,
-        slot: &Slot,
-        queue: &Queue,
-        node: &str,
-        lease: Duration,
-    ) -> StoreResult<(SlotRenewal, Option<Task>)> {
-        self.renew_then_claim(slot, queue, node, lease).await
+    async fn claim_before(&self, queue: &Queue, node: &str, until: DateTime) -> StoreResult<Option<Task>> {
+        self.claim_task_until(queue, node, Some(until)).await
     }
 
     async fn start(&self, task: ObjectId, node: &str) -> StoreResult<bool> {

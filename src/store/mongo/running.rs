@@ -31,38 +31,16 @@ impl MongoStore {
         self.claim_task_until(queue, node, None).await
     }
 
-    /// [`Store::renew_and_claim`](crate::store::Store::renew_and_claim): the slot renewed,
-    /// then the claim, which the server makes only before the end of the
-    /// [`claim_window`](crate::store::claim_window) after the renewal was sent, by its own
-    /// clock (`$$NOW`) against the DEN's wall clock. A claim that reaches the server later
-    /// (the process was stopped between the two writes, the request was held up on the
-    /// network) claims nothing: by then the slot's lease may have run out, and another node
-    /// taken the slot, found no task of this node in the queue and claimed with it. (The
-    /// check against the monotonic clock before sending also stands: a process paused
-    /// during the renewal sends no claim.)
-    pub(super) async fn renew_then_claim(
+    /// [`MongoStore::claim_task`], made by the server only before `until` (by its clock) when
+    /// given ([`Store::claim_before`](crate::store::Store::claim_before)): a claim that
+    /// reaches the server later (the process stopped between the renewal and the claim, the
+    /// request held up on the network) claims nothing.
+    pub(super) async fn claim_task_until(
         &self,
-        slot: &Slot,
         queue: &Queue,
         node: &str,
-        lease: Duration,
-    ) -> StoreResult<(SlotRenewal, Option<Task>)> {
-        let window = crate::store::claim_window(lease);
-        let sent = std::time::Instant::now();
-        let until = super::slots::lease_end(DateTime::now(), window);
-        match self.renew_one_slot(slot, node, lease).await? {
-            SlotRenewal::Held if sent.elapsed() >= window => Ok((SlotRenewal::Held, None)),
-            SlotRenewal::Held => Ok((
-                SlotRenewal::Held,
-                self.claim_task_until(queue, node, Some(until)).await?,
-            )),
-            other => Ok((other, None)),
-        }
-    }
-
-    /// [`MongoStore::claim_task`], made by the server only before `until` (by its clock) when
-    /// given.
-    async fn claim_task_until(&self, queue: &Queue, node: &str, until: Option<DateTime>) -> StoreResult<Option<Task>> {
+        until: Option<DateTime>,
+    ) -> StoreResult<Option<Task>> {
         let mut filter = doc! {
             "node": unclaimed(),
             "status": status::QUEUED,

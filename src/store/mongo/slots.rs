@@ -22,11 +22,7 @@ use super::{db_err, is_duplicate_key, MongoStore, SLOTS};
 use crate::model::{status, Queue};
 use crate::store::{Slot, SlotRenewal, StoreError, StoreResult};
 
-/// A lease's end as a BSON date.
-pub(super) fn lease_end(now: DateTime, lease: Duration) -> DateTime {
-    let millis = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
-    DateTime::from_millis(now.timestamp_millis().saturating_add(millis))
-}
+pub(super) use crate::store::lease_end;
 
 impl MongoStore {
     /// Creates the slot documents `0..threads` of `queue` unless known to exist.
