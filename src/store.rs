@@ -369,3 +369,9 @@ pub fn task_mark(t: &Task) -> u64 {
     }
     h.finish()
 }
+
+/// A lease of `lease` from `now` as a date, saturating.
+pub fn lease_end(now: DateTime, lease: Duration) -> DateTime {
+    let millis = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
+    DateTime::from_millis(now.timestamp_millis().saturating_add(millis))
+}

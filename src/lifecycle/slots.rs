@@ -19,6 +19,7 @@ use bson::oid::ObjectId;
 use bson::DateTime;
 
 use crate::model::{Queue, Task};
+pub use crate::store::lease_end;
 use crate::store::{
     BusyNode, BusyOf, Holder, Lease, Mark, RenewStep, Slot, SlotChange, SlotFence, SlotRenewal, SlotRow, Store,
     StoreError, StoreResult,
@@ -26,12 +27,6 @@ use crate::store::{
 
 /// How many times a renewal reads the slot again when its write lost a race.
 const RENEW_ATTEMPTS: usize = 3;
-
-/// A lease of `lease` from `now`, saturating.
-pub fn lease_end(now: DateTime, lease: Duration) -> DateTime {
-    let millis = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
-    DateTime::from_millis(now.timestamp_millis().saturating_add(millis))
-}
 
 /// The names of the nodes that have claimed or running tasks.
 pub fn busy_names(busy: &[BusyNode]) -> BTreeSet<&str> {

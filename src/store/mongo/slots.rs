@@ -3,8 +3,6 @@
 //! [`SlotRow`]s and written with one conditional update per [`SlotChange`] under its
 //! [`SlotFence`]. The rules are in `lifecycle::slots`.
 
-use std::time::Duration;
-
 use async_trait::async_trait;
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
@@ -17,11 +15,7 @@ use crate::store::{
     BusyNode, BusyOf, Holder, Lease, Mark, Slot, SlotChange, SlotFence, SlotRow, SlotStore, StoreError, StoreResult,
 };
 
-/// A lease's end as a BSON date.
-pub(super) fn lease_end(now: DateTime, lease: Duration) -> DateTime {
-    let millis = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
-    DateTime::from_millis(now.timestamp_millis().saturating_add(millis))
-}
+pub(super) use crate::store::lease_end;
 
 /// A slot document read as a row.
 fn row_from(d: &Document) -> StoreResult<SlotRow> {

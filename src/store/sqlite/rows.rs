@@ -71,9 +71,9 @@ pub(super) fn add_columns(conn: &rusqlite::Connection, table: &str, columns: &[(
     Ok(())
 }
 
+/// [`crate::store::lease_end`] as the embedded store's milliseconds.
 pub(super) fn lease_end(now: DateTime, lease: Duration) -> i64 {
-    let millis = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
-    now.timestamp_millis().saturating_add(millis)
+    crate::store::lease_end(now, lease).timestamp_millis()
 }
 
 /// A document as BSON bytes.
