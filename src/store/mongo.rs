@@ -14,36 +14,40 @@
 //! documents that cannot be read are left out of the node list. Each distinct problem is
 //! logged once per process.
 //!
-//! Parts: `connect` ([`MongoOptions`], TLS and credentials), `documents` (BSON ↔ model,
-//! lenient parsing), `queues` (queue documents), `slots` (queue slot leases), `lifecycle` (scheduled tasks, cancel and kill), `errors` (driver errors as transient or permanent store errors),
-//! `counts` (task counts per queue and status), `nodes` (heartbeats, the node-name guard,
-//! Disbatch 4 DENs on the same database), `running` (the DEN's claim, start, progress and
-//! finish), `indexes` (the collections' indexes).
+//! Parts, named as the embedded store's for the same concern: `connect` ([`MongoOptions`],
+//! TLS and credentials), `records` (BSON ↔ model, lenient parsing), `schema` (the
+//! collections' indexes), `errors` (driver errors as transient or permanent store errors),
+//! `tasks` (inserting and finding tasks), `change` (fenced task changes), `claims` (the
+//! spec's claim), `queues` (queue documents and their task counts), `slots` (queue slot
+//! leases), `nodes` (heartbeats, the node-name guard, Disbatch 4 DENs on the same
+//! database), `leases`, `balance`, `batches`, `deps`, `kills`, `stats`, `plugins`, `files`
+//! (task output files, kept in GridFS by `gridfs`) and `watch` (change streams).
 
 mod balance;
 mod batches;
 mod change;
+mod claims;
 mod connect;
-mod counts;
 mod deps;
-mod documents;
 mod errors;
+mod files;
 pub mod gridfs;
-mod indexes;
 mod kills;
 mod leases;
 mod nodes;
 mod plugins;
 mod queues;
-mod running;
+mod records;
+mod schema;
 mod slots;
 mod stats;
 mod tasks;
+mod watch;
 
 pub use self::plugins::{PLUGIN_CHUNKS, PLUGIN_FILES};
 
 pub use self::connect::MongoOptions;
-pub use self::counts::queue_counts_pipeline;
+pub use self::queues::queue_counts_pipeline;
 pub use self::stats::MINUTE_STATS;
 
 use std::collections::{BTreeMap, HashSet};
@@ -53,12 +57,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
-use futures::TryStreamExt;
 use mongodb::options::{FindOneAndUpdateOptions, IndexOptions, ReturnDocument};
 use mongodb::{Collection, Database, IndexModel};
 
-use self::documents::{task_filter_doc, task_from, task_or_problem};
 use self::errors::{db_err, is_duplicate_key};
+use self::records::{task_filter_doc, task_from, task_or_problem};
 use super::{
     Batch, Dependency, Leader, NewQueue, NewTask, OutputStream, Page, PendingChange, QueueState, QueueUpdate,
     StatusCounts, Store, StoreError, StoreResult, TaskChange, TaskFence, TaskFilter, TaskTarget,
@@ -144,25 +147,25 @@ pub(super) fn unclaimed() -> Bson {
 #[async_trait]
 impl Store for MongoStore {
     async fn ensure_indexes(&self) -> StoreResult<()> {
-        self.create_indexes().await
+        self.ensure_indexes().await
     }
 
     // ---- nodes (mongo/nodes.rs) --------------------------------------------------------
 
     async fn heartbeat(&self, node: &str, lease: Duration) -> StoreResult<Node> {
-        self.beat_node(node, lease).await
+        self.heartbeat(node, lease).await
     }
 
     async fn nodes(&self) -> StoreResult<Vec<Node>> {
-        self.list_nodes().await
+        self.nodes().await
     }
 
     async fn node(&self, node: &str) -> StoreResult<Option<NodeRecord>> {
-        self.read_node(node).await
+        self.node(node).await
     }
 
     async fn change_node(&self, node: &str, fence: NodeFence, change: NodeChange) -> StoreResult<bool> {
-        self.write_node(node, fence, change).await
+        self.change_node(node, fence, change).await
     }
 
     // ---- queues ------------------------------------------------------------------------
@@ -189,19 +192,19 @@ impl Store for MongoStore {
     }
 
     async fn update_queue(&self, id: ObjectId, update: QueueUpdate) -> StoreResult<Option<QueueState>> {
-        self.change_queue(id, update).await
+        self.update_queue(id, update).await
     }
 
     async fn delete_queue(&self, id: ObjectId) -> StoreResult<bool> {
-        self.remove_queue(id).await
+        self.delete_queue(id).await
     }
 
     async fn queue_counts(&self) -> StoreResult<BTreeMap<ObjectId, StatusCounts>> {
-        self.count_by_queue_and_status().await
+        self.queue_counts().await
     }
 
     async fn active_counts(&self) -> StoreResult<BTreeMap<ObjectId, StatusCounts>> {
-        self.count_active().await
+        self.active_counts().await
     }
 
     async fn newest_task_id(&self) -> StoreResult<Option<ObjectId>> {
@@ -216,11 +219,11 @@ impl Store for MongoStore {
     }
 
     async fn add_stats(&self, node: &str, rows: &[(i64, ObjectId, crate::stats::Counters)]) -> StoreResult<()> {
-        self.increment_stats(node, rows).await
+        self.add_stats(node, rows).await
     }
 
     async fn record_depth(&self, minute: i64, depths: &[(ObjectId, i64)]) -> StoreResult<()> {
-        self.write_depth(minute, depths).await
+        self.record_depth(minute, depths).await
     }
 
     async fn read_stats(
@@ -229,11 +232,11 @@ impl Store for MongoStore {
         to: i64,
         queue: Option<ObjectId>,
     ) -> StoreResult<Vec<crate::stats::StatsRow>> {
-        self.find_stats(from, to, queue).await
+        self.read_stats(from, to, queue).await
     }
 
     async fn prune_stats(&self, before: i64) -> StoreResult<u64> {
-        self.delete_stats(before).await
+        self.prune_stats(before).await
     }
 
     // ---- claiming and running (the DEN) ------------------------------------------------
@@ -247,19 +250,19 @@ impl Store for MongoStore {
     }
 
     async fn batch(&self, id: &str) -> StoreResult<Option<Batch>> {
-        self.read_batch(id).await
+        self.batch(id).await
     }
 
     async fn batch_counts(&self, id: &str) -> StoreResult<StatusCounts> {
-        self.count_batch(id).await
+        self.batch_counts(id).await
     }
 
     async fn mark_dependents(&self, deps: &[Dependency]) -> StoreResult<()> {
-        self.mark_waited(deps).await
+        self.mark_dependents(deps).await
     }
 
     async fn blocked_on(&self, dep: &Dependency, limit: usize) -> StoreResult<Vec<ObjectId>> {
-        self.find_blocked(dep, limit).await
+        self.blocked_on(dep, limit).await
     }
 
     async fn resolve_pending(&self, task: ObjectId, expect: &[String], change: PendingChange<'_>) -> StoreResult<bool> {
@@ -267,11 +270,11 @@ impl Store for MongoStore {
     }
 
     async fn settled(&self, dep: &Dependency) -> StoreResult<()> {
-        self.clear_waited(dep).await
+        self.settled(dep).await
     }
 
     async fn unsettled(&self, limit: usize) -> StoreResult<Vec<Dependency>> {
-        self.find_unsettled(limit).await
+        self.unsettled(limit).await
     }
 
     async fn lease(&self, name: &str) -> StoreResult<Option<Leader>> {
@@ -283,50 +286,27 @@ impl Store for MongoStore {
     }
 
     async fn balance(&self) -> StoreResult<Option<Document>> {
-        self.read_balance().await
+        self.balance().await
     }
 
     async fn set_balance(&self, fields: Document) -> StoreResult<()> {
-        self.write_balance(fields).await
+        self.set_balance(fields).await
     }
 
     async fn set_share(&self, queue: ObjectId, share: Option<i64>, token: i64) -> StoreResult<bool> {
-        self.write_share(queue, share, token).await
+        self.set_share(queue, share, token).await
     }
 
     async fn fence_shares(&self, queues: &[ObjectId], token: i64) -> StoreResult<()> {
-        self.fence_queue_shares(queues, token).await
+        self.fence_shares(queues, token).await
     }
 
-    /// A change stream on `tasks`: inserts of queued tasks and updates that set a task's
-    /// status back to queued.
     async fn watch_queued(&self) -> StoreResult<Option<super::QueuedEvents>> {
-        let pipeline = [doc! { "$match": { "$or": [
-            { "operationType": "insert", "fullDocument.status": status::QUEUED },
-            { "operationType": "update", "updateDescription.updatedFields.status": status::QUEUED },
-        ] } }];
-        let stream = self
-            .tasks
-            .watch()
-            .pipeline(pipeline)
-            .await
-            .map_err(db_err("watch for queued tasks"))?;
-        let events = stream.map_ok(|_| ()).map_err(db_err("watch for queued tasks"));
-        Ok(Some(Box::pin(events)))
+        self.watch_queued().await
     }
 
     async fn watch_tasks(&self) -> StoreResult<Option<super::TaskEvents>> {
-        let pipeline = [doc! { "$project": { "documentKey": 1, "operationType": 1 } }];
-        let stream = self
-            .tasks
-            .watch()
-            .pipeline(pipeline)
-            .await
-            .map_err(db_err("watch tasks"))?;
-        let events = stream
-            .map_ok(|e| e.document_key.and_then(|k| k.get_object_id("_id").ok()))
-            .map_err(db_err("watch tasks"));
-        Ok(Some(Box::pin(events)))
+        self.watch_tasks().await
     }
 
     async fn has_queued(&self, queue: ObjectId) -> StoreResult<bool> {
@@ -340,7 +320,7 @@ impl Store for MongoStore {
     }
 
     async fn claim(&self, queue: &Queue, node: &str) -> StoreResult<Option<Task>> {
-        self.claim_task(queue, node).await
+        self.claim(queue, node).await
     }
 
     async fn claim_before(&self, queue: &Queue, node: &str, until: DateTime) -> StoreResult<Option<Task>> {
@@ -348,11 +328,11 @@ impl Store for MongoStore {
     }
 
     async fn put_output_file(&self, file: ObjectId, task: ObjectId, filename: &str, text: &str) -> StoreResult<()> {
-        Ok(gridfs::put_file(&self.db, file, task, filename, text).await?)
+        self.put_output_file(file, task, filename, text).await
     }
 
     async fn discard_output_files(&self, task: ObjectId, files: &[ObjectId]) -> StoreResult<()> {
-        self.discard_files(task, files).await
+        self.discard_output_files(task, files).await
     }
 
     async fn task_heads(&self, filter: &HeadFilter, limit: usize) -> StoreResult<Vec<TaskHead>> {
@@ -362,7 +342,7 @@ impl Store for MongoStore {
     // ---- tasks (the DCI) ---------------------------------------------------------------
 
     async fn change_tasks(&self, changes: &[(ObjectId, TaskFence, TaskChange)]) -> StoreResult<Vec<bool>> {
-        self.change_each(changes).await
+        self.change_tasks(changes).await
     }
 
     async fn change_where(
@@ -371,7 +351,7 @@ impl Store for MongoStore {
         fence: &TaskFence,
         change: &TaskChange,
     ) -> StoreResult<Vec<ObjectId>> {
-        self.change_matching(target, fence, change).await
+        self.change_where(target, fence, change).await
     }
 
     async fn insert_tasks(&self, queue: ObjectId, tasks: Vec<NewTask>) -> StoreResult<()> {
@@ -379,7 +359,7 @@ impl Store for MongoStore {
     }
 
     async fn kill_requests(&self, node: &str) -> StoreResult<Vec<(ObjectId, StopRequest)>> {
-        self.kills_for(node).await
+        self.kill_requests(node).await
     }
 
     async fn find_tasks(&self, filter: &TaskFilter, page: Page) -> StoreResult<Vec<Task>> {
@@ -403,19 +383,10 @@ impl Store for MongoStore {
     }
 
     async fn read_output(&self, output: &Output) -> StoreResult<String> {
-        match output {
-            Output::Inline(s) => Ok(s.clone()),
-            Output::File(id) => Ok(gridfs::read_file(&self.db, *id).await?),
-        }
+        self.read_output(output).await
     }
 
     async fn output_stream(&self, output: &Output) -> StoreResult<OutputStream> {
-        match output {
-            Output::Inline(s) => Ok(super::one_piece(s.clone())),
-            Output::File(id) => {
-                let pieces = gridfs::stream_file(&self.db, *id).await?;
-                Ok(Box::pin(pieces.map_err(StoreError::from)))
-            }
-        }
+        self.output_stream(output).await
     }
 }

@@ -14,10 +14,11 @@
 //!   (it reads back equal, types included), and an output is either text or the id of an
 //!   output file. Indexed as the MongoDB store indexes `tasks`.
 //! - `queues(id, name UNIQUE, doc)`: the whole queue document as BSON, parsed with the same
-//!   leniency as MongoDB's (an unknown `sort` is `default`; a queue with a malformed field
-//!   is left out of the list with a warning).
+//!   reader as MongoDB's ([`crate::store::queue_doc`]: an unknown `sort` is `default`; a
+//!   queue with a malformed field is not run and is listed by [`Store::unreadable_queues`]
+//!   with its problem).
 //! - `nodes(id, node UNIQUE, timestamp, maxthreads)`.
-//! - `slots(queue, n, holder, expires, want, want_until, reserved, reserved_until)`: the
+//! - `slots(queue, n, holder, expires, taken, want, want_until, reserved, reserved_until)`: the
 //!   queue slot leases, same rules as MongoDB's (see `slots`).
 //! - `leases(name, node, token, expires)`: the leader lease, same rules as MongoDB's.
 //! - `output_files(id, task, filename, length, upload_date, data)`: large outputs, the
@@ -28,8 +29,14 @@
 //! through this store or its clones, in this process: a DEN sharing the store with the DCI
 //! (`disbatch dev`) claims them at once. Tasks queued by other processes wait for the
 //! DEN's next poll.
-//! SQLite calls block, so each operation runs on [`tokio::task::spawn_blocking`] with a
-//! connection from a small pool.
+//! SQLite calls block: every write transaction runs on the store's writer thread (`writer`),
+//! every read on [`tokio::task::spawn_blocking`] with a connection from a small pool.
+//!
+//! Parts, named as the MongoDB store's for the same concern: `connect`, `records` (rows ↔
+//! model), `schema` (tables, indexes, added columns), `writer` and `touched` (the writer
+//! thread and what a write tells the watchers), `tasks`, `change` (fenced task changes),
+//! `claims`, `queues`, `slots`, `nodes`, `leases`, `balance`, `batches`, `deps`, `kills`,
+//! `stats`, `plugins`, `files` (output files) and `watch`.
 
 mod balance;
 mod batches;
@@ -43,7 +50,7 @@ mod leases;
 mod nodes;
 mod plugins;
 mod queues;
-mod rows;
+mod records;
 mod schema;
 mod slots;
 mod stats;
@@ -62,7 +69,7 @@ use bson::oid::ObjectId;
 use bson::Document;
 use rusqlite::{params, Connection, OptionalExtension};
 
-use self::rows::{db_err, read_bson};
+use self::records::{db_err, read_bson};
 use self::touched::Touched;
 use super::{
     Batch, Dependency, Leader, NewQueue, NewTask, Page, PendingChange, QueueState, QueueUpdate, Slot, SlotRenewal,
@@ -216,7 +223,7 @@ impl Store for SqliteStore {
     }
 
     async fn node(&self, node: &str) -> StoreResult<Option<NodeRecord>> {
-        self.read_node(node).await
+        self.node(node).await
     }
 
     async fn change_node(&self, node: &str, fence: NodeFence, change: NodeChange) -> StoreResult<bool> {
@@ -243,7 +250,7 @@ impl Store for SqliteStore {
             })
             .await?;
         bytes
-            .map(|b| queue_doc("queues", &id.to_hex(), &b).and_then(|d| rows::queue_from(&d).map(|(q, _)| q)))
+            .map(|b| queue_doc("queues", &id.to_hex(), &b).and_then(|d| super::queue_doc::read(&d).map(|(q, _)| q)))
             .transpose()
     }
 
@@ -260,15 +267,15 @@ impl Store for SqliteStore {
     }
 
     async fn active_counts(&self) -> StoreResult<BTreeMap<ObjectId, StatusCounts>> {
-        self.count_active().await
+        self.active_counts().await
     }
 
     async fn add_stats(&self, node: &str, rows: &[(i64, ObjectId, crate::stats::Counters)]) -> StoreResult<()> {
-        self.increment_stats(node, rows).await
+        self.add_stats(node, rows).await
     }
 
     async fn record_depth(&self, minute: i64, depths: &[(ObjectId, i64)]) -> StoreResult<()> {
-        self.write_depth(minute, depths).await
+        self.record_depth(minute, depths).await
     }
 
     async fn read_stats(
@@ -277,11 +284,11 @@ impl Store for SqliteStore {
         to: i64,
         queue: Option<ObjectId>,
     ) -> StoreResult<Vec<crate::stats::StatsRow>> {
-        self.find_stats(from, to, queue).await
+        self.read_stats(from, to, queue).await
     }
 
     async fn prune_stats(&self, before: i64) -> StoreResult<u64> {
-        self.delete_stats(before).await
+        self.prune_stats(before).await
     }
 
     async fn queue_counts(&self) -> StoreResult<BTreeMap<ObjectId, StatusCounts>> {
@@ -299,19 +306,19 @@ impl Store for SqliteStore {
     }
 
     async fn batch(&self, id: &str) -> StoreResult<Option<Batch>> {
-        self.read_batch(id).await
+        self.batch(id).await
     }
 
     async fn batch_counts(&self, id: &str) -> StoreResult<StatusCounts> {
-        self.count_batch(id).await
+        self.batch_counts(id).await
     }
 
     async fn mark_dependents(&self, deps: &[Dependency]) -> StoreResult<()> {
-        self.mark_waited(deps).await
+        self.mark_dependents(deps).await
     }
 
     async fn blocked_on(&self, dep: &Dependency, limit: usize) -> StoreResult<Vec<ObjectId>> {
-        self.find_blocked(dep, limit).await
+        self.blocked_on(dep, limit).await
     }
 
     async fn resolve_pending(&self, task: ObjectId, expect: &[String], change: PendingChange<'_>) -> StoreResult<bool> {
@@ -319,11 +326,11 @@ impl Store for SqliteStore {
     }
 
     async fn settled(&self, dep: &Dependency) -> StoreResult<()> {
-        self.clear_waited(dep).await
+        self.settled(dep).await
     }
 
     async fn unsettled(&self, limit: usize) -> StoreResult<Vec<Dependency>> {
-        self.find_unsettled(limit).await
+        self.unsettled(limit).await
     }
 
     async fn lease(&self, name: &str) -> StoreResult<Option<Leader>> {
@@ -352,11 +359,11 @@ impl Store for SqliteStore {
     }
 
     async fn set_share(&self, queue: ObjectId, share: Option<i64>, token: i64) -> StoreResult<bool> {
-        self.write_share(queue, share, token).await
+        self.set_share(queue, share, token).await
     }
 
     async fn fence_shares(&self, queues: &[ObjectId], token: i64) -> StoreResult<()> {
-        self.fence_queue_shares(queues, token).await
+        self.fence_shares(queues, token).await
     }
 
     async fn watch_queued(&self) -> StoreResult<Option<super::QueuedEvents>> {
@@ -368,11 +375,11 @@ impl Store for SqliteStore {
     }
 
     async fn output_stream(&self, output: &Output) -> StoreResult<super::OutputStream> {
-        self.stream_file(output).await
+        self.output_stream(output).await
     }
 
     async fn task_marks(&self, ids: &[ObjectId]) -> StoreResult<Vec<(ObjectId, u64)>> {
-        self.marks(ids).await
+        self.task_marks(ids).await
     }
 
     async fn has_queued(&self, queue: ObjectId) -> StoreResult<bool> {
@@ -412,11 +419,11 @@ impl Store for SqliteStore {
     }
 
     async fn put_output_file(&self, file: ObjectId, task: ObjectId, filename: &str, text: &str) -> StoreResult<()> {
-        self.put_file(file, task, filename, text).await
+        self.put_output_file(file, task, filename, text).await
     }
 
     async fn discard_output_files(&self, task: ObjectId, files: &[ObjectId]) -> StoreResult<()> {
-        self.discard_files(task, files).await
+        self.discard_output_files(task, files).await
     }
 
     async fn task_heads(&self, filter: &HeadFilter, limit: usize) -> StoreResult<Vec<TaskHead>> {
@@ -426,7 +433,7 @@ impl Store for SqliteStore {
     // ---- tasks (the DCI) ---------------------------------------------------------------
 
     async fn change_tasks(&self, changes: &[(ObjectId, TaskFence, TaskChange)]) -> StoreResult<Vec<bool>> {
-        self.change_each(changes).await
+        self.change_tasks(changes).await
     }
 
     async fn change_where(
@@ -435,7 +442,7 @@ impl Store for SqliteStore {
         fence: &TaskFence,
         change: &TaskChange,
     ) -> StoreResult<Vec<ObjectId>> {
-        self.change_matching(target, fence, change).await
+        self.change_where(target, fence, change).await
     }
 
     async fn insert_tasks(&self, queue: ObjectId, tasks: Vec<NewTask>) -> StoreResult<()> {
@@ -443,7 +450,7 @@ impl Store for SqliteStore {
     }
 
     async fn kill_requests(&self, node: &str) -> StoreResult<Vec<(ObjectId, StopRequest)>> {
-        self.kills_for(node).await
+        self.kill_requests(node).await
     }
 
     async fn find_tasks(&self, filter: &TaskFilter, page: Page) -> StoreResult<Vec<Task>> {

@@ -30,7 +30,7 @@ impl MongoStore {
     }
 
     /// [`Store::balance`](crate::store::Store::balance).
-    pub(super) async fn read_balance(&self) -> StoreResult<Option<Document>> {
+    pub(super) async fn balance(&self) -> StoreResult<Option<Document>> {
         let err = db_err("read the balance");
         let mut docs: Vec<Document> = self
             .balance_collection()
@@ -55,9 +55,9 @@ impl MongoStore {
     /// [`Store::set_share`](crate::store::Store::set_share): the lease read, then one
     /// update conditional on the queue's `balance_token`. A leader deposed between the read
     /// and the update writes nothing once its successor fenced the queue, which it does
-    /// before it reads the queues ([`Self::fence_queue_shares`]); a write that lands before
+    /// before it reads the queues ([`Self::fence_shares`]); a write that lands before
     /// that is read by the successor's pass.
-    pub(super) async fn write_share(&self, queue: ObjectId, share: Option<i64>, token: i64) -> StoreResult<bool> {
+    pub(super) async fn set_share(&self, queue: ObjectId, share: Option<i64>, token: i64) -> StoreResult<bool> {
         let held = super::leases::lease(self, crate::store::LEADER_LEASE)
             .await?
             .is_some_and(|l| l.token == token && l.holder(DateTime::now()).is_some());
@@ -77,7 +77,7 @@ impl MongoStore {
 
     /// [`Store::fence_shares`](crate::store::Store::fence_shares): one update of the
     /// queues fenced by a lower token (none after a leader's first pass).
-    pub(super) async fn fence_queue_shares(&self, queues: &[ObjectId], token: i64) -> StoreResult<()> {
+    pub(super) async fn fence_shares(&self, queues: &[ObjectId], token: i64) -> StoreResult<()> {
         let mut filter = doc! { "$or": [
             { BALANCE_TOKEN: { "$exists": false } },
             { BALANCE_TOKEN: { "$lt": token } },
@@ -95,7 +95,7 @@ impl MongoStore {
     }
 
     /// [`Store::set_balance`](crate::store::Store::set_balance).
-    pub(super) async fn write_balance(&self, fields: Document) -> StoreResult<()> {
+    pub(super) async fn set_balance(&self, fields: Document) -> StoreResult<()> {
         self.balance_collection()
             .update_one(doc! {}, doc! { "$set": fields })
             .upsert(true)

@@ -5,7 +5,7 @@
 use bson::{doc, DateTime, Document};
 use futures::TryStreamExt;
 
-use super::documents::{as_date, as_int};
+use super::records::{as_date, as_int};
 use super::{db_err, is_duplicate_key, MongoStore};
 use crate::store::{Batch, StatusCounts, StoreError, StoreResult};
 
@@ -54,7 +54,7 @@ impl MongoStore {
     }
 
     /// [`Store::batch`](crate::store::Store::batch).
-    pub(super) async fn read_batch(&self, id: &str) -> StoreResult<Option<Batch>> {
+    pub(super) async fn batch(&self, id: &str) -> StoreResult<Option<Batch>> {
         let d = self
             .batches()
             .find_one(doc! { "_id": id })
@@ -64,7 +64,7 @@ impl MongoStore {
     }
 
     /// [`Store::batch_counts`](crate::store::Store::batch_counts).
-    pub(super) async fn count_batch(&self, id: &str) -> StoreResult<StatusCounts> {
+    pub(super) async fn batch_counts(&self, id: &str) -> StoreResult<StatusCounts> {
         let err = db_err("count the tasks of a batch");
         let mut cursor = self
             .tasks

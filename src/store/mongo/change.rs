@@ -6,7 +6,7 @@ use bson::{doc, Bson, DateTime, Document};
 use futures::TryStreamExt;
 use mongodb::options::{ReadPreference, SelectionCriteria};
 
-use super::documents::output_bson;
+use super::records::output_bson;
 use super::{db_err, unclaimed, MongoStore};
 use crate::store::change::{NodeIs, StopIs, TaskChange, TaskFence, Write};
 use crate::store::{StoreResult, TaskTarget};
@@ -79,7 +79,7 @@ fn status_forms(statuses: &[i32]) -> Vec<Bson> {
         .collect()
 }
 
-/// The stored forms the lenient reader reads as `mtime` ([`super::documents::as_date`]):
+/// The stored forms the lenient reader reads as `mtime` ([`super::records::as_date`]):
 /// the date, or the epoch number in milliseconds or in seconds.
 fn mtime_forms(mtime: DateTime) -> Vec<Bson> {
     let ms = mtime.timestamp_millis();
@@ -175,7 +175,7 @@ pub(super) fn change_update(change: &TaskChange, now: DateTime) -> StoreResult<D
 impl MongoStore {
     /// [`Store::change_tasks`](crate::store::Store::change_tasks): one fenced `updateOne`
     /// per entry, in order.
-    pub(super) async fn change_each(&self, changes: &[(ObjectId, TaskFence, TaskChange)]) -> StoreResult<Vec<bool>> {
+    pub(super) async fn change_tasks(&self, changes: &[(ObjectId, TaskFence, TaskChange)]) -> StoreResult<Vec<bool>> {
         let mut done = Vec::with_capacity(changes.len());
         for (id, fence, change) in changes {
             let update = change_update(change, DateTime::now())?;
@@ -196,7 +196,7 @@ impl MongoStore {
     /// same fence. When a chunk's update matched fewer than it names (others changed some
     /// meanwhile), the ids written are read back by the values just written (`mtime`
     /// among them).
-    pub(super) async fn change_matching(
+    pub(super) async fn change_where(
         &self,
         target: TaskTarget,
         fence: &TaskFence,

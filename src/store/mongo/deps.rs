@@ -24,7 +24,7 @@ pub(super) fn ended() -> Document {
 
 impl MongoStore {
     /// [`Store::mark_dependents`](crate::store::Store::mark_dependents).
-    pub(super) async fn mark_waited(&self, deps: &[Dependency]) -> StoreResult<()> {
+    pub(super) async fn mark_dependents(&self, deps: &[Dependency]) -> StoreResult<()> {
         let err = db_err("mark tasks waited for");
         let (mut tasks, mut batches) = (Vec::new(), Vec::new());
         for d in deps {
@@ -51,7 +51,7 @@ impl MongoStore {
     }
 
     /// [`Store::blocked_on`](crate::store::Store::blocked_on).
-    pub(super) async fn find_blocked(&self, dep: &Dependency, limit: usize) -> StoreResult<Vec<ObjectId>> {
+    pub(super) async fn blocked_on(&self, dep: &Dependency, limit: usize) -> StoreResult<Vec<ObjectId>> {
         let err = db_err("find tasks blocked on another");
         let docs: Vec<Document> = self
             .tasks
@@ -67,7 +67,7 @@ impl MongoStore {
     }
 
     /// [`Store::settled`](crate::store::Store::settled).
-    pub(super) async fn clear_waited(&self, dep: &Dependency) -> StoreResult<()> {
+    pub(super) async fn settled(&self, dep: &Dependency) -> StoreResult<()> {
         let err = db_err("mark a dependency settled");
         let unset = doc! { "$unset": { "dependents": "" } };
         match dep {
@@ -88,7 +88,7 @@ impl MongoStore {
     }
 
     /// [`Store::unsettled`](crate::store::Store::unsettled).
-    pub(super) async fn find_unsettled(&self, limit: usize) -> StoreResult<Vec<Dependency>> {
+    pub(super) async fn unsettled(&self, limit: usize) -> StoreResult<Vec<Dependency>> {
         let err = db_err("find unsettled dependencies");
         let n = i64::try_from(limit).unwrap_or(i64::MAX);
         let mut filter = ended();

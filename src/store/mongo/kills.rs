@@ -12,7 +12,7 @@ use crate::store::StoreResult;
 
 impl MongoStore {
     /// [`Store::kill_requests`](crate::store::Store::kill_requests).
-    pub(super) async fn kills_for(&self, node: &str) -> StoreResult<Vec<(ObjectId, StopRequest)>> {
+    pub(super) async fn kill_requests(&self, node: &str) -> StoreResult<Vec<(ObjectId, StopRequest)>> {
         let docs: Vec<Document> = self
             .tasks
             .find(doc! {

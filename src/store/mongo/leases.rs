@@ -6,7 +6,7 @@
 
 use bson::{doc, Document};
 
-use super::documents::as_int;
+use super::records::as_int;
 use super::{db_err, is_duplicate_key, MongoStore};
 use crate::store::{Leader, StoreError, StoreResult};
 

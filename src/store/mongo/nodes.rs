@@ -17,9 +17,9 @@ use bson::{doc, Bson, DateTime, Document};
 use futures::TryStreamExt;
 use mongodb::options::ReturnDocument;
 
-use super::documents::{as_date, node_from};
 use super::errors::{db_err, is_duplicate_key};
-use super::{slots, MongoStore};
+use super::records::{as_date, node_from};
+use super::MongoStore;
 use crate::model::{Node, NodeProcess};
 use crate::store::queue_doc::opt_int_bson;
 use crate::store::{NodeChange, NodeFence, NodeRecord, StoreError, StoreResult};
@@ -34,9 +34,9 @@ pub(super) struct ForeignNodes {
 }
 
 impl MongoStore {
-    pub(super) async fn beat_node(&self, node: &str, lease: Duration) -> StoreResult<Node> {
+    pub(super) async fn heartbeat(&self, node: &str, lease: Duration) -> StoreResult<Node> {
         let now = DateTime::now();
-        self.renew_slots(node, slots::lease_end(now, lease)).await?;
+        self.renew_slots(node, crate::store::lease_end(now, lease)).await?;
         // `process` and `beat` mark a document of this implementation (see the module's doc).
         let update = doc! {
             "$set": { "timestamp": now, "beat": now },
@@ -63,7 +63,7 @@ impl MongoStore {
 
     /// [`Store::change_node`](crate::store::Store::change_node): one `update_one` on the
     /// node's name, and its `process.id` under [`NodeFence::HeldBy`].
-    pub(super) async fn write_node(&self, node: &str, fence: NodeFence, change: NodeChange) -> StoreResult<bool> {
+    pub(super) async fn change_node(&self, node: &str, fence: NodeFence, change: NodeChange) -> StoreResult<bool> {
         let mut filter = doc! { "node": node };
         match fence {
             NodeFence::Any => {}
@@ -127,7 +127,7 @@ impl MongoStore {
     }
 
     /// [`Store::node`](crate::store::Store::node).
-    pub(super) async fn read_node(&self, node: &str) -> StoreResult<Option<NodeRecord>> {
+    pub(super) async fn node(&self, node: &str) -> StoreResult<Option<NodeRecord>> {
         let found = self
             .nodes
             .find_one(doc! { "node": node })
@@ -141,7 +141,7 @@ impl MongoStore {
         }))
     }
 
-    pub(super) async fn list_nodes(&self) -> StoreResult<Vec<Node>> {
+    pub(super) async fn nodes(&self) -> StoreResult<Vec<Node>> {
         let docs: Vec<Document> = self
             .nodes
             .find(doc! {})

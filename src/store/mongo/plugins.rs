@@ -10,8 +10,8 @@ use futures::TryStreamExt;
 use mongodb::options::IndexOptions;
 use mongodb::IndexModel;
 
-use super::documents::{as_date, as_int};
 use super::gridfs::CHUNK_SIZE;
+use super::records::{as_date, as_int};
 use super::{db_err, is_duplicate_key, MongoStore};
 use crate::store::plugins::{is_digest, MAX_PLUGIN_BYTES};
 use crate::store::{PluginStore, PluginVersion, Pushed, StoreError, StoreResult};

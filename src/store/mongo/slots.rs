@@ -8,14 +8,12 @@ use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
 use futures::TryStreamExt;
 
-use super::documents::as_int;
+use super::records::as_int;
 use super::{db_err, is_duplicate_key, MongoStore, SLOTS};
 use crate::model::status;
 use crate::store::{
     BusyNode, BusyOf, Holder, Lease, Mark, Slot, SlotChange, SlotFence, SlotRow, SlotStore, StoreError, StoreResult,
 };
-
-pub(super) use crate::store::lease_end;
 
 /// A slot document read as a row.
 fn row_from(d: &Document) -> StoreResult<SlotRow> {

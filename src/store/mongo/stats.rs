@@ -13,7 +13,7 @@ use bson::oid::ObjectId;
 use bson::{doc, Bson, Document};
 use futures::TryStreamExt;
 
-use super::documents::as_int;
+use super::records::as_int;
 use super::{db_err, MongoStore};
 use crate::stats::{Counters, StatsRow};
 use crate::store::{StatusCounts, StoreError, StoreResult, ACTIVE_STATUSES};
@@ -82,7 +82,7 @@ impl MongoStore {
     }
 
     /// [`Store::add_stats`](crate::store::Store::add_stats).
-    pub(super) async fn increment_stats(&self, node: &str, rows: &[(i64, ObjectId, Counters)]) -> StoreResult<()> {
+    pub(super) async fn add_stats(&self, node: &str, rows: &[(i64, ObjectId, Counters)]) -> StoreResult<()> {
         let err = db_err("add the per-minute counters");
         for (minute, queue, c) in rows {
             let mut inc = doc! {
@@ -110,7 +110,7 @@ impl MongoStore {
     }
 
     /// [`Store::record_depth`](crate::store::Store::record_depth).
-    pub(super) async fn write_depth(&self, minute: i64, depths: &[(ObjectId, i64)]) -> StoreResult<()> {
+    pub(super) async fn record_depth(&self, minute: i64, depths: &[(ObjectId, i64)]) -> StoreResult<()> {
         let err = db_err("record the queue depths");
         for (queue, depth) in depths {
             self.minute_stats()
@@ -129,7 +129,7 @@ impl MongoStore {
     }
 
     /// [`Store::read_stats`](crate::store::Store::read_stats).
-    pub(super) async fn find_stats(&self, from: i64, to: i64, queue: Option<ObjectId>) -> StoreResult<Vec<StatsRow>> {
+    pub(super) async fn read_stats(&self, from: i64, to: i64, queue: Option<ObjectId>) -> StoreResult<Vec<StatsRow>> {
         let err = db_err("read the per-minute counters");
         let mut filter = doc! { "minute": { "$gte": from, "$lt": to } };
         if let Some(queue) = queue {
@@ -147,7 +147,7 @@ impl MongoStore {
     }
 
     /// [`Store::prune_stats`](crate::store::Store::prune_stats).
-    pub(super) async fn delete_stats(&self, before: i64) -> StoreResult<u64> {
+    pub(super) async fn prune_stats(&self, before: i64) -> StoreResult<u64> {
         let deleted = self
             .minute_stats()
             .delete_many(doc! { "minute": { "$lt": before } })
@@ -158,7 +158,7 @@ impl MongoStore {
 
     /// [`Store::active_counts`](crate::store::Store::active_counts): the pairs (queue,
     /// active status) of the `{queue, status}` index, counted from the index alone.
-    pub(super) async fn count_active(&self) -> StoreResult<BTreeMap<ObjectId, StatusCounts>> {
+    pub(super) async fn active_counts(&self) -> StoreResult<BTreeMap<ObjectId, StatusCounts>> {
         let err = db_err("count active tasks by queue");
         let mut cursor = self
             .queues

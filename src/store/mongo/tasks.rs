@@ -4,8 +4,8 @@ use bson::oid::ObjectId;
 use bson::{doc, DateTime, Document};
 use futures::TryStreamExt;
 
-use super::documents::{as_int, task_filter_doc, task_or_problem};
 use super::errors::{db_err, is_duplicate_key};
+use super::records::{as_int, task_filter_doc, task_or_problem};
 use super::MongoStore;
 use crate::model::{Attempt, Task};
 use crate::store::{Dependency, HeadFilter, HeadNode, NewTask, Page, StoreError, StoreResult, TaskFilter, TaskHead};

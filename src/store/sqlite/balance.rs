@@ -6,7 +6,7 @@ use bson::oid::ObjectId;
 use bson::{Bson, DateTime, Document};
 use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
 
-use super::rows::{bson_bytes, db_err, read_bson};
+use super::records::{bson_bytes, db_err, read_bson};
 use super::{queue_doc, SqliteStore};
 use crate::store::StoreResult;
 
@@ -17,7 +17,7 @@ const BALANCE_TOKEN: &str = "balance_token";
 impl SqliteStore {
     /// [`Store::set_share`](crate::store::Store::set_share): the lease and the queue's
     /// `balance_token` checked and the share written in one transaction.
-    pub(super) async fn write_share(&self, queue: ObjectId, share: Option<i64>, token: i64) -> StoreResult<bool> {
+    pub(super) async fn set_share(&self, queue: ObjectId, share: Option<i64>, token: i64) -> StoreResult<bool> {
         self.write("write a QueueBalance share", move |tx| {
             let held = super::leases::lease(tx, crate::store::LEADER_LEASE)?
                 .is_some_and(|l| l.token == token && l.holder(DateTime::now()).is_some());
@@ -31,7 +31,7 @@ impl SqliteStore {
     }
 
     /// [`Store::fence_shares`](crate::store::Store::fence_shares).
-    pub(super) async fn fence_queue_shares(&self, queues: &[ObjectId], token: i64) -> StoreResult<()> {
+    pub(super) async fn fence_shares(&self, queues: &[ObjectId], token: i64) -> StoreResult<()> {
         let queues = queues.to_vec();
         self.write("fence the QueueBalance shares", move |tx| {
             for q in &queues {

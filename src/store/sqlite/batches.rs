@@ -5,7 +5,7 @@
 use bson::DateTime;
 use rusqlite::{params, OptionalExtension};
 
-use super::rows::db_err;
+use super::records::db_err;
 use super::SqliteStore;
 use crate::store::{Batch, StatusCounts, StoreResult};
 
@@ -66,13 +66,13 @@ impl SqliteStore {
     }
 
     /// [`Store::batch`](crate::store::Store::batch).
-    pub(super) async fn read_batch(&self, id: &str) -> StoreResult<Option<Batch>> {
+    pub(super) async fn batch(&self, id: &str) -> StoreResult<Option<Batch>> {
         let id = id.to_string();
         self.with(move |conn| read(conn, &id)).await
     }
 
     /// [`Store::batch_counts`](crate::store::Store::batch_counts).
-    pub(super) async fn count_batch(&self, id: &str) -> StoreResult<StatusCounts> {
+    pub(super) async fn batch_counts(&self, id: &str) -> StoreResult<StatusCounts> {
         let id = id.to_string();
         self.with(move |conn| {
             let err = db_err("count the tasks of a batch");

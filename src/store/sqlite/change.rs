@@ -11,7 +11,7 @@ use rusqlite::functions::FunctionFlags;
 use rusqlite::types::{Value, ValueRef};
 use rusqlite::{params_from_iter, Connection, OptionalExtension, Transaction};
 
-use super::rows::{bson_bytes, db_err, output_columns, read_attempts};
+use super::records::{bson_bytes, db_err, output_columns, read_attempts};
 use super::{SqliteStore, Touched};
 use crate::model::{status, Attempt};
 use crate::store::change::{NodeIs, StopIs, TaskChange, TaskFence, Write};
@@ -203,7 +203,7 @@ fn queues(change: &TaskChange) -> bool {
 
 impl SqliteStore {
     /// [`Store::change_tasks`](crate::store::Store::change_tasks) in one transaction.
-    pub(super) async fn change_each(&self, changes: &[(ObjectId, TaskFence, TaskChange)]) -> StoreResult<Vec<bool>> {
+    pub(super) async fn change_tasks(&self, changes: &[(ObjectId, TaskFence, TaskChange)]) -> StoreResult<Vec<bool>> {
         for (_, _, c) in changes {
             c.check_for_named()?;
         }
@@ -229,7 +229,7 @@ impl SqliteStore {
     }
 
     /// [`Store::change_where`](crate::store::Store::change_where): one `UPDATE … RETURNING id`.
-    pub(super) async fn change_matching(
+    pub(super) async fn change_where(
         &self,
         target: TaskTarget,
         fence: &TaskFence,

@@ -6,7 +6,7 @@ use bson::DateTime;
 
 use rusqlite::{params, Connection, OptionalExtension, Transaction};
 
-use super::rows::{db_err, task_from_row, CLAIMED_COLUMNS};
+use super::records::{db_err, task_from_row, CLAIMED_COLUMNS};
 use super::{SqliteStore, Touched};
 use crate::model::{status, Queue, Sort, Task};
 use crate::store::StoreResult;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use rusqlite::Connection;
 
-use super::rows::db_err;
+use super::records::db_err;
 use crate::store::StoreResult;
 
 /// How long a connection waits for another's write lock before failing.

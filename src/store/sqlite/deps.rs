@@ -9,7 +9,7 @@ use bson::oid::ObjectId;
 use bson::DateTime;
 use rusqlite::{params, Transaction};
 
-use super::rows::{add_columns, bson_bytes, db_err};
+use super::records::{add_columns, bson_bytes, db_err};
 use super::SqliteStore;
 use crate::model::status;
 use crate::store::{Dependency, PendingChange, StoreResult};
@@ -54,7 +54,7 @@ pub(super) fn after_column(deps: &[Dependency]) -> Option<String> {
 
 impl SqliteStore {
     /// [`Store::mark_dependents`](crate::store::Store::mark_dependents).
-    pub(super) async fn mark_waited(&self, deps: &[Dependency]) -> StoreResult<()> {
+    pub(super) async fn mark_dependents(&self, deps: &[Dependency]) -> StoreResult<()> {
         let deps = deps.to_vec();
         self.write_quiet("mark tasks waited for", move |tx| {
             let err = db_err("mark tasks waited for");
@@ -71,7 +71,7 @@ impl SqliteStore {
     }
 
     /// [`Store::blocked_on`](crate::store::Store::blocked_on).
-    pub(super) async fn find_blocked(&self, dep: &Dependency, limit: usize) -> StoreResult<Vec<ObjectId>> {
+    pub(super) async fn blocked_on(&self, dep: &Dependency, limit: usize) -> StoreResult<Vec<ObjectId>> {
         let key = dep.key();
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         self.with(move |conn| {
@@ -92,7 +92,7 @@ impl SqliteStore {
     }
 
     /// [`Store::settled`](crate::store::Store::settled).
-    pub(super) async fn clear_waited(&self, dep: &Dependency) -> StoreResult<()> {
+    pub(super) async fn settled(&self, dep: &Dependency) -> StoreResult<()> {
         let dep = dep.clone();
         self.write_quiet("mark a dependency settled", move |tx| {
             match &dep {
@@ -109,7 +109,7 @@ impl SqliteStore {
     }
 
     /// [`Store::unsettled`](crate::store::Store::unsettled).
-    pub(super) async fn find_unsettled(&self, limit: usize) -> StoreResult<Vec<Dependency>> {
+    pub(super) async fn unsettled(&self, limit: usize) -> StoreResult<Vec<Dependency>> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         self.with(move |conn| {
             let err = db_err("find unsettled dependencies");

@@ -6,7 +6,7 @@ use bson::oid::ObjectId;
 use bson::DateTime;
 use rusqlite::{params, OptionalExtension};
 
-use super::rows::db_err;
+use super::records::db_err;
 use super::{SqliteStore, OUTPUT_FILES};
 use crate::model::Output;
 use crate::store::{one_piece, OutputStream, StoreError, StoreResult};
@@ -14,7 +14,13 @@ use crate::store::{one_piece, OutputStream, StoreError, StoreResult};
 impl SqliteStore {
     /// [`Store::put_output_file`](crate::store::Store::put_output_file): one row, replaced
     /// when the same file is written again.
-    pub(super) async fn put_file(&self, file: ObjectId, task: ObjectId, filename: &str, text: &str) -> StoreResult<()> {
+    pub(super) async fn put_output_file(
+        &self,
+        file: ObjectId,
+        task: ObjectId,
+        filename: &str,
+        text: &str,
+    ) -> StoreResult<()> {
         let (filename, text) = (filename.to_string(), text.to_string());
         self.with(move |conn| {
             let length = i64::try_from(text.len()).unwrap_or(i64::MAX);
@@ -38,7 +44,7 @@ impl SqliteStore {
 
     /// [`Store::discard_output_files`](crate::store::Store::discard_output_files): in one
     /// transaction, each row unless the task row points at it.
-    pub(super) async fn discard_files(&self, task: ObjectId, files: &[ObjectId]) -> StoreResult<()> {
+    pub(super) async fn discard_output_files(&self, task: ObjectId, files: &[ObjectId]) -> StoreResult<()> {
         let files: Vec<String> = files.iter().map(|f| f.to_hex()).collect();
         self.write_quiet("discard output files", move |tx| {
             for file in &files {
@@ -55,14 +61,14 @@ impl SqliteStore {
     }
 }
 
-/// Bytes of an output file read at a time by [`SqliteStore::stream_file`].
+/// Bytes of an output file read at a time by [`SqliteStore::output_stream`].
 const PIECE: usize = 256 << 10;
 
 impl SqliteStore {
     /// [`Store::output_stream`](crate::store::Store::output_stream): a file is read
     /// [`PIECE`] bytes at a time through SQLite's incremental blob I/O, so serving it holds
     /// one piece, not the whole text.
-    pub(super) async fn stream_file(&self, output: &Output) -> StoreResult<OutputStream> {
+    pub(super) async fn output_stream(&self, output: &Output) -> StoreResult<OutputStream> {
         let id = match output {
             Output::Inline(s) => return Ok(one_piece(s.clone())),
             Output::File(id) => *id,
@@ -159,14 +165,20 @@ mod tests {
         let (a, b) = (ObjectId::new(), ObjectId::new());
         let (task_a, task_b) = (ObjectId::new(), ObjectId::new());
         let len = 3 * PIECE;
-        store.put_file(a, task_a, "stdout", &"a".repeat(len)).await.unwrap();
-        let mut pieces = store.stream_file(&Output::File(a)).await.unwrap();
+        store
+            .put_output_file(a, task_a, "stdout", &"a".repeat(len))
+            .await
+            .unwrap();
+        let mut pieces = store.output_stream(&Output::File(a)).await.unwrap();
         let first = pieces.next().await.unwrap().unwrap();
         assert!(!first.is_empty() && first.bytes().all(|c| c == b'a'));
 
         // The file goes, and another task's file of the same length takes its rowid.
-        store.discard_files(task_a, &[a]).await.unwrap();
-        store.put_file(b, task_b, "stdout", &"b".repeat(len)).await.unwrap();
+        store.discard_output_files(task_a, &[a]).await.unwrap();
+        store
+            .put_output_file(b, task_b, "stdout", &"b".repeat(len))
+            .await
+            .unwrap();
         let rowids: Vec<i64> = store
             .with(|conn| {
                 let mut st = conn.prepare("SELECT rowid FROM output_files").unwrap();

@@ -4,14 +4,14 @@
 use bson::oid::ObjectId;
 use rusqlite::params;
 
-use super::rows::{db_err, read_bson};
+use super::records::{db_err, read_bson};
 use super::SqliteStore;
 use crate::model::{status, StopAction, StopRequest};
 use crate::store::StoreResult;
 
 impl SqliteStore {
     /// [`Store::kill_requests`](crate::store::Store::kill_requests).
-    pub(super) async fn kills_for(&self, node: &str) -> StoreResult<Vec<(ObjectId, StopRequest)>> {
+    pub(super) async fn kill_requests(&self, node: &str) -> StoreResult<Vec<(ObjectId, StopRequest)>> {
         let node = node.to_string();
         let rows: Vec<(String, Vec<u8>)> = self
             .with(move |conn| {

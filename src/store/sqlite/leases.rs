@@ -6,7 +6,7 @@
 use bson::DateTime;
 use rusqlite::{params, OptionalExtension, Transaction};
 
-use super::rows::db_err;
+use super::records::db_err;
 use crate::store::{Leader, StoreResult};
 
 /// [`Store::lease`](crate::store::Store::lease): the lease `name` as stored.

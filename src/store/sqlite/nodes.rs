@@ -6,7 +6,7 @@ use bson::oid::ObjectId;
 use bson::DateTime;
 use rusqlite::{params, Connection, OptionalExtension};
 
-use super::rows::{db_err, lease_end};
+use super::records::{db_err, lease_end};
 use super::{parse_oid, slots, SqliteStore};
 use crate::model::Node;
 use crate::store::{NodeChange, NodeFence, NodeRecord, StoreError, StoreResult};
@@ -24,7 +24,7 @@ impl SqliteStore {
                 params![ObjectId::new().to_hex(), node, now.timestamp_millis()],
             )
             .map_err(&err)?;
-            let row = read_node(tx, &node).map_err(&err)?;
+            let row = read_node_row(tx, &node).map_err(&err)?;
             node_from(row.ok_or_else(|| StoreError::Database(format!("heartbeat of node {node:?} stored nothing")))?)
         })
         .await
@@ -116,10 +116,10 @@ impl SqliteStore {
     }
 
     /// [`Store::node`](crate::store::Store::node).
-    pub(super) async fn read_node(&self, node: &str) -> StoreResult<Option<NodeRecord>> {
+    pub(super) async fn node(&self, node: &str) -> StoreResult<Option<NodeRecord>> {
         let node = node.to_string();
         let row = self
-            .with(move |conn| read_node(conn, &node).map_err(db_err("read node")))
+            .with(move |conn| read_node_row(conn, &node).map_err(db_err("read node")))
             .await?;
         let Some(node) = row.map(node_from).transpose()? else {
             return Ok(None);
@@ -192,7 +192,7 @@ fn node_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<NodeRow> {
 }
 
 /// The node `node`, if it has a document.
-fn read_node(conn: &Connection, node: &str) -> rusqlite::Result<Option<NodeRow>> {
+fn read_node_row(conn: &Connection, node: &str) -> rusqlite::Result<Option<NodeRow>> {
     conn.query_row(&format!("{NODE_SELECT} WHERE nodes.node = ?1"), params![node], node_row)
         .optional()
 }

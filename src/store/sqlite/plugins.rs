@@ -4,7 +4,7 @@ use async_trait::async_trait;
 use bson::DateTime;
 use rusqlite::{params, OptionalExtension};
 
-use super::rows::db_err;
+use super::records::db_err;
 use super::SqliteStore;
 use crate::store::plugins::is_digest;
 use crate::store::{PluginStore, PluginVersion, Pushed, StoreError, StoreResult};

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use bson::oid::ObjectId;
 use rusqlite::{params, OptionalExtension};
 
-use super::rows::{bson_bytes, db_err};
+use super::records::{bson_bytes, db_err};
 use super::{queue_doc, SqliteStore};
 use crate::model::{Queue, UnreadableQueue};
 use crate::store::queue_doc::{self as queue_doc_rules, QueueState};

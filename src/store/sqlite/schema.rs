@@ -3,7 +3,7 @@
 
 use rusqlite::Connection;
 
-use super::rows::{add_columns, db_err};
+use super::records::{add_columns, db_err};
 use crate::model::status;
 use crate::store::StoreResult;
 

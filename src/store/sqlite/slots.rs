@@ -10,7 +10,7 @@ use rusqlite::types::Value;
 use rusqlite::{params, params_from_iter, Connection, OptionalExtension, Row, Transaction};
 use std::time::Duration;
 
-use super::rows::{add_columns, db_err, lease_end};
+use super::records::{add_columns, db_err, lease_end};
 use super::{claims, SqliteStore};
 use crate::model::{status, Queue, Task};
 use crate::store::{

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use bson::oid::ObjectId;
 use rusqlite::{params, OptionalExtension};
 
-use super::rows::db_err;
+use super::records::db_err;
 use super::SqliteStore;
 use crate::stats::{Counters, StatsRow};
 use crate::store::{StatusCounts, StoreError, StoreResult, ACTIVE_STATUSES};
@@ -80,7 +80,7 @@ fn row_from(r: &rusqlite::Row<'_>) -> StoreResult<StatsRow> {
 
 impl SqliteStore {
     /// [`Store::add_stats`](crate::store::Store::add_stats), in one transaction.
-    pub(super) async fn increment_stats(&self, node: &str, rows: &[(i64, ObjectId, Counters)]) -> StoreResult<()> {
+    pub(super) async fn add_stats(&self, node: &str, rows: &[(i64, ObjectId, Counters)]) -> StoreResult<()> {
         let node = node.to_string();
         let rows = rows.to_vec();
         self.write_quiet("add the per-minute counters", move |tx| {
@@ -127,7 +127,7 @@ impl SqliteStore {
     }
 
     /// [`Store::record_depth`](crate::store::Store::record_depth).
-    pub(super) async fn write_depth(&self, minute: i64, depths: &[(ObjectId, i64)]) -> StoreResult<()> {
+    pub(super) async fn record_depth(&self, minute: i64, depths: &[(ObjectId, i64)]) -> StoreResult<()> {
         let depths = depths.to_vec();
         self.write_quiet("record the queue depths", move |tx| {
             let err = db_err("record the queue depths");
@@ -145,7 +145,7 @@ impl SqliteStore {
     }
 
     /// [`Store::read_stats`](crate::store::Store::read_stats).
-    pub(super) async fn find_stats(&self, from: i64, to: i64, queue: Option<ObjectId>) -> StoreResult<Vec<StatsRow>> {
+    pub(super) async fn read_stats(&self, from: i64, to: i64, queue: Option<ObjectId>) -> StoreResult<Vec<StatsRow>> {
         let queue = queue.map(|q| q.to_hex());
         let rows = self
             .with(move |conn| {
@@ -175,7 +175,7 @@ impl SqliteStore {
     }
 
     /// [`Store::prune_stats`](crate::store::Store::prune_stats).
-    pub(super) async fn delete_stats(&self, before: i64) -> StoreResult<u64> {
+    pub(super) async fn prune_stats(&self, before: i64) -> StoreResult<u64> {
         self.write_quiet("delete old per-minute counters", move |tx| {
             let n = tx
                 .execute("DELETE FROM minute_stats WHERE minute < ?1", [before])
@@ -187,7 +187,7 @@ impl SqliteStore {
 
     /// [`Store::active_counts`](crate::store::Store::active_counts): for each queue, a
     /// range of the `tasks_queue_status` index per active status.
-    pub(super) async fn count_active(&self) -> StoreResult<BTreeMap<ObjectId, StatusCounts>> {
+    pub(super) async fn active_counts(&self) -> StoreResult<BTreeMap<ObjectId, StatusCounts>> {
         self.with(|conn| {
             let err = db_err("count active tasks by queue");
             let queues: Vec<String> = conn

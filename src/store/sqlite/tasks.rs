@@ -5,7 +5,7 @@ use bson::oid::ObjectId;
 use bson::DateTime;
 use rusqlite::{params, OptionalExtension};
 
-use super::rows::{bson_bytes, db_err, read_attempts, task_from_row, TASK_COLUMNS};
+use super::records::{bson_bytes, db_err, read_attempts, task_from_row, TASK_COLUMNS};
 use super::{deps, SqliteStore, Touched, OUTPUT_FILES};
 use crate::model::{Output, Task};
 use crate::store::{HeadFilter, HeadNode, NewTask, Page, StoreError, StoreResult, TaskFilter, TaskHead};

@@ -3,7 +3,7 @@
 use bson::oid::ObjectId;
 use rusqlite::Connection;
 
-use super::rows::db_err;
+use super::records::db_err;
 use super::{SqliteStore, OTHER_WRITERS_POLL};
 use crate::store::StoreResult;
 
@@ -57,7 +57,7 @@ impl SqliteStore {
 
     /// [`Store::task_marks`](crate::store::Store::task_marks): a hash of the status, `mtime`
     /// and progress columns, read without the rest of the row.
-    pub(super) async fn marks(&self, ids: &[ObjectId]) -> StoreResult<Vec<(ObjectId, u64)>> {
+    pub(super) async fn task_marks(&self, ids: &[ObjectId]) -> StoreResult<Vec<(ObjectId, u64)>> {
         use std::hash::{Hash, Hasher};
         let keys: Vec<String> = ids.iter().map(|i| i.to_hex()).collect();
         self.with(move |conn| {

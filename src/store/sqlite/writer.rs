@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, Transaction, TransactionBehavior};
 
-use super::rows::is_transient;
+use super::records::is_transient;
 use crate::store::{StoreError, StoreResult};
 pub(crate) use queue::Priority;
 use queue::{Queued, Queues};

@@ -10,8 +10,6 @@ use bson::{DateTime, Document};
 use crate::model::{Attempt, Output, Task};
 use crate::store::{OutputValue, StoreError, StoreResult};
 
-pub(super) use crate::store::queue_doc::read as queue_from;
-
 /// The columns of a task row, in the order [`task_from_row`] reads them.
 pub(super) const TASK_COLUMNS: &str =
     "id, queue, ctime, mtime, node, status, params, stdout, stdout_file, stderr, stderr_file, run_at, stop, progress, priority, attempts, key, rerun, batch, after, after_failure, dependents, (SELECT json_group_array(dep) FROM task_deps WHERE task_deps.child = tasks.id AND task_deps.met IS NULL)";

@@ -1,5 +1,4 @@
-//! The spec's claim (a claimed task that cannot be read is failed at once), and the output
-//! files a result that was not written leaves behind.
+//! The spec's claim (a claimed task that cannot be read is failed at once).
 
 use super::*;
 
@@ -27,7 +26,7 @@ impl MongoStore {
     /// Claims as [`Store::claim`] says. A claimed document that cannot be read as a task
     /// is marked failed (status 2, the reason in `stderr`) so it neither blocks the queue
     /// nor waits for the orphan sweep, and the error is returned.
-    pub(super) async fn claim_task(&self, queue: &Queue, node: &str) -> StoreResult<Option<Task>> {
+    pub(super) async fn claim(&self, queue: &Queue, node: &str) -> StoreResult<Option<Task>> {
         self.claim_task_until(queue, node, None).await
     }
 
@@ -76,23 +75,5 @@ impl MongoStore {
                 Err(e)
             }
         }
-    }
-
-    pub(super) async fn discard_files(&self, task: ObjectId, files: &[ObjectId]) -> StoreResult<()> {
-        let used = self
-            .tasks
-            .find_one(doc! { "_id": task })
-            .projection(doc! { "stdout": 1, "stderr": 1 })
-            .await
-            .map_err(db_err("read task outputs"))?
-            .map(|d| {
-                ["stdout", "stderr"]
-                    .iter()
-                    .filter_map(|k| d.get_object_id(k).ok())
-                    .collect::<Vec<_>>()
-            })
-            .unwrap_or_default();
-        let unused: Vec<ObjectId> = files.iter().copied().filter(|f| !used.contains(f)).collect();
-        Ok(gridfs::delete_files(&self.db, task, &unused).await?)
     }
 }

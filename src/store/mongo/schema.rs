@@ -3,7 +3,7 @@
 use super::*;
 
 impl MongoStore {
-    pub(super) async fn create_indexes(&self) -> StoreResult<()> {
+    pub(super) async fn ensure_indexes(&self) -> StoreResult<()> {
         let unique = || IndexOptions::builder().unique(true).build();
         let plain = |keys: Document| IndexModel::builder().keys(keys).build();
         let unique_on = |keys: Document| IndexModel::builder().keys(keys).options(unique()).build();
