@@ -183,10 +183,11 @@ pub struct Den {
     /// Held (shared) by each claim until its task is in `in_flight`, alone by the settling
     /// of lost claims (see `claims`).
     claims: tokio::sync::RwLock<()>,
-    /// When this DEN last lost the database; recovery by stale heartbeat waits until the
-    /// connection has been back for `heartbeat_stale`, so live nodes can heartbeat first.
+    /// When this DEN's heartbeats last landed again after a gap of half a stale window or
+    /// more (an outage, a pause); recovery by stale heartbeat waits until then plus
+    /// `heartbeat_stale`, so live nodes cut off alike can heartbeat first.
     outage_ended: Mutex<Option<tokio::time::Instant>>,
-    /// Whether the database is unreachable as far as the loop knows.
+    /// Whether the database is unreachable as far as the loops know (for the log).
     in_outage: std::sync::atomic::AtomicBool,
     /// Tasks in flight: task id → the slot it holds.
     in_flight: Mutex<HashMap<ObjectId, Slot>>,

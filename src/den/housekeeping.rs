@@ -53,11 +53,11 @@ impl Den {
         match tokio::time::timeout(s.heartbeat_stale, self.heartbeat_and_read()).await {
             Ok(done) => done?,
             Err(_) => {
-                warn!(
-                    limit_secs = s.heartbeat_stale.as_secs_f64(),
-                    "the heartbeat took longer than heartbeat_stale; trying again"
-                );
-                return Ok(());
+                // As unreachable as a refused connection: the heartbeat did not land.
+                return Err(StoreError::Database(format!(
+                    "the heartbeat took longer than heartbeat_stale ({} s); trying again",
+                    s.heartbeat_stale.as_secs_f64()
+                )));
             }
         }
         let reports = self.spawn_reports();
@@ -104,10 +104,19 @@ impl Den {
     pub(super) async fn heartbeat_and_read(&self) -> StoreResult<()> {
         let s = &self.settings;
         let sent = (Instant::now(), SystemTime::now());
+        let previous = self
+            .last_heartbeat
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .map(|(at, _)| at);
         let heartbeat = self.store.heartbeat(&s.node, s.heartbeat_stale).await;
         self.renew_leases(sent, heartbeat.is_ok());
         let me = heartbeat?;
-        if self.in_outage.load(Ordering::SeqCst) {
+        if previous.is_some_and(|at| sent.0.saturating_duration_since(at) > s.heartbeat_stale / 2) {
+            // This node could not heartbeat for half a stale window or more (an outage, a
+            // pause): the others likely could not either, and their heartbeats may look
+            // stale until their next one lands. The leader waits a stale window before it
+            // recovers anything.
             *self.outage_ended.lock().unwrap_or_else(|e| e.into_inner()) = Some(tokio::time::Instant::now());
         }
         if let Some(other) = me.process.filter(|p| p.id != self.process.id) {
