@@ -403,3 +403,57 @@ async fn a_slow_claim_pass_holds_no_heartbeat_back() {
     );
     assert!(!log.contains("lease lapsed"), "the DEN found its lease lapsed:\n{log}");
 }
+
+/// After a stall of the whole link (every connection frozen, not refused: heartbeats hang
+/// past `heartbeat_stale`), the leader waits a stale window from its own first heartbeat
+/// before it recovers anything by heartbeat age: a worker whose link comes back a second
+/// later keeps its tasks, which end succeeded, never orphaned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn after_a_stall_longer_than_the_stale_window_the_leader_orphans_no_live_node() {
+    let t = common::test_db("stall_grace").await;
+    let q = insert_queue(&t.db, "stall", "demo", doc! {"threads": 2}).await;
+    let leader_proxy = FaultProxy::in_front_of(&t.uri).await;
+    let worker_proxy = FaultProxy::in_front_of(&t.uri).await;
+    // The leader runs no `demo` task: every task runs on the worker.
+    let leader = DenProcess::start(
+        &leader_proxy.uri(),
+        &t.name,
+        "stall-leader",
+        serde_json::json!({"plugins": ["mark"]}),
+    );
+    wait_for(Duration::from_secs(60), "the first DEN to lead", || async {
+        common::find_docs(&t.db, "leases", doc! {"_id": "leader", "node": "stall-leader"})
+            .await
+            .len()
+            == 1
+    })
+    .await;
+    let worker = DenProcess::start(&worker_proxy.uri(), &t.name, "stall-worker", serde_json::json!({}));
+    let ids = insert_tasks(&t.db, q, (0..2).map(|_| doc! {"sleep_ms": 9000})).await;
+    wait_for(Duration::from_secs(60), "2 tasks running on the worker", || async {
+        count(&t.db, doc! {"status": 0, "node": "stall-worker"}).await == 2
+    })
+    .await;
+    // The fault: both links stall for 5 s (stale window 2 s); the worker's comes back 1 s
+    // after the leader's, well within the window the leader must wait.
+    leader_proxy.freeze();
+    worker_proxy.freeze();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    leader_proxy.thaw();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    worker_proxy.thaw();
+    let ended = doc! {"_id": {"$in": &ids}, "status": {"$nin": [-2, -1, 0]}};
+    wait_for(Duration::from_secs(60), "both tasks to end", || async {
+        count(&t.db, ended.clone()).await == 2
+    })
+    .await;
+    let orphaned = count(&t.db, doc! {"status": -6}).await;
+    assert_eq!(
+        orphaned,
+        0,
+        "a live worker's tasks were orphaned after the stall:\n{}\n{}",
+        leader.log(),
+        worker.log()
+    );
+    assert_eq!(count(&t.db, doc! {"_id": {"$in": &ids}, "status": 1}).await, 2);
+}
