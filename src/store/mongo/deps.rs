@@ -72,8 +72,7 @@ impl MongoStore {
         let unset = doc! { "$unset": { "dependents": "" } };
         match dep {
             Dependency::Task(id) => {
-                let mut filter = ended();
-                filter.insert("_id", id);
+                let filter = super::change::id_first(*id, ended());
                 self.tasks.update_one(filter, unset).await.map_err(&err)?;
             }
             Dependency::Batch(b) => {
