@@ -124,18 +124,24 @@ impl<'a> Parser<'a> {
         }
     }
 
-    /// A top-level duration: a positive number of seconds up to [`MAX_DURATION`].
+    /// A top-level duration: a positive number of seconds up to [`MAX_DURATION`]; a number
+    /// so small that it is no time at all (below a nanosecond) is not positive.
     pub(super) fn seconds(&self, key: &str, default: Duration) -> Result<Duration, ConfigError> {
         let Some(v) = self.get(key) else {
             return Ok(default);
         };
-        let secs = v.as_f64().filter(|s| *s > 0.0).ok_or_else(|| {
+        let not_positive = || {
             self.invalid(
                 key,
                 format!("must be a positive number of seconds, got {}", describe(v)),
             )
-        })?;
-        self.bounded(key, Duration::try_from_secs_f64(secs).ok())
+        };
+        let secs = v.as_f64().filter(|s| *s > 0.0).ok_or_else(not_positive)?;
+        let d = Duration::try_from_secs_f64(secs).ok();
+        if d.is_some_and(|d| d.is_zero()) {
+            return Err(not_positive());
+        }
+        self.bounded(key, d)
     }
 
     pub(super) fn stats_retention(&self) -> Result<Duration, ConfigError> {

@@ -56,6 +56,7 @@ fn huge_and_tiny_durations_are_refused_not_panics() {
     assert!(err(r#""sandbox":{"timeout":1e300}"#).contains("\"sandbox.timeout\" must be at most"));
     assert!(err(r#""sandbox":{"timeout":"0s"}"#).contains("\"sandbox.timeout\" must be a positive"));
     assert!(err(r#""shutdown_grace":0"#).contains("\"shutdown_grace\" must be a positive"));
+    assert!(err(r#""heartbeat_stale":1.4347036195162571e-77"#).contains("\"heartbeat_stale\" must be a positive"));
     let c = parse(r#""heartbeat_stale":0.5,"sandbox":{"timeout":"90m"}"#).unwrap();
     assert_eq!(c.heartbeat_stale, Duration::from_millis(500));
     assert_eq!(c.sandbox.timeout, Duration::from_secs(5400));
