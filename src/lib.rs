@@ -18,9 +18,10 @@
 //!   `model::status`.
 //! - [`store`]: the store boundary — the `Store` trait of queries and fenced writes
 //!   (`store::change` for tasks, `store::slot_change`, `store::node_change`), one reader of
-//!   queue and node documents (`store::queue_doc`), the MongoDB implementation with
-//!   String-chunk GridFS for large task output (`store::mongo`), and the embedded SQLite
-//!   one (`store::sqlite`). The stores translate; [`lifecycle`] decides.
+//!   queue and node documents (`store::queue_doc`), group writes (`store::group`: calls
+//!   made while one write is under way go together in the next), the MongoDB
+//!   implementation with String-chunk GridFS for large task output (`store::mongo`), and
+//!   the embedded SQLite one (`store::sqlite`). The stores translate; [`lifecycle`] decides.
 //! - [`runner`]: the sandbox — wasmtime engine, WASI context, limits, plugin loading and
 //!   the result of one task.
 //! - [`sandbox_spec`]: what a task's sandbox grants and its limits (`Sandbox`, the

@@ -9,6 +9,7 @@
 //! suite (`tests/store_shared.rs`) holds both to the same behaviour.
 
 pub mod change;
+pub mod group;
 pub mod heads;
 pub mod mongo;
 pub mod node_change;

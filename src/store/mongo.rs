@@ -17,7 +17,8 @@
 //! Parts, named as the embedded store's for the same concern: `connect` ([`MongoOptions`],
 //! TLS and credentials), `records` (BSON ↔ model, lenient parsing), `schema` (the
 //! collections' indexes), `errors` (driver errors as transient or permanent store errors),
-//! `tasks` (inserting and finding tasks), `change` (fenced task changes), `claims` (the
+//! `tasks` (inserting and finding tasks), `change` (fenced task changes), `bulk` (those
+//! changes grouped into shared `bulkWrite` commands), `claims` (the
 //! spec's claim), `queues` (queue documents and their task counts), `slots` (queue slot
 //! leases), `nodes` (heartbeats, the node-name guard, Disbatch 4 DENs on the same
 //! database), `leases`, `balance`, `batches`, `deps`, `kills`, `stats`, `plugins`, `files`
@@ -25,6 +26,7 @@
 
 mod balance;
 mod batches;
+mod bulk;
 mod change;
 mod claims;
 mod connect;
@@ -95,6 +97,8 @@ pub struct MongoStore {
     /// The names of nodes without a process marker (Disbatch 4 DENs), read at most once a
     /// second (see `mongo/nodes.rs`).
     foreign: Arc<Mutex<Option<nodes::ForeignNodes>>>,
+    /// Fenced task updates, grouped (see `mongo/bulk.rs`).
+    updates: bulk::Updates,
 }
 
 impl std::fmt::Debug for MongoStore {
@@ -113,6 +117,7 @@ impl MongoStore {
             queues: db.collection(QUEUES),
             nodes: db.collection(NODES),
             slots: db.collection(SLOTS),
+            updates: bulk::updates(db.client().clone(), db.collection(TASKS)),
             db,
             ensured_slots: Arc::new(Mutex::new(HashSet::new())),
             warned: Arc::new(Mutex::new(HashSet::new())),

@@ -12,6 +12,7 @@ on_both_stores!(
     asked_to_kill_means_a_kill_request_on_both_stores,
     a_change_writes_and_clears_every_field,
     change_where_answers_the_tasks_it_changed,
+    changes_made_at_once_each_get_their_own_answer,
 );
 
 fn touch() -> TaskChange {
@@ -373,5 +374,48 @@ async fn change_where_answers_the_tasks_it_changed(s: Stores) {
     ] {
         let err = s.b.change_where(TaskTarget::All, &waiting, &bad).await.unwrap_err();
         assert!(matches!(err, StoreError::Invalid(_)), "{err}");
+    }
+}
+
+/// Many callers on two store instances change tasks at the same moment (as a DEN's workers
+/// end their runs together): each call's entries apply in order, each answer is the call's
+/// own, and the database holds every change that answered true and none that answered false.
+async fn changes_made_at_once_each_get_their_own_answer(s: Stores) {
+    let q = queue(&*s.a, "at-once", 4, Sort::Fifo).await;
+    let ids =
+        s.a.create_tasks(q.id, (0..60).map(|n| doc! {"n": n}).collect())
+            .await
+            .unwrap();
+    let fence = |st: i32| TaskFence::statuses(&[st]);
+    let calls = ids.iter().enumerate().map(|(i, &id)| {
+        let store = if i % 2 == 0 { s.a.clone() } else { s.b.clone() };
+        // Every third: two steps, the second fenced on what the first wrote (both apply only
+        // in order). The others: a fence that does not hold, then one that does.
+        let entries = if i % 3 == 0 {
+            vec![
+                (id, fence(status::QUEUED), to_status(status::CLAIMED)),
+                (id, fence(status::CLAIMED), to_status(status::RUNNING)),
+            ]
+        } else {
+            vec![
+                (id, fence(status::RUNNING), to_status(status::SUCCEEDED)),
+                (id, fence(status::QUEUED), to_status(status::CANCELLED)),
+            ]
+        };
+        tokio::spawn(async move { store.change_tasks(&entries).await.unwrap() })
+    });
+    let answers: Vec<Vec<bool>> = futures::future::join_all(calls)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    for (i, (&id, answer)) in ids.iter().zip(&answers).enumerate() {
+        let (expect, now) = if i % 3 == 0 {
+            (vec![true, true], status::RUNNING)
+        } else {
+            (vec![false, true], status::CANCELLED)
+        };
+        assert_eq!(answer, &expect, "task {i}'s own answer");
+        assert_eq!(task(&*s.b, id).await.status, now, "task {i} in the database");
     }
 }

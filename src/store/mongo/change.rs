@@ -6,10 +6,11 @@ use bson::{doc, Bson, DateTime, Document};
 use futures::TryStreamExt;
 use mongodb::options::{ReadPreference, SelectionCriteria};
 
+use super::bulk::FencedUpdate;
 use super::records::output_bson;
 use super::{db_err, unclaimed, MongoStore};
 use crate::store::change::{NodeIs, StopIs, TaskChange, TaskFence, Write};
-use crate::store::{StoreResult, TaskTarget};
+use crate::store::{StoreError, StoreResult, TaskTarget};
 
 /// Most ids named in one `updateMany` of [`MongoStore::change_where`].
 const CHUNK: usize = 1000;
@@ -187,21 +188,27 @@ pub(super) fn id_first(id: impl Into<Bson>, rest: Document) -> Document {
 }
 
 impl MongoStore {
-    /// [`Store::change_tasks`](crate::store::Store::change_tasks): one fenced `updateOne`
-    /// per entry, in order.
+    /// [`Store::change_tasks`](crate::store::Store::change_tasks): one fenced update per
+    /// entry, in order, grouped with the other calls made meanwhile (`mongo/bulk.rs`).
     pub(super) async fn change_tasks(&self, changes: &[(ObjectId, TaskFence, TaskChange)]) -> StoreResult<Vec<bool>> {
-        let mut done = Vec::with_capacity(changes.len());
-        for (id, fence, change) in changes {
-            let update = change_update(change, DateTime::now())?;
-            let filter = id_first(*id, fence_filter(fence));
-            let result = self
-                .tasks
-                .update_one(filter, update)
-                .await
-                .map_err(db_err("change task"))?;
-            done.push(result.matched_count == 1);
+        if changes.is_empty() {
+            return Ok(Vec::new());
         }
-        Ok(done)
+        let now = DateTime::now();
+        let updates = changes
+            .iter()
+            .map(|(id, fence, change)| {
+                Ok(FencedUpdate {
+                    filter: id_first(*id, fence_filter(fence)),
+                    update: change_update(change, now)?,
+                })
+            })
+            .collect::<StoreResult<Vec<_>>>()?;
+        self.updates.call(updates).await.unwrap_or_else(|| {
+            Err(StoreError::Database(
+                "change tasks: the write ended without an answer (its runtime shut down); it may or may not have been made".into(),
+            ))
+        })
     }
 
     /// [`Store::change_where`](crate::store::Store::change_where): the ids the fence holds

@@ -1,0 +1,207 @@
+//! Fenced task updates in groups ([`crate::store::group`]): the updates of every
+//! [`Store::change_tasks`](crate::store::Store::change_tasks) call made while one is on its
+//! way go together in one ordered `bulkWrite` (MongoDB 8.0 and later), which answers for
+//! each update whether its filter matched. So the starts and ends of the runs of all of a
+//! DEN's workers that finish together cost one command, not one each.
+//!
+//! On a server without `bulkWrite` (before 8.0) each update is its own `updateOne`, in
+//! order; the store finds that out from the first group and remembers it.
+//!
+//! A write error (a result too large for its document) fails its own call alone: the
+//! calls before it in the group are answered, the calls after it go again in the next
+//! group.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use bson::Document;
+use futures::FutureExt;
+use mongodb::error::{ErrorKind, PartialBulkWriteResult};
+use mongodb::options::{UpdateOneModel, WriteModel};
+use mongodb::results::VerboseBulkWriteResult;
+use mongodb::{Client, Collection};
+
+use super::errors::{classify, TRANSIENT_CODES};
+use crate::store::group::{Group, Turn};
+use crate::store::{StoreError, StoreResult};
+
+/// Most calls in one group: enough for every worker of a busy DEN, few enough that one
+/// group's command stays small.
+const MOST_CALLS: usize = 256;
+
+/// One fenced update of one task: its filter and its update.
+#[derive(Debug, Clone)]
+pub(super) struct FencedUpdate {
+    pub filter: Document,
+    pub update: Document,
+}
+
+/// A call: its updates in order. Its answer: for each, whether its filter matched.
+type Call = Vec<FencedUpdate>;
+type Answer = StoreResult<Vec<bool>>;
+
+/// The group of fenced task updates of one store (cloning shares it).
+pub(super) type Updates = Group<Call, Answer>;
+
+/// A new group writing to `tasks`.
+pub(super) fn updates(client: Client, tasks: Collection<Document>) -> Updates {
+    let bulk = Arc::new(AtomicBool::new(true));
+    Group::new(MOST_CALLS, move |calls: Vec<Call>| {
+        let (client, tasks, bulk) = (client.clone(), tasks.clone(), bulk.clone());
+        async move {
+            let calls = if bulk.load(Ordering::Relaxed) {
+                match in_one_command(&client, &tasks, calls).await {
+                    Ok(turns) => return turns,
+                    Err(calls) => {
+                        tracing::info!("the database has no bulkWrite (MongoDB 8.0): one update per task change");
+                        bulk.store(false, Ordering::Relaxed);
+                        calls
+                    }
+                }
+            } else {
+                calls
+            };
+            one_by_one(&tasks, calls).await
+        }
+        .boxed()
+    })
+}
+
+/// Each call's updates as `updateOne`s, in order.
+async fn one_by_one(tasks: &Collection<Document>, calls: Vec<Call>) -> Vec<Turn<Call, Answer>> {
+    let mut turns = Vec::with_capacity(calls.len());
+    for call in calls {
+        let mut done = Vec::with_capacity(call.len());
+        let mut failed = None;
+        for u in call {
+            match tasks.update_one(u.filter, u.update).await {
+                Ok(r) => done.push(r.matched_count == 1),
+                Err(e) => {
+                    failed = Some(classify("change task", &e));
+                    break;
+                }
+            }
+        }
+        turns.push(Turn::Done(failed.map_or(Ok(done), Err)));
+    }
+    turns
+}
+
+/// Every call's updates in one ordered `bulkWrite`. `Err` with the calls when the server
+/// has no `bulkWrite`.
+async fn in_one_command(
+    client: &Client,
+    tasks: &Collection<Document>,
+    calls: Vec<Call>,
+) -> Result<Vec<Turn<Call, Answer>>, Vec<Call>> {
+    let namespace = tasks.namespace();
+    let models: Vec<WriteModel> = calls
+        .iter()
+        .flatten()
+        .map(|u| {
+            WriteModel::UpdateOne(
+                UpdateOneModel::builder()
+                    .namespace(namespace.clone())
+                    .filter(u.filter.clone())
+                    .update(u.update.clone())
+                    .build(),
+            )
+        })
+        .collect();
+    let outcome = match client.bulk_write(models).verbose_results().await {
+        Ok(result) => Outcome::Made(matched(&result)),
+        Err(e) => match e.kind.as_ref() {
+            ErrorKind::IncompatibleServer { .. } => return Err(calls),
+            ErrorKind::BulkWrite(b) if b.write_concern_errors.is_empty() && b.write_errors.len() == 1 => {
+                let (&at, w) = b.write_errors.iter().next().expect("one write error");
+                let failure = Failure::of_write(w.code, &w.message);
+                match &b.partial_result {
+                    Some(PartialBulkWriteResult::Verbose(r)) => Outcome::StoppedAt(matched(r), at, failure),
+                    None if at == 0 => Outcome::StoppedAt(Vec::new(), 0, failure),
+                    _ => Outcome::Failed(Failure::of(classify("change tasks", &e))),
+                }
+            }
+            _ => Outcome::Failed(Failure::of(classify("change tasks", &e))),
+        },
+    };
+    Ok(answers(calls, outcome))
+}
+
+/// Whether each update of a `bulkWrite`, by index, matched its filter (an update missing
+/// from the result was not made).
+fn matched(r: &VerboseBulkWriteResult) -> Vec<bool> {
+    let n = r.update_results.keys().max().map_or(0, |m| m + 1);
+    (0..n)
+        .map(|i| r.update_results.get(&i).is_some_and(|u| u.matched_count == 1))
+        .collect()
+}
+
+/// What one `bulkWrite` did.
+#[derive(Debug)]
+enum Outcome {
+    /// Every update was made; whether each matched, by index.
+    Made(Vec<bool>),
+    /// The updates before the index were made (whether each matched), the one at it failed,
+    /// the ones after it were not tried.
+    StoppedAt(Vec<bool>, usize, Failure),
+    /// Unknown which were made (the reply was lost, the server failed): every call fails.
+    Failed(Failure),
+}
+
+/// A failure to give each call it fails.
+#[derive(Debug, Clone)]
+struct Failure {
+    transient: bool,
+    message: String,
+}
+
+impl Failure {
+    fn of(e: StoreError) -> Failure {
+        Failure {
+            transient: e.is_transient(),
+            message: match e {
+                StoreError::Database(m) | StoreError::Rejected(m) => m,
+                other => other.to_string(),
+            },
+        }
+    }
+
+    /// A write error of one update.
+    fn of_write(code: i32, message: &str) -> Failure {
+        Failure {
+            transient: TRANSIENT_CODES.contains(&code),
+            message: format!("change task: {message} (code {code})"),
+        }
+    }
+
+    fn error(&self) -> StoreError {
+        if self.transient {
+            StoreError::Database(self.message.clone())
+        } else {
+            StoreError::Rejected(self.message.clone())
+        }
+    }
+}
+
+/// Each call's turn after `outcome`.
+fn answers(calls: Vec<Call>, outcome: Outcome) -> Vec<Turn<Call, Answer>> {
+    let of = |m: &[bool], range: std::ops::Range<usize>| range.map(|i| m.get(i).copied().unwrap_or(false)).collect();
+    let mut first = 0;
+    calls
+        .into_iter()
+        .map(|call| {
+            let range = first..first + call.len();
+            first = range.end;
+            match &outcome {
+                Outcome::Made(m) => Turn::Done(Ok(of(m, range))),
+                Outcome::StoppedAt(m, at, _) if range.end <= *at => Turn::Done(Ok(of(m, range))),
+                Outcome::StoppedAt(_, at, e) if range.contains(at) => Turn::Done(Err(e.error())),
+                Outcome::StoppedAt(..) => Turn::Again(call),
+                Outcome::Failed(e) => Turn::Done(Err(e.error())),
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;
