@@ -277,12 +277,9 @@ pub trait Store: PluginStore + SlotStore + Send + Sync + 'static {
     /// the claim after a slot's renewal, which must not land past the renewal's
     /// `lifecycle::slots::claim_window` (held up on its way, by a stopped process or a slow
     /// network, its slot may have gone to another node meanwhile). MongoDB has the server
-    /// check it (`$$NOW`); the default, for a store that renews and claims in one
-    /// transaction ([`Store::renew_and_claim`]), claims without the check.
-    async fn claim_before(&self, queue: &Queue, node: &str, until: DateTime) -> StoreResult<Option<Task>> {
-        let _ = until;
-        self.claim_to_run(queue, node).await
-    }
+    /// check it (`$$NOW`); the embedded store checks its clock inside the write
+    /// transaction.
+    async fn claim_before(&self, queue: &Queue, node: &str, until: DateTime) -> StoreResult<Option<Task>>;
     /// Capability: a worker's next claim with the slot it holds, in one transaction: reads
     /// the slot's row, applies the step `rule` decides for it (`lease` from now), and when
     /// that step's outcome is [`SlotRenewal::Held`], [`Store::claim_to_run`] of `queue`.

@@ -39,6 +39,8 @@ impl Den {
     /// Returns the slot to release (None when the drain already gave it up).
     async fn work(self: Arc<Self>, mut queue: Arc<QueueState>, slot: Slot, first: Task) -> Option<Slot> {
         let mut task = first;
+        // The slot's last renewal, claimed on until it is a tick old.
+        let mut renewed = None;
         loop {
             // Registered in `in_flight` by its claim; a drain that took it since requeued it.
             if !self
@@ -77,21 +79,22 @@ impl Den {
                     }
                 }
             }
-            // Re-validate the slot lease before claiming: a slot lost (freed by recovery
-            // while this DEN was paused) must not be used for another task, and one another
-            // node asked for goes to it. The store renews and claims in one step.
+            // Re-validate the slot lease before claiming, at least once a tick: a slot lost
+            // (freed by recovery while this DEN was paused) must not be used for another
+            // task, and one another node asked for goes to it.
             if self.lease_lapsed() {
                 return Some(slot);
             }
             let began = std::time::Instant::now();
             let claimed = {
                 let _claiming = self.claims.read().await;
-                let claimed = slots::renew_and_claim(
+                let claimed = slots::claim_next(
                     &*self.store,
                     &slot,
                     &queue.queue,
                     &self.settings.node,
-                    self.settings.heartbeat_stale,
+                    (self.settings.heartbeat_stale, self.settings.tick),
+                    &mut renewed,
                 )
                 .await;
                 if let Ok((SlotRenewal::Held, Some(next))) = &claimed {

@@ -371,6 +371,53 @@ pub async fn renew_and_claim(
     renew_then_claim(store, slot, queue, node, lease).await
 }
 
+/// A worker's last renewal of its slot that kept it: when it was sent, and the end of its
+/// [`claim_window`] by the DEN's clock. Its next claims reuse it for a while
+/// ([`claim_next`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Renewed {
+    sent: Instant,
+    until: DateTime,
+}
+
+/// How long a worker claims on one renewal of its slot before renewing it again: one
+/// `tick`, so it answers another node's ask for the slot (which stays open for three ticks)
+/// in time, and never more than half the claim window.
+pub fn reuse_for(tick: Duration, lease: Duration) -> Duration {
+    tick.min(claim_window(lease) / 2)
+}
+
+/// A worker's next claim with the slot it holds. Within [`reuse_for`] of its last renewal
+/// (`renewed`) the claim is made on that renewal, only while the database's clock is
+/// before the renewal's window ends ([`Store::claim_before`]), so a busy worker writes its
+/// slot once a tick, not once a task (the heartbeat keeps every held lease running
+/// meanwhile); past it, [`renew_and_claim`] checks the slot again. `renewed` is kept up to
+/// date: set by a renewal that kept the slot, cleared by any other outcome.
+pub async fn claim_next(
+    store: &(impl Store + ?Sized),
+    slot: &Slot,
+    queue: &Queue,
+    node: &str,
+    (lease, tick): (Duration, Duration),
+    renewed: &mut Option<Renewed>,
+) -> StoreResult<(SlotRenewal, Option<Task>)> {
+    if let Some(r) = renewed.filter(|r| r.sent.elapsed() < reuse_for(tick, lease)) {
+        if over_limit(store, slot).await? {
+            *renewed = None;
+            return Ok((SlotRenewal::OverLimit, None));
+        }
+        return Ok((SlotRenewal::Held, store.claim_before(queue, node, r.until).await?));
+    }
+    *renewed = None;
+    let sent = Instant::now();
+    let until = lease_end(DateTime::now(), claim_window(lease));
+    let done = renew_and_claim(store, slot, queue, node, lease).await?;
+    if done.0 == SlotRenewal::Held && sent.elapsed() < claim_window(lease) {
+        *renewed = Some(Renewed { sent, until });
+    }
+    Ok(done)
+}
+
 /// How long after a slot's renewal was sent a claim with it may still be made: half the
 /// slot's `lease`. Whoever takes the slot once its lease has run out finds the claim made
 /// (the task held by the slot's holder) and leaves the slot; the other half of the lease

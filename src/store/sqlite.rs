@@ -66,6 +66,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bson::oid::ObjectId;
+use bson::DateTime;
 use bson::Document;
 use rusqlite::{params, Connection, OptionalExtension};
 
@@ -392,6 +393,10 @@ impl Store for SqliteStore {
 
     async fn claim_to_run(&self, queue: &Queue, node: &str) -> StoreResult<Option<Task>> {
         self.claim_to_run(queue, node).await
+    }
+
+    async fn claim_before(&self, queue: &Queue, node: &str, until: DateTime) -> StoreResult<Option<Task>> {
+        self.claim_before(queue, node, until).await
     }
 
     /// Offered: the slot's row is read, the step `rule` decides is written and the task

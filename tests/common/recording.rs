@@ -197,6 +197,18 @@ impl Store for Recording {
         }
         Ok(t)
     }
+    async fn claim_before(
+        &self,
+        queue: &Queue,
+        node: &str,
+        until: bson::DateTime,
+    ) -> StoreResult<Option<disbatch::model::Task>> {
+        let t = self.inner.claim_before(queue, node, until).await?;
+        if let Some(t) = &t {
+            self.claimed.lock().unwrap().push(t.id);
+        }
+        Ok(t)
+    }
     async fn put_output_file(&self, file: ObjectId, task: ObjectId, filename: &str, text: &str) -> StoreResult<()> {
         self.inner.put_output_file(file, task, filename, text).await?;
         let lose = self

@@ -6,6 +6,8 @@ use super::*;
 on_both_stores!(
     claims_to_run_go_to_exactly_one_claimer_and_finish,
     renew_and_claim_claims_only_with_a_slot_still_held,
+    a_worker_renews_its_slot_once_a_tick_and_yields_it_at_the_renewal,
+    a_claim_past_its_deadline_claims_nothing,
 );
 
 async fn claims_to_run_go_to_exactly_one_claimer_and_finish(s: Stores) {
@@ -95,4 +97,94 @@ async fn renew_and_claim_claims_only_with_a_slot_still_held(s: Stores) {
         .await
         .unwrap();
     assert_eq!((renewal, claimed.is_none()), (SlotRenewal::Held, true));
+}
+
+/// The lease end of `q`'s slot `n`.
+async fn slot_expires(s: &dyn Store, q: &Queue, n: i64) -> DateTime {
+    s.slots(q.id)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|r| r.n == n)
+        .unwrap()
+        .expires
+}
+
+async fn a_worker_renews_its_slot_once_a_tick_and_yields_it_at_the_renewal(s: Stores) {
+    use disbatch::lifecycle::slots::{acquire_slot, claim_next, want_slot};
+    let q = queue(&*s.a, "once-a-tick", 2, Sort::Fifo).await;
+    let ids = s.a.create_tasks(q.id, vec![doc! {}; 6]).await.unwrap();
+    let slots = [
+        acquire_slot(&*s.a, &q, "a", LEASE).await.unwrap().expect("slot"),
+        acquire_slot(&*s.a, &q, "a", LEASE)
+            .await
+            .unwrap()
+            .expect("another slot"),
+    ];
+    let long_tick = (LEASE, Duration::from_secs(3600));
+    let mut renewed = [None, None];
+    // The first claim with each slot renews it; the next, within the tick, claims on
+    // that renewal.
+    for (slot, renewed) in slots.iter().zip(&mut renewed) {
+        let (renewal, first) = claim_next(&*s.a, slot, &q, "a", long_tick, renewed).await.unwrap();
+        assert_eq!((renewal, first.is_some()), (SlotRenewal::Held, true));
+        assert!(renewed.is_some(), "a renewal that kept the slot is kept");
+    }
+    let expires = slot_expires(&*s.b, &q, slots[0].n).await;
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let (renewal, next) = claim_next(&*s.a, &slots[0], &q, "a", long_tick, &mut renewed[0])
+        .await
+        .unwrap();
+    assert_eq!((renewal, next.map(|t| t.id)), (SlotRenewal::Held, Some(ids[2])));
+    assert_eq!(
+        slot_expires(&*s.b, &q, slots[0].n).await,
+        expires,
+        "no slot write within the tick"
+    );
+    // Another node asks for a slot: its holder sees the ask at its next renewal, a tick on,
+    // and claims on its last renewal until then.
+    assert_eq!(
+        want_slot(&*s.b, &q, "b", Duration::from_secs(60))
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("a")
+    );
+    let rows = s.b.slots(q.id).await.unwrap();
+    let asked = rows
+        .iter()
+        .position(|r| r.want.as_deref() == Some("b"))
+        .expect("one slot asked for");
+    let i = slots.iter().position(|slot| slot.n == rows[asked].n).unwrap();
+    let (renewal, next) = claim_next(&*s.a, &slots[i], &q, "a", long_tick, &mut renewed[i])
+        .await
+        .unwrap();
+    assert_eq!((renewal, next.map(|t| t.id)), (SlotRenewal::Held, Some(ids[3])));
+    let tick_over = (LEASE, Duration::ZERO);
+    let (renewal, none) = claim_next(&*s.a, &slots[i], &q, "a", tick_over, &mut renewed[i])
+        .await
+        .unwrap();
+    assert_eq!(renewal, SlotRenewal::Yielded { to: "b".into() });
+    assert!(none.is_none() && renewed[i].is_none(), "no claim, no renewal kept");
+    let left = task(&*s.b, ids[4]).await;
+    assert_eq!((left.status, left.node), (status::QUEUED, None), "left for the asker");
+}
+
+async fn a_claim_past_its_deadline_claims_nothing(s: Stores) {
+    let q = queue(&*s.a, "deadline", 1, Sort::Fifo).await;
+    let ids = s.a.create_tasks(q.id, vec![doc! {}]).await.unwrap();
+    let past = DateTime::from_millis(DateTime::now().timestamp_millis() - 1_000);
+    assert!(
+        s.a.claim_before(&q, "a", past).await.unwrap().is_none(),
+        "past its deadline"
+    );
+    let t = task(&*s.b, ids[0]).await;
+    assert_eq!((t.status, t.node), (status::QUEUED, None));
+    let soon = DateTime::from_millis(DateTime::now().timestamp_millis() + 60_000);
+    let claimed =
+        s.a.claim_before(&q, "a", soon)
+            .await
+            .unwrap()
+            .expect("before its deadline");
+    assert_eq!((claimed.id, claimed.node.as_deref()), (ids[0], Some("a")));
 }

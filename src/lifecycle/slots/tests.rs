@@ -257,3 +257,14 @@ fn lease_end_adds_and_saturates() {
     assert_eq!(lease_end(now, Duration::from_secs(30)), at(31_000));
     assert_eq!(lease_end(now, Duration::MAX), at(i64::MAX));
 }
+
+#[test]
+fn a_renewal_is_claimed_on_for_a_tick_and_never_past_half_its_window() {
+    use super::{claim_window, reuse_for};
+    let lease = Duration::from_secs(30);
+    assert_eq!(reuse_for(Duration::from_secs(1), lease), Duration::from_secs(1));
+    assert_eq!(reuse_for(Duration::from_millis(50), lease), Duration::from_millis(50));
+    // A tick longer than the lease allows: half the claim window.
+    assert_eq!(reuse_for(Duration::from_secs(60), lease), claim_window(lease) / 2);
+    assert!(reuse_for(Duration::from_secs(60), lease) < claim_window(lease));
+}

@@ -51,6 +51,22 @@ impl SqliteStore {
         self.claim_as(queue, node, status::RUNNING).await
     }
 
+    /// [`Store::claim_before`](crate::store::Store::claim_before): [`Self::claim_to_run`],
+    /// made only while the clock, read inside the write transaction, is before `until`; a
+    /// process stopped on its way to the writer claims nothing once it is past.
+    pub(super) async fn claim_before(&self, queue: &Queue, node: &str, until: DateTime) -> StoreResult<Option<Task>> {
+        let (queue, node) = (queue.clone(), node.to_string());
+        self.write_touching(
+            "claim task",
+            move |tx| match DateTime::now() < until {
+                true => claim_in(tx, &queue, &node, status::RUNNING),
+                false => Ok(Ok(None)),
+            },
+            claimed_touched,
+        )
+        .await?
+    }
+
     /// Claims `queue`'s next task for `node`, giving it `claimed` (-1, or 0 to start it too).
     async fn claim_as(&self, queue: &Queue, node: &str, claimed: i32) -> StoreResult<Option<Task>> {
         let (queue, node) = (queue.clone(), node.to_string());
