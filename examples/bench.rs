@@ -14,6 +14,8 @@
 //! each scenario with one line `RESULT <scenario> key=value …`. `--n`, `--deep`, `--claims`,
 //! `--rounds` and `--threads` set the sizes; `docs/performance.md` explains the figures.
 
+#[path = "bench/counts.rs"]
+mod counts;
 #[path = "bench/dag.rs"]
 mod dag;
 #[path = "bench/embedded.rs"]

@@ -12,9 +12,13 @@ const client = await MongoClient.connect(a.uri, { monitorCommands: true });
 // Database commands sent while draining (from the processor's start to the last finish).
 const commands = {};
 let counting = false;
+// Keyed `<command> <collection>` as the bench keys the DEN's (a getMore names its
+// collection apart; `-` for a command on no collection).
 client.on("commandStarted", (e) => {
   if (!counting) return;
-  const key = `${e.commandName} ${e.command[e.commandName]}`;
+  const target = e.command[e.commandName];
+  const collection = typeof target === "string" ? target : (e.command.collection ?? "-");
+  const key = `${e.commandName} ${collection}`;
   commands[key] = (commands[key] ?? 0) + 1;
 });
 const db = client.db(a.db);

@@ -1,14 +1,16 @@
 //! The MongoDB scenarios: `ceiling` (the driver-only claim + finish loop) and `throughput`
 //! (DENs draining trivial tasks beside it, with the CPU and command profiles).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
 use mongodb::options::FindOneAndUpdateOptions;
-use mongodb::{Client, Database};
+use mongodb::Database;
 
+use super::counts::{per_task, table, Commands};
 use super::{finish_rate, median, wait_finished, Bench, Cpu};
 
 impl Bench {
@@ -32,36 +34,23 @@ impl Bench {
     }
 
     /// One DEN draining `n` tasks on its own client, counting every database command it
-    /// sends: commands per task by name and collection, and the total.
-    pub(super) async fn command_profile(&self, n: usize) -> (Vec<(String, f64)>, f64) {
-        let counts: Arc<std::sync::Mutex<std::collections::BTreeMap<String, u64>>> = Arc::default();
-        let mut options = mongodb::options::ClientOptions::parse(&self.uri).await.unwrap();
-        options.command_event_handler = Some(mongodb::event::EventHandler::callback({
-            let counts = counts.clone();
-            move |event: mongodb::event::command::CommandEvent| {
-                if let mongodb::event::command::CommandEvent::Started(e) = event {
-                    let target = e.command.get_str(&e.command_name).unwrap_or("-");
-                    let key = format!("{} {target}", e.command_name);
-                    *counts.lock().unwrap().entry(key).or_default() += 1;
-                }
-            }
-        }));
-        let client = Client::with_options(options).unwrap();
+    /// sends over its whole run (start-up, ticks, shutdown): commands per task by name and
+    /// collection, and the total.
+    pub(super) async fn command_profile(&self, n: usize) -> (BTreeMap<String, f64>, f64) {
+        let (client, commands) = Commands::client(&self.uri).await;
         let db = self.db("profile").await;
         let q = self.queue(&db, self.threads).await;
         self.tasks(&db, q, n, doc! {}).await;
         let counted = client.database(db.name());
-        counts.lock().unwrap().clear();
+        commands.start();
         let (stop, handle) = self.den(&counted, "bench-profile");
         let done = wait_finished(&db, doc! {"queue": q, "status": 1}, n as u64, Duration::from_secs(600)).await;
         assert!(done, "the DEN did not drain {n} tasks in 10 minutes");
         stop.cancel();
         handle.await.unwrap();
+        let counts = commands.stop();
         db.drop().await.ok();
-        let counts = counts.lock().unwrap();
-        let per_task: Vec<(String, f64)> = counts.iter().map(|(k, v)| (k.clone(), *v as f64 / n as f64)).collect();
-        let total = per_task.iter().map(|(_, v)| v).sum();
-        (per_task, total)
+        per_task(&counts, n)
     }
 
     /// The driver-only loop on `q`: `self.threads` workers, each claiming with the spec's
@@ -224,11 +213,7 @@ impl Bench {
         println!(
             "\nDatabase commands per task of one DEN draining {n} tasks (the whole run: start-up, ticks, shutdown)"
         );
-        println!("| command collection | per task |\n|---|---|");
-        for (command, per_task) in &profile {
-            println!("| {command} | {per_task:.3} |");
-        }
-        println!("| **total** | **{total:.2}** |");
+        println!("{}", table(&[("per task", &profile)]));
         cpu_kv.push(format!("n{n}_den_commands_per_task={total:.2}"));
         if let Some((n, c)) = ceilings.last() {
             println!("RESULT ceiling n={n} threads={} ceiling_per_s={c:.0}", self.threads);

@@ -3,13 +3,16 @@
 //! SQLite, plainjob and liteque against `den --embedded` and the driver-only loop, all on
 //! one disk. The Node peers are installed from `bench/peers/` into `target/bench-peers/`.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
 use bson::doc;
+use mongodb::Client;
 use serde_json::Value;
 
+use super::counts::{mean, per_task, table, Commands};
 use super::embedded_den::{den_drain, sqlite_ceiling, unix_ms};
 use super::{finish_span, median, target_dir, wait_finished, Bench};
 
@@ -76,8 +79,9 @@ struct PeerRun {
     drain_rate: f64,
     version: String,
     settings: String,
-    /// Database commands per job while draining, when the script counts them.
-    commands: String,
+    /// Database commands per job while draining, by command and collection, when the
+    /// script counts them.
+    commands: BTreeMap<String, f64>,
 }
 
 /// Runs `node <script> <args>` in `dir`: its JSON line, or the reason it failed (one line).
@@ -112,12 +116,9 @@ fn run_peer(dir: &Path, script: &str, args: &[String]) -> Result<PeerRun, String
         .get("commands_per_job")
         .and_then(Value::as_object)
         .map(|m| {
-            let each: Vec<String> = m
-                .iter()
-                .map(|(k, v)| format!("{k} {:.3}", v.as_f64().unwrap_or(f64::NAN)))
-                .collect();
-            let total: f64 = m.values().filter_map(Value::as_f64).sum();
-            format!("{}; total {total:.2}", each.join(", "))
+            m.iter()
+                .map(|(k, v)| (k.clone(), v.as_f64().unwrap_or(f64::NAN)))
+                .collect()
         })
         .unwrap_or_default();
     Ok(PeerRun {
@@ -215,6 +216,14 @@ impl Bench {
         // MongoDB: Agenda, one DEN, the driver loops with two and three writes per task.
         let mut agenda = Peer::new("agenda", failed.clone());
         let (mut den, mut den_whole, mut two, mut three) = (vec![], vec![], vec![], vec![]);
+        // The DEN's commands are counted on a client of its own, as Agenda's are on its.
+        let (den_client, den_commands) = Commands::client(&self.uri).await;
+        den_client
+            .database("admin")
+            .run_command(doc! {"ping": 1})
+            .await
+            .unwrap();
+        let mut den_counted = Vec::new();
         for round in 0..rounds {
             let db_name = format!("bench_agenda_{}_{round}", std::process::id());
             let args = [
@@ -229,9 +238,10 @@ impl Bench {
             ]
             .map(String::from);
             tokio::task::block_in_place(|| agenda.run(dir.as_deref(), "agenda.mjs", &args));
-            let (steady, whole) = self.den_drain_mongo(n_mongo).await;
+            let (steady, whole, counted) = self.den_drain_mongo(n_mongo, &den_client, &den_commands).await;
             den.push(steady);
             den_whole.push(whole);
+            den_counted.push(per_task(&counted, n_mongo).0);
             two.push(self.ceiling(n_mongo, false).await.0);
             three.push(self.ceiling(n_mongo, true).await.0);
         }
@@ -254,18 +264,26 @@ impl Bench {
             "| driver loop, claim + finish (the ceiling) | — | {threads} workers | {two:.0} | — | {:.2} | — |",
             den / two
         );
-        if let Some(r) = agenda.runs.last().filter(|r| !r.commands.is_empty()) {
-            println!(
-                "\nAgenda's database commands per job while draining (last round): {}",
-                r.commands
-            );
-        }
+        let (den_commands, den_commands_total) = mean(&den_counted);
+        let agenda_counted: Vec<_> = agenda.runs.iter().map(|r| r.commands.clone()).collect();
+        let (agenda_commands, agenda_commands_total) = mean(&agenda_counted);
+        println!(
+            "\nDatabase commands per task while draining (from the workers' start to the last finish; mean of {} rounds)",
+            den_counted.len()
+        );
+        println!("{}", table(&[("DEN", &den_commands), ("Agenda", &agenda_commands)]));
+        let agenda_commands_total = if agenda_commands.is_empty() {
+            "unavailable".to_string()
+        } else {
+            format!("{agenda_commands_total:.2}")
+        };
 
         // SQLite: plainjob, liteque, den --embedded processes, the driver-only loop.
         let disk = tempfile::tempdir_in(target_dir()).expect("a temporary directory under target/");
         let mut plainjob = Peer::new("plainjob", failed.clone());
         let mut liteque = Peer::new("liteque", failed);
         let (mut emb, mut emb_whole, mut ceiling, mut unindexed, mut pooled) = (vec![], vec![], vec![], vec![], vec![]);
+        let (mut transactions, mut counted_rate) = (vec![], vec![]);
         for round in 0..rounds {
             for (peer, script) in [(&mut plainjob, "plainjob.mjs"), (&mut liteque, "liteque.mjs")] {
                 let path = disk.path().join(format!("{script}-{round}.db"));
@@ -285,6 +303,9 @@ impl Bench {
             ceiling.push(sqlite_ceiling(disk.path(), threads, n_sqlite, true, true).await.rate);
             unindexed.push(sqlite_ceiling(disk.path(), threads, n_sqlite, true, false).await.rate);
             pooled.push(sqlite_ceiling(disk.path(), threads, n_sqlite, false, false).await.rate);
+            let counted = self.counted_embedded_drain(disk.path(), n_sqlite).await;
+            transactions.push(counted.per_task);
+            counted_rate.push(counted.rate);
         }
         let (emb, emb_whole) = (median(emb), median(emb_whole));
         let (ceiling, unindexed, pooled) = (median(ceiling), median(unindexed), median(pooled));
@@ -303,8 +324,14 @@ impl Bench {
         println!("| driver-only loop, claim + finish (the ceiling; SQLite {}) | — | {threads} threads taking turns on one connection, with an index serving the claim | {ceiling:.0} | — | {:.2} | — |", rusqlite::version(), emb / ceiling);
         println!("| the same with the store's indexes of today | — | one connection, the claim sorts the queued tasks | {unindexed:.0} | — | {:.2} | — |", emb / unindexed);
         println!("| the same with a connection each | — | {threads} connections (busy handler), the store's indexes | {pooled:.0} | — | {:.2} | — |", emb / pooled);
+        let transactions_mean = transactions.iter().sum::<f64>() / transactions.len().max(1) as f64;
         println!(
-            "RESULT peers threads={threads} n_mongo={n_mongo} n_sqlite={n_sqlite} den_mongo_per_s={den:.0} den_mongo_drain_per_s={den_whole:.0} {} three_writes_per_s={three:.0} den_per_three_writes={:.2} ceiling_per_s={two:.0} den_per_ceiling={:.2} den_embedded_per_s={emb:.0} den_embedded_drain_per_s={emb_whole:.0} {} {} sqlite_ceiling_per_s={ceiling:.0} den_per_sqlite_ceiling={:.2} sqlite_unindexed_per_s={unindexed:.0} den_per_sqlite_unindexed={:.2} sqlite_pooled_per_s={pooled:.0} den_per_sqlite_pooled={:.2}",
+            "\nThe DEN's write transactions per task (its store's count, from its start to the last finish; mean of {} rounds): {transactions_mean:.3}, counted on an in-process DEN on its own `SqliteStore` draining the same N (steady {:.0}/s, median; the process above: {emb:.0}/s)",
+            transactions.len(),
+            median(counted_rate)
+        );
+        println!(
+            "RESULT peers threads={threads} n_mongo={n_mongo} n_sqlite={n_sqlite} den_mongo_per_s={den:.0} den_mongo_drain_per_s={den_whole:.0} {} three_writes_per_s={three:.0} den_per_three_writes={:.2} ceiling_per_s={two:.0} den_per_ceiling={:.2} den_embedded_per_s={emb:.0} den_embedded_drain_per_s={emb_whole:.0} {} {} sqlite_ceiling_per_s={ceiling:.0} den_per_sqlite_ceiling={:.2} sqlite_unindexed_per_s={unindexed:.0} den_per_sqlite_unindexed={:.2} sqlite_pooled_per_s={pooled:.0} den_per_sqlite_pooled={:.2} den_commands_per_task={den_commands_total:.2} agenda_commands_per_task={agenda_commands_total} den_transactions_per_task={transactions_mean:.3}",
             agenda.result(den, den_whole),
             den / three,
             den / two,
@@ -325,17 +352,26 @@ impl Bench {
         }
     }
 
-    /// One in-process DEN draining `n` trivial tasks: (steady rate, whole-drain rate from
-    /// the DEN's start to the last finish).
-    async fn den_drain_mongo(&self, n: usize) -> (f64, f64) {
+    /// One in-process DEN draining `n` trivial tasks on `client` (its own, counted by
+    /// `commands`): (steady rate, whole-drain rate from the DEN's start to the last finish,
+    /// the commands it sent over that span). The span ends when the bench's poll (every
+    /// 50 ms, on the bench's client) sees the last finish.
+    async fn den_drain_mongo(
+        &self,
+        n: usize,
+        client: &Client,
+        commands: &Commands,
+    ) -> (f64, f64, BTreeMap<String, u64>) {
         let db = self.db("peers").await;
         let q = self.queue(&db, self.threads).await;
         self.tasks(&db, q, n, doc! {}).await;
         let started = unix_ms();
         let began = Instant::now();
-        let (stop, handle) = self.den(&db, "bench-peers");
+        commands.start();
+        let (stop, handle) = self.den(&client.database(db.name()), "bench-peers");
         let filter = doc! {"queue": q, "status": 1};
         let done = wait_finished(&db, filter.clone(), n as u64, std::time::Duration::from_secs(900)).await;
+        let counted = commands.stop();
         assert!(
             done,
             "the DEN did not drain {n} tasks in 15 minutes ({:?})",
@@ -346,6 +382,6 @@ impl Bench {
         let (count, first, last) = finish_span(&db, filter).await;
         db.drop().await.ok();
         let steady = count.saturating_sub(1) as f64 * 1e3 / (last - first).max(1.0);
-        (steady, count as f64 * 1e3 / (last - started).max(1.0))
+        (steady, count as f64 * 1e3 / (last - started).max(1.0), counted)
     }
 }

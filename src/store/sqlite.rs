@@ -142,6 +142,15 @@ impl SqliteStore {
         &self.path
     }
 
+    /// Write transactions this store and its clones committed to the file since it was
+    /// opened: each commit of the writer thread (a group of writes sharing one `BEGIN
+    /// IMMEDIATE` … `COMMIT` counts once) and each one of a pooled connection (the few
+    /// writes made outside the writer: the schema, a new queue, an output file too large to
+    /// keep inline, the QueueBalance status). Reads count nothing.
+    pub fn write_transactions(&self) -> u64 {
+        self.writer.commits().load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Runs `f` on a pooled connection on the blocking thread pool.
     async fn with<T, F>(&self, f: F) -> StoreResult<T>
     where
@@ -150,11 +159,21 @@ impl SqliteStore {
     {
         let pool = self.pool.clone();
         let path = self.path.clone();
+        let commits = self.writer.commits().clone();
         tokio::task::spawn_blocking(move || {
             let pooled = pool.lock().ok().and_then(|mut p| p.pop());
             let mut conn = match pooled {
                 Some(c) => c,
-                None => connect::connect(&path)?,
+                None => {
+                    let c = connect::connect(&path)?;
+                    // Counted with the writer's (see `write_transactions`); SQLite calls the
+                    // hook for write transactions only.
+                    c.commit_hook(Some(move || {
+                        commits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        false
+                    }));
+                    c
+                }
             };
             let result = f(&mut conn);
             if let Ok(mut p) = pool.lock() {

@@ -21,12 +21,17 @@
 //! the leader lease, slot renewals) are taken first, and a group takes no more writes once
 //! it ran for [`GROUP_TIME`], so a heartbeat waits for at most the group in progress, not
 //! for every write queued before it. A full queue makes its callers wait for room.
+//!
+//! The writer counts the write transactions it commits ([`Writer::commits`]): a group
+//! counts once however many writes share its commit, a write run again alone after a failed
+//! group commit counts once when it commits, and a transaction that did not commit counts
+//! nothing.
 
 mod queue;
 
 use std::cell::Cell;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -206,6 +211,8 @@ pub(super) struct Writer {
     alive: Mutex<Arc<AtomicBool>>,
     path: PathBuf,
     connect: Connect,
+    /// Write transactions committed (see the module's text).
+    commits: Arc<AtomicU64>,
 }
 
 impl Drop for Writer {
@@ -218,13 +225,21 @@ impl Writer {
     /// Starts the writer thread of the file at `path`.
     pub(super) fn start(path: PathBuf, connect: Connect) -> std::io::Result<Writer> {
         let queues = Queues::new();
-        let alive = spawn(&path, connect, &queues)?;
+        let commits = Arc::new(AtomicU64::new(0));
+        let alive = spawn(&path, connect, &queues, &commits)?;
         Ok(Writer {
             queues,
             alive: Mutex::new(alive),
             path,
             connect,
+            commits,
         })
+    }
+
+    /// The count of write transactions committed, by this writer's threads so far (one
+    /// relaxed atomic add per commit).
+    pub(super) fn commits(&self) -> &Arc<AtomicU64> {
+        &self.commits
     }
 
     /// Runs `f` in the writer's transaction, in a savepoint of its own, and answers once
@@ -261,7 +276,7 @@ impl Writer {
             let mut alive = self.alive.lock().unwrap_or_else(|e| e.into_inner());
             if !alive.load(Ordering::SeqCst) {
                 tracing::error!("the database writer thread stopped; starting it again");
-                *alive = spawn(&self.path, self.connect, &self.queues)
+                *alive = spawn(&self.path, self.connect, &self.queues, &self.commits)
                     .map_err(|e| StoreError::Database(format!("{op}: cannot start the database writer: {e}")))?;
             }
         }
@@ -280,15 +295,20 @@ impl Drop for Alive {
 }
 
 /// Starts a writer thread; answers the flag that says whether it still runs.
-fn spawn(path: &Path, connect: Connect, queues: &Arc<Queues>) -> std::io::Result<Arc<AtomicBool>> {
+fn spawn(
+    path: &Path,
+    connect: Connect,
+    queues: &Arc<Queues>,
+    commits: &Arc<AtomicU64>,
+) -> std::io::Result<Arc<AtomicBool>> {
     let alive = Arc::new(AtomicBool::new(true));
     let guard = Alive(alive.clone());
-    let (path, queues) = (path.to_path_buf(), queues.clone());
+    let (path, queues, commits) = (path.to_path_buf(), queues.clone(), commits.clone());
     std::thread::Builder::new()
         .name("disbatch-sqlite-writer".into())
         .spawn(move || {
             let _guard = guard;
-            run(&path, connect, &queues)
+            run(&path, connect, &queues, &commits)
         })?;
     Ok(alive)
 }
@@ -320,8 +340,9 @@ where
 /// store is gone. When the group's commit fails (or SQLite rolled the transaction back),
 /// nothing of it was written: each of its writes runs again alone, in a transaction of its
 /// own, so that one write that makes the commit fail (a full disk, a deferred constraint)
-/// fails alone, with its own error, and the others commit.
-fn run(path: &Path, connect: Connect, queues: &Queues) {
+/// fails alone, with its own error, and the others commit. Each commit is counted in
+/// `commits` before its writes are answered.
+fn run(path: &Path, connect: Connect, queues: &Queues, commits: &AtomicU64) {
     let mut conn: Option<Connection> = None;
     let mut checkpointed: Option<Instant> = None;
     loop {
@@ -364,8 +385,11 @@ fn run(path: &Path, connect: Connect, queues: &Queues) {
             }
         };
         match commit {
-            Ok(()) => group.into_iter().for_each(|job| job.answer(None)),
-            Err(()) => group.into_iter().for_each(|job| alone(c, job)),
+            Ok(()) => {
+                commits.fetch_add(1, Ordering::Relaxed);
+                group.into_iter().for_each(|job| job.answer(None));
+            }
+            Err(()) => group.into_iter().for_each(|job| alone(c, job, commits)),
         }
         checkpoint_if_due(c, &mut checkpointed);
     }
@@ -402,8 +426,8 @@ fn connection<'c>(
 }
 
 /// Runs `job` again alone, in a transaction of its own, and answers it with that
-/// transaction's outcome.
-fn alone(c: &mut Connection, mut job: Queued) {
+/// transaction's outcome (its commit counted in `commits`).
+fn alone(c: &mut Connection, mut job: Queued, commits: &AtomicU64) {
     let tx = match c.transaction_with_behavior(TransactionBehavior::Immediate) {
         Ok(tx) => tx,
         Err(e) => return refuse(job, &Failed::of(&e)),
@@ -418,6 +442,9 @@ fn alone(c: &mut Connection, mut job: Queued) {
     } else {
         tx.commit().err().map(|e| Failed::of(&e))
     };
+    if commit.is_none() {
+        commits.fetch_add(1, Ordering::Relaxed);
+    }
     job.answer(commit.as_ref());
 }
 

@@ -72,6 +72,84 @@ async fn a_failed_group_commit_runs_each_write_alone() {
             .unwrap()
     };
     assert_eq!(rows, vec![11], "only the good write is committed");
+    // The failed group commit counts nothing; the blocker's commit (alone or in its own
+    // group first) and the good write's, alone, count one each.
+    assert_eq!(writer.commits().load(Ordering::SeqCst), 2);
+}
+
+/// Writes waiting when the writer thread starts share one transaction: three writes, one
+/// group commit, counted as one write transaction; a write alone counts one more.
+#[tokio::test]
+async fn a_group_commit_counts_as_one_write_transaction() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("w.db");
+    connect(&path)
+        .unwrap()
+        .execute_batch("CREATE TABLE t (id INTEGER)")
+        .unwrap();
+    let insert = |i: i64| {
+        pending("insert", move |tx| {
+            tx.execute("INSERT INTO t (id) VALUES (?1)", [i])
+                .map_err(|e| StoreError::Rejected(e.to_string()))
+        })
+    };
+    let (queues, commits) = (Queues::new(), Arc::new(AtomicU64::new(0)));
+    let mut answers = Vec::new();
+    for i in 0..3 {
+        let (job, answer) = insert(i);
+        queues.push(job, Priority::Ordinary).await;
+        answers.push(answer);
+    }
+    let _alive = spawn(&path, connect, &queues, &commits).unwrap();
+    for answer in answers {
+        assert_eq!(answer.await.unwrap().unwrap(), 1);
+    }
+    assert_eq!(commits.load(Ordering::SeqCst), 1, "three writes, one group commit");
+    let (job, answer) = insert(3);
+    queues.push(job, Priority::Ordinary).await;
+    answer.await.unwrap().unwrap();
+    assert_eq!(commits.load(Ordering::SeqCst), 2);
+    queues.close();
+    let rows: i64 = connect(&path)
+        .unwrap()
+        .query_row("SELECT COUNT(*) FROM t", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(rows, 4);
+}
+
+/// The store's count adds the writes of its pooled connections (a new queue) to the
+/// writer's (new tasks), and reads count nothing.
+#[tokio::test]
+async fn the_store_counts_pooled_writes_and_no_reads() {
+    use crate::store::sqlite::SqliteStore;
+    use crate::store::{NewQueue, NewTask, Store};
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path().join("s.db")).await.unwrap();
+    let opened = store.write_transactions();
+    assert!(opened > 0, "creating the schema commits on a pooled connection");
+    store.ensure_indexes().await.unwrap();
+    assert_eq!(
+        store.write_transactions(),
+        opened,
+        "the schema in place, nothing to write"
+    );
+    let queue = store
+        .create_queue(NewQueue {
+            name: "q".into(),
+            plugin: "demo".into(),
+            threads: Some(1),
+            sort: crate::model::Sort::Fifo,
+            extra: bson::doc! {},
+        })
+        .await
+        .unwrap();
+    assert_eq!(store.write_transactions(), opened + 1, "one pooled write");
+    let task = NewTask::queued(bson::oid::ObjectId::new(), bson::doc! {});
+    store.insert_tasks(queue.id, vec![task]).await.unwrap();
+    assert_eq!(store.write_transactions(), opened + 2, "one write of the writer");
+    store.queues().await.unwrap();
+    store.task(queue.id).await.unwrap();
+    assert_eq!(store.write_transactions(), opened + 2, "reads count nothing");
 }
 
 #[tokio::test]
