@@ -24,6 +24,8 @@ mod embedded;
 mod embedded_den;
 #[path = "bench/finished.rs"]
 mod finished;
+#[path = "bench/floor.rs"]
+mod floor;
 #[path = "bench/latency.rs"]
 mod latency;
 #[path = "bench/mongo.rs"]
@@ -105,6 +107,9 @@ struct Bench {
     plugins: PathBuf,
     _server: Option<server::TestServer>,
 }
+
+/// The instance pool of the bench's `Runner` (and of the sandbox's floor engine).
+const RUNNER_INSTANCES: u32 = 256;
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
@@ -419,7 +424,7 @@ async fn main() {
         uri,
         runner: Runner::new(&EngineOptions {
             cache_dir: Some(tempfile::tempdir().unwrap().keep()),
-            max_instances: 256,
+            max_instances: RUNNER_INSTANCES,
         })
         .unwrap(),
         plugins,

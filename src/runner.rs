@@ -47,7 +47,7 @@ pub(crate) use cache::{private_dir, write_atomically};
 pub use compile::{serve_compile_child, DEFAULT_COMPILE_CPU, DEFAULT_COMPILE_MEMORY};
 pub use control::{RunControl, StopReason};
 pub use egress::{is_internal, parse_allow as parse_network_allow};
-pub use engine::{default_cache_dir, EngineOptions, EPOCH_TICK};
+pub use engine::{build_engine, default_cache_dir, EngineOptions, EPOCH_TICK};
 pub use fds::descriptor_budget;
 pub use http::{
     HttpRule, BODY_CHUNK as HTTP_BODY_CHUNK, DEFAULT_MAX_BODY as DEFAULT_HTTP_MAX_BODY,

@@ -57,7 +57,11 @@ pub(crate) fn compile_config() -> Config {
 /// Builds the engine with a pooling allocator sized for `opts.max_instances` tasks, each at
 /// its per-task caps (so tasks holding a slot never find the pool full). A pool that cannot
 /// be reserved is an error naming the setting to lower; there is no fallback.
-pub(crate) fn build_engine(opts: &EngineOptions) -> Result<Engine, RunnerError> {
+///
+/// [`Runner::new`](super::Runner::new) builds its engine here (and starts the epoch ticker
+/// on it); public so that an engine with the runner's exact settings can be had without a
+/// `Runner`, e.g. to time bare wasmtime against [`Runner::run`](super::Runner::run).
+pub fn build_engine(opts: &EngineOptions) -> Result<Engine, RunnerError> {
     let n = opts.max_instances.max(1);
     let per_task = |cap: usize| n.saturating_mul(cap as u32);
     let mut pool = PoolingAllocationConfig::new();
