@@ -1,5 +1,5 @@
 //! Grouped task changes on MongoDB: the fenced updates of calls made at the same moment go
-//! in shared `bulkWrite` commands, each call keeps its own answer, and an update the server
+//! in shared `bulkWrite` commands (a group of one update as an `updateOne`), each call keeps its own answer, and an update the server
 //! refuses (a result too large for its document) fails its own call alone.
 
 mod common;
@@ -94,6 +94,10 @@ async fn a_refused_result_fails_its_own_task_alone_among_grouped_ones() {
         }
     }
     let (bulk, updates) = (bulk.load(Ordering::SeqCst), updates.load(Ordering::SeqCst));
-    assert_eq!(updates, 0, "the server takes bulkWrite: no single updates");
-    assert!(bulk < n, "{n} calls at once went in fewer commands ({bulk})");
+    // A group of one update goes as an `updateOne`; larger groups as one `bulkWrite`.
+    assert!(bulk >= 1, "calls made at once were grouped");
+    assert!(
+        bulk + updates < n,
+        "{n} calls at once went in fewer commands ({bulk} + {updates})"
+    );
 }

@@ -4,8 +4,9 @@
 //! each update whether its filter matched. So the starts and ends of the runs of all of a
 //! DEN's workers that finish together cost one command, not one each.
 //!
-//! On a server without `bulkWrite` (before 8.0) each update is its own `updateOne`, in
-//! order; the store finds that out from the first group and remembers it.
+//! A group of one update is an `updateOne`. On a server without `bulkWrite` (before 8.0)
+//! each update is its own `updateOne`, in order; the store finds that out from the first
+//! group and remembers it.
 //!
 //! A write error (a result too large for its document) fails its own call alone: the
 //! calls before it in the group are answered, the calls after it go again in the next
@@ -49,7 +50,10 @@ pub(super) fn updates(client: Client, tasks: Collection<Document>) -> Updates {
     Group::new(MOST_CALLS, move |calls: Vec<Call>| {
         let (client, tasks, bulk) = (client.clone(), tasks.clone(), bulk.clone());
         async move {
-            let calls = if bulk.load(Ordering::Relaxed) {
+            // A lone update goes as an `updateOne`: one command either way, and the
+            // lighter one.
+            let lone = calls.iter().map(Vec::len).sum::<usize>() <= 1;
+            let calls = if bulk.load(Ordering::Relaxed) && !lone {
                 match in_one_command(&client, &tasks, calls).await {
                     Ok(turns) => return turns,
                     Err(calls) => {
