@@ -89,7 +89,9 @@ impl<R: Send + 'static, A: Send + 'static> Group<R, A> {
             !std::mem::replace(&mut s.running, true)
         };
         if start {
-            tokio::spawn(rounds(self.inner.clone()));
+            // The guard goes with the future, so a round task dropped before it ever ran
+            // (its runtime shutting down) still leaves the group idle.
+            tokio::spawn(rounds(self.inner.clone(), Idle(Some(self.inner.clone()))));
         }
         rx.await.ok()
     }
@@ -111,8 +113,7 @@ impl<R, A> Drop for Idle<R, A> {
 }
 
 /// Rounds until no call waits.
-async fn rounds<R: Send + 'static, A: Send + 'static>(inner: Arc<Inner<R, A>>) {
-    let mut idle = Idle(Some(inner.clone()));
+async fn rounds<R: Send + 'static, A: Send + 'static>(inner: Arc<Inner<R, A>>, mut idle: Idle<R, A>) {
     loop {
         let taken: Vec<(R, oneshot::Sender<A>)> = {
             let mut s = inner.state();
@@ -126,9 +127,13 @@ async fn rounds<R: Send + 'static, A: Send + 'static>(inner: Arc<Inner<R, A>>) {
         };
         let (calls, answers): (Vec<R>, Vec<oneshot::Sender<A>>) = taken.into_iter().unzip();
         let count = calls.len();
-        let turns = match AssertUnwindSafe((inner.round)(calls)).catch_unwind().await {
+        // A panic, building the round or running it, or a round that lost count: its
+        // callers get no answer.
+        let Ok(round) = std::panic::catch_unwind(AssertUnwindSafe(|| (inner.round)(calls))) else {
+            continue;
+        };
+        let turns = match AssertUnwindSafe(round).catch_unwind().await {
             Ok(turns) if turns.len() == count => turns,
-            // A panic, or a round that lost count: its callers get no answer.
             _ => continue,
         };
         let mut again = Vec::new();

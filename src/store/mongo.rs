@@ -117,7 +117,7 @@ impl MongoStore {
             queues: db.collection(QUEUES),
             nodes: db.collection(NODES),
             slots: db.collection(SLOTS),
-            updates: bulk::updates(db.client().clone(), db.collection(TASKS)),
+            updates: bulk::Updates::new(db.client().clone(), db.collection(TASKS)),
             db,
             ensured_slots: Arc::new(Mutex::new(HashSet::new())),
             warned: Arc::new(Mutex::new(HashSet::new())),

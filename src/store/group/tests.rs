@@ -99,7 +99,10 @@ async fn a_call_the_round_did_not_make_goes_again_in_order() {
     while snapshot(&group).0 < 3 {
         tokio::task::yield_now().await;
     }
-    tokio::spawn(super::rounds(group.inner.clone()));
+    tokio::spawn(super::rounds(
+        group.inner.clone(),
+        super::Idle(Some(group.inner.clone())),
+    ));
     let answers: Vec<_> = futures::future::join_all(handles).await;
     let answers: Vec<_> = answers.into_iter().map(Result::unwrap).collect();
     assert_eq!(answers, vec![Some(1), Some(2), Some(3)]);
@@ -153,7 +156,7 @@ fn a_runtime_that_shuts_down_mid_round_leaves_the_group_usable() {
         let (g, watched) = (group.clone(), group.clone());
         rt.block_on(async move {
             tokio::spawn(async move { g.call(1).await });
-            while !snapshot(&watched).1 {
+            while snapshot(&watched) != (0, true) {
                 tokio::task::yield_now().await;
             }
         });
@@ -168,4 +171,23 @@ fn a_runtime_that_shuts_down_mid_round_leaves_the_group_usable() {
 fn snapshot(group: &Group<u32, u32>) -> (usize, bool) {
     let s = group.inner.state();
     (s.waiting.len(), s.running)
+}
+
+#[test]
+fn a_round_dropped_before_it_ran_leaves_the_group_usable() {
+    let (group, _) = recording(Arc::new(Semaphore::new(10)));
+    {
+        // A runtime that shuts down right after the call spawned its round: the round's
+        // task is dropped whether or not it ever ran.
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let g = group.clone();
+        rt.block_on(async move {
+            let call = tokio::spawn(async move { g.call(1).await });
+            tokio::task::yield_now().await;
+            drop(call);
+        });
+    }
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let answer = rt.block_on(async { tokio::time::timeout(std::time::Duration::from_secs(30), group.call(2)).await });
+    assert_eq!(answer.expect("the group answers again"), Some(20));
 }

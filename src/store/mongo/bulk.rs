@@ -4,9 +4,14 @@
 //! each update whether its filter matched. So the starts and ends of the runs of all of a
 //! DEN's workers that finish together cost one command, not one each.
 //!
-//! A group of one update is an `updateOne`. On a server without `bulkWrite` (before 8.0)
-//! each update is its own `updateOne`, in order; the store finds that out from the first
-//! group and remembers it.
+//! A group of one update is an `updateOne`. On a server without `bulkWrite` (before 8.0,
+//! or one that refuses the command) each call's updates are `updateOne`s in order, calls
+//! side by side as before; the store finds that out from the first group and remembers it.
+//!
+//! A reply that leaves unknown which updates were made (lost, a write concern not met, a
+//! failure after part of a split command) fails every call of the group with a transient
+//! error: each is retried like a lone update, and its fences make a change made twice write
+//! nothing the second time.
 //!
 //! A write error (a result too large for its document) fails its own call alone: the
 //! calls before it in the group are answered, the calls after it go again in the next
@@ -30,6 +35,11 @@ use crate::store::{StoreError, StoreResult};
 /// group's command stays small.
 const MOST_CALLS: usize = 256;
 
+/// Server codes that refuse the `bulkWrite` command itself, not its writes: CommandNotFound
+/// (59), CommandNotSupported (115), Unauthorized (13, a role that allows updates of the
+/// collection but not `bulkWrite`). Updates then go one by one.
+const NO_BULK_WRITE: [i32; 3] = [59, 115, 13];
+
 /// One fenced update of one task: its filter and its update.
 #[derive(Debug, Clone)]
 pub(super) struct FencedUpdate {
@@ -41,54 +51,82 @@ pub(super) struct FencedUpdate {
 type Call = Vec<FencedUpdate>;
 type Answer = StoreResult<Vec<bool>>;
 
-/// The group of fenced task updates of one store (cloning shares it).
-pub(super) type Updates = Group<Call, Answer>;
-
-/// A new group writing to `tasks`.
-pub(super) fn updates(client: Client, tasks: Collection<Document>) -> Updates {
-    let bulk = Arc::new(AtomicBool::new(true));
-    Group::new(MOST_CALLS, move |calls: Vec<Call>| {
-        let (client, tasks, bulk) = (client.clone(), tasks.clone(), bulk.clone());
-        async move {
-            // A lone update goes as an `updateOne`: one command either way, and the
-            // lighter one.
-            let lone = calls.iter().map(Vec::len).sum::<usize>() <= 1;
-            let calls = if bulk.load(Ordering::Relaxed) && !lone {
-                match in_one_command(&client, &tasks, calls).await {
-                    Ok(turns) => return turns,
-                    Err(calls) => {
-                        tracing::info!("the database has no bulkWrite (MongoDB 8.0): one update per task change");
-                        bulk.store(false, Ordering::Relaxed);
-                        calls
-                    }
-                }
-            } else {
-                calls
-            };
-            one_by_one(&tasks, calls).await
-        }
-        .boxed()
-    })
+/// The fenced task updates of one store (cloning shares them): grouped while the server
+/// takes `bulkWrite`, each call on its own once it is known not to.
+#[derive(Clone)]
+pub(super) struct Updates {
+    group: Group<Call, Answer>,
+    bulk: Arc<AtomicBool>,
+    tasks: Collection<Document>,
 }
 
-/// Each call's updates as `updateOne`s, in order.
-async fn one_by_one(tasks: &Collection<Document>, calls: Vec<Call>) -> Vec<Turn<Call, Answer>> {
-    let mut turns = Vec::with_capacity(calls.len());
-    for call in calls {
-        let mut done = Vec::with_capacity(call.len());
-        let mut failed = None;
-        for u in call {
-            match tasks.update_one(u.filter, u.update).await {
-                Ok(r) => done.push(r.matched_count == 1),
-                Err(e) => {
-                    failed = Some(classify("change task", &e));
-                    break;
-                }
+impl Updates {
+    /// Updates of task documents in `tasks`.
+    pub(super) fn new(client: Client, tasks: Collection<Document>) -> Updates {
+        let bulk = Arc::new(AtomicBool::new(true));
+        let group = Group::new(MOST_CALLS, {
+            let (tasks, bulk) = (tasks.clone(), bulk.clone());
+            move |calls: Vec<Call>| {
+                let (client, tasks, bulk) = (client.clone(), tasks.clone(), bulk.clone());
+                async move { round(&client, &tasks, &bulk, calls).await }.boxed()
+            }
+        });
+        Updates { group, bulk, tasks }
+    }
+
+    /// Makes `call`'s updates, in order: for each, whether its filter matched.
+    pub(super) async fn apply(&self, call: Call) -> Answer {
+        if !self.bulk.load(Ordering::Relaxed) {
+            return one_call(&self.tasks, call).await;
+        }
+        self.group.call(call).await.unwrap_or_else(|| {
+            Err(StoreError::Database(
+                "change tasks: the write ended without an answer (its runtime shut down); it may or may not have been made".into(),
+            ))
+        })
+    }
+}
+
+/// One group: in one `bulkWrite` while the server takes it, else each call on its own.
+async fn round(
+    client: &Client,
+    tasks: &Collection<Document>,
+    bulk: &AtomicBool,
+    calls: Vec<Call>,
+) -> Vec<Turn<Call, Answer>> {
+    // A lone update goes as an `updateOne`: one command either way, and the lighter one.
+    let lone = calls.iter().map(Vec::len).sum::<usize>() <= 1;
+    let calls = if bulk.load(Ordering::Relaxed) && !lone {
+        match in_one_command(client, tasks, calls).await {
+            Ok(turns) => return turns,
+            Err(calls) => {
+                tracing::info!("the database does not take bulkWrite (MongoDB 8.0): one update per task change");
+                bulk.store(false, Ordering::Relaxed);
+                calls
             }
         }
-        turns.push(Turn::Done(failed.map_or(Ok(done), Err)));
+    } else {
+        calls
+    };
+    let each = calls.into_iter().map(|call| one_call(tasks, call));
+    futures::future::join_all(each)
+        .await
+        .into_iter()
+        .map(Turn::Done)
+        .collect()
+}
+
+/// One call's updates as `updateOne`s, in order; the first error ends it.
+async fn one_call(tasks: &Collection<Document>, call: Call) -> Answer {
+    let mut done = Vec::with_capacity(call.len());
+    for u in call {
+        let r = tasks
+            .update_one(u.filter, u.update)
+            .await
+            .map_err(|e| classify("change task", &e))?;
+        done.push(r.matched_count == 1);
     }
-    turns
+    Ok(done)
 }
 
 /// Every call's updates in one ordered `bulkWrite`. `Err` with the calls when the server
@@ -112,19 +150,26 @@ async fn in_one_command(
             )
         })
         .collect();
+    let count = models.len();
     let outcome = match client.bulk_write(models).verbose_results().await {
-        Ok(result) => Outcome::Made(matched(&result)),
+        Ok(result) if result.update_results.len() == count => Outcome::Made(matched(&result)),
+        Ok(_) => Outcome::Failed(Failure::unknown("the reply does not account for every update")),
         Err(e) => match e.kind.as_ref() {
             ErrorKind::IncompatibleServer { .. } => return Err(calls),
+            ErrorKind::Command(c) if NO_BULK_WRITE.contains(&c.code) => return Err(calls),
             ErrorKind::BulkWrite(b) if b.write_concern_errors.is_empty() && b.write_errors.len() == 1 => {
                 let (&at, w) = b.write_errors.iter().next().expect("one write error");
                 let failure = Failure::of_write(w.code, &w.message);
                 match &b.partial_result {
                     Some(PartialBulkWriteResult::Verbose(r)) => Outcome::StoppedAt(matched(r), at, failure),
                     None if at == 0 => Outcome::StoppedAt(Vec::new(), 0, failure),
-                    _ => Outcome::Failed(Failure::of(classify("change tasks", &e))),
+                    _ => Outcome::Failed(Failure::unknown(&e.to_string())),
                 }
             }
+            // A write concern not met, or a failure after some of the writes (a later
+            // batch of a split command): which updates were made is unknown, and the
+            // fences make trying them again safe.
+            ErrorKind::BulkWrite(_) => Outcome::Failed(Failure::unknown(&e.to_string())),
             _ => Outcome::Failed(Failure::of(classify("change tasks", &e))),
         },
     };
@@ -167,6 +212,14 @@ impl Failure {
                 StoreError::Database(m) | StoreError::Rejected(m) => m,
                 other => other.to_string(),
             },
+        }
+    }
+
+    /// A failure after which it is unknown which updates were made: retrying may help.
+    fn unknown(what: &str) -> Failure {
+        Failure {
+            transient: true,
+            message: format!("change tasks: {what} (which of the group's updates were made is unknown)"),
         }
     }
 

@@ -10,7 +10,7 @@ use super::bulk::FencedUpdate;
 use super::records::output_bson;
 use super::{db_err, unclaimed, MongoStore};
 use crate::store::change::{NodeIs, StopIs, TaskChange, TaskFence, Write};
-use crate::store::{StoreError, StoreResult, TaskTarget};
+use crate::store::{StoreResult, TaskTarget};
 
 /// Most ids named in one `updateMany` of [`MongoStore::change_where`].
 const CHUNK: usize = 1000;
@@ -204,11 +204,7 @@ impl MongoStore {
                 })
             })
             .collect::<StoreResult<Vec<_>>>()?;
-        self.updates.call(updates).await.unwrap_or_else(|| {
-            Err(StoreError::Database(
-                "change tasks: the write ended without an answer (its runtime shut down); it may or may not have been made".into(),
-            ))
-        })
+        self.updates.apply(updates).await
     }
 
     /// [`Store::change_where`](crate::store::Store::change_where): the ids the fence holds

@@ -56,11 +56,8 @@ fn a_write_error_that_may_pass_says_so() {
 }
 
 #[test]
-fn a_lost_reply_fails_every_call_of_the_group() {
-    let lost = Failure {
-        transient: true,
-        message: "connection reset".into(),
-    };
+fn an_unknown_outcome_fails_every_call_of_the_group_as_worth_retrying() {
+    let lost = Failure::unknown("write concern not met");
     let turns = answers(vec![call(1), call(3)], Outcome::Failed(lost));
     let got: Vec<_> = turns.iter().map(answered).collect();
     assert_eq!(got, vec![Some(Err(true)), Some(Err(true))]);
