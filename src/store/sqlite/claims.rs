@@ -42,37 +42,38 @@ impl SqliteStore {
     /// immediate transaction. A claimed row that cannot be read as a task is marked failed
     /// (status 2, the reason in `stderr`) and the error returned.
     pub(super) async fn claim(&self, queue: &Queue, node: &str) -> StoreResult<Option<Task>> {
-        self.claim_as(queue, node, status::CLAIMED).await
+        self.claim_as(queue, node, status::CLAIMED, None).await
     }
 
     /// [`Store::claim_to_run`](crate::store::Store::claim_to_run): claimed and started in
     /// one transaction, so the task comes back running (0).
     pub(super) async fn claim_to_run(&self, queue: &Queue, node: &str) -> StoreResult<Option<Task>> {
-        self.claim_as(queue, node, status::RUNNING).await
+        self.claim_as(queue, node, status::RUNNING, None).await
     }
 
     /// [`Store::claim_before`](crate::store::Store::claim_before): [`Self::claim_to_run`],
     /// made only while the clock, read inside the write transaction, is before `until`; a
     /// process stopped on its way to the writer claims nothing once it is past.
     pub(super) async fn claim_before(&self, queue: &Queue, node: &str, until: DateTime) -> StoreResult<Option<Task>> {
-        let (queue, node) = (queue.clone(), node.to_string());
-        self.write_touching(
-            "claim task",
-            move |tx| match DateTime::now() < until {
-                true => claim_in(tx, &queue, &node, status::RUNNING),
-                false => Ok(Ok(None)),
-            },
-            claimed_touched,
-        )
-        .await?
+        self.claim_as(queue, node, status::RUNNING, Some(until)).await
     }
 
-    /// Claims `queue`'s next task for `node`, giving it `claimed` (-1, or 0 to start it too).
-    async fn claim_as(&self, queue: &Queue, node: &str, claimed: i32) -> StoreResult<Option<Task>> {
+    /// Claims `queue`'s next task for `node`, giving it `claimed` (-1, or 0 to start it too),
+    /// only while the clock inside the write transaction is before `until` when one is given.
+    async fn claim_as(
+        &self,
+        queue: &Queue,
+        node: &str,
+        claimed: i32,
+        until: Option<DateTime>,
+    ) -> StoreResult<Option<Task>> {
         let (queue, node) = (queue.clone(), node.to_string());
         self.write_touching(
             "claim task",
-            move |tx| claim_in(tx, &queue, &node, claimed),
+            move |tx| match until.is_none_or(|until| DateTime::now() < until) {
+                true => claim_in(tx, &queue, &node, claimed),
+                false => Ok(Ok(None)),
+            },
             claimed_touched,
         )
         .await?
