@@ -12,6 +12,16 @@ fn connect(path: &Path) -> StoreResult<Connection> {
     Ok(c)
 }
 
+/// A database file in `dir` holding the table `t (id INTEGER)`.
+fn file_with_table(dir: &tempfile::TempDir) -> PathBuf {
+    let path = dir.path().join("w.db");
+    connect(&path)
+        .unwrap()
+        .execute_batch("CREATE TABLE t (id INTEGER)")
+        .unwrap();
+    path
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_group_commit_runs_each_write_alone() {
     let dir = tempfile::tempdir().unwrap();
@@ -82,11 +92,7 @@ async fn a_failed_group_commit_runs_each_write_alone() {
 #[tokio::test]
 async fn a_group_commit_counts_as_one_write_transaction() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("w.db");
-    connect(&path)
-        .unwrap()
-        .execute_batch("CREATE TABLE t (id INTEGER)")
-        .unwrap();
+    let path = file_with_table(&dir);
     let insert = |i: i64| {
         pending("insert", move |tx| {
             tx.execute("INSERT INTO t (id) VALUES (?1)", [i])
@@ -155,11 +161,7 @@ async fn the_store_counts_pooled_writes_and_no_reads() {
 #[tokio::test]
 async fn a_write_panicking_is_answered_and_the_writer_goes_on() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("w.db");
-    connect(&path)
-        .unwrap()
-        .execute_batch("CREATE TABLE t (id INTEGER)")
-        .unwrap();
+    let path = file_with_table(&dir);
     let writer = Writer::start(path.clone(), connect).unwrap();
     let panicked = writer
         .write("panics", |_tx| -> StoreResult<()> { panic!("boom") })
