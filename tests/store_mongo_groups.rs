@@ -1,40 +1,50 @@
 //! Grouped task changes on MongoDB: the fenced updates of calls made at the same moment go
 //! in shared `bulkWrite` commands (a group of one update as an `updateOne`), each call keeps its own answer, and an update the server
-//! refuses (a result too large for its document) fails its own call alone.
+//! refuses (a result too large for its document) fails its own call alone. Claims made at
+//! the same moment go in groups too, beside a Disbatch 4 DEN's own `findOneAndUpdate`
+//! claims, and every task is claimed once.
 
 mod common;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 
 use bson::{doc, Document};
 use disbatch::model::status;
+use disbatch::model::Sort;
 use disbatch::store::mongo::MongoStore;
-use disbatch::store::{OutputValue, Store, TaskChange, TaskFence, Write};
+use disbatch::store::testing::StoreExt;
+use disbatch::store::{NewQueue, OutputValue, Store, TaskChange, TaskFence, Write};
 use mongodb::event::command::CommandEvent;
 use mongodb::event::EventHandler;
 use mongodb::options::ClientOptions;
 use mongodb::Client;
 
+/// The commands a client sent, by name.
+#[derive(Clone, Default)]
+struct Commands(Arc<Mutex<HashMap<String, usize>>>);
+
+impl Commands {
+    fn get(&self, name: &str) -> usize {
+        self.0.lock().unwrap().get(name).copied().unwrap_or(0)
+    }
+}
+
 /// A store on `t`'s database through a client of its own that counts the commands sent by
 /// name.
-async fn counted_store(t: &common::TestDb) -> (MongoStore, Arc<AtomicUsize>, Arc<AtomicUsize>) {
-    let (bulk, updates) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+async fn counted_store(t: &common::TestDb) -> (MongoStore, Commands) {
+    let commands = Commands::default();
     let mut options = ClientOptions::parse(&t.uri).await.unwrap();
     options.command_event_handler = Some(EventHandler::callback({
-        let (bulk, updates) = (bulk.clone(), updates.clone());
+        let commands = commands.clone();
         move |e: CommandEvent| {
             if let CommandEvent::Started(s) = e {
-                match s.command_name.as_str() {
-                    "bulkWrite" => bulk.fetch_add(1, Ordering::SeqCst),
-                    "update" => updates.fetch_add(1, Ordering::SeqCst),
-                    _ => 0,
-                };
+                *commands.0.lock().unwrap().entry(s.command_name).or_default() += 1;
             }
         }
     }));
     let client = Client::with_options(options).unwrap();
-    (MongoStore::from_database(client.database(&t.name)), bulk, updates)
+    (MongoStore::from_database(client.database(&t.name)), commands)
 }
 
 fn finish(stdout: String) -> TaskChange {
@@ -49,7 +59,7 @@ fn finish(stdout: String) -> TaskChange {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_refused_result_fails_its_own_task_alone_among_grouped_ones() {
     let t = common::test_db("grouped_refusal").await;
-    let (store, bulk, updates) = counted_store(&t).await;
+    let (store, commands) = counted_store(&t).await;
     let queue = bson::oid::ObjectId::new();
     // 60 running tasks; one already carries 9 MB in its params, so 9 MB more of output
     // makes its document larger than the server takes.
@@ -93,11 +103,118 @@ async fn a_refused_result_fails_its_own_task_alone_among_grouped_ones() {
             assert_eq!(stored.status, status::SUCCEEDED, "task {i} in the database");
         }
     }
-    let (bulk, updates) = (bulk.load(Ordering::SeqCst), updates.load(Ordering::SeqCst));
+    let (bulk, updates) = (commands.get("bulkWrite"), commands.get("update"));
     // A group of one update goes as an `updateOne`; larger groups as one `bulkWrite`.
     assert!(bulk >= 1, "calls made at once were grouped");
     assert!(
         bulk + updates < n,
         "{n} calls at once went in fewer commands ({bulk} + {updates})"
     );
+}
+
+/// Claims as a Disbatch 4 DEN makes them: one `findOneAndUpdate` each, on a client of its
+/// own, until the queue is empty. Returns the ids claimed.
+async fn disbatch4_claimer(db: mongodb::Database, queue: bson::oid::ObjectId, node: &str) -> Vec<bson::oid::ObjectId> {
+    let tasks = db.collection::<Document>("tasks");
+    let mut got = Vec::new();
+    loop {
+        let claimed = tasks
+            .find_one_and_update(
+                doc! { "queue": queue, "status": -2, "$or": [{ "node": null }, { "node": -1 }] },
+                doc! { "$set": { "node": node, "status": -1, "mtime": bson::DateTime::now() } },
+            )
+            .sort(doc! { "_id": 1 })
+            .await
+            .unwrap();
+        match claimed {
+            Some(d) => got.push(d.get_object_id("_id").unwrap()),
+            None => return got,
+        }
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn grouped_claims_beside_a_disbatch4_claimer_claim_every_task_once() {
+    let t = common::test_db("grouped_claims").await;
+    let (store, commands) = counted_store(&t).await;
+    let q = store
+        .create_queue(NewQueue {
+            name: "mixed".into(),
+            plugin: "demo".into(),
+            threads: Some(16),
+            sort: Sort::Fifo,
+            extra: Document::new(),
+        })
+        .await
+        .unwrap();
+    let n = 600;
+    let ids = store.create_tasks(q.id, vec![doc! {}; n]).await.unwrap();
+    let perl = {
+        let client = Client::with_uri_str(&t.uri).await.unwrap();
+        tokio::spawn(disbatch4_claimer(client.database(&t.name), q.id, "perl"))
+    };
+    let ours = (0..16).map(|_| {
+        let (store, q) = (store.clone(), q.clone());
+        tokio::spawn(async move {
+            let mut got = Vec::new();
+            loop {
+                let until = bson::DateTime::from_millis(bson::DateTime::now().timestamp_millis() + 60_000);
+                match store.claim_before(&q, "ours", until).await.unwrap() {
+                    Some(task) => {
+                        assert_eq!(task.node.as_deref(), Some("ours"));
+                        // Claimed to run: started too when claimed in a group.
+                        assert!(
+                            [status::CLAIMED, status::RUNNING].contains(&task.status),
+                            "{}",
+                            task.status
+                        );
+                        got.push(task.id);
+                    }
+                    None => return got,
+                }
+            }
+        })
+    });
+    let ours: Vec<_> = futures::future::join_all(ours)
+        .await
+        .into_iter()
+        .flat_map(|g| g.unwrap())
+        .collect();
+    let perl = perl.await.unwrap();
+    let (o, p): (HashSet<_>, HashSet<_>) = (ours.iter().collect(), perl.iter().collect());
+    println!("ours claimed {}, the Disbatch 4 claimer {}", o.len(), p.len());
+    assert_eq!(o.len(), ours.len(), "we never claim a task twice");
+    assert_eq!(p.len(), perl.len(), "the Disbatch 4 claimer never claims a task twice");
+    assert!(o.is_disjoint(&p), "no task claimed by both");
+    assert_eq!(o.len() + p.len(), n, "every task claimed");
+    assert!(!p.is_empty(), "the Disbatch 4 claimer claimed beside us");
+    // The database's view: each task is claimed by whoever was told it got it.
+    for id in &ids {
+        let d =
+            t.db.collection::<Document>("tasks")
+                .find_one(doc! { "_id": id })
+                .await
+                .unwrap()
+                .unwrap();
+        let (node, statuses) = if o.contains(id) {
+            ("ours", [-1, 0])
+        } else {
+            ("perl", [-1, -1])
+        };
+        assert_eq!(d.get_str("node").ok(), Some(node), "{d}");
+        assert!(statuses.contains(&d.get_i32("status").unwrap()), "{d}");
+    }
+    // Claims made at once went together: fewer commands than claims.
+    let (singles, reads, bulk) = (
+        commands.get("findAndModify"),
+        commands.get("find"),
+        commands.get("bulkWrite"),
+    );
+    println!(
+        "{} claims: {singles} findAndModify, {reads} find, {bulk} bulkWrite",
+        ours.len()
+    );
+    assert!(bulk >= 1, "claims made at once were grouped");
+    assert!(singles + reads + bulk < ours.len(), "fewer commands than claims");
 }

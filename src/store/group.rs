@@ -11,6 +11,7 @@
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
@@ -39,6 +40,8 @@ struct Inner<R, A> {
     round: Box<Round<R, A>>,
     /// Most calls in one round.
     most: usize,
+    /// How long a round waits for more calls before it starts, unless it is full.
+    gather: Duration,
 }
 
 impl<R, A> Inner<R, A> {
@@ -61,9 +64,11 @@ impl<R, A> Clone for Group<R, A> {
 }
 
 impl<R: Send + 'static, A: Send + 'static> Group<R, A> {
-    /// A group whose rounds `round` makes, each of at most `most` calls.
+    /// A group whose rounds `round` makes, each of at most `most` calls, each round
+    /// waiting up to `gather` for more calls before it starts.
     pub fn new(
         most: usize,
+        gather: Duration,
         round: impl Fn(Vec<R>) -> BoxFuture<'static, Vec<Turn<R, A>>> + Send + Sync + 'static,
     ) -> Self {
         Group {
@@ -74,6 +79,7 @@ impl<R: Send + 'static, A: Send + 'static> Group<R, A> {
                 }),
                 round: Box::new(round),
                 most: most.max(1),
+                gather,
             }),
         }
     }
@@ -115,6 +121,9 @@ impl<R, A> Drop for Idle<R, A> {
 /// Rounds until no call waits.
 async fn rounds<R: Send + 'static, A: Send + 'static>(inner: Arc<Inner<R, A>>, mut idle: Idle<R, A>) {
     loop {
+        if !inner.gather.is_zero() && inner.state().waiting.len() < inner.most {
+            tokio::time::sleep(inner.gather).await;
+        }
         let taken: Vec<(R, oneshot::Sender<A>)> = {
             let mut s = inner.state();
             if s.waiting.is_empty() {

@@ -99,6 +99,8 @@ pub struct MongoStore {
     foreign: Arc<Mutex<Option<nodes::ForeignNodes>>>,
     /// Fenced task updates, grouped (see `mongo/bulk.rs`).
     updates: bulk::Updates,
+    /// Claims, grouped (see `mongo/claims.rs`).
+    claims: claims::Claims,
 }
 
 impl std::fmt::Debug for MongoStore {
@@ -112,12 +114,14 @@ impl std::fmt::Debug for MongoStore {
 impl MongoStore {
     /// Uses an already connected database.
     pub fn from_database(db: Database) -> MongoStore {
+        let updates = bulk::Updates::new(db.client().clone(), db.collection(TASKS));
         MongoStore {
+            claims: claims::Claims::new(db.collection(TASKS), updates.clone()),
+            updates,
             tasks: db.collection(TASKS),
             queues: db.collection(QUEUES),
             nodes: db.collection(NODES),
             slots: db.collection(SLOTS),
-            updates: bulk::Updates::new(db.client().clone(), db.collection(TASKS)),
             db,
             ensured_slots: Arc::new(Mutex::new(HashSet::new())),
             warned: Arc::new(Mutex::new(HashSet::new())),
@@ -325,11 +329,15 @@ impl Store for MongoStore {
     }
 
     async fn claim(&self, queue: &Queue, node: &str) -> StoreResult<Option<Task>> {
-        self.claim(queue, node).await
+        self.claim_task_until(queue, node, None, false).await
+    }
+
+    async fn claim_to_run(&self, queue: &Queue, node: &str) -> StoreResult<Option<Task>> {
+        self.claim_task_until(queue, node, None, true).await
     }
 
     async fn claim_before(&self, queue: &Queue, node: &str, until: DateTime) -> StoreResult<Option<Task>> {
-        self.claim_task_until(queue, node, Some(until)).await
+        self.claim_task_until(queue, node, Some(until), true).await
     }
 
     async fn put_output_file(&self, file: ObjectId, task: ObjectId, filename: &str, text: &str) -> StoreResult<()> {

@@ -8,6 +8,7 @@ on_both_stores!(
     renew_and_claim_claims_only_with_a_slot_still_held,
     a_worker_renews_its_slot_once_a_tick_and_yields_it_at_the_renewal,
     a_claim_past_its_deadline_claims_nothing,
+    claims_made_at_once_take_the_queue_in_order_each_once,
 );
 
 async fn claims_to_run_go_to_exactly_one_claimer_and_finish(s: Stores) {
@@ -187,4 +188,54 @@ async fn a_claim_past_its_deadline_claims_nothing(s: Stores) {
             .unwrap()
             .expect("before its deadline");
     assert_eq!((claimed.id, claimed.node.as_deref()), (ids[0], Some("a")));
+}
+
+/// Claims of one queue by one node made at the same moment (grouped on MongoDB) take the
+/// queue's first tasks in its order, each task once; a claim among them whose deadline has
+/// passed claims nothing and keeps none of the others from claiming.
+async fn claims_made_at_once_take_the_queue_in_order_each_once(s: Stores) {
+    let q = queue(&*s.a, "at-once", 16, Sort::Fifo).await;
+    let ids = s.a.create_tasks(q.id, vec![doc! {}; 40]).await.unwrap();
+    let claims = 12;
+    let late = 5;
+    let start = Arc::new(tokio::sync::Barrier::new(claims));
+    let mut calls = Vec::new();
+    for i in 0..claims {
+        let (store, q, start) = (s.a.clone(), q.clone(), start.clone());
+        calls.push(tokio::spawn(async move {
+            let until = if i == late { ago(1_000) } else { ago(-60_000) };
+            start.wait().await;
+            store.claim_before(&q, "a", until).await.unwrap()
+        }));
+    }
+    let mut got = Vec::new();
+    for (i, call) in calls.into_iter().enumerate() {
+        let claimed = call.await.unwrap();
+        if i == late {
+            assert!(claimed.is_none(), "a claim past its deadline claims nothing");
+            continue;
+        }
+        let t = claimed.expect("a claim before its deadline gets a task");
+        // The embedded store claims and starts in one write.
+        assert_eq!(t.node.as_deref(), Some("a"));
+        assert!([status::CLAIMED, status::RUNNING].contains(&t.status), "{}", t.status);
+        got.push(t.id);
+    }
+    let unique: HashSet<_> = got.iter().copied().collect();
+    assert_eq!(unique.len(), got.len(), "no task claimed twice: {got:?}");
+    let first: HashSet<_> = ids[..claims - 1].iter().copied().collect();
+    assert_eq!(unique, first, "the queue's first tasks, in its order");
+    for id in &ids {
+        let t = task(&*s.b, *id).await;
+        if first.contains(id) {
+            assert!(
+                [status::CLAIMED, status::RUNNING].contains(&t.status),
+                "{id}: {}",
+                t.status
+            );
+            assert_eq!(t.node.as_deref(), Some("a"), "{id}");
+        } else {
+            assert_eq!((t.status, t.node), (status::QUEUED, None), "{id}");
+        }
+    }
 }

@@ -1,5 +1,6 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use futures::FutureExt;
 use tokio::sync::Semaphore;
@@ -14,7 +15,7 @@ type Rounds = Arc<Mutex<Vec<Vec<u32>>>>;
 fn recording(gate: Arc<Semaphore>) -> (Group<u32, u32>, Rounds) {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let rounds = seen.clone();
-    let group = Group::new(100, move |calls: Vec<u32>| {
+    let group = Group::new(100, Duration::ZERO, move |calls: Vec<u32>| {
         let rounds = rounds.clone();
         let gate = gate.clone();
         async move {
@@ -70,7 +71,7 @@ async fn a_call_the_round_did_not_make_goes_again_in_order() {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let recorded = seen.clone();
     // The first round makes its first call and leaves the rest; later rounds make all.
-    let group = Group::new(100, move |calls: Vec<u32>| {
+    let group = Group::new(100, Duration::ZERO, move |calls: Vec<u32>| {
         let first_round = counted.fetch_add(1, Ordering::SeqCst) == 0;
         recorded.lock().unwrap().push(calls.clone());
         async move {
@@ -113,7 +114,7 @@ async fn a_call_the_round_did_not_make_goes_again_in_order() {
 
 #[tokio::test]
 async fn a_round_that_panics_answers_its_calls_with_nothing_and_the_group_goes_on() {
-    let group = Group::new(100, move |calls: Vec<u32>| {
+    let group = Group::new(100, Duration::ZERO, move |calls: Vec<u32>| {
         async move {
             assert!(calls[0] != 13, "unlucky");
             calls.into_iter().map(Turn::Done).collect()

@@ -64,7 +64,7 @@ impl Updates {
     /// Updates of task documents in `tasks`.
     pub(super) fn new(client: Client, tasks: Collection<Document>) -> Updates {
         let bulk = Arc::new(AtomicBool::new(true));
-        let group = Group::new(MOST_CALLS, {
+        let group = Group::new(MOST_CALLS, std::time::Duration::ZERO, {
             let (tasks, bulk) = (tasks.clone(), bulk.clone());
             move |calls: Vec<Call>| {
                 let (client, tasks, bulk) = (client.clone(), tasks.clone(), bulk.clone());
@@ -72,6 +72,11 @@ impl Updates {
             }
         });
         Updates { group, bulk, tasks }
+    }
+
+    /// Whether updates go in groups (the server takes `bulkWrite`, as far as is known).
+    pub(super) fn grouped(&self) -> bool {
+        self.bulk.load(Ordering::Relaxed)
     }
 
     /// Makes `call`'s updates, in order: for each, whether its filter matched.

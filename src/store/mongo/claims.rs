@@ -1,79 +1,286 @@
-//! The spec's claim (a claimed task that cannot be read is failed at once).
+//! The spec's claim, in groups ([`crate::store::group`]).
+//!
+//! A lone claim is the spec's `findOneAndUpdate`: one command. Claims of one queue by one
+//! node made while another claim is on its way go together in the next round: a read of
+//! the queue's next tasks (as many as there are claims, in the queue's order), then one
+//! fenced update per task read, sent with the other task changes of the moment in one
+//! `bulkWrite` ([`super::bulk`]). Each update claims its task only while it is still
+//! queued and unclaimed and unchanged since the read (its `mtime`), and, for a claim with
+//! a deadline, only while the database's clock is before the earliest deadline of the
+//! round's claims; so a Disbatch 4 DEN claiming beside it with its own `findOneAndUpdate`
+//! never gets a task this node got, and the reply says which it got. The tasks claimed go
+//! to the claims in the queue's order. A claim to run has its task started (0) by a second
+//! update right after its claim in the same command, fenced on the claim. Claims left without a task while a task read was
+//! lost (to another claimer, or to a deadline) are made again one by one; claims left
+//! without one because the queue ran out claim nothing.
+//!
+//! A claimed task that cannot be read is failed at once (its `stderr` says why).
 
+use futures::future::join_all;
+use futures::{FutureExt, TryStreamExt};
+use mongodb::options::FindOptions;
+
+use super::bulk::{FencedUpdate, Updates};
+use super::errors::classify;
 use super::*;
+use crate::store::group::{Group, Turn};
+
+/// Most claims in one round.
+const MOST_CLAIMS: usize = 256;
+
+/// One claim: of `queue` (read in `sort` order) by `node`, made only before `until` by
+/// the database's clock when given.
+#[derive(Debug, Clone)]
+struct Claim {
+    queue: ObjectId,
+    sort: Sort,
+    node: String,
+    until: Option<DateTime>,
+    /// Claim to run ([`Store::claim_to_run`](crate::store::Store::claim_to_run)): a task
+    /// claimed in a group is started (0) by the next update of the same command.
+    run: bool,
+}
+
+type Claimed = StoreResult<Option<Task>>;
+
+/// The claims of one store (cloning shares them).
+#[derive(Clone)]
+pub(super) struct Claims {
+    group: Group<Claim, Claimed>,
+}
+
+impl Claims {
+    pub(super) fn new(tasks: Collection<Document>, updates: Updates) -> Claims {
+        let group = Group::new(MOST_CLAIMS, std::time::Duration::ZERO, move |claims: Vec<Claim>| {
+            let (tasks, updates) = (tasks.clone(), updates.clone());
+            async move { round(&tasks, &updates, claims).await }.boxed()
+        });
+        Claims { group }
+    }
+}
 
 impl MongoStore {
-    /// Marks a claimed task that cannot be parsed as failed, so it neither blocks its
-    /// queue nor stays claimed, and says why in its stderr.
-    pub(super) async fn fail_malformed_claim(&self, raw: &Document, node: &str, reason: &StoreError) {
-        let Some(Bson::ObjectId(id)) = raw.get("_id") else {
-            return;
-        };
-        let update = doc! { "$set": {
-            "status": status::FAILED,
-            "stderr": format!("disbatch: cannot run this task: {reason}"),
-            "mtime": DateTime::now(),
-        }};
-        if let Err(e) = self
-            .tasks
-            .update_one(doc! { "_id": id, "node": node, "status": status::CLAIMED }, update)
-            .await
-        {
-            tracing::warn!(task = %id, error = %e, "could not mark a malformed task failed");
-        }
-    }
-
-    /// Claims as [`Store::claim`] says. A claimed document that cannot be read as a task
-    /// is marked failed (status 2, the reason in `stderr`) so it neither blocks the queue
-    /// nor waits for the orphan sweep, and the error is returned.
-    pub(super) async fn claim(&self, queue: &Queue, node: &str) -> StoreResult<Option<Task>> {
-        self.claim_task_until(queue, node, None).await
-    }
-
-    /// [`MongoStore::claim_task`], made by the server only before `until` (by its clock) when
-    /// given ([`Store::claim_before`](crate::store::Store::claim_before)): a claim that
-    /// reaches the server later (the process was stopped between the renewal and the claim,
-    /// the request was held up on the network) claims nothing.
+    /// Claims as [`Store::claim`] says, made by the server only before `until` (by its
+    /// clock) when given ([`Store::claim_before`](crate::store::Store::claim_before)): a
+    /// claim that reaches the server later (the process was stopped between the renewal
+    /// and the claim, the request was held up on the network) claims nothing. A claimed
+    /// document that cannot be read as a task is marked failed (status 2, the reason in
+    /// `stderr`) and the error is returned.
     pub(super) async fn claim_task_until(
         &self,
         queue: &Queue,
         node: &str,
         until: Option<DateTime>,
+        run: bool,
     ) -> StoreResult<Option<Task>> {
+        let claim = Claim {
+            queue: queue.id,
+            sort: queue.sort,
+            node: node.to_owned(),
+            until,
+            run,
+        };
+        self.claims.group.call(claim).await.unwrap_or_else(|| {
+            Err(StoreError::Database(
+                "claim task: the claim ended without an answer (its runtime shut down); it may or may not have been made"
+                    .into(),
+            ))
+        })
+    }
+}
+
+/// One round: the claims of each queue and node together, side by side.
+async fn round(tasks: &Collection<Document>, updates: &Updates, claims: Vec<Claim>) -> Vec<Turn<Claim, Claimed>> {
+    let mut parts: Vec<Vec<(usize, Claim)>> = Vec::new();
+    for (i, c) in claims.into_iter().enumerate() {
+        match parts
+            .iter_mut()
+            .find(|p| (&p[0].1.queue, &p[0].1.node, p[0].1.sort, p[0].1.run) == (&c.queue, &c.node, c.sort, c.run))
+        {
+            Some(p) => p.push((i, c)),
+            None => parts.push(vec![(i, c)]),
+        }
+    }
+    let done = join_all(parts.into_iter().map(|p| async move {
+        let (at, claims): (Vec<usize>, Vec<Claim>) = p.into_iter().unzip();
+        at.into_iter()
+            .zip(together(tasks, updates, claims).await)
+            .collect::<Vec<_>>()
+    }))
+    .await;
+    let mut answers: Vec<(usize, Claimed)> = done.into_iter().flatten().collect();
+    answers.sort_by_key(|(i, _)| *i);
+    answers.into_iter().map(|(_, a)| Turn::Done(a)).collect()
+}
+
+/// The claims of one queue by one node: one by one when alone (or when the server takes
+/// no `bulkWrite`), else read and claimed together.
+async fn together(tasks: &Collection<Document>, updates: &Updates, claims: Vec<Claim>) -> Vec<Claimed> {
+    if claims.len() == 1 || !updates.grouped() {
+        return join_all(claims.iter().map(|c| claim_one(tasks, c))).await;
+    }
+    let first = &claims[0];
+    let until = claims.iter().filter_map(|c| c.until).min();
+    let mut options = FindOptions::default();
+    options.sort = Some(order(first.sort));
+    options.limit = Some(claims.len() as i64);
+    let read = tasks
+        .find(queued(first.queue, &first.node))
+        .with_options(options)
+        .await
+        .map_err(db_err("read tasks to claim"));
+    let read: Vec<Document> = match read {
+        Ok(cursor) => match cursor.try_collect().await {
+            Ok(docs) => docs,
+            Err(e) => return each_fails(claims.len(), &classify("read tasks to claim", &e)),
+        },
+        Err(e) => return each_fails(claims.len(), &e),
+    };
+    let now = DateTime::now();
+    let mut fenced = Vec::with_capacity(read.len() * 2);
+    for raw in &read {
+        let id = raw.get("_id").cloned().unwrap_or(Bson::Null);
         let mut filter = doc! {
+            "_id": id.clone(),
             "node": unclaimed(),
             "status": status::QUEUED,
-            "queue": queue.id,
-            "$nor": [{ "avoid_node": node, "avoid_until": { "$gt": DateTime::now() } }],
+            "mtime": raw.get("mtime").cloned().unwrap_or(Bson::Null),
         };
         if let Some(until) = until {
             filter.insert("$expr", doc! { "$lt": ["$$NOW", until] });
         }
-        let mut options = FindOneAndUpdateOptions::default();
-        options.return_document = Some(ReturnDocument::After);
-        options.sort = Some(match queue.sort {
-            Sort::Fifo => doc! { "priority": -1, "_id": 1 },
-            Sort::Lifo => doc! { "priority": -1, "_id": -1 },
-            Sort::Default => doc! { "priority": -1 },
-        });
-        let claimed = self
-            .tasks
-            .find_one_and_update(
-                filter,
-                doc! { "$set": { "node": node, "status": status::CLAIMED, "mtime": DateTime::now() } },
-            )
-            .with_options(options)
-            .await
-            .map_err(db_err("claim task"))?;
-        let Some(raw) = claimed else {
-            return Ok(None);
-        };
-        match task_from(&raw) {
-            Ok(task) => Ok(Some(task)),
-            Err(e) => {
-                self.fail_malformed_claim(&raw, node, &e).await;
-                Err(e)
-            }
+        let update = doc! { "$set": { "node": &first.node, "status": status::CLAIMED, "mtime": now } };
+        fenced.push(FencedUpdate { filter, update });
+        if first.run {
+            fenced.push(FencedUpdate {
+                filter: doc! { "_id": id, "node": &first.node, "status": status::CLAIMED },
+                update: doc! { "$set": { "status": status::RUNNING, "mtime": now } },
+            });
         }
+    }
+    let made = match updates.apply(fenced).await {
+        Ok(made) => made,
+        Err(e) => return each_fails(claims.len(), &e),
+    };
+    // For each task read: whether it was claimed, and started.
+    let made: Vec<(bool, bool)> = match first.run {
+        true => made.chunks(2).map(|m| (m[0], m.get(1) == Some(&true))).collect(),
+        false => made.iter().map(|m| (*m, false)).collect(),
+    };
+    let mut won = read
+        .into_iter()
+        .zip(&made)
+        .filter(|(_, (claimed, _))| *claimed)
+        .map(|(mut raw, (_, started))| {
+            raw.insert("node", first.node.as_str());
+            raw.insert("status", if *started { status::RUNNING } else { status::CLAIMED });
+            raw.insert("mtime", now);
+            raw
+        });
+    let lost = made.iter().any(|(claimed, _)| !claimed);
+    let mut answers = Vec::with_capacity(claims.len());
+    for c in &claims {
+        answers.push(match won.next() {
+            Some(raw) => Some(read_claimed(tasks, &raw, &c.node).await),
+            None if lost => None,
+            None => Some(Ok(None)),
+        });
+    }
+    // The claims a lost read left without a task try again, each on its own.
+    let again = claims
+        .iter()
+        .zip(&answers)
+        .filter(|(_, a)| a.is_none())
+        .map(|(c, _)| claim_one(tasks, c));
+    let mut again = join_all(again).await.into_iter();
+    answers
+        .into_iter()
+        .map(|a| a.unwrap_or_else(|| again.next().unwrap_or(Ok(None))))
+        .collect()
+}
+
+/// The error `e` for each of `n` claims.
+fn each_fails(n: usize, e: &StoreError) -> Vec<Claimed> {
+    let message = e.to_string();
+    (0..n)
+        .map(|_| {
+            Err(if e.is_transient() {
+                StoreError::Database(message.clone())
+            } else {
+                StoreError::Rejected(message.clone())
+            })
+        })
+        .collect()
+}
+
+/// The tasks of `queue` that `node` may claim.
+fn queued(queue: ObjectId, node: &str) -> Document {
+    doc! {
+        "node": unclaimed(),
+        "status": status::QUEUED,
+        "queue": queue,
+        "$nor": [{ "avoid_node": node, "avoid_until": { "$gt": DateTime::now() } }],
+    }
+}
+
+/// A queue's claim order.
+fn order(sort: Sort) -> Document {
+    match sort {
+        Sort::Fifo => doc! { "priority": -1, "_id": 1 },
+        Sort::Lifo => doc! { "priority": -1, "_id": -1 },
+        Sort::Default => doc! { "priority": -1 },
+    }
+}
+
+/// The spec's claim of one task: one `findOneAndUpdate`.
+async fn claim_one(tasks: &Collection<Document>, claim: &Claim) -> Claimed {
+    let mut filter = queued(claim.queue, &claim.node);
+    if let Some(until) = claim.until {
+        filter.insert("$expr", doc! { "$lt": ["$$NOW", until] });
+    }
+    let mut options = FindOneAndUpdateOptions::default();
+    options.return_document = Some(ReturnDocument::After);
+    options.sort = Some(order(claim.sort));
+    let claimed = tasks
+        .find_one_and_update(
+            filter,
+            doc! { "$set": { "node": &claim.node, "status": status::CLAIMED, "mtime": DateTime::now() } },
+        )
+        .with_options(options)
+        .await
+        .map_err(db_err("claim task"))?;
+    match claimed {
+        Some(raw) => read_claimed(tasks, &raw, &claim.node).await,
+        None => Ok(None),
+    }
+}
+
+/// The task claimed as `raw`; one that cannot be read is failed (see the module's doc).
+async fn read_claimed(tasks: &Collection<Document>, raw: &Document, node: &str) -> Claimed {
+    match task_from(raw) {
+        Ok(task) => Ok(Some(task)),
+        Err(e) => {
+            fail_malformed_claim(tasks, raw, node, &e).await;
+            Err(e)
+        }
+    }
+}
+
+/// Marks a claimed task that cannot be parsed as failed, so it neither blocks its queue
+/// nor stays claimed, and says why in its stderr.
+async fn fail_malformed_claim(tasks: &Collection<Document>, raw: &Document, node: &str, reason: &StoreError) {
+    let Some(Bson::ObjectId(id)) = raw.get("_id") else {
+        return;
+    };
+    let update = doc! { "$set": {
+        "status": status::FAILED,
+        "stderr": format!("disbatch: cannot run this task: {reason}"),
+        "mtime": DateTime::now(),
+    }};
+    if let Err(e) = tasks
+        .update_one(doc! { "_id": id, "node": node, "status": status::CLAIMED }, update)
+        .await
+    {
+        tracing::warn!(task = %id, error = %e, "could not mark a malformed task failed");
     }
 }
