@@ -81,7 +81,11 @@ async fn a_killed_leader_is_replaced(store: Arc<dyn Store>, start: impl Fn(&str)
     let after = lease(&store).await;
     assert_eq!(after.node, survivor.0);
     assert!(after.token > before.token, "{before:?} then {after:?}");
-    assert!(survivor.1.log().contains("leads the cluster"), "{}", survivor.1.log());
+    // The lease is written before the DEN logs that it leads.
+    survivor
+        .1
+        .wait_for_log(Duration::from_secs(30), "leads the cluster")
+        .await;
     println!(
         "{name}: leader killed → replaced after {:.2} s (heartbeat_stale {STALE} s + 1 s tick)",
         took.as_secs_f64()

@@ -77,6 +77,21 @@ impl DenProcess {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// Waits until the process's log contains `line`, polling every 20 ms; panics with the
+    /// log after `limit`. A line the process logs after a write it makes is awaited this way
+    /// once the write is seen, not asserted at once.
+    pub async fn wait_for_log(&self, limit: Duration, line: &str) {
+        let start = Instant::now();
+        while !self.log().contains(line) {
+            assert!(
+                start.elapsed() < limit,
+                "timed out after {limit:?} waiting for {line:?} in the den's log:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// The file the process logs to.
     pub fn log_path(&self) -> PathBuf {
         self.log.clone()
