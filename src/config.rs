@@ -24,6 +24,10 @@ pub const CONFIG_ENV: &str = "DISBATCH_CONFIG";
 pub const NO_CONFIG_FILE: &str = "(no config file)";
 /// Default `plugin_dir`.
 pub const DEFAULT_PLUGIN_DIR: &str = "/var/lib/disbatch/plugins";
+/// The longest `completion_window`: a grouped write never waits longer than this for
+/// others to join it.
+pub const MAX_COMPLETION_WINDOW: Duration = Duration::from_millis(100);
+
 /// Default `heartbeat_stale`: a node silent this long is dead.
 pub const DEFAULT_HEARTBEAT_STALE: Duration = Duration::from_secs(30);
 /// Default `orphan_claimed_after`: the spec's 5 minutes for tasks stuck claimed.
@@ -67,7 +71,7 @@ pub const ENV_OVERRIDES: [(&str, &str); 6] = [
 const IGNORED_KEYS: [&str; 4] = ["web_extensions", "task_runner", "views_dir", "log4perl"];
 
 /// Every key this module reads.
-const KNOWN_KEYS: [&str; 28] = [
+const KNOWN_KEYS: [&str; 29] = [
     "mongohost",
     "database",
     "attributes",
@@ -90,6 +94,7 @@ const KNOWN_KEYS: [&str; 28] = [
     "bind",
     "max_instances",
     "stats_retention",
+    "completion_window",
     "http_max_connections",
     "http_header_timeout",
     "http_idle_timeout",
@@ -283,6 +288,9 @@ pub struct Config {
     /// How long the per-minute counters of `GET /stats` are kept (`stats_retention`, at
     /// least a minute).
     pub stats_retention: Duration,
+    /// How long a grouped database write waits for more to join it (`completion_window`,
+    /// MongoDB; zero by default, at most [`MAX_COMPLETION_WINDOW`]).
+    pub completion_window: Duration,
     /// Sandbox defaults of every task (`sandbox`).
     pub sandbox: Sandbox,
     /// Compiled component cache directory (`cache_dir`).
@@ -319,6 +327,7 @@ impl fmt::Debug for Config {
             .field("orphan_claimed_after", &self.orphan_claimed_after)
             .field("shutdown_grace", &self.shutdown_grace)
             .field("stats_retention", &self.stats_retention)
+            .field("completion_window", &self.completion_window)
             .field("sandbox", &self.sandbox)
             .field("cache_dir", &self.cache_dir)
             .field("api_token", &self.api_token.as_ref().map(|_| "<hidden>"))

@@ -9,8 +9,8 @@ use serde_json::{Map, Value};
 use super::{
     check_database, check_mongohost, check_plugin_name, Config, ConfigError, Gfs, StoreKind, DEFAULT_BIND,
     DEFAULT_HEARTBEAT_STALE, DEFAULT_MAX_INSTANCES, DEFAULT_ORPHAN_CLAIMED_AFTER, DEFAULT_PLUGIN_DIR,
-    DEFAULT_SHUTDOWN_GRACE, DEFAULT_STATS_RETENTION, IGNORED_KEYS, KNOWN_KEYS, MAX_DURATION, MAX_INSTANCES,
-    MIN_API_TOKEN_LEN,
+    DEFAULT_SHUTDOWN_GRACE, DEFAULT_STATS_RETENTION, IGNORED_KEYS, KNOWN_KEYS, MAX_COMPLETION_WINDOW, MAX_DURATION,
+    MAX_INSTANCES, MIN_API_TOKEN_LEN,
 };
 
 /// A value for a message: scalars as written (long strings shortened), containers by kind.
@@ -144,6 +144,24 @@ impl<'a> Parser<'a> {
         self.bounded(key, d)
     }
 
+    /// `completion_window`: seconds from 0 to [`MAX_COMPLETION_WINDOW`], 0 when unset.
+    pub(super) fn completion_window(&self) -> Result<Duration, ConfigError> {
+        let key = "completion_window";
+        let Some(v) = self.get(key) else {
+            return Ok(Duration::ZERO);
+        };
+        let max = MAX_COMPLETION_WINDOW.as_secs_f64();
+        v.as_f64()
+            .filter(|s| (0.0..=max).contains(s))
+            .map(Duration::from_secs_f64)
+            .ok_or_else(|| {
+                self.invalid(
+                    key,
+                    format!("must be a number of seconds from 0 to {max}, got {}", describe(v)),
+                )
+            })
+    }
+
     pub(super) fn stats_retention(&self) -> Result<Duration, ConfigError> {
         let d = self.seconds("stats_retention", DEFAULT_STATS_RETENTION)?;
         if d < Duration::from_secs(60) {
@@ -255,6 +273,7 @@ impl<'a> Parser<'a> {
             orphan_claimed_after: self.seconds("orphan_claimed_after", DEFAULT_ORPHAN_CLAIMED_AFTER)?,
             shutdown_grace: self.seconds("shutdown_grace", DEFAULT_SHUTDOWN_GRACE)?,
             stats_retention: self.stats_retention()?,
+            completion_window: self.completion_window()?,
             sandbox: self.sandbox()?,
             cache_dir: self.opt_str("cache_dir")?.map(PathBuf::from),
             mongohost,

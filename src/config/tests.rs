@@ -238,3 +238,23 @@ fn http_keys() {
     assert!(err(r#""cors_origins":["ui.example"]"#).contains("\"cors_origins[0]\" must be an origin"));
     assert!(err(r#""cors_origins":["http://ui.example/path"]"#).contains("cors_origins[0]"));
 }
+
+#[test]
+fn the_completion_window_is_zero_unless_set_and_at_most_a_tenth_of_a_second() {
+    assert_eq!(parse("").unwrap().completion_window, Duration::ZERO);
+    assert_eq!(
+        parse(r#""completion_window":0.004"#).unwrap().completion_window,
+        Duration::from_millis(4)
+    );
+    assert_eq!(
+        parse(r#""completion_window":0"#).unwrap().completion_window,
+        Duration::ZERO
+    );
+    for bad in ["0.5", "-0.001", r#""5ms""#, "1e300"] {
+        let e = err(&format!(r#""completion_window":{bad}"#));
+        assert!(
+            e.contains("\"completion_window\" must be a number of seconds from 0 to 0.1"),
+            "{bad}: {e}"
+        );
+    }
+}

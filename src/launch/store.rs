@@ -30,6 +30,7 @@ impl Config {
             auth_source: self.auth.auth_source.clone(),
             default_auth_source: Some(self.database.clone()).filter(|d| !d.is_empty()),
             server_selection_timeout: Some(SERVER_SELECTION_TIMEOUT),
+            completion_window: self.completion_window,
         }
     }
 }

@@ -3,6 +3,9 @@
 //! lone call goes at once, so grouping delays nothing when there is nothing to group; under
 //! load, one database command carries the writes of every worker that finished meanwhile.
 //!
+//! A group may have a window: a round then waits up to that long for more calls before
+//! it starts, unless it is full, so a lone call is delayed by the window at most.
+//!
 //! A round runs on a task of its own, so a caller that stops waiting (its future dropped)
 //! never strands the calls grouped with it. Each call gets its own answer; a call the round
 //! could not make (an earlier write of the round failed) goes into the next round, so one
@@ -42,6 +45,8 @@ struct Inner<R, A> {
     most: usize,
     /// How long a round waits for more calls before it starts, unless it is full.
     gather: Duration,
+    /// Told when the calls waiting fill a round.
+    full: tokio::sync::Notify,
 }
 
 impl<R, A> Inner<R, A> {
@@ -80,6 +85,7 @@ impl<R: Send + 'static, A: Send + 'static> Group<R, A> {
                 round: Box::new(round),
                 most: most.max(1),
                 gather,
+                full: tokio::sync::Notify::new(),
             }),
         }
     }
@@ -92,6 +98,9 @@ impl<R: Send + 'static, A: Send + 'static> Group<R, A> {
         let start = {
             let mut s = self.inner.state();
             s.waiting.push_back((call, tx));
+            if s.waiting.len() == self.inner.most {
+                self.inner.full.notify_one();
+            }
             !std::mem::replace(&mut s.running, true)
         };
         if start {
@@ -121,16 +130,23 @@ impl<R, A> Drop for Idle<R, A> {
 /// Rounds until no call waits.
 async fn rounds<R: Send + 'static, A: Send + 'static>(inner: Arc<Inner<R, A>>, mut idle: Idle<R, A>) {
     loop {
-        if !inner.gather.is_zero() && inner.state().waiting.len() < inner.most {
-            tokio::time::sleep(inner.gather).await;
-        }
-        let taken: Vec<(R, oneshot::Sender<A>)> = {
+        let gather = {
             let mut s = inner.state();
             if s.waiting.is_empty() {
                 s.running = false;
                 idle.0 = None;
                 return;
             }
+            !inner.gather.is_zero() && s.waiting.len() < inner.most
+        };
+        if gather {
+            tokio::select! {
+                _ = tokio::time::sleep(inner.gather) => {}
+                _ = inner.full.notified() => {}
+            }
+        }
+        let taken: Vec<(R, oneshot::Sender<A>)> = {
+            let mut s = inner.state();
             let n = s.waiting.len().min(inner.most);
             s.waiting.drain(..n).collect()
         };

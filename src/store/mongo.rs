@@ -114,9 +114,15 @@ impl std::fmt::Debug for MongoStore {
 impl MongoStore {
     /// Uses an already connected database.
     pub fn from_database(db: Database) -> MongoStore {
-        let updates = bulk::Updates::new(db.client().clone(), db.collection(TASKS));
+        Self::from_database_grouping(db, Duration::ZERO)
+    }
+
+    /// Uses an already connected database, each grouped write (claims, task changes)
+    /// waiting up to `window` for more to join it before it is sent (see `mongo/bulk.rs`).
+    pub fn from_database_grouping(db: Database, window: Duration) -> MongoStore {
+        let updates = bulk::Updates::new(db.client().clone(), db.collection(TASKS), window);
         MongoStore {
-            claims: claims::Claims::new(db.collection(TASKS), updates.clone()),
+            claims: claims::Claims::new(db.collection(TASKS), updates.clone(), window),
             updates,
             tasks: db.collection(TASKS),
             queues: db.collection(QUEUES),

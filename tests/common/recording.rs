@@ -39,6 +39,16 @@ impl Recording {
             full_counts: AtomicUsize::new(0),
         })
     }
+
+    /// Records a task claimed, and started when the claim started it too.
+    fn record_claim(&self, claimed: &Option<disbatch::model::Task>) {
+        if let Some(t) = claimed {
+            self.claimed.lock().unwrap().push(t.id);
+            if t.status == disbatch::model::status::RUNNING {
+                self.started.lock().unwrap().push(t.id);
+            }
+        }
+    }
 }
 
 #[async_trait]
@@ -204,9 +214,12 @@ impl Store for Recording {
         until: bson::DateTime,
     ) -> StoreResult<Option<disbatch::model::Task>> {
         let t = self.inner.claim_before(queue, node, until).await?;
-        if let Some(t) = &t {
-            self.claimed.lock().unwrap().push(t.id);
-        }
+        self.record_claim(&t);
+        Ok(t)
+    }
+    async fn claim_to_run(&self, queue: &Queue, node: &str) -> StoreResult<Option<disbatch::model::Task>> {
+        let t = self.inner.claim_to_run(queue, node).await?;
+        self.record_claim(&t);
         Ok(t)
     }
     async fn put_output_file(&self, file: ObjectId, task: ObjectId, filename: &str, text: &str) -> StoreResult<()> {

@@ -192,3 +192,33 @@ fn a_round_dropped_before_it_ran_leaves_the_group_usable() {
     let answer = rt.block_on(async { tokio::time::timeout(std::time::Duration::from_secs(30), group.call(2)).await });
     assert_eq!(answer.expect("the group answers again"), Some(20));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_window_gathers_the_calls_made_within_it_and_delays_a_lone_call_by_it_at_most() {
+    let seen: Rounds = Arc::new(Mutex::new(Vec::new()));
+    let rounds = seen.clone();
+    let window = Duration::from_millis(50);
+    let group = Group::new(3, window, move |calls: Vec<u32>| {
+        rounds.lock().unwrap().push(calls.clone());
+        async move { calls.into_iter().map(|c| Turn::Done(c * 10)).collect() }.boxed()
+    });
+    // A lone call waits the window, no more.
+    let began = tokio::time::Instant::now();
+    assert_eq!(group.call(1).await, Some(10));
+    assert_eq!(began.elapsed(), window);
+    // Calls made within the window go in the same round.
+    let later = |g: Group<u32, u32>, c: u32, after: u64| async move {
+        tokio::time::sleep(Duration::from_millis(after)).await;
+        g.call(c).await
+    };
+    let began = tokio::time::Instant::now();
+    let (a, b) = tokio::join!(later(group.clone(), 2, 0), later(group.clone(), 3, 20));
+    assert_eq!((a, b), (Some(20), Some(30)));
+    assert_eq!(began.elapsed(), window);
+    // A full round does not wait.
+    let began = tokio::time::Instant::now();
+    let all = futures::future::join_all((4..7).map(|c| group.call(c))).await;
+    assert_eq!(all, vec![Some(40), Some(50), Some(60)]);
+    assert!(began.elapsed() < window, "{:?}", began.elapsed());
+    assert_eq!(*seen.lock().unwrap(), vec![vec![1], vec![2, 3], vec![4, 5, 6]]);
+}

@@ -19,6 +19,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use bson::Document;
 use futures::FutureExt;
@@ -62,9 +63,9 @@ pub(super) struct Updates {
 
 impl Updates {
     /// Updates of task documents in `tasks`.
-    pub(super) fn new(client: Client, tasks: Collection<Document>) -> Updates {
+    pub(super) fn new(client: Client, tasks: Collection<Document>, window: Duration) -> Updates {
         let bulk = Arc::new(AtomicBool::new(true));
-        let group = Group::new(MOST_CALLS, std::time::Duration::ZERO, {
+        let group = Group::new(MOST_CALLS, window, {
             let (tasks, bulk) = (tasks.clone(), bulk.clone());
             move |calls: Vec<Call>| {
                 let (client, tasks, bulk) = (client.clone(), tasks.clone(), bulk.clone());

@@ -50,8 +50,8 @@ pub(super) struct Claims {
 }
 
 impl Claims {
-    pub(super) fn new(tasks: Collection<Document>, updates: Updates) -> Claims {
-        let group = Group::new(MOST_CLAIMS, std::time::Duration::ZERO, move |claims: Vec<Claim>| {
+    pub(super) fn new(tasks: Collection<Document>, updates: Updates, window: Duration) -> Claims {
+        let group = Group::new(MOST_CLAIMS, window, move |claims: Vec<Claim>| {
             let (tasks, updates) = (tasks.clone(), updates.clone());
             async move { round(&tasks, &updates, claims).await }.boxed()
         });

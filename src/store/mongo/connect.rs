@@ -32,6 +32,9 @@ pub struct MongoOptions {
     pub default_auth_source: Option<String>,
     /// How long an operation waits for a reachable server (the driver's default is 30 s).
     pub server_selection_timeout: Option<Duration>,
+    /// How long a grouped write waits for more writes to join it before it is sent
+    /// (`completion_window`; zero, the default: it goes at once).
+    pub completion_window: Duration,
 }
 
 impl MongoOptions {
@@ -104,7 +107,10 @@ impl MongoStore {
             return Err(StoreError::Invalid("database name is empty".to_string()));
         }
         let client = options.client(uri).await?;
-        Ok(Self::from_database(client.database(database)))
+        Ok(Self::from_database_grouping(
+            client.database(database),
+            options.completion_window,
+        ))
     }
 }
 
