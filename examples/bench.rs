@@ -12,7 +12,7 @@
 //! Starts its own `secantusd-rs` (or uses `MONGODB_URI`), builds the plugins and the
 //! binaries it needs, prints a table per scenario with medians over the rounds, and ends
 //! each scenario with one line `RESULT <scenario> key=value …`. `--n`, `--deep`, `--claims`,
-//! `--rounds` and `--threads` set the sizes; `docs/performance.md` explains the figures.
+//! `--rounds` and `--threads` set the sizes (`--completion-window` the MongoDB DENs' window); `docs/performance.md` explains the figures.
 
 #[path = "bench/counts.rs"]
 mod counts;
@@ -90,12 +90,17 @@ struct Args {
     /// Never run `cargo build` for the binaries (use them even when older than the sources).
     #[arg(long)]
     no_build: bool,
+    /// The in-process MongoDB DENs' `completion_window`, in seconds (default 0).
+    #[arg(long, default_value_t = 0.0)]
+    completion_window: f64,
 }
 
 struct Bench {
     quick: bool,
     rounds: usize,
     threads: i64,
+    /// The MongoDB DENs' `completion_window`.
+    window: Duration,
     sizes: Vec<usize>,
     /// Whether `--n` set `sizes`.
     sizes_given: bool,
@@ -331,7 +336,10 @@ impl Bench {
     }
 
     fn den(&self, db: &Database, node: &str) -> (CancellationToken, tokio::task::JoinHandle<()>) {
-        self.den_on(Arc::new(MongoStore::from_database(db.clone())), node)
+        self.den_on(
+            Arc::new(MongoStore::from_database_grouping(db.clone(), self.window)),
+            node,
+        )
     }
 
     /// A DEN on `store` running the `demo` plugin, stopped by the token.
@@ -416,6 +424,7 @@ async fn main() {
         quick: args.quick,
         rounds,
         threads: args.threads.max(1),
+        window: Duration::from_secs_f64(args.completion_window.clamp(0.0, 0.1)),
         sizes,
         sizes_given: !args.n.is_empty(),
         deep: args.deep.unwrap_or(if args.quick { 5_000 } else { 50_000 }),
