@@ -36,6 +36,7 @@ mod claims;
 mod housekeeping;
 mod lease;
 mod lifecycle;
+mod next;
 mod node_name;
 mod output;
 mod plugins;

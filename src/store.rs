@@ -295,6 +295,21 @@ pub trait Store: PluginStore + SlotStore + Send + Sync + 'static {
     ) -> StoreResult<Option<(SlotRenewal, Option<Task>)>> {
         Ok(None)
     }
+    /// Capability: the end of a worker's run and its next claim in one transaction: writes
+    /// `end` (one entry of [`Store::change_tasks`]) and, only when its fence held,
+    /// [`Store::claim_before`] of `queue` for `node` with `until`. `None` (the default) when
+    /// the store does not offer it: the caller then ends the run and claims in separate writes
+    /// (`lifecycle::run::finish_and_claim`). On an error nothing is written, unless the
+    /// reply was lost after the commit, as for any write.
+    async fn finish_and_claim(
+        &self,
+        _end: &(ObjectId, TaskFence, TaskChange),
+        _queue: &Queue,
+        _node: &str,
+        _until: DateTime,
+    ) -> StoreResult<Option<EndAndClaim>> {
+        Ok(None)
+    }
     /// Stores an output stream too large for the task document as the file `file` tied to
     /// `task` (`filename` is `stdout` or `stderr`). MongoDB keeps it in GridFS
     /// (`tasks.files` / `tasks.chunks`, String chunks), the embedded store as a blob.

@@ -106,6 +106,8 @@ mod change;
 mod claims;
 #[path = "store_shared/deps.rs"]
 mod deps;
+#[path = "store_shared/end_and_claim.rs"]
+mod end_and_claim;
 #[path = "store_shared/fair_slots.rs"]
 mod fair_slots;
 #[path = "store_shared/heads.rs"]

@@ -17,6 +17,7 @@ use std::time::Duration;
 use bson::oid::ObjectId;
 use tracing::{debug, error, info, warn};
 
+use super::next::{ClaimWithEnd, ClaimedWithEnd};
 use super::output::{self, OutputFiles};
 use super::Den;
 use crate::lifecycle::run::{self, FinishExtra};
@@ -56,8 +57,30 @@ pub(super) struct TaskResult {
 impl Den {
     /// Stores `result` for `task`: outputs (files as needed), then the finishing update,
     /// each retried through transient errors. A refused write fails the task with the
-    /// reason; files of a result that was not stored are deleted.
-    pub(super) async fn write_result(&self, task: &Task, queue: &crate::model::Queue, mut result: TaskResult) {
+    /// reason; files of a result that was not stored are deleted. The first attempt of the
+    /// finishing update makes `next` with it ([`Den::end_and_claim`]); that claim, made or
+    /// tried, is answered.
+    pub(super) async fn write_result(
+        &self,
+        task: &Task,
+        queue: &crate::model::Queue,
+        result: TaskResult,
+        next: Option<ClaimWithEnd>,
+    ) -> Option<ClaimedWithEnd> {
+        let claimed = std::sync::Mutex::new(None);
+        self.write_result_claiming(task, queue, result, next, &claimed).await;
+        claimed.into_inner().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// [`Self::write_result`], the claim made with the end going to `claimed`.
+    async fn write_result_claiming(
+        &self,
+        task: &Task,
+        queue: &crate::model::Queue,
+        mut result: TaskResult,
+        next: Option<ClaimWithEnd>,
+        claimed: &std::sync::Mutex<Option<ClaimedWithEnd>>,
+    ) {
         let node = &self.settings.node;
         // The follow-ups the plugin submitted and a chain's follow-up go in first, waiting
         // for this task (see `chain`).
@@ -120,18 +143,20 @@ impl Den {
             attempt: result.attempt.clone(),
         };
         let tries = std::sync::atomic::AtomicU32::new(0);
+        let mut next = next;
         let written = self
             .retry("write result", || {
                 tries.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                run::finish_with(
-                    &*self.store,
-                    task.id,
-                    node,
-                    result.status,
-                    out.clone(),
-                    err.clone(),
-                    &extra,
-                )
+                let (next, outputs) = (next.take(), (out.clone(), err.clone()));
+                let (status, extra) = (result.status, &extra);
+                async move {
+                    match next {
+                        Some(next) => self.end_and_claim(task.id, status, outputs, extra, next, claimed).await,
+                        None => {
+                            run::finish_with(&*self.store, task.id, node, status, outputs.0, outputs.1, extra).await
+                        }
+                    }
+                }
             })
             .await;
         // A write retried after an error may have applied with its reply lost: the fenced

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use tracing::{debug, error, info, info_span, warn, Instrument};
 
+use super::next::ClaimedWithEnd;
 use super::progress::Latest;
 use super::queues::QueueState;
 use super::result::{Stop, TaskResult};
@@ -15,7 +16,7 @@ use crate::lifecycle;
 use crate::lifecycle::slots;
 use crate::model::{status, Task};
 use crate::runner::{Failure, Outcome, RunControl, StopReason};
-use crate::store::{Slot, SlotRenewal};
+use crate::store::{Slot, SlotRenewal, StoreResult};
 
 /// How long a worker waits, past its plugin's timeout or stop, for a host call that does not
 /// return before it abandons the plugin's thread.
@@ -52,55 +53,38 @@ impl Den {
                 return None;
             }
             let span = info_span!("task", task = %task.id, queue = %queue.queue.name);
-            self.execute(&queue, &task).instrument(span).await;
+            let with_end = self.execute(&queue, &task, (&slot, &renewed)).instrument(span).await;
             let ours = self
                 .in_flight
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .remove(&task.id)
                 .is_some();
-            if !ours || self.stopping.is_cancelled() {
-                return ours.then_some(slot);
-            }
-            // Keep the slot for the queue's next task while everything still allows it.
-            match self.queues.current(queue.queue.id) {
-                Some(q) if q.allows_slot(&slot) && !self.over_node_limit() => queue = q,
-                _ => return Some(slot),
-            }
-            // A queue the QueueBalance lowered gives slots back as its tasks end, whichever
-            // slots they are, so a priority lane waits for the first of them, not for one.
-            if queue.queue.maxthreads.is_some() {
-                match slots::slots_in_use(&*self.store, queue.queue.id).await {
-                    Ok(n) if n > queue.queue.limit() => return Some(slot),
-                    Ok(_) => {}
-                    Err(e) => {
-                        debug!(error = %e, "cannot count the queue's slots in use");
-                        return Some(slot);
+            let (began, claimed) = match with_end {
+                // Claimed with the end of the run: kept only while the worker would have
+                // claimed after it.
+                Some(with_end) => {
+                    if !ours || self.stopping.is_cancelled() {
+                        match &with_end.claimed {
+                            Ok(Some(next)) => _ = self.put_back(next).await,
+                            Ok(None) => {}
+                            Err(_) if ours => return self.after_failed_claim(slot).await,
+                            Err(_) => {}
+                        }
+                        return ours.then_some(slot);
+                    }
+                    queue = with_end.queue;
+                    (with_end.began, with_end.claimed.map(|t| (SlotRenewal::Held, t)))
+                }
+                None => {
+                    if !ours || self.stopping.is_cancelled() {
+                        return ours.then_some(slot);
+                    }
+                    match self.claim_after_end(&mut queue, &slot, &mut renewed).await {
+                        Some(claimed) => claimed,
+                        None => return Some(slot),
                     }
                 }
-            }
-            // Re-validate the slot lease before claiming, at least once a tick: a slot lost
-            // (freed by recovery while this DEN was paused) must not be used for another
-            // task, and one another node asked for goes to it.
-            if self.lease_lapsed() {
-                return Some(slot);
-            }
-            let began = std::time::Instant::now();
-            let claimed = {
-                let _claiming = self.claims.read().await;
-                let claimed = slots::claim_next(
-                    &*self.store,
-                    &slot,
-                    &queue.queue,
-                    &self.settings.node,
-                    (self.settings.heartbeat_stale, self.settings.tick),
-                    &mut renewed,
-                )
-                .await;
-                if let Ok((SlotRenewal::Held, Some(next))) = &claimed {
-                    self.register(next, &slot);
-                }
-                claimed
             };
             match claimed {
                 Ok((SlotRenewal::Held, Some(next))) => {
@@ -110,13 +94,7 @@ impl Den {
                     // recovered it meanwhile.
                     if self.lease_lapsed() {
                         warn!(task = %next.id, "the node's lease lapsed while claiming; putting the task back");
-                        self.recover_fenced(&next).await;
-                        let ours = self
-                            .in_flight
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .remove(&next.id)
-                            .is_some();
+                        let ours = self.put_back(&next).await;
                         return ours.then_some(slot);
                     }
                     task = next;
@@ -139,14 +117,77 @@ impl Den {
         }
     }
 
-    fn over_node_limit(&self) -> bool {
+    /// The claim of a worker after the end of its run was written (none was made with it):
+    /// `queue`'s next task while everything still allows it, with the time it was sent.
+    /// None when the worker gives its slot back instead.
+    async fn claim_after_end(
+        &self,
+        queue: &mut Arc<QueueState>,
+        slot: &Slot,
+        renewed: &mut Option<slots::Renewed>,
+    ) -> Option<(std::time::Instant, StoreResult<(SlotRenewal, Option<Task>)>)> {
+        // Keep the slot for the queue's next task while everything still allows it.
+        *queue = self.keeps_slot(queue.queue.id, slot)?;
+        // A queue the QueueBalance lowered gives slots back as its tasks end, whichever
+        // slots they are, so a priority lane waits for the first of them, not for one.
+        if queue.queue.maxthreads.is_some() {
+            match slots::slots_in_use(&*self.store, queue.queue.id).await {
+                Ok(n) if n > queue.queue.limit() => return None,
+                Ok(_) => {}
+                Err(e) => {
+                    debug!(error = %e, "cannot count the queue's slots in use");
+                    return None;
+                }
+            }
+        }
+        // Re-validate the slot lease before claiming, at least once a tick: a slot lost
+        // (freed by recovery while this DEN was paused) must not be used for another
+        // task, and one another node asked for goes to it.
+        if self.lease_lapsed() {
+            return None;
+        }
+        let began = std::time::Instant::now();
+        let _claiming = self.claims.read().await;
+        let claimed = slots::claim_next(
+            &*self.store,
+            slot,
+            &queue.queue,
+            &self.settings.node,
+            (self.settings.heartbeat_stale, self.settings.tick),
+            renewed,
+        )
+        .await;
+        if let Ok((SlotRenewal::Held, Some(next))) = &claimed {
+            self.register(next, slot);
+        }
+        Some((began, claimed))
+    }
+
+    /// Puts back a task this worker claimed and will not run (unless another node recovered
+    /// it meanwhile) and forgets it. Whether it was still registered in flight.
+    async fn put_back(&self, task: &Task) -> bool {
+        self.recover_fenced(task).await;
+        self.in_flight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&task.id)
+            .is_some()
+    }
+
+    pub(super) fn over_node_limit(&self) -> bool {
         let max = *self.maxthreads.lock().unwrap_or_else(|e| e.into_inner());
         max.is_some_and(|m| self.running() as i64 > m)
     }
 
     /// One task: running (0) → sandbox → outputs → finished, each write retried through
-    /// transient database errors (see [`super::result`]).
-    async fn execute(&self, queue: &QueueState, task: &Task) {
+    /// transient database errors (see [`super::result`]). The worker's next claim goes with
+    /// the end where it can (see `next`); that claim, made or tried, is answered.
+    async fn execute(
+        &self,
+        queue: &QueueState,
+        task: &Task,
+        (slot, renewed): (&Slot, &Option<slots::Renewed>),
+    ) -> Option<ClaimedWithEnd> {
         let node = &self.settings.node;
         // A task the store claimed and started in one write needs no start.
         let started = async {
@@ -160,13 +201,13 @@ impl Den {
             Ok(true) => {}
             Ok(false) => {
                 warn!("task was taken from this node before it started; not running it");
-                return;
+                return None;
             }
             Err(Stop::Refused(e)) => {
                 error!(error = %e, "cannot mark the task running; not running it (it is recovered as a stale claim)");
-                return;
+                return None;
             }
-            Err(Stop::GaveUp) => return,
+            Err(Stop::GaveUp) => return None,
         }
         debug!("running");
         let control = self.new_control(task.id);
@@ -177,11 +218,11 @@ impl Den {
             Some(StopReason::LeaseLost) => {
                 warn!("plugin stopped: this node's lease lapsed; result not written, the task is left to recovery");
                 self.recover_fenced(task).await;
-                return;
+                return None;
             }
             Some(StopReason::Shutdown) => {
                 info!("plugin stopped by the shutdown; the task goes back to its queue");
-                return;
+                return None;
             }
             Some(StopReason::Killed) => {
                 let stop = self.take_kill(task.id);
@@ -220,7 +261,7 @@ impl Den {
             super::retry::NextRun::Retry(retry) => {
                 if self.write_retry(task, &retry).await {
                     self.count_run(task.queue, crate::stats::End::Retried, outcome.duration);
-                    return;
+                    return None;
                 }
                 None
             }
@@ -230,6 +271,7 @@ impl Den {
             }
             super::retry::NextRun::Once => None,
         };
+        let next = self.claim_with_end(queue.queue.id, slot, renewed).await;
         self.write_result(
             task,
             &queue.queue,
@@ -242,8 +284,9 @@ impl Den {
                 submitted: outcome.submitted,
                 took: outcome.duration,
             },
+            next,
         )
-        .await;
+        .await
     }
 
     /// Runs the task's plugin on a blocking thread under `control`, but never waits for it

@@ -7,8 +7,8 @@ use bson::oid::ObjectId;
 use bson::DateTime;
 
 use super::machine;
-use crate::model::{kept_output, status, Attempt, Output, StopAction, StopRequest, TaskProgress};
-use crate::store::{OutputValue, Store, StoreResult, TaskTarget};
+use crate::model::{kept_output, status, Attempt, Output, Queue, StopAction, StopRequest, Task, TaskProgress};
+use crate::store::{OutputValue, Store, StoreResult, TaskChange, TaskFence, TaskTarget};
 
 /// What the end of a run stores beside the result ([`finish_with`]).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -66,12 +66,66 @@ pub async fn finish_with(
     stderr: OutputValue,
     extra: &FinishExtra,
 ) -> StoreResult<bool> {
-    let done = machine::finish(code, &stdout, &stderr, extra.progress.as_ref(), extra.attempt.as_ref());
-    let plain = [(task, machine::ends_plainly(node), done.clone())];
+    let plain = [plain_end(task, node, code, &stdout, &stderr, extra)];
     if store.change_tasks(&plain).await?[0] {
         return Ok(true);
     }
-    let record = rerun_record(node, code, &stdout, &stderr, extra);
+    other_end(store, task, node, code, (&stdout, &stderr), extra).await
+}
+
+/// [`finish_with`], and with it the same worker's next claim where the store writes both in
+/// one transaction ([`Store::finish_and_claim`]): [`Store::claim_before`] of `queue` with
+/// `until`, made only when the run ended plainly (the first of [`finish_with`]'s attempts
+/// applied). Answers whether the run's end was written, and that claim: `None` when none was
+/// made (the store does not offer it, or the run did not end plainly), for the caller to
+/// claim apart.
+#[allow(clippy::too_many_arguments)]
+pub async fn finish_and_claim(
+    store: &(impl Store + ?Sized),
+    task: ObjectId,
+    node: &str,
+    code: i32,
+    (stdout, stderr): (OutputValue, OutputValue),
+    extra: &FinishExtra,
+    (queue, until): (&Queue, DateTime),
+) -> StoreResult<(bool, Option<StoreResult<Option<Task>>>)> {
+    let plain = plain_end(task, node, code, &stdout, &stderr, extra);
+    match store.finish_and_claim(&plain, queue, node, until).await? {
+        None => Ok((finish_with(store, task, node, code, stdout, stderr, extra).await?, None)),
+        Some(done) if done.ended => Ok((true, Some(done.claimed))),
+        Some(_) => Ok((
+            other_end(store, task, node, code, (&stdout, &stderr), extra).await?,
+            None,
+        )),
+    }
+}
+
+/// The end of a run nobody submitted again, fenced on `{_id, node, status: 0}` and no rerun
+/// asked: [`finish_with`]'s first attempt.
+fn plain_end(
+    task: ObjectId,
+    node: &str,
+    code: i32,
+    stdout: &OutputValue,
+    stderr: &OutputValue,
+    extra: &FinishExtra,
+) -> (ObjectId, TaskFence, TaskChange) {
+    let done = machine::finish(code, stdout, stderr, extra.progress.as_ref(), extra.attempt.as_ref());
+    (task, machine::ends_plainly(node), done)
+}
+
+/// [`finish_with`]'s second attempt, after the plain end's fence did not hold: the end of a
+/// run someone asked to kill, or of one to run once more; their fences exclude each other.
+async fn other_end(
+    store: &(impl Store + ?Sized),
+    task: ObjectId,
+    node: &str,
+    code: i32,
+    (stdout, stderr): (&OutputValue, &OutputValue),
+    extra: &FinishExtra,
+) -> StoreResult<bool> {
+    let done = machine::finish(code, stdout, stderr, extra.progress.as_ref(), extra.attempt.as_ref());
+    let record = rerun_record(node, code, stdout, stderr, extra);
     let other = [
         (task, machine::ends_killed(node), done),
         (task, machine::ends_for_rerun(node), machine::rerun_requeue(record)),

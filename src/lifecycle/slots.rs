@@ -401,7 +401,7 @@ pub async fn claim_next(
     (lease, tick): (Duration, Duration),
     renewed: &mut Option<Renewed>,
 ) -> StoreResult<(SlotRenewal, Option<Task>)> {
-    if let Some(r) = renewed.filter(|r| r.sent.elapsed() < reuse_for(tick, lease)) {
+    if let Some(r) = reusable(renewed, (lease, tick)) {
         if over_limit(store, slot).await? {
             *renewed = None;
             return Ok((SlotRenewal::OverLimit, None));
@@ -416,6 +416,29 @@ pub async fn claim_next(
         *renewed = Some(Renewed { sent, until });
     }
     Ok(done)
+}
+
+/// The worker's last renewal while its next claims may still be made on it (within
+/// [`reuse_for`] of its sending).
+fn reusable(renewed: &Option<Renewed>, (lease, tick): (Duration, Duration)) -> Option<Renewed> {
+    renewed.filter(|r| r.sent.elapsed() < reuse_for(tick, lease))
+}
+
+/// The deadline of a worker's next claim when [`claim_next`] would make it on the worker's
+/// last renewal now (within [`reuse_for`] of it, and the slot not over the queue's limit),
+/// so that it may go with the end of the worker's run (`lifecycle::run::finish_and_claim`)
+/// under the same deadline ([`Store::claim_before`]). None otherwise: the slot is due for
+/// its renewal, or is over the limit, and [`claim_next`] decides after the end is written.
+pub async fn claim_on_renewal(
+    store: &(impl Store + ?Sized),
+    slot: &Slot,
+    timing: (Duration, Duration),
+    renewed: &Option<Renewed>,
+) -> StoreResult<Option<DateTime>> {
+    let Some(r) = reusable(renewed, timing) else {
+        return Ok(None);
+    };
+    Ok((!over_limit(store, slot).await?).then_some(r.until))
 }
 
 /// How long after a slot's renewal was sent a claim with it may still be made: half the

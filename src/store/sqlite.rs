@@ -428,18 +428,18 @@ impl Store for SqliteStore {
         lease: Duration,
         rule: super::RenewRule,
     ) -> StoreResult<Option<(SlotRenewal, Option<Task>)>> {
-        let (slot, queue, node) = (slot.clone(), queue.clone(), node.to_string());
-        let done = self
-            .write_touching(
-                "renew slot lease and claim",
-                move |tx| slots::renew_and_claim_in(tx, &slot, &queue, &node, lease, rule),
-                |done| {
-                    done.as_ref()
-                        .map_or(Touched::Nothing, |(_, c)| claims::claimed_touched(c))
-                },
-            )
-            .await?;
-        done.map(|(renewal, claimed)| Ok((renewal, claimed?))).transpose()
+        self.renew_and_claim(slot, queue, node, lease, rule).await
+    }
+
+    /// Offered: the end and the claim in one transaction.
+    async fn finish_and_claim(
+        &self,
+        end: &(ObjectId, TaskFence, TaskChange),
+        queue: &Queue,
+        node: &str,
+        until: DateTime,
+    ) -> StoreResult<Option<super::EndAndClaim>> {
+        self.finish_and_claim(end, queue, node, until).await.map(Some)
     }
 
     async fn put_output_file(&self, file: ObjectId, task: ObjectId, filename: &str, text: &str) -> StoreResult<()> {

@@ -88,6 +88,18 @@ pub enum SlotRenewal {
     },
 }
 
+/// What [`Store::finish_and_claim`](super::Store::finish_and_claim) wrote: the end of a run,
+/// and the worker's next claim made with it.
+#[derive(Debug)]
+pub struct EndAndClaim {
+    /// Whether the end of the run was written (its fence held).
+    pub ended: bool,
+    /// The next claim: the task claimed (and started), or none (the end was not written, the
+    /// claim's deadline had passed, or no task is queued); an error for a claimed task that
+    /// cannot be read as one (marked failed, as [`Store::claim`](super::Store::claim) does).
+    pub claimed: StoreResult<Option<crate::model::Task>>,
+}
+
 /// A new queue.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewQueue {

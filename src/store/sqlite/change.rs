@@ -181,7 +181,12 @@ fn set_sql(change: &TaskChange, attempts: Option<Vec<u8>>, now: DateTime, sql: &
 }
 
 /// Writes `change` to task `id` in `tx` when `fence` holds; whether it did.
-fn change_one(tx: &Transaction<'_>, id: ObjectId, fence: &TaskFence, change: &TaskChange) -> StoreResult<bool> {
+pub(super) fn change_one(
+    tx: &Transaction<'_>,
+    id: ObjectId,
+    fence: &TaskFence,
+    change: &TaskChange,
+) -> StoreResult<bool> {
     let key = id.to_hex();
     let attempts = change.attempt.as_ref().map(|a| appended(tx, &key, a)).transpose()?;
     let mut sql = Sql::default();
@@ -197,7 +202,7 @@ fn change_one(tx: &Transaction<'_>, id: ObjectId, fence: &TaskFence, change: &Ta
 }
 
 /// Whether a change puts its tasks in their queue (for the watchers of queued tasks).
-fn queues(change: &TaskChange) -> bool {
+pub(super) fn queues(change: &TaskChange) -> bool {
     change.status == Some(status::QUEUED)
 }
 

@@ -7,9 +7,9 @@ use bson::DateTime;
 use rusqlite::{params, Connection, OptionalExtension, Transaction};
 
 use super::records::{db_err, task_from_row, CLAIMED_COLUMNS};
-use super::{SqliteStore, Touched};
+use super::{change, SqliteStore, Touched};
 use crate::model::{status, Queue, Sort, Task};
-use crate::store::StoreResult;
+use crate::store::{EndAndClaim, StoreResult, TaskChange, TaskFence};
 
 /// Creates the indexes of the claim: queued tasks only (a claim takes its task out of
 /// them, a finish does not touch them), by queue in each claim order, so a claim reads
@@ -70,13 +70,67 @@ impl SqliteStore {
         let (queue, node) = (queue.clone(), node.to_string());
         self.write_touching(
             "claim task",
-            move |tx| match until.is_none_or(|until| DateTime::now() < until) {
-                true => claim_in(tx, &queue, &node, claimed),
-                false => Ok(Ok(None)),
-            },
+            move |tx| claim_in_before(tx, &queue, &node, claimed, until),
             claimed_touched,
         )
         .await?
+    }
+
+    /// [`Store::finish_and_claim`](crate::store::Store::finish_and_claim): the end written
+    /// as [`Store::change_tasks`](crate::store::Store::change_tasks) writes an entry, then,
+    /// only when it was, [`Self::claim_before`], in one transaction.
+    pub(super) async fn finish_and_claim(
+        &self,
+        end: &(ObjectId, TaskFence, TaskChange),
+        queue: &Queue,
+        node: &str,
+        until: DateTime,
+    ) -> StoreResult<EndAndClaim> {
+        end.2.check_for_named()?;
+        let (end, queue, node) = (end.clone(), queue.clone(), node.to_string());
+        let ended_id = end.0;
+        let queueing = change::queues(&end.2);
+        let done = self
+            .write_touching(
+                "end the run and claim the next task",
+                move |tx| {
+                    let ended = change::change_one(tx, end.0, &end.1, &end.2)?;
+                    let claimed = match ended {
+                        true => claim_in_before(tx, &queue, &node, status::RUNNING, Some(until))?,
+                        false => Ok(None),
+                    };
+                    Ok(EndAndClaim { ended, claimed })
+                },
+                |done| match (done.ended, claimed_touched(&done.claimed)) {
+                    (false, touched) => touched,
+                    (true, Touched::Tasks(mut ids)) => {
+                        ids.push(ended_id);
+                        Touched::Tasks(ids)
+                    }
+                    (true, Touched::Nothing) => Touched::Tasks(vec![ended_id]),
+                    (true, Touched::Any) => Touched::Any,
+                },
+            )
+            .await?;
+        if done.ended && queueing {
+            self.signal_queued();
+        }
+        Ok(done)
+    }
+}
+
+/// [`claim_in`], made only while the clock, read inside the transaction, is before `until`
+/// when one is given.
+fn claim_in_before(
+    tx: &Transaction<'_>,
+    queue: &Queue,
+    node: &str,
+    claimed: i32,
+    until: Option<DateTime>,
+) -> StoreResult<StoreResult<Option<Task>>> {
+    match until.is_none_or(|until| DateTime::now() < until) {
+        true => claim_in(tx, queue, node, claimed),
+        false => Ok(Ok(None)),
     }
 }
 

@@ -11,7 +11,7 @@ use rusqlite::{params, params_from_iter, Connection, OptionalExtension, Row, Tra
 use std::time::Duration;
 
 use super::records::{add_columns, db_err, lease_end};
-use super::{claims, SqliteStore};
+use super::{claims, SqliteStore, Touched};
 use crate::model::{status, Queue, Task};
 use crate::store::{
     BusyNode, BusyOf, Holder, Lease, Mark, RenewRule, Slot, SlotChange, SlotFence, SlotRenewal, SlotRow, SlotStore,
@@ -172,6 +172,32 @@ pub(super) fn renew_and_claim_in(
         _ => Ok(None),
     };
     Ok(Some((step.renewal, claimed)))
+}
+
+impl SqliteStore {
+    /// [`Store::renew_and_claim`](crate::store::Store::renew_and_claim) ([`renew_and_claim_in`]),
+    /// one write.
+    pub(super) async fn renew_and_claim(
+        &self,
+        slot: &Slot,
+        queue: &Queue,
+        node: &str,
+        lease: Duration,
+        rule: RenewRule,
+    ) -> StoreResult<Option<(SlotRenewal, Option<Task>)>> {
+        let (slot, queue, node) = (slot.clone(), queue.clone(), node.to_string());
+        let done = self
+            .write_touching(
+                "renew slot lease and claim",
+                move |tx| renew_and_claim_in(tx, &slot, &queue, &node, lease, rule),
+                |done| {
+                    done.as_ref()
+                        .map_or(Touched::Nothing, |(_, c)| claims::claimed_touched(c))
+                },
+            )
+            .await?;
+        done.map(|(renewal, claimed)| Ok((renewal, claimed?))).transpose()
+    }
 }
 
 /// Renews the leases of every slot `node` holds, but not one that expired: it may have

@@ -416,6 +416,11 @@ fn connection<'c>(
         // the commit hook, so it comes first.
         c.pragma_update(None, "wal_autocheckpoint", 0)
             .map_err(|e| Failed::of(&e))?;
+        // The savepoint of each write of a group keeps the pages it changes in a
+        // sub-journal, written to a temporary file past 64 KiB by default: in memory, a
+        // write that changes more pages (an end and a claim) costs no file writes for it.
+        c.pragma_update(None, "temp_store", "MEMORY")
+            .map_err(|e| Failed::of(&e))?;
         c.wal_hook(Some(record_frames));
         *conn = Some(c);
     }
