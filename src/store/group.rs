@@ -99,7 +99,7 @@ impl<R: Send + 'static, A: Send + 'static> Group<R, A> {
             let mut s = self.inner.state();
             s.waiting.push_back((call, tx));
             if s.waiting.len() == self.inner.most {
-                self.inner.full.notify_one();
+                self.inner.full.notify_waiters();
             }
             !std::mem::replace(&mut s.running, true)
         };

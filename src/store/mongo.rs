@@ -335,15 +335,11 @@ impl Store for MongoStore {
     }
 
     async fn claim(&self, queue: &Queue, node: &str) -> StoreResult<Option<Task>> {
-        self.claim_task_until(queue, node, None, false).await
-    }
-
-    async fn claim_to_run(&self, queue: &Queue, node: &str) -> StoreResult<Option<Task>> {
-        self.claim_task_until(queue, node, None, true).await
+        self.claim_task_until(queue, node, None).await
     }
 
     async fn claim_before(&self, queue: &Queue, node: &str, until: DateTime) -> StoreResult<Option<Task>> {
-        self.claim_task_until(queue, node, Some(until), true).await
+        self.claim_task_until(queue, node, Some(until)).await
     }
 
     async fn put_output_file(&self, file: ObjectId, task: ObjectId, filename: &str, text: &str) -> StoreResult<()> {

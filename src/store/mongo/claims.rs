@@ -9,8 +9,10 @@
 //! a deadline, only while the database's clock is before the earliest deadline of the
 //! round's claims; so a Disbatch 4 DEN claiming beside it with its own `findOneAndUpdate`
 //! never gets a task this node got, and the reply says which it got. The tasks claimed go
-//! to the claims in the queue's order. A claim to run has its task started (0) by a second
-//! update right after its claim in the same command, fenced on the claim. Claims left without a task while a task read was
+//! to the claims in the queue's order, claimed (-1), to be started by their workers. A task
+//! is handed out as read with the claim's fields set: a change to a queued task that
+//! leaves its `mtime` as it was (every write of Disbatch's own touches it) is not seen by
+//! the claim. Claims left without a task while a task read was
 //! lost (to another claimer, or to a deadline) are made again one by one; claims left
 //! without one because the queue ran out claim nothing.
 //!
@@ -36,9 +38,6 @@ struct Claim {
     sort: Sort,
     node: String,
     until: Option<DateTime>,
-    /// Claim to run ([`Store::claim_to_run`](crate::store::Store::claim_to_run)): a task
-    /// claimed in a group is started (0) by the next update of the same command.
-    run: bool,
 }
 
 type Claimed = StoreResult<Option<Task>>;
@@ -71,14 +70,12 @@ impl MongoStore {
         queue: &Queue,
         node: &str,
         until: Option<DateTime>,
-        run: bool,
     ) -> StoreResult<Option<Task>> {
         let claim = Claim {
             queue: queue.id,
             sort: queue.sort,
             node: node.to_owned(),
             until,
-            run,
         };
         self.claims.group.call(claim).await.unwrap_or_else(|| {
             Err(StoreError::Database(
@@ -95,7 +92,7 @@ async fn round(tasks: &Collection<Document>, updates: &Updates, claims: Vec<Clai
     for (i, c) in claims.into_iter().enumerate() {
         match parts
             .iter_mut()
-            .find(|p| (&p[0].1.queue, &p[0].1.node, p[0].1.sort, p[0].1.run) == (&c.queue, &c.node, c.sort, c.run))
+            .find(|p| (&p[0].1.queue, &p[0].1.node, p[0].1.sort) == (&c.queue, &c.node, c.sort))
         {
             Some(p) => p.push((i, c)),
             None => parts.push(vec![(i, c)]),
@@ -137,47 +134,35 @@ async fn together(tasks: &Collection<Document>, updates: &Updates, claims: Vec<C
         Err(e) => return each_fails(claims.len(), &e),
     };
     let now = DateTime::now();
-    let mut fenced = Vec::with_capacity(read.len() * 2);
-    for raw in &read {
-        let id = raw.get("_id").cloned().unwrap_or(Bson::Null);
-        let mut filter = doc! {
-            "_id": id.clone(),
-            "node": unclaimed(),
-            "status": status::QUEUED,
-            "mtime": raw.get("mtime").cloned().unwrap_or(Bson::Null),
-        };
-        if let Some(until) = until {
-            filter.insert("$expr", doc! { "$lt": ["$$NOW", until] });
-        }
-        let update = doc! { "$set": { "node": &first.node, "status": status::CLAIMED, "mtime": now } };
-        fenced.push(FencedUpdate { filter, update });
-        if first.run {
-            fenced.push(FencedUpdate {
-                filter: doc! { "_id": id, "node": &first.node, "status": status::CLAIMED },
-                update: doc! { "$set": { "status": status::RUNNING, "mtime": now } },
-            });
-        }
-    }
+    let fenced: Vec<FencedUpdate> = read
+        .iter()
+        .map(|raw| {
+            let mut filter = doc! {
+                "_id": raw.get("_id").cloned().unwrap_or(Bson::Null),
+                "node": unclaimed(),
+                "status": status::QUEUED,
+                "mtime": raw.get("mtime").cloned().unwrap_or(Bson::Null),
+            };
+            if let Some(until) = until {
+                filter.insert("$expr", doc! { "$lt": ["$$NOW", until] });
+            }
+            let update = doc! { "$set": { "node": &first.node, "status": status::CLAIMED, "mtime": now } };
+            FencedUpdate { filter, update }
+        })
+        .collect();
+    // Which of the claims were made is unknown when the command failed: the error says
+    // retrying helps, so the DEN puts back the claims it made (see `den/claims.rs`).
     let made = match updates.apply(fenced).await {
         Ok(made) => made,
-        Err(e) => return each_fails(claims.len(), &e),
+        Err(e) => return each_fails(claims.len(), &StoreError::Database(e.to_string())),
     };
-    // For each task read: whether it was claimed, and started.
-    let made: Vec<(bool, bool)> = match first.run {
-        true => made.chunks(2).map(|m| (m[0], m.get(1) == Some(&true))).collect(),
-        false => made.iter().map(|m| (*m, false)).collect(),
-    };
-    let mut won = read
-        .into_iter()
-        .zip(&made)
-        .filter(|(_, (claimed, _))| *claimed)
-        .map(|(mut raw, (_, started))| {
-            raw.insert("node", first.node.as_str());
-            raw.insert("status", if *started { status::RUNNING } else { status::CLAIMED });
-            raw.insert("mtime", now);
-            raw
-        });
-    let lost = made.iter().any(|(claimed, _)| !claimed);
+    let mut won = read.into_iter().zip(&made).filter(|(_, m)| **m).map(|(mut raw, _)| {
+        raw.insert("node", first.node.as_str());
+        raw.insert("status", status::CLAIMED);
+        raw.insert("mtime", now);
+        raw
+    });
+    let lost = made.iter().any(|m| !m);
     let mut answers = Vec::with_capacity(claims.len());
     for c in &claims {
         answers.push(match won.next() {
