@@ -66,11 +66,24 @@ pub async fn finish_with(
     stderr: OutputValue,
     extra: &FinishExtra,
 ) -> StoreResult<bool> {
-    let plain = [plain_end(task, node, code, &stdout, &stderr, extra)];
-    if store.change_tasks(&plain).await?[0] {
+    let plain = plain_end(task, node, code, &stdout, &stderr, extra);
+    end_from(store, plain, node, code, (&stdout, &stderr), extra).await
+}
+
+/// [`finish_with`] with its plain end already built.
+async fn end_from(
+    store: &(impl Store + ?Sized),
+    plain: (ObjectId, TaskFence, TaskChange),
+    node: &str,
+    code: i32,
+    outputs: (&OutputValue, &OutputValue),
+    extra: &FinishExtra,
+) -> StoreResult<bool> {
+    let task = plain.0;
+    if store.change_tasks(&[plain]).await?[0] {
         return Ok(true);
     }
-    other_end(store, task, node, code, (&stdout, &stderr), extra).await
+    other_end(store, task, node, code, outputs, extra).await
 }
 
 /// [`finish_with`], and with it the same worker's next claim where the store writes both in
@@ -91,7 +104,10 @@ pub async fn finish_and_claim(
 ) -> StoreResult<(bool, Option<StoreResult<Option<Task>>>)> {
     let plain = plain_end(task, node, code, &stdout, &stderr, extra);
     match store.finish_and_claim(&plain, queue, node, until).await? {
-        None => Ok((finish_with(store, task, node, code, stdout, stderr, extra).await?, None)),
+        None => Ok((
+            end_from(store, plain, node, code, (&stdout, &stderr), extra).await?,
+            None,
+        )),
         Some(done) if done.ended => Ok((true, Some(done.claimed))),
         Some(_) => Ok((
             other_end(store, task, node, code, (&stdout, &stderr), extra).await?,

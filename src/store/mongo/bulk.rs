@@ -82,7 +82,7 @@ impl Updates {
 
     /// Makes `call`'s updates, in order: for each, whether its filter matched.
     pub(super) async fn apply(&self, call: Call) -> Answer {
-        if !self.bulk.load(Ordering::Relaxed) {
+        if !self.grouped() {
             return one_call(&self.tasks, call).await;
         }
         self.group.call(call).await.unwrap_or_else(|| {
@@ -205,13 +205,13 @@ enum Outcome {
 
 /// A failure to give each call it fails.
 #[derive(Debug, Clone)]
-struct Failure {
+pub(super) struct Failure {
     transient: bool,
     message: String,
 }
 
 impl Failure {
-    fn of(e: StoreError) -> Failure {
+    pub(super) fn of(e: StoreError) -> Failure {
         Failure {
             transient: e.is_transient(),
             message: match e {
@@ -237,7 +237,19 @@ impl Failure {
         }
     }
 
-    fn error(&self) -> StoreError {
+    /// `e`, after which it is unknown which of a group's claims were made: retrying helps
+    /// (the DEN puts back the claims it made).
+    pub(super) fn claims_unknown(e: StoreError) -> Failure {
+        Failure {
+            transient: true,
+            message: format!(
+                "claim tasks: {} (which of the group's claims were made is unknown)",
+                Failure::of(e).message
+            ),
+        }
+    }
+
+    pub(super) fn error(&self) -> StoreError {
         if self.transient {
             StoreError::Database(self.message.clone())
         } else {

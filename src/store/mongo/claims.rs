@@ -22,7 +22,7 @@ use futures::future::join_all;
 use futures::{FutureExt, TryStreamExt};
 use mongodb::options::FindOptions;
 
-use super::bulk::{FencedUpdate, Updates};
+use super::bulk::{Failure, FencedUpdate, Updates};
 use super::errors::classify;
 use super::*;
 use crate::store::group::{Group, Turn};
@@ -129,9 +129,9 @@ async fn together(tasks: &Collection<Document>, updates: &Updates, claims: Vec<C
     let read: Vec<Document> = match read {
         Ok(cursor) => match cursor.try_collect().await {
             Ok(docs) => docs,
-            Err(e) => return each_fails(claims.len(), &classify("read tasks to claim", &e)),
+            Err(e) => return each_fails(claims.len(), &Failure::of(classify("read tasks to claim", &e))),
         },
-        Err(e) => return each_fails(claims.len(), &e),
+        Err(e) => return each_fails(claims.len(), &Failure::of(e)),
     };
     let now = DateTime::now();
     let fenced: Vec<FencedUpdate> = read
@@ -154,7 +154,7 @@ async fn together(tasks: &Collection<Document>, updates: &Updates, claims: Vec<C
     // retrying helps, so the DEN puts back the claims it made (see `den/claims.rs`).
     let made = match updates.apply(fenced).await {
         Ok(made) => made,
-        Err(e) => return each_fails(claims.len(), &StoreError::Database(e.to_string())),
+        Err(e) => return each_fails(claims.len(), &Failure::claims_unknown(e)),
     };
     let mut won = read.into_iter().zip(&made).filter(|(_, m)| **m).map(|(mut raw, _)| {
         raw.insert("node", first.node.as_str());
@@ -184,18 +184,9 @@ async fn together(tasks: &Collection<Document>, updates: &Updates, claims: Vec<C
         .collect()
 }
 
-/// The error `e` for each of `n` claims.
-fn each_fails(n: usize, e: &StoreError) -> Vec<Claimed> {
-    let message = e.to_string();
-    (0..n)
-        .map(|_| {
-            Err(if e.is_transient() {
-                StoreError::Database(message.clone())
-            } else {
-                StoreError::Rejected(message.clone())
-            })
-        })
-        .collect()
+/// The failure `f` for each of `n` claims.
+fn each_fails(n: usize, f: &Failure) -> Vec<Claimed> {
+    (0..n).map(|_| Err(f.error())).collect()
 }
 
 /// The tasks of `queue` that `node` may claim.
