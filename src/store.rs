@@ -295,12 +295,15 @@ pub trait Store: PluginStore + SlotStore + Send + Sync + 'static {
     ) -> StoreResult<Option<(SlotRenewal, Option<Task>)>> {
         Ok(None)
     }
-    /// Capability: the end of a worker's run and its next claim in one transaction: writes
-    /// `end` (one entry of [`Store::change_tasks`]) and, only when its fence held,
-    /// [`Store::claim_before`] of `queue` for `node` with `until`. `None` (the default) when
-    /// the store does not offer it: the caller then ends the run and claims in separate writes
-    /// (`lifecycle::run::finish_and_claim`). On an error nothing is written, unless the
-    /// reply was lost after the commit, as for any write.
+    /// Capability: the end of a worker's run and its next claim in one write: writes `end`
+    /// (one entry of [`Store::change_tasks`]) and [`Store::claim_before`] of `queue` for
+    /// `node` with `until`. The embedded store claims in the end's transaction, only when
+    /// the end's fence held; MongoDB sends the fenced claim of a task it read ahead in the
+    /// end's `bulkWrite`, whether or not the end's fence holds (the task claimed is the
+    /// caller's either way). `None` (the default) when the store does not offer it, or has no
+    /// task read ahead at hand: the caller then ends the run and claims in separate writes
+    /// (`lifecycle::run::finish_and_claim`). On an error nothing is known to be written: the
+    /// reply may have been lost after the write, as for any write.
     async fn finish_and_claim(
         &self,
         _end: &(ObjectId, TaskFence, TaskChange),

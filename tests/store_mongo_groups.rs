@@ -218,3 +218,167 @@ async fn grouped_claims_beside_a_disbatch4_claimer_claim_every_task_once() {
     assert!(bulk >= 1, "claims made at once were grouped");
     assert!(singles + reads + bulk < ours.len(), "fewer commands than claims");
 }
+
+/// A queue of 40 tasks on a counted store that uses what it reads ahead for ten minutes,
+/// and the tasks claimed on node "a" until a round of grouped claims read the queue ahead:
+/// the first of the queue, one of them started.
+struct ReadAhead {
+    t: common::TestDb,
+    store: MongoStore,
+    commands: Commands,
+    q: disbatch::model::Queue,
+    ids: Vec<bson::oid::ObjectId>,
+    running: bson::oid::ObjectId,
+    claimed: usize,
+}
+
+async fn read_ahead(hint: &str) -> ReadAhead {
+    let t = common::test_db(hint).await;
+    let (store, commands) = counted_store(&t).await;
+    let store = store.read_ahead_for(std::time::Duration::from_secs(600));
+    let q = store
+        .create_queue(NewQueue {
+            name: "ahead".into(),
+            plugin: "demo".into(),
+            threads: Some(16),
+            sort: Sort::Fifo,
+            extra: Document::new(),
+        })
+        .await
+        .unwrap();
+    let ids = store.create_tasks(q.id, vec![doc! {}; 40]).await.unwrap();
+    let mut got = Vec::new();
+    while commands.get("find") == 0 {
+        assert!(got.len() < 24, "no round of claims was grouped");
+        let batch = futures::future::join_all((0..4).map(|_| store.claim_to_run(&q, "a"))).await;
+        got.extend(batch.into_iter().map(|c| c.unwrap().expect("a task").id));
+    }
+    let mut sorted = got.clone();
+    sorted.sort();
+    assert_eq!(sorted, ids[..got.len()], "the claims took the queue's first tasks");
+    assert!(disbatch::lifecycle::run::start(&store, got[0], "a").await.unwrap());
+    ReadAhead {
+        t,
+        store,
+        commands,
+        q,
+        ids,
+        running: got[0],
+        claimed: got.len(),
+    }
+}
+
+type Claimed = Option<Result<Option<disbatch::model::Task>, disbatch::store::StoreError>>;
+
+impl ReadAhead {
+    /// Ends the running task's run with the claim of the queue's next task before `until`.
+    async fn end(&self, until: bson::DateTime) -> (bool, Claimed) {
+        let outputs = (OutputValue::Inline("out".into()), OutputValue::Inline(String::new()));
+        let extra = disbatch::lifecycle::run::FinishExtra::default();
+        disbatch::lifecycle::run::finish_and_claim(&self.store, self.running, "a", 1, outputs, &extra, (&self.q, until))
+            .await
+            .unwrap()
+    }
+
+    async fn task(&self, id: bson::oid::ObjectId) -> (Option<String>, i32) {
+        let d = self
+            .t
+            .db
+            .collection::<Document>("tasks")
+            .find_one(doc! { "_id": id })
+            .await
+            .unwrap()
+            .unwrap();
+        (d.get_str("node").ok().map(str::to_owned), d.get_i32("status").unwrap())
+    }
+
+    fn counts(&self) -> [usize; 4] {
+        ["find", "findAndModify", "bulkWrite", "update"].map(|c| self.commands.get(c))
+    }
+}
+
+fn in_a_minute() -> bson::DateTime {
+    bson::DateTime::from_millis(bson::DateTime::now().timestamp_millis() + 60_000)
+}
+
+fn claimed_id(claimed: Claimed) -> bson::oid::ObjectId {
+    claimed.expect("a claim made").unwrap().expect("a task claimed").id
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_claims_its_next_task_in_the_bulk_write_that_ends_its_run() {
+    let r = read_ahead("ahead_end").await;
+    let before = r.counts();
+    let (ended, claimed) = r.end(in_a_minute()).await;
+    let [find, fam, bulk, update] = r.counts().map(|c| c as i64);
+    let delta = [find, fam, bulk, update]
+        .iter()
+        .zip(before)
+        .map(|(a, b)| a - b as i64)
+        .collect::<Vec<_>>();
+    assert!(ended);
+    let next = claimed_id(claimed);
+    assert_eq!(next, r.ids[r.claimed], "the queue's next task");
+    assert_eq!(
+        delta,
+        [0, 0, 1, 0],
+        "one bulkWrite (find, findAndModify, bulkWrite, update)"
+    );
+    assert_eq!(r.task(r.running).await, (Some("a".into()), 1), "the run ended");
+    assert_eq!(r.task(next).await, (Some("a".into()), status::CLAIMED), "claimed by a");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_task_read_ahead_that_another_claimer_took_is_claimed_once() {
+    let r = read_ahead("ahead_taken").await;
+    let perl =
+        r.t.db
+            .collection::<Document>("tasks")
+            .find_one_and_update(
+                doc! { "queue": r.q.id, "status": -2, "node": null },
+                doc! { "$set": { "node": "perl", "status": -1, "mtime": bson::DateTime::now() } },
+            )
+            .sort(doc! { "_id": 1 })
+            .await
+            .unwrap()
+            .unwrap()
+            .get_object_id("_id")
+            .unwrap();
+    assert_eq!(perl, r.ids[r.claimed], "the Disbatch 4 claimer took the next task");
+    let (ended, claimed) = r.end(in_a_minute()).await;
+    assert!(ended);
+    let next = claimed_id(claimed);
+    assert_eq!(next, r.ids[r.claimed + 1], "the one after it");
+    assert_eq!(r.task(perl).await, (Some("perl".into()), status::CLAIMED));
+    assert_eq!(r.task(next).await, (Some("a".into()), status::CLAIMED));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_task_claimed_beside_an_end_that_did_not_hold_is_the_workers() {
+    let r = read_ahead("ahead_unended").await;
+    // Recovered meanwhile: back in its queue, so this node's end does not land.
+    r.t.db
+        .collection::<Document>("tasks")
+        .update_one(
+            doc! { "_id": r.running },
+            doc! { "$set": { "node": null, "status": -2, "mtime": bson::DateTime::now() } },
+        )
+        .await
+        .unwrap();
+    let (ended, claimed) = r.end(in_a_minute()).await;
+    assert!(!ended, "the end of a recovered task does not land");
+    let next = claimed_id(claimed);
+    assert_eq!(next, r.ids[r.claimed]);
+    assert_eq!(r.task(next).await, (Some("a".into()), status::CLAIMED));
+    assert_eq!(r.task(r.running).await, (None, status::QUEUED), "the recovered task");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_claim_read_ahead_past_its_deadline_claims_nothing() {
+    let r = read_ahead("ahead_late").await;
+    let past = bson::DateTime::from_millis(bson::DateTime::now().timestamp_millis() - 1_000);
+    let (ended, claimed) = r.end(past).await;
+    assert!(ended, "the end lands");
+    assert!(matches!(claimed, Some(Ok(None))), "{claimed:?}");
+    assert_eq!(r.task(r.ids[r.claimed]).await, (None, status::QUEUED), "still queued");
+}

@@ -88,10 +88,10 @@ async fn end_from(
 
 /// [`finish_with`], and with it the same worker's next claim where the store writes both in
 /// one transaction ([`Store::finish_and_claim`]): [`Store::claim_before`] of `queue` with
-/// `until`, made only when the run ended plainly (the first of [`finish_with`]'s attempts
-/// applied). Answers whether the run's end was written, and that claim: `None` when none was
-/// made (the store does not offer it, or the run did not end plainly), for the caller to
-/// claim apart.
+/// `until`, made when the run ended plainly (the first of [`finish_with`]'s attempts
+/// applied), or made beside an end that did not. Answers whether the run's end was written,
+/// and that claim: `None` when none was made (the store does not offer it, or the run did
+/// not end plainly and nothing was claimed), for the caller to claim apart.
 #[allow(clippy::too_many_arguments)]
 pub async fn finish_and_claim(
     store: &(impl Store + ?Sized),
@@ -109,10 +109,17 @@ pub async fn finish_and_claim(
             None,
         )),
         Some(done) if done.ended => Ok((true, Some(done.claimed))),
-        Some(_) => Ok((
-            other_end(store, task, node, code, (&stdout, &stderr), extra).await?,
-            None,
-        )),
+        Some(done) => {
+            let ended = other_end(store, task, node, code, (&stdout, &stderr), extra).await?;
+            // A task claimed beside an end that did not apply plainly (a store that makes
+            // both in one command whatever the end's fence found) is the worker's all the
+            // same; with none claimed, the worker claims apart.
+            let claimed = match done.claimed {
+                Ok(None) => None,
+                made => Some(made),
+            };
+            Ok((ended, claimed))
+        }
     }
 }
 

@@ -19,11 +19,12 @@
 //! collections' indexes), `errors` (driver errors as transient or permanent store errors),
 //! `tasks` (inserting and finding tasks), `change` (fenced task changes), `bulk` (those
 //! changes grouped into shared `bulkWrite` commands), `claims` (the
-//! spec's claim), `queues` (queue documents and their task counts), `slots` (queue slot
+//! spec's claim, in groups), `ahead` (tasks read ahead for the claims to come), `queues` (queue documents and their task counts), `slots` (queue slot
 //! leases), `nodes` (heartbeats, the node-name guard, Disbatch 4 DENs on the same
 //! database), `leases`, `balance`, `batches`, `deps`, `kills`, `stats`, `plugins`, `files`
 //! (task output files, kept in GridFS by `gridfs`) and `watch` (change streams).
 
+mod ahead;
 mod balance;
 mod batches;
 mod bulk;
@@ -68,7 +69,7 @@ use super::{
     Batch, Dependency, Leader, NewQueue, NewTask, OutputStream, Page, PendingChange, QueueState, QueueUpdate,
     StatusCounts, Store, StoreError, StoreResult, TaskChange, TaskFence, TaskFilter, TaskTarget,
 };
-use super::{HeadFilter, TaskHead};
+use super::{EndAndClaim, HeadFilter, TaskHead};
 use super::{NodeChange, NodeFence, NodeRecord};
 use crate::model::{status, Node, Output, Queue, Sort, StopRequest, Task, UnreadableQueue};
 
@@ -340,6 +341,16 @@ impl Store for MongoStore {
 
     async fn claim_before(&self, queue: &Queue, node: &str, until: DateTime) -> StoreResult<Option<Task>> {
         self.claim_task_until(queue, node, Some(until)).await
+    }
+
+    async fn finish_and_claim(
+        &self,
+        end: &(ObjectId, TaskFence, TaskChange),
+        queue: &Queue,
+        node: &str,
+        until: DateTime,
+    ) -> StoreResult<Option<EndAndClaim>> {
+        self.end_and_claim(end, queue, node, until).await
     }
 
     async fn put_output_file(&self, file: ObjectId, task: ObjectId, filename: &str, text: &str) -> StoreResult<()> {

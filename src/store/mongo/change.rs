@@ -187,6 +187,18 @@ pub(super) fn id_first(id: impl Into<Bson>, rest: Document) -> Document {
     filter
 }
 
+/// One entry of [`Store::change_tasks`](crate::store::Store::change_tasks) as the fenced
+/// update of its task, written at `now`.
+pub(super) fn fenced(
+    (id, fence, change): &(ObjectId, TaskFence, TaskChange),
+    now: DateTime,
+) -> StoreResult<FencedUpdate> {
+    Ok(FencedUpdate {
+        filter: id_first(*id, fence_filter(fence)),
+        update: change_update(change, now)?,
+    })
+}
+
 impl MongoStore {
     /// [`Store::change_tasks`](crate::store::Store::change_tasks): one fenced update per
     /// entry, in order, grouped with the other calls made meanwhile (`mongo/bulk.rs`).
@@ -197,12 +209,7 @@ impl MongoStore {
         let now = DateTime::now();
         let updates = changes
             .iter()
-            .map(|(id, fence, change)| {
-                Ok(FencedUpdate {
-                    filter: id_first(*id, fence_filter(fence)),
-                    update: change_update(change, now)?,
-                })
-            })
+            .map(|c| fenced(c, now))
             .collect::<StoreResult<Vec<_>>>()?;
         self.updates.apply(updates).await
     }

@@ -16,16 +16,23 @@
 //! lost (to another claimer, or to a deadline) are made again one by one; claims left
 //! without one because the queue ran out claim nothing.
 //!
+//! A round of grouped claims reads a few tasks more than it claims and keeps them for
+//! the claims that follow ([`super::ahead`]): those, and a worker's next claim sent with
+//! the end of its run ([`MongoStore::end_and_claim`]), are fenced updates in the shared
+//! `bulkWrite` like the others, with no read of their own.
+//!
 //! A claimed task that cannot be read is failed at once (its `stderr` says why).
 
 use futures::future::join_all;
 use futures::{FutureExt, TryStreamExt};
 use mongodb::options::FindOptions;
 
+use super::ahead::{Ahead, Reader, READ_AHEAD};
 use super::bulk::{Failure, FencedUpdate, Updates};
 use super::errors::classify;
 use super::*;
 use crate::store::group::{Group, Turn};
+use crate::store::EndAndClaim;
 
 /// Most claims in one round.
 const MOST_CLAIMS: usize = 256;
@@ -46,15 +53,42 @@ type Claimed = StoreResult<Option<Task>>;
 #[derive(Clone)]
 pub(super) struct Claims {
     group: Group<Claim, Claimed>,
+    ahead: Ahead,
 }
 
 impl Claims {
     pub(super) fn new(tasks: Collection<Document>, updates: Updates, window: Duration) -> Claims {
-        let group = Group::new(MOST_CLAIMS, window, move |claims: Vec<Claim>| {
-            let (tasks, updates) = (tasks.clone(), updates.clone());
-            async move { round(&tasks, &updates, claims).await }.boxed()
+        let ahead = Ahead::default();
+        let group = Group::new(MOST_CLAIMS, window, {
+            let ahead = ahead.clone();
+            move |claims: Vec<Claim>| {
+                let (tasks, updates, ahead) = (tasks.clone(), updates.clone(), ahead.clone());
+                async move { round(&tasks, &updates, &ahead, claims).await }.boxed()
+            }
         });
-        Claims { group }
+        Claims { group, ahead }
+    }
+}
+
+impl MongoStore {
+    /// Uses the tasks a round of grouped claims reads ahead for `d` after their read (20 ms
+    /// by default; zero reads none ahead). Within `d`, a task queued after such a read that
+    /// comes first in its queue's order may be claimed after the tasks read (see
+    /// `mongo/ahead.rs`).
+    pub fn read_ahead_for(self, d: Duration) -> MongoStore {
+        self.claims.ahead.use_for(d);
+        self
+    }
+}
+
+impl Claim {
+    /// The claims that may take the tasks this one reads ahead.
+    fn reader(&self) -> Reader {
+        Reader {
+            queue: self.queue,
+            sort: self.sort,
+            node: self.node.clone(),
+        }
     }
 }
 
@@ -84,10 +118,59 @@ impl MongoStore {
             ))
         })
     }
+
+    /// [`Store::finish_and_claim`](crate::store::Store::finish_and_claim): the end of a run
+    /// and a fenced claim of a task read ahead for `queue` and `node`, in one `bulkWrite`
+    /// (the claim is made whether or not the end's fence held; the task claimed is the
+    /// worker's either way). `None` when no task read ahead is at hand, or the server takes
+    /// no `bulkWrite`: the caller then ends and claims apart. When the task read ahead was
+    /// lost meanwhile, the claim is made again on its own, before `until`.
+    pub(super) async fn end_and_claim(
+        &self,
+        end: &(ObjectId, TaskFence, TaskChange),
+        queue: &Queue,
+        node: &str,
+        until: DateTime,
+    ) -> StoreResult<Option<EndAndClaim>> {
+        if !self.updates.grouped() {
+            return Ok(None);
+        }
+        let claim = Claim {
+            queue: queue.id,
+            sort: queue.sort,
+            node: node.to_owned(),
+            until: Some(until),
+        };
+        let reader = claim.reader();
+        let Some(raw) = self.claims.ahead.take(&reader, 1).pop() else {
+            return Ok(None);
+        };
+        let now = DateTime::now();
+        let end = super::change::fenced(end, now)?;
+        let made = self
+            .updates
+            .apply(vec![end, fenced_claim(&raw, node, Some(until), now)])
+            .await?;
+        let claimed = if made[1] {
+            read_claimed(&self.tasks, &as_claimed(raw, node, now), node).await
+        } else {
+            self.claims.ahead.forget(&reader);
+            self.claim_task_until(queue, node, Some(until)).await
+        };
+        Ok(Some(EndAndClaim {
+            ended: made[0],
+            claimed,
+        }))
+    }
 }
 
 /// One round: the claims of each queue and node together, side by side.
-async fn round(tasks: &Collection<Document>, updates: &Updates, claims: Vec<Claim>) -> Vec<Turn<Claim, Claimed>> {
+async fn round(
+    tasks: &Collection<Document>,
+    updates: &Updates,
+    ahead: &Ahead,
+    claims: Vec<Claim>,
+) -> Vec<Turn<Claim, Claimed>> {
     let mut parts: Vec<Vec<(usize, Claim)>> = Vec::new();
     for (i, c) in claims.into_iter().enumerate() {
         match parts
@@ -101,7 +184,7 @@ async fn round(tasks: &Collection<Document>, updates: &Updates, claims: Vec<Clai
     let done = join_all(parts.into_iter().map(|p| async move {
         let (at, claims): (Vec<usize>, Vec<Claim>) = p.into_iter().unzip();
         at.into_iter()
-            .zip(together(tasks, updates, claims).await)
+            .zip(together(tasks, updates, ahead, claims).await)
             .collect::<Vec<_>>()
     }))
     .await;
@@ -110,60 +193,53 @@ async fn round(tasks: &Collection<Document>, updates: &Updates, claims: Vec<Clai
     answers.into_iter().map(|(_, a)| Turn::Done(a)).collect()
 }
 
-/// The claims of one queue by one node: one by one when alone (or when the server takes
-/// no `bulkWrite`), else read and claimed together.
-async fn together(tasks: &Collection<Document>, updates: &Updates, claims: Vec<Claim>) -> Vec<Claimed> {
-    if claims.len() == 1 || !updates.grouped() {
+/// The claims of one queue by one node: with the tasks read ahead for them when enough
+/// are at hand; else a lone claim on its own, several read (with [`READ_AHEAD`] more, kept
+/// for the claims to come) and claimed together. One by one when the server takes no
+/// `bulkWrite`.
+async fn together(tasks: &Collection<Document>, updates: &Updates, ahead: &Ahead, claims: Vec<Claim>) -> Vec<Claimed> {
+    if !updates.grouped() {
         return join_all(claims.iter().map(|c| claim_one(tasks, c))).await;
     }
     let first = &claims[0];
+    let reader = first.reader();
+    let n = claims.len();
+    let mut read = ahead.take(&reader, n);
+    if read.len() < n {
+        if n == 1 {
+            return vec![claim_one(tasks, first).await];
+        }
+        let more = if ahead.fresh_for().is_zero() { 0 } else { READ_AHEAD };
+        read = match read_next(tasks, first, n + more).await {
+            Ok(mut docs) => {
+                ahead.keep(&reader, docs.split_off(n.min(docs.len())));
+                docs
+            }
+            Err(f) => return each_fails(n, &f),
+        };
+    }
     let until = claims.iter().filter_map(|c| c.until).min();
-    let mut options = FindOptions::default();
-    options.sort = Some(order(first.sort));
-    options.limit = Some(claims.len() as i64);
-    let read = tasks
-        .find(queued(first.queue, &first.node))
-        .with_options(options)
-        .await
-        .map_err(db_err("read tasks to claim"));
-    let read: Vec<Document> = match read {
-        Ok(cursor) => match cursor.try_collect().await {
-            Ok(docs) => docs,
-            Err(e) => return each_fails(claims.len(), &Failure::of(classify("read tasks to claim", &e))),
-        },
-        Err(e) => return each_fails(claims.len(), &Failure::of(e)),
-    };
     let now = DateTime::now();
     let fenced: Vec<FencedUpdate> = read
         .iter()
-        .map(|raw| {
-            let mut filter = doc! {
-                "_id": raw.get("_id").cloned().unwrap_or(Bson::Null),
-                "node": unclaimed(),
-                "status": status::QUEUED,
-                "mtime": raw.get("mtime").cloned().unwrap_or(Bson::Null),
-            };
-            if let Some(until) = until {
-                filter.insert("$expr", doc! { "$lt": ["$$NOW", until] });
-            }
-            let update = doc! { "$set": { "node": &first.node, "status": status::CLAIMED, "mtime": now } };
-            FencedUpdate { filter, update }
-        })
+        .map(|raw| fenced_claim(raw, &first.node, until, now))
         .collect();
     // Which of the claims were made is unknown when the command failed: the error says
     // retrying helps, so the DEN puts back the claims it made (see `den/claims.rs`).
     let made = match updates.apply(fenced).await {
         Ok(made) => made,
-        Err(e) => return each_fails(claims.len(), &Failure::claims_unknown(e)),
+        Err(e) => return each_fails(n, &Failure::claims_unknown(e)),
     };
-    let mut won = read.into_iter().zip(&made).filter(|(_, m)| **m).map(|(mut raw, _)| {
-        raw.insert("node", first.node.as_str());
-        raw.insert("status", status::CLAIMED);
-        raw.insert("mtime", now);
-        raw
-    });
+    let mut won = read
+        .into_iter()
+        .zip(&made)
+        .filter(|(_, m)| **m)
+        .map(|(raw, _)| as_claimed(raw, &first.node, now));
     let lost = made.iter().any(|m| !m);
-    let mut answers = Vec::with_capacity(claims.len());
+    if lost {
+        ahead.forget(&reader);
+    }
+    let mut answers = Vec::with_capacity(n);
     for c in &claims {
         answers.push(match won.next() {
             Some(raw) => Some(read_claimed(tasks, &raw, &c.node).await),
@@ -182,6 +258,47 @@ async fn together(tasks: &Collection<Document>, updates: &Updates, claims: Vec<C
         .into_iter()
         .map(|a| a.unwrap_or_else(|| again.next().unwrap_or(Ok(None))))
         .collect()
+}
+
+/// The next `k` tasks `claim` may take, in the queue's order, as stored.
+async fn read_next(tasks: &Collection<Document>, claim: &Claim, k: usize) -> Result<Vec<Document>, Failure> {
+    let mut options = FindOptions::default();
+    options.sort = Some(order(claim.sort));
+    options.limit = Some(k as i64);
+    let cursor = tasks
+        .find(queued(claim.queue, &claim.node))
+        .with_options(options)
+        .await
+        .map_err(|e| Failure::of(db_err("read tasks to claim")(e)))?;
+    cursor
+        .try_collect()
+        .await
+        .map_err(|e| Failure::of(classify("read tasks to claim", &e)))
+}
+
+/// The claim of the task read as `raw` by `node`, written at `now`: made only while the
+/// task is still queued, unclaimed and unchanged since the read (its `mtime`), and before
+/// `until` by the database's clock when given.
+fn fenced_claim(raw: &Document, node: &str, until: Option<DateTime>, now: DateTime) -> FencedUpdate {
+    let mut filter = doc! {
+        "_id": raw.get("_id").cloned().unwrap_or(Bson::Null),
+        "node": unclaimed(),
+        "status": status::QUEUED,
+        "mtime": raw.get("mtime").cloned().unwrap_or(Bson::Null),
+    };
+    if let Some(until) = until {
+        filter.insert("$expr", doc! { "$lt": ["$$NOW", until] });
+    }
+    let update = doc! { "$set": { "node": node, "status": status::CLAIMED, "mtime": now } };
+    FencedUpdate { filter, update }
+}
+
+/// The task read as `raw` as its claim by `node` at `now` left it.
+fn as_claimed(mut raw: Document, node: &str, now: DateTime) -> Document {
+    raw.insert("node", node);
+    raw.insert("status", status::CLAIMED);
+    raw.insert("mtime", now);
+    raw
 }
 
 /// The failure `f` for each of `n` claims.

@@ -1,0 +1,169 @@
+//! Tasks read ahead for the claims to come ([`super::claims`]).
+//!
+//! A round of grouped claims reads a few more of the queue's next tasks than it claims and
+//! keeps the rest here, for [`READ_AHEAD_FOR`]: the next claims of the same queue by the
+//! same node take them from here instead of reading the queue again, and a worker's next
+//! claim goes with the end of its run in the same `bulkWrite` (see
+//! [`MongoStore::finish_and_claim`](super::MongoStore)). A task taken from here is claimed
+//! only by a fenced update (queued, unclaimed, its `mtime` as read), so one taken meanwhile
+//! by another claimer, changed or cancelled is simply not claimed; the claim then reads the
+//! queue again. Each task read is handed to one claim of this process only.
+//!
+//! The cost of reading ahead is order: a task queued after the read that comes first in the
+//! queue's order (a higher `priority`, or any newer task of a `lifo` queue) may be claimed
+//! after the tasks read, for at most [`READ_AHEAD_FOR`] (or as long as the store was told,
+//! [`MongoStore::read_ahead_for`](super::MongoStore::read_ahead_for)).
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bson::oid::ObjectId;
+use bson::Document;
+
+use crate::model::Sort;
+
+/// How many more tasks than it claims a round of grouped claims reads.
+pub(super) const READ_AHEAD: usize = 16;
+
+/// How long tasks read ahead are used for claims, unless the store says otherwise
+/// ([`Ahead::use_for`]).
+pub(super) const READ_AHEAD_FOR: Duration = Duration::from_millis(20);
+
+/// Which claims may take a task read ahead: of this queue, in this order, by this node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Reader {
+    pub queue: ObjectId,
+    pub sort: Sort,
+    pub node: String,
+}
+
+/// The tasks read ahead of one reader.
+struct Read {
+    reader: Reader,
+    at: Instant,
+    tasks: VecDeque<Document>,
+}
+
+/// The tasks read ahead by the claims of one store (cloning shares them).
+#[derive(Clone)]
+pub(super) struct Ahead {
+    reads: Arc<Mutex<Vec<Read>>>,
+    /// How long they are used, in microseconds.
+    fresh_for: Arc<AtomicU64>,
+}
+
+impl Default for Ahead {
+    fn default() -> Self {
+        Ahead {
+            reads: Arc::default(),
+            fresh_for: Arc::new(AtomicU64::new(READ_AHEAD_FOR.as_micros() as u64)),
+        }
+    }
+}
+
+impl Ahead {
+    /// Uses tasks read ahead for `d` after their read (zero: reads none ahead).
+    pub(super) fn use_for(&self, d: Duration) {
+        self.fresh_for
+            .store(d.as_micros().min(u64::MAX as u128) as u64, Ordering::Relaxed);
+    }
+
+    /// How long tasks read ahead are used.
+    pub(super) fn fresh_for(&self) -> Duration {
+        Duration::from_micros(self.fresh_for.load(Ordering::Relaxed))
+    }
+
+    /// Keeps `tasks` (raw, in the queue's order) for the claims of `reader` to come, in
+    /// place of what was kept for it.
+    pub(super) fn keep(&self, reader: &Reader, tasks: Vec<Document>) {
+        self.keep_at(reader, tasks, Instant::now())
+    }
+
+    /// [`Self::keep`], read at `at`.
+    fn keep_at(&self, reader: &Reader, tasks: Vec<Document>, at: Instant) {
+        let fresh_for = self.fresh_for();
+        let mut reads = self.reads.lock().unwrap_or_else(|e| e.into_inner());
+        reads.retain(|r| &r.reader != reader && at.saturating_duration_since(r.at) < fresh_for);
+        if !tasks.is_empty() && !fresh_for.is_zero() {
+            reads.push(Read {
+                reader: reader.clone(),
+                at,
+                tasks: tasks.into(),
+            });
+        }
+    }
+
+    /// Takes up to `n` of the tasks kept for `reader`, in the queue's order, while they are
+    /// fresh.
+    pub(super) fn take(&self, reader: &Reader, n: usize) -> Vec<Document> {
+        self.take_at(reader, n, Instant::now())
+    }
+
+    /// [`Self::take`] at `now`.
+    fn take_at(&self, reader: &Reader, n: usize, now: Instant) -> Vec<Document> {
+        let fresh_for = self.fresh_for();
+        let mut reads = self.reads.lock().unwrap_or_else(|e| e.into_inner());
+        reads.retain(|r| now.saturating_duration_since(r.at) < fresh_for && !r.tasks.is_empty());
+        match reads.iter_mut().find(|r| &r.reader == reader) {
+            Some(r) => {
+                let k = n.min(r.tasks.len());
+                r.tasks.drain(..k).collect()
+            }
+            None => Vec::new(),
+        }
+    }
+
+    /// Forgets what was kept for `reader` (a task of it was lost: the rest is likely stale).
+    pub(super) fn forget(&self, reader: &Reader) {
+        let mut reads = self.reads.lock().unwrap_or_else(|e| e.into_inner());
+        reads.retain(|r| &r.reader != reader);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bson::doc;
+
+    use super::*;
+
+    fn reader(node: &str) -> Reader {
+        Reader {
+            queue: ObjectId::from_bytes([1; 12]),
+            sort: Sort::Fifo,
+            node: node.into(),
+        }
+    }
+
+    #[test]
+    fn tasks_read_ahead_go_once_in_order_to_their_reader_only() {
+        let ahead = Ahead::default();
+        ahead.keep(&reader("a"), (0..5).map(|i| doc! { "i": i }).collect());
+        assert!(
+            ahead.take(&reader("b"), 3).is_empty(),
+            "another node's claims take none"
+        );
+        let first = ahead.take(&reader("a"), 2);
+        assert_eq!(first, vec![doc! { "i": 0 }, doc! { "i": 1 }]);
+        let rest = ahead.take(&reader("a"), 10);
+        assert_eq!(rest, vec![doc! { "i": 2 }, doc! { "i": 3 }, doc! { "i": 4 }]);
+        assert!(ahead.take(&reader("a"), 1).is_empty(), "each task is handed out once");
+        ahead.keep(&reader("a"), vec![doc! { "i": 9 }]);
+        ahead.forget(&reader("a"));
+        assert!(ahead.take(&reader("a"), 1).is_empty(), "forgotten");
+    }
+
+    #[test]
+    fn tasks_read_ahead_are_not_used_past_their_time() {
+        let ahead = Ahead::default();
+        let kept = Instant::now();
+        ahead.keep_at(&reader("a"), vec![doc! { "i": 1 }, doc! { "i": 2 }], kept);
+        assert_eq!(ahead.take_at(&reader("a"), 1, kept), vec![doc! { "i": 1 }]);
+        assert!(ahead.take_at(&reader("a"), 1, kept + READ_AHEAD_FOR).is_empty());
+        assert!(
+            ahead.take_at(&reader("a"), 1, kept).is_empty(),
+            "dropped once seen past its time"
+        );
+    }
+}
