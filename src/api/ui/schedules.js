@@ -13,7 +13,7 @@ async function showSchedules() {
       <td>${esc(s.name)}</td>
       <td><a href="#/queue/${encodeURIComponent(s.queue_name ?? s.queue)}">${esc(s.queue_name ?? s.queue)}</a></td>
       <td>${when(s)}<br><small>catch up ${esc(s.catch_up)}${s.catch_up === "all" ? " (" + esc(s.catch_up_limit) + ")" : ""}, overlap ${esc(s.overlap)}</small></td>
-      <td class="state">${s.paused ? "paused" : "active"}</td>
+      <td class="schedule-state">${s.paused ? "paused" : "active"}</td>
       <td class="next">${s.next.length ? s.next.map((t) => esc(new Date(t).toLocaleString())).join("<br>") : "-"}</td>
       <td class="last-task">${s.last_task ? `<a href="#/task/${encodeURIComponent(s.last_task.id)}">${esc(s.last_task.id)}</a><br><small>${esc(s.last_task.status_name)}</small>` : "-"}</td>
       <td><button class="toggle-schedule" data-name="${esc(s.name)}" data-paused="${s.paused}">${s.paused ? "resume" : "pause"}</button>
