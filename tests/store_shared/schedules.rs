@@ -18,6 +18,7 @@ on_both_stores!(
     two_leaders_create_each_occurrence_once,
     a_crash_between_insert_and_mark_creates_nothing_twice,
     overlap_skip_waits_for_the_previous_task,
+    daylight_saving_changes_through_a_test_clock,
 );
 
 fn at(s: &str) -> Timestamp {
@@ -259,4 +260,66 @@ async fn overlap_skip_waits_for_the_previous_task(s: Stores) {
         "{four:?}"
     );
     assert_eq!(keys_of(&*s.a, q.id).await.len(), 2);
+}
+
+/// Steps a leader's clock from `from` to `to` by `step` seconds, looking at every schedule
+/// at each step; the keys created, by schedule.
+async fn step_clock(s: &dyn Store, from: &str, to: &str, step: i64) {
+    let (mut now, end) = (at(from), at(to));
+    while now <= end {
+        for (name, outcome) in run_schedules(s, now).await.unwrap() {
+            outcome.unwrap_or_else(|e| panic!("schedule {name}: {e}"));
+        }
+        now = now.checked_add(SignedDuration::from_secs(step)).unwrap();
+    }
+}
+
+async fn daylight_saving_changes_through_a_test_clock(s: Stores) {
+    let hourly_q = queue(&*s.a, "hourly", 1, Sort::Fifo).await;
+    let daily_q = queue(&*s.a, "daily", 1, Sort::Fifo).await;
+    let zoned = |name: &str, q: ObjectId, cron: &str| Schedule {
+        cron: Some(cron.into()),
+        every: None,
+        timezone: "America/New_York".into(),
+        ..every_second(name, q, at("2026-01-01T00:00:00Z"))
+    };
+    // Fall back in New York, 2026-11-01: 01:00–02:00 happens twice.
+    let start = at("2026-11-01T03:30:00Z");
+    s.a.put_schedule(&zoned("hourly", hourly_q.id, "0 * * * *"), Some(&mark(start)))
+        .await
+        .unwrap();
+    // Spring forward, 2026-03-08: 02:00–03:00 does not happen.
+    let spring = at("2026-03-07T12:00:00Z");
+    s.a.put_schedule(&zoned("daily", daily_q.id, "30 2 * * *"), Some(&mark(spring)))
+        .await
+        .unwrap();
+    // Two leaders' clocks, ten minutes apart in their steps, over each change.
+    let (a, b) = (s.a.clone(), s.b.clone());
+    tokio::join!(
+        step_clock(&*a, "2026-03-07T12:00:00Z", "2026-03-10T12:00:00Z", 1800),
+        step_clock(&*b, "2026-03-07T12:10:00Z", "2026-03-10T12:10:00Z", 1800),
+    );
+    let daily: Vec<String> = ["2026-03-08T07:30:00Z", "2026-03-09T06:30:00Z", "2026-03-10T06:30:00Z"]
+        .iter()
+        .map(|t| occurrence_key("daily", at(t)))
+        .collect();
+    assert_eq!(
+        keys_of(&*s.a, daily_q.id).await,
+        daily.into_iter().map(|k| (k, 1)).collect::<BTreeMap<_, _>>(),
+        "02:30 on March 8 does not exist: 03:30 EDT that day, then 02:30 EDT"
+    );
+    assert!(s.a.delete_schedule("daily").await.unwrap());
+    tokio::join!(
+        step_clock(&*a, "2026-11-01T03:30:00Z", "2026-11-01T08:30:00Z", 600),
+        step_clock(&*b, "2026-11-01T03:35:00Z", "2026-11-01T08:35:00Z", 600),
+    );
+    let hourly: Vec<String> = ["04", "05", "06", "07", "08"]
+        .iter()
+        .map(|h| occurrence_key("hourly", at(&format!("2026-11-01T{h}:00:00Z"))))
+        .collect();
+    assert_eq!(
+        keys_of(&*s.a, hourly_q.id).await,
+        hourly.into_iter().map(|k| (k, 1)).collect::<BTreeMap<_, _>>(),
+        "00:00 EDT, 01:00 EDT, 01:00 EST, 02:00 EST, 03:00 EST: each once"
+    );
 }
