@@ -6,9 +6,11 @@
 //! "the newest occurrence at or before" a time. Cron expressions are read by `jiff-cron`
 //! (six fields with seconds first, or seven with a year; five fields get seconds 0;
 //! the shorthands `@yearly`, `@monthly`, `@weekly`, `@daily`, `@hourly`), in the zone's
-//! local time by `jiff`'s rules: an occurrence in a skipped hour (spring forward) does not
-//! happen; in a repeated hour (fall back) a daily time fires once (the first), while an
-//! hourly or finer expression fires in both. An interval counts from the schedule's
+//! local time by `jiff`'s rules, walked from one occurrence to the next: in a skipped hour
+//! (spring forward) an hourly or finer expression skips the times that do not exist and a
+//! daily time fires shifted by the gap (02:30 → 03:30); in a repeated hour (fall back) an
+//! hourly or finer expression fires in both and a daily time once, at its second instance
+//! (the tests of this module hold both). An interval counts from the schedule's
 //! `anchor` (its creation time, in whole seconds), in absolute time: its zone plays no
 //! part. Which occurrences become tasks is decided in `lifecycle::schedules`.
 
