@@ -4,8 +4,6 @@
 //! every second from the schedule's creation to its last occurrence, none missing. On
 //! MongoDB and on the embedded store.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,8 +18,8 @@ use disbatch::store::{Page, Store, TaskFilter};
 use jiff::{SignedDuration, Timestamp};
 use serde_json::json;
 
-use common::http::post;
-use common::{wait_for, DenProcess};
+use crate::common::http::post;
+use crate::common::{wait_for, DenProcess};
 
 /// The leader lease's length (`heartbeat_stale`) of the DENs here, in seconds.
 const STALE: u64 = 2;
@@ -164,7 +162,7 @@ async fn every_second_through_failures(store: Arc<dyn Store>, start: impl Fn(&st
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_second_through_failures_on_mongodb() {
-    let t = common::test_db("schedules_den").await;
+    let t = crate::common::test_db("schedules_den").await;
     let store: Arc<dyn Store> = Arc::new(MongoStore::from_database(t.db.clone()));
     let extra = json!({ "heartbeat_stale": STALE });
     every_second_through_failures(

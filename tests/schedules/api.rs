@@ -4,15 +4,13 @@
 //! Then the same through `disbatch schedules`, `set-schedule` and `delete-schedule`
 //! against a real `disbatch web`.
 
-mod common;
-
 use axum::http::{Method, StatusCode};
 use jiff::Timestamp;
 use serde_json::{json, Value};
 
-use common::http::{assert_bad, get, post, send, setup};
-use common::web::{run_disbatch, stderr};
-use common::{plugins_dir, Web};
+use crate::common::http::{assert_bad, get, post, send, setup};
+use crate::common::web::{run_disbatch, stderr};
+use crate::common::{plugins_dir, Web};
 
 async fn queue(app: &axum::Router, name: &str) -> String {
     let r = post(app, "/queues", json!({"name": name, "plugin": "demo"})).await;
