@@ -25,7 +25,7 @@
 //! `Host` allowlist and the `Origin` check of writes), `body` (the JSON body, form and
 //! path extractors), `timed_body` (bodies that must keep coming), `form` (forms, the
 //! same-site check, answer shapes),
-//! `json` (documents → JSON), `nodes`, `plugins`, `queues` (with `queue_fields`), `tasks`
+//! `json` (documents → JSON), `nodes`, `plugins`, `queues` (with `queue_fields`), `schedules`, `tasks`
 //! (with `search`, the parameters of `GET /tasks`, and `legacy_search`, Disbatch 4's
 //! deprecated `POST /tasks/search`), `create` (`POST /tasks`),
 //! `status` (info, monitoring, metrics), `counts` (task counts per queue without walking
@@ -54,6 +54,7 @@ mod plugins;
 mod queue_fields;
 mod queues;
 mod retry;
+mod schedules;
 mod search;
 mod source;
 mod stats;
@@ -196,6 +197,11 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/queues/{queue}"),
     ("POST", "/queues/{queue}"),
     ("DELETE", "/queues/{queue}"),
+    ("GET", "/schedules"),
+    ("POST", "/schedules"),
+    ("GET", "/schedules/{name}"),
+    ("POST", "/schedules/{name}"),
+    ("DELETE", "/schedules/{name}"),
     ("GET", "/tasks"),
     ("POST", "/tasks"),
     ("POST", "/tasks/cancel"),
@@ -233,6 +239,11 @@ pub fn router(state: ApiState) -> Router {
         .route(
             "/queues/{queue}",
             get(queues::one).post(queues::update).delete(queues::delete),
+        )
+        .route("/schedules", get(schedules::list).post(schedules::put))
+        .route(
+            "/schedules/{name}",
+            get(schedules::one).post(schedules::update).delete(schedules::delete),
         )
         .route("/tasks", get(tasks::search).post(create::create))
         .route("/tasks/cancel", post(lifecycle::cancel_queue))

@@ -4,7 +4,7 @@
 //!
 //! Parts: `command` (the verbs and their arguments), `client` (HTTP + errors), `input`
 //! (pairs and JSON arguments), `output` and `table` (what a person reads), `web` (the
-//! server verb), `dev` (a DEN and the DCI in one process, for trying Disbatch on one
+//! server verb), `schedules`, `dev` (a DEN and the DCI in one process, for trying Disbatch on one
 //! machine).
 
 mod after;
@@ -20,6 +20,7 @@ mod output;
 pub mod plugins;
 pub mod roles;
 pub mod scaffold;
+pub mod schedules;
 pub mod table;
 mod tasks;
 pub mod users;
@@ -309,6 +310,15 @@ pub async fn run(cli: &Cli) -> Result<(), CliError> {
             }
             out
         }),
+        Command::Schedules => Output::new(client.get("/schedules").await?, schedules::schedules_table),
+        Command::SetSchedule(args) => {
+            let path = format!("/schedules/{}", encode(&args.name));
+            Output::new(client.post(&path, &args.body()?).await?, schedules::set_text)
+        }
+        Command::DeleteSchedule { name } => Output::new(
+            client.delete(&format!("/schedules/{}", encode(name))).await?,
+            schedules::deleted_text,
+        ),
         Command::Balance => Output::new(client.get("/balance").await?, balance::balance_text),
         Command::SetBalance { balance: text } => {
             Output::new(client.post("/balance", &read_json(text)?).await?, balance::set_text)

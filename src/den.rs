@@ -44,6 +44,7 @@ mod progress;
 mod queues;
 mod result;
 mod retry;
+mod schedules;
 mod shutdown;
 mod slots;
 mod stats;
@@ -218,6 +219,8 @@ pub struct Den {
     leader_busy: std::sync::atomic::AtomicBool,
     /// Whether the node's reports after a heartbeat are running.
     reports_busy: std::sync::atomic::AtomicBool,
+    /// The last error of each schedule, logged once until it changes (`den/schedules.rs`).
+    schedule_errors: Mutex<std::collections::HashMap<String, String>>,
     /// Runs counted per (minute, queue), not yet stored.
     minute_stats: stats::MinuteStats,
     /// Queues whose claims failed permanently, left alone for a while.
@@ -253,6 +256,7 @@ impl Den {
             leading: Mutex::new(None),
             leader_busy: std::sync::atomic::AtomicBool::new(false),
             reports_busy: std::sync::atomic::AtomicBool::new(false),
+            schedule_errors: Mutex::default(),
             minute_stats: stats::MinuteStats::default(),
             claim_backoff: backoff::ClaimBackoff::default(),
         })

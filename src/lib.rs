@@ -9,16 +9,19 @@
 //!   `--plugin-dir` flags (`launch/flags`), opening MongoDB or the embedded SQLite store
 //!   (`launch/store`), building a DEN, serving the DCI (`launch/serve`), the runtime,
 //!   logging and signals.
-//! - [`den`]: the Disbatch Execution Node — heartbeat, orphan recovery, queue processing,
-//!   claiming within `threads`/`maxthreads`, running tasks and writing results back.
+//! - [`den`]: the Disbatch Execution Node — heartbeat, orphan recovery, the schedules'
+//!   tasks, queue processing, claiming within `threads`/`maxthreads`, running tasks and
+//!   writing results back.
 //! - [`lifecycle`]: the task state machine above the store — every rule deciding a
-//!   task's status, a slot, a node name, the leader or whether an action is allowed.
+//!   task's status, a slot, a node name, the leader, a schedule's occurrences or whether
+//!   an action is allowed.
 //! - [`model`]: the spec's documents as types — a file each for queues, nodes, tasks, node
-//!   stats, a task's `stop` and `progress`, retries and the balance; the status codes in
+//!   stats, a task's `stop` and `progress`, retries, the balance and schedules; the status codes in
 //!   `model::status`.
 //! - [`store`]: the store boundary — the `Store` trait of queries and fenced writes
 //!   (`store::change` for tasks, `store::slot_change`, `store::node_change`), one reader of
-//!   queue and node documents (`store::queue_doc`), group writes (`store::group`: calls
+//!   queue and node documents (`store::queue_doc`), schedules as stored
+//!   (`store::schedule_doc`), group writes (`store::group`: calls
 //!   made while one write is under way go together in the next), the MongoDB
 //!   implementation with String-chunk GridFS for large task output (`store::mongo`), and
 //!   the embedded SQLite one (`store::sqlite`). The stores translate; [`lifecycle`] decides.

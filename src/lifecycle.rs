@@ -17,6 +17,7 @@
 //! - [`batches`]: batch documents (the first size given wins).
 //! - [`deps`]: `after` dependencies: waiting, release, cancellation.
 //! - [`keys`]: unique task keys and resubmission.
+//! - [`schedules`]: periodic tasks: which occurrences are due, created exactly once.
 pub mod batches;
 pub mod deps;
 pub mod keys;
@@ -26,4 +27,5 @@ pub mod nodes;
 pub mod recovery;
 pub mod retry;
 pub mod run;
+pub mod schedules;
 pub mod slots;

@@ -8,7 +8,8 @@
 //! Parts: `queue` (a queue and its `sandbox` sub-document), `node` (a node and the process
 //! holding its name), `task` (a task and its outputs), `stats` (a node's histograms),
 //! `stop` (a task's `stop` and `progress`), `retry` (retry policies and attempts),
-//! [`balance`] (the QueueBalance's settings) and `lenient` (values as other clients write
+//! [`balance`] (the QueueBalance's settings), [`schedule`] (periodic tasks' definitions and
+//! times) and `lenient` (values as other clients write
 //! them).
 
 pub mod balance;
@@ -16,6 +17,7 @@ mod lenient;
 mod node;
 mod queue;
 mod retry;
+pub mod schedule;
 mod stats;
 mod stop;
 mod task;
@@ -28,6 +30,7 @@ pub use self::retry::{
     activity_timeout_from, counted_runs, kept_output, queue_lifecycle, Attempt, QueueLifecycle, RetryAt, RetryOn,
     RetryPolicy, BY_HAND, PREFER_OTHER_NODE, RESUBMITTED,
 };
+pub use self::schedule::{CatchUp, Overlap, Schedule};
 pub use self::stats::{Histogram, NodeStats, CLAIM_BUCKETS, RUN_BUCKETS};
 pub use self::stop::{StopAction, StopRequest, TaskProgress};
 pub use self::task::{Output, Task};

@@ -15,6 +15,7 @@ pub mod mongo;
 pub mod node_change;
 pub mod plugins;
 pub mod queue_doc;
+pub mod schedule_doc;
 pub mod slot_change;
 mod slots;
 pub mod sqlite;
@@ -27,6 +28,7 @@ pub use self::heads::{HeadFilter, HeadNode, TaskHead};
 pub use self::node_change::{NodeChange, NodeFence, NodeRecord};
 pub use self::plugins::{PluginRef, PluginStore, PluginVersion, Pushed};
 pub use self::queue_doc::QueueState;
+pub use self::schedule_doc::{ScheduleMark, ScheduleRecord};
 pub use self::slot_change::{
     BusyNode, BusyOf, Holder, Lease, Mark, RenewRule, RenewStep, SlotChange, SlotFence, SlotRow,
 };
@@ -40,7 +42,7 @@ use async_trait::async_trait;
 use bson::oid::ObjectId;
 use bson::{DateTime, Document};
 
-use crate::model::{Node, Output, Queue, StopRequest, Task, UnreadableQueue};
+use crate::model::{Node, Output, Queue, Schedule, StopRequest, Task, UnreadableQueue};
 
 /// Errors of a store operation.
 #[derive(Debug, thiserror::Error)]
@@ -198,6 +200,23 @@ pub trait Store: PluginStore + SlotStore + Send + Sync + 'static {
     /// Up to `limit` ended tasks, and batches, still marked `dependents`: ends not yet
     /// settled, for the leader's sweep.
     async fn unsettled(&self, limit: usize) -> StoreResult<Vec<Dependency>>;
+
+    // ---- schedules (see `lifecycle::schedules`) -----------------------------------------
+
+    /// Every schedule, by name. Malformed ones are left out with a warning (once).
+    async fn schedules(&self) -> StoreResult<Vec<ScheduleRecord>>;
+    /// The schedule named `name`, if any.
+    async fn schedule(&self, name: &str) -> StoreResult<Option<ScheduleRecord>>;
+    /// Inserts the schedule `schedule.name`, or replaces its definition. `mark` given sets
+    /// its progress mark too; `None` keeps the stored one (a new schedule without a mark is
+    /// [`StoreError::Invalid`]). The store checks nothing of the definition.
+    async fn put_schedule(&self, schedule: &Schedule, mark: Option<&ScheduleMark>) -> StoreResult<()>;
+    /// Deletes a schedule (its tasks stay). False when there is no such schedule.
+    async fn delete_schedule(&self, name: &str) -> StoreResult<bool>;
+    /// Compare-and-set of a schedule's mark: writes `new` when its `last` stands at
+    /// `expect`; false, with nothing written, otherwise (another leader moved it first, or
+    /// the schedule is gone).
+    async fn advance_schedule(&self, name: &str, expect: DateTime, new: &ScheduleMark) -> StoreResult<bool>;
 
     // ---- claiming and running (the DEN) ------------------------------------------------
 

@@ -128,6 +128,8 @@ mod restarts;
 mod results;
 #[path = "store_shared/retries.rs"]
 mod retries;
+#[path = "store_shared/schedules.rs"]
+mod schedules;
 #[path = "store_shared/slot_changes.rs"]
 mod slot_changes;
 #[path = "store_shared/stats.rs"]

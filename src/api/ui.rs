@@ -1,6 +1,6 @@
 //! The web UI: one HTML page with plain JavaScript files and CSS, embedded in the binary
 //! (no build step). `charts.js` draws the charts as SVG; `overview.js` is the landing
-//! page; `queues.js`, `tasks.js` and `admin.js` the other pages; `app.js` the shell.
+//! page; `queues.js`, `tasks.js`, `schedules.js` and `admin.js` the other pages; `app.js` the shell.
 
 use axum::extract::Path;
 use axum::http::{header, StatusCode};
@@ -20,6 +20,7 @@ const ASSETS: &[(&str, &str, &str)] = &[
     ("queues.js", JS, include_str!("ui/queues.js")),
     ("tasks.js", JS, include_str!("ui/tasks.js")),
     ("admin.js", JS, include_str!("ui/admin.js")),
+    ("schedules.js", JS, include_str!("ui/schedules.js")),
     ("app.css", "text/css; charset=utf-8", include_str!("ui/app.css")),
 ];
 const JS: &str = "text/javascript; charset=utf-8";

@@ -8,7 +8,7 @@ use super::lifecycle::{RetryArgs, StopArgs};
 use super::wait::WaitArgs;
 use std::path::PathBuf;
 
-use super::{dev, plugins, scaffold, users};
+use super::{dev, plugins, scaffold, schedules, users};
 use crate::launch::DEFAULT_EMBEDDED_PATH;
 
 /// The verbs.
@@ -184,6 +184,16 @@ pub enum Command {
     Monitoring,
     /// The QueueBalance: its limit now, lanes and `max_tasks` entries.
     Balance,
+    /// Schedules with their queue, times, next occurrence and last task.
+    Schedules,
+    /// Create a schedule, or change the options given of one: `set-schedule nightly
+    /// --queue q --cron '0 3 * * *' --timezone Europe/Berlin`, `set-schedule nightly --paused`.
+    SetSchedule(schedules::SetScheduleArgs),
+    /// Delete a schedule (its tasks stay).
+    DeleteSchedule {
+        /// Schedule name.
+        name: String,
+    },
     /// Create the MongoDB roles and users of Disbatch in the config's database, as a root
     /// user (`--config FILE --root-user U`); `--dry-run` prints them.
     CreateUsers(users::CreateUsersArgs),

@@ -39,7 +39,7 @@ pub const ROLES: [Role; 5] = [
     Role {
         name: "disbatchd",
         used_by: "the DEN (`den`): claims and runs tasks, heartbeats, QueueBalance slots and \
-                  lease, task outputs in GridFS, the per-minute counters, reads plugins from the store; \
+                  lease, the schedules' tasks, task outputs in GridFS, the per-minute counters, reads plugins from the store; \
                   creates the indexes",
         privileges: &[
             p("tasks", &["find", "insert", "update", "createIndex", "changeStream"]),
@@ -49,6 +49,7 @@ pub const ROLES: [Role; 5] = [
             p("balance", &["find", "insert", "update"]),
             p("batches", &["find", "update"]),
             p("leases", &["find", "insert", "update"]),
+            p("schedules", &["find", "update"]),
             p("minute_stats", &["find", "insert", "update", "remove", "createIndex"]),
             p("tasks.files", &["find", "insert", "update", "remove", "createIndex"]),
             p("tasks.chunks", &["find", "insert", "remove", "createIndex"]),
@@ -60,7 +61,7 @@ pub const ROLES: [Role; 5] = [
         name: "disbatch_web",
         used_by: "the DCI (`disbatch web`): reads everything (`create-tasks --collection` reads \
                   any collection of the database), writes queues, tasks, batches, the balance, \
-                  nodes' maxthreads and stored plugins, follows tasks by change stream; creates \
+                  schedules, nodes' maxthreads and stored plugins, follows tasks by change stream; creates \
                   the indexes at start as the DEN does",
         privileges: &[
             p(ANY_COLLECTION, &["find"]),
@@ -71,6 +72,7 @@ pub const ROLES: [Role; 5] = [
             p("balance", &["find", "insert", "update"]),
             p("batches", &["find", "insert", "update"]),
             p("leases", &["find"]),
+            p("schedules", &["find", "insert", "update", "remove"]),
             p("minute_stats", &["find", "createIndex"]),
             p("tasks.files", &["find", "createIndex"]),
             p("tasks.chunks", &["find", "createIndex"]),
@@ -211,6 +213,7 @@ mod tests {
             "balance",
             "batches",
             "leases",
+            "schedules",
             "tasks.files",
         ] {
             assert!(found.iter().any(|(_, v)| v == must), "{must} not found in {found:?}");

@@ -206,7 +206,8 @@ impl Den {
         }))
     }
 
-    /// Takes or renews the leader lease and, while this node leads, recovers orphans.
+    /// Takes or renews the leader lease and, while this node leads, recovers orphans and
+    /// creates the schedules' due tasks (`den/schedules.rs`).
     async fn leader_duties(&self) -> StoreResult<()> {
         let s = &self.settings;
         let began = tokio::time::Instant::now();
@@ -244,7 +245,10 @@ impl Den {
             before(now, s.orphan_claimed_after),
             before(now, s.heartbeat_stale),
         )
-        .await?;
+        .await;
+        // The schedules run whatever the sweep did, and the sweep's outcome is told after.
+        self.run_schedules().await;
+        let recovered = recovered?;
         if !recovered.orphaned.is_empty() {
             warn!(count = recovered.orphaned.len(), tasks = ?recovered.orphaned, "marked orphaned tasks (-6)");
         }

@@ -21,7 +21,7 @@
 //! changes grouped into shared `bulkWrite` commands), `claims` (the
 //! spec's claim, in groups), `ahead` (tasks read ahead for the claims to come), `queues` (queue documents and their task counts), `slots` (queue slot
 //! leases), `nodes` (heartbeats, the node-name guard, Disbatch 4 DENs on the same
-//! database), `leases`, `balance`, `batches`, `deps`, `kills`, `stats`, `plugins`, `files`
+//! database), `leases`, `balance`, `schedules`, `batches`, `deps`, `kills`, `stats`, `plugins`, `files`
 //! (task output files, kept in GridFS by `gridfs`) and `watch` (change streams).
 
 mod ahead;
@@ -41,6 +41,7 @@ mod nodes;
 mod plugins;
 mod queues;
 mod records;
+mod schedules;
 mod schema;
 mod slots;
 mod stats;
@@ -299,6 +300,30 @@ impl Store for MongoStore {
 
     async fn change_lease(&self, name: &str, expect: Option<&Leader>, new: &Leader) -> StoreResult<bool> {
         leases::change_lease(self, name, expect, new).await
+    }
+
+    async fn schedules(&self) -> StoreResult<Vec<super::ScheduleRecord>> {
+        self.schedules().await
+    }
+
+    async fn schedule(&self, name: &str) -> StoreResult<Option<super::ScheduleRecord>> {
+        self.schedule(name).await
+    }
+
+    async fn put_schedule(
+        &self,
+        schedule: &crate::model::Schedule,
+        mark: Option<&super::ScheduleMark>,
+    ) -> StoreResult<()> {
+        self.put_schedule(schedule, mark).await
+    }
+
+    async fn delete_schedule(&self, name: &str) -> StoreResult<bool> {
+        self.delete_schedule(name).await
+    }
+
+    async fn advance_schedule(&self, name: &str, expect: DateTime, new: &super::ScheduleMark) -> StoreResult<bool> {
+        self.advance_schedule(name, expect, new).await
     }
 
     async fn balance(&self) -> StoreResult<Option<Document>> {

@@ -21,6 +21,7 @@
 //! - `slots(queue, n, holder, expires, taken, want, want_until, reserved, reserved_until)`: the
 //!   queue slot leases, same rules as MongoDB's (see `slots`).
 //! - `leases(name, node, token, expires)`: the leader lease, same rules as MongoDB's.
+//! - `schedules(name, doc, last, last_task)`: schedules, same rules as MongoDB's.
 //! - `output_files(id, task, filename, length, upload_date, data)`: large outputs, the
 //!   GridFS files of the MongoDB store (`files`: written again in place, discarded when
 //!   unused).
@@ -35,7 +36,7 @@
 //! Parts, named as the MongoDB store's for the same concern: `connect`, `records` (rows ↔
 //! model), `schema` (tables, indexes, added columns), `writer` and `touched` (the writer
 //! thread and what a write tells the watchers), `tasks`, `change` (fenced task changes),
-//! `claims`, `queues`, `slots`, `nodes`, `leases`, `balance`, `batches`, `deps`, `kills`,
+//! `claims`, `queues`, `slots`, `nodes`, `leases`, `balance`, `schedules`, `batches`, `deps`, `kills`,
 //! `stats`, `plugins`, `files` (output files) and `watch`.
 
 mod balance;
@@ -51,6 +52,7 @@ mod nodes;
 mod plugins;
 mod queues;
 mod records;
+mod schedules;
 mod schema;
 mod slots;
 mod stats;
@@ -224,6 +226,7 @@ impl Store for SqliteStore {
             conn.execute_batch(batches::SCHEMA).map_err(db_err("create schema"))?;
             conn.execute_batch(deps::SCHEMA).map_err(db_err("create schema"))?;
             conn.execute_batch(stats::SCHEMA).map_err(db_err("create schema"))?;
+            conn.execute_batch(schedules::SCHEMA).map_err(db_err("create schema"))?;
             schema::migrate(conn)?;
             claims::migrate(conn)?;
             deps::migrate(conn)?;
@@ -367,6 +370,30 @@ impl Store for SqliteStore {
                 leases::change_lease(tx, &name, expect.as_ref(), &new)
             })
             .await
+    }
+
+    async fn schedules(&self) -> StoreResult<Vec<super::ScheduleRecord>> {
+        self.schedules().await
+    }
+
+    async fn schedule(&self, name: &str) -> StoreResult<Option<super::ScheduleRecord>> {
+        self.schedule(name).await
+    }
+
+    async fn put_schedule(
+        &self,
+        schedule: &crate::model::Schedule,
+        mark: Option<&super::ScheduleMark>,
+    ) -> StoreResult<()> {
+        self.put_schedule(schedule, mark).await
+    }
+
+    async fn delete_schedule(&self, name: &str) -> StoreResult<bool> {
+        self.delete_schedule(name).await
+    }
+
+    async fn advance_schedule(&self, name: &str, expect: DateTime, new: &super::ScheduleMark) -> StoreResult<bool> {
+        self.advance_schedule(name, expect, new).await
     }
 
     async fn balance(&self) -> StoreResult<Option<Document>> {

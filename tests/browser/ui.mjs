@@ -1,7 +1,7 @@
 // Drives the Disbatch web UI in headless Chromium: creates a queue, edits its threads,
 // submits a task and follows it until the DEN has run it, edits a node's maxthreads and
 // opens a finished task's GridFS-backed output, cancels a scheduled task, kills a
-// running one and retries it, uploads a plugin component, shows a DAG around a task. Screenshots go to OUT_DIR.
+// running one and retries it, uploads a plugin component, shows a DAG around a task, pauses and resumes a schedule. Screenshots go to OUT_DIR.
 // Usage: node ui.mjs <base-url> <finished-task-id> <expected-stdout-snippet> <out-dir> <component.wasm>
 import { join } from "node:path";
 import { launch } from "./launch.mjs";
@@ -182,6 +182,21 @@ try {
   await page.click("#nav-queues");
   await page.waitForSelector('tr[data-queue="browser-q"] .share');
   if (!(await page.textContent('tr[data-queue="browser-q"] .share')).includes("balance share")) throw new Error("queues page share");
+
+  // Schedules: listed with their next occurrences; paused and resumed from the page.
+  const sched = await post("/schedules", { name: "browser-s", queue: "browser-q", every: "1h", params: { message: "hourly" } });
+  if (sched.next?.length !== 5) throw new Error("schedule not created: " + JSON.stringify(sched));
+  await page.click("#nav-schedules");
+  await page.waitForSelector('tr[data-schedule="browser-s"] .next');
+  if ((await page.textContent('tr[data-schedule="browser-s"] .schedule-state')).trim() !== "active") throw new Error("schedule state");
+  await shot("schedules");
+  await page.click('tr[data-schedule="browser-s"] .toggle-schedule');
+  await page.waitForFunction(() => document.querySelector("#message").textContent.includes("paused browser-s"));
+  await page.waitForFunction(() => document.querySelector('tr[data-schedule="browser-s"] .schedule-state')?.textContent.trim() === "paused");
+  if ((await api("/schedules/browser-s")).paused !== true) throw new Error("schedule not paused");
+  await page.click('tr[data-schedule="browser-s"] .toggle-schedule');
+  await page.waitForFunction(() => document.querySelector("#message").textContent.includes("resumed browser-s"));
+  if ((await api("/schedules/browser-s")).paused !== false) throw new Error("schedule not resumed");
   if (errors.length) throw new Error("page errors: " + errors.join("; "));
   console.log(JSON.stringify({ ok: true, screenshots: step, submitted }));
 } catch (e) {

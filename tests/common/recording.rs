@@ -185,6 +185,21 @@ impl Store for Recording {
     async fn change_lease(&self, name: &str, expect: Option<&Leader>, new: &Leader) -> StoreResult<bool> {
         self.inner.change_lease(name, expect, new).await
     }
+    async fn schedules(&self) -> StoreResult<Vec<ScheduleRecord>> {
+        self.inner.schedules().await
+    }
+    async fn schedule(&self, name: &str) -> StoreResult<Option<ScheduleRecord>> {
+        self.inner.schedule(name).await
+    }
+    async fn put_schedule(&self, schedule: &disbatch::model::Schedule, mark: Option<&ScheduleMark>) -> StoreResult<()> {
+        self.inner.put_schedule(schedule, mark).await
+    }
+    async fn delete_schedule(&self, name: &str) -> StoreResult<bool> {
+        self.inner.delete_schedule(name).await
+    }
+    async fn advance_schedule(&self, name: &str, expect: DateTime, new: &ScheduleMark) -> StoreResult<bool> {
+        self.inner.advance_schedule(name, expect, new).await
+    }
     async fn balance(&self) -> StoreResult<Option<bson::Document>> {
         self.inner.balance().await
     }

@@ -66,6 +66,7 @@ async function render(refresh = false) {
     else if (path === "/queues") await showQueues();
     else if (path === "/nodes") await showNodes();
     else if (path === "/tasks") await showTasks(new URLSearchParams(query || ""));
+    else if (path === "/schedules") await showSchedules();
     else if (path === "/plugins") await showPlugins();
     else if (path === "/balance") await showBalance();
     else await showOverview();
