@@ -112,6 +112,20 @@ async fn a_refused_result_fails_its_own_task_alone_among_grouped_ones() {
     );
 }
 
+/// A `fifo` queue of `demo` with `threads` 16.
+async fn fifo_queue(store: &MongoStore, name: &str) -> disbatch::model::Queue {
+    store
+        .create_queue(NewQueue {
+            name: name.into(),
+            plugin: "demo".into(),
+            threads: Some(16),
+            sort: Sort::Fifo,
+            extra: Document::new(),
+        })
+        .await
+        .unwrap()
+}
+
 /// Claims as a Disbatch 4 DEN makes them: one `findOneAndUpdate` each, on a client of its
 /// own, until the queue is empty. Returns the ids claimed.
 async fn disbatch4_claimer(db: mongodb::Database, queue: bson::oid::ObjectId, node: &str) -> Vec<bson::oid::ObjectId> {
@@ -138,16 +152,7 @@ async fn disbatch4_claimer(db: mongodb::Database, queue: bson::oid::ObjectId, no
 async fn grouped_claims_beside_a_disbatch4_claimer_claim_every_task_once() {
     let t = common::test_db("grouped_claims").await;
     let (store, commands) = counted_store(&t).await;
-    let q = store
-        .create_queue(NewQueue {
-            name: "mixed".into(),
-            plugin: "demo".into(),
-            threads: Some(16),
-            sort: Sort::Fifo,
-            extra: Document::new(),
-        })
-        .await
-        .unwrap();
+    let q = fifo_queue(&store, "mixed").await;
     let n = 600;
     let ids = store.create_tasks(q.id, vec![doc! {}; n]).await.unwrap();
     let perl = {
@@ -236,16 +241,7 @@ async fn read_ahead(hint: &str) -> ReadAhead {
     let t = common::test_db(hint).await;
     let (store, commands) = counted_store(&t).await;
     let store = store.read_ahead_for(std::time::Duration::from_secs(600));
-    let q = store
-        .create_queue(NewQueue {
-            name: "ahead".into(),
-            plugin: "demo".into(),
-            threads: Some(16),
-            sort: Sort::Fifo,
-            extra: Document::new(),
-        })
-        .await
-        .unwrap();
+    let q = fifo_queue(&store, "ahead").await;
     let ids = store.create_tasks(q.id, vec![doc! {}; 40]).await.unwrap();
     let mut got = Vec::new();
     while commands.get("find") == 0 {
