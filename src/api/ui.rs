@@ -52,3 +52,45 @@ fn asset(content_type: &'static str, body: &'static str) -> impl IntoResponse {
         body,
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::ASSETS;
+
+    /// The scripts share the page's global scope: a name declared at the top level of two
+    /// of them is one name, and the later script's declaration replaces the earlier one's
+    /// for every page (or, for `const` and `let`, stops the later script).
+    #[test]
+    fn no_top_level_name_is_declared_by_two_scripts() {
+        let mut seen: HashMap<String, &str> = HashMap::new();
+        for (file, _, text) in ASSETS.iter().filter(|(f, _, _)| f.ends_with(".js")) {
+            for line in text.lines().filter(|l| !l.starts_with(char::is_whitespace)) {
+                let words: Vec<&str> = line.split_whitespace().collect();
+                let name = match words.as_slice() {
+                    ["async", "function", name, ..] | ["function", name, ..] => name,
+                    ["const" | "let" | "class", name, ..] => name,
+                    _ => continue,
+                };
+                let name: String = name
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == '$')
+                    .collect();
+                if name.is_empty() {
+                    continue;
+                }
+                if let Some(first) = seen.insert(name.clone(), file) {
+                    assert_eq!(
+                        first, *file,
+                        "{name} is declared at the top level of both {first} and {file}"
+                    );
+                }
+            }
+        }
+        assert!(
+            seen.contains_key("showSchedules") && seen.contains_key("when"),
+            "{seen:?}"
+        );
+    }
+}

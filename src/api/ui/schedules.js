@@ -1,7 +1,7 @@
 "use strict";
 // Disbatch web UI: the schedules (periodic tasks), their next occurrences and last task.
 
-function when(s) {
+function scheduleTiming(s) {
   if (s.cron != null) return `cron <code>${esc(s.cron)}</code> <small>${esc(s.timezone)}</small>`;
   return `every <code>${esc(s.every)}</code>`;
 }
@@ -12,7 +12,7 @@ async function showSchedules() {
     <tr data-schedule="${esc(s.name)}">
       <td>${esc(s.name)}</td>
       <td><a href="#/queue/${encodeURIComponent(s.queue_name ?? s.queue)}">${esc(s.queue_name ?? s.queue)}</a></td>
-      <td>${when(s)}<br><small>catch up ${esc(s.catch_up)}${s.catch_up === "all" ? " (" + esc(s.catch_up_limit) + ")" : ""}, overlap ${esc(s.overlap)}</small></td>
+      <td>${scheduleTiming(s)}<br><small>catch up ${esc(s.catch_up)}${s.catch_up === "all" ? " (" + esc(s.catch_up_limit) + ")" : ""}, overlap ${esc(s.overlap)}</small></td>
       <td class="schedule-state">${s.paused ? "paused" : "active"}</td>
       <td class="next">${s.next.length ? s.next.map((t) => esc(new Date(t).toLocaleString())).join("<br>") : "-"}</td>
       <td class="last-task">${s.last_task ? `<a href="#/task/${encodeURIComponent(s.last_task.id)}">${esc(s.last_task.id)}</a><br><small>${esc(s.last_task.status_name)}</small>` : "-"}</td>
