@@ -207,8 +207,10 @@ pub trait Store: PluginStore + SlotStore + Send + Sync + 'static {
     async fn schedules(&self) -> StoreResult<Vec<ScheduleRecord>>;
     /// The schedule named `name`, if any.
     async fn schedule(&self, name: &str) -> StoreResult<Option<ScheduleRecord>>;
-    /// Inserts the schedule `schedule.name`, or replaces its definition. `mark` given sets
-    /// its progress mark too; `None` keeps the stored one (a new schedule without a mark is
+    /// Inserts the schedule `schedule.name`, or replaces its definition. `mark` given is a
+    /// new schedule's progress mark; an existing schedule's `last` moves up to its `last`,
+    /// never back (a leader may have moved it since it was read), and keeps its task.
+    /// `None` keeps the stored mark (a new schedule without a mark is
     /// [`StoreError::Invalid`]). The store checks nothing of the definition.
     async fn put_schedule(&self, schedule: &Schedule, mark: Option<&ScheduleMark>) -> StoreResult<()>;
     /// Deletes a schedule (its tasks stay). False when there is no such schedule.

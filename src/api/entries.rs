@@ -97,6 +97,12 @@ pub(super) fn task_entries(v: Option<&Value>, now: DateTime) -> Result<Vec<Entry
         let after = parse_after(m, &format!("tasks[{i}]."))?;
         let key = match m.get("key") {
             None | Some(Value::Null) => None,
+            Some(Value::String(k)) if k.starts_with(crate::lifecycle::schedules::KEY_PREFIX) => {
+                return Err(ApiError::bad(format!(
+                    "field \"tasks[{i}].key\": keys beginning with {:?} are the schedules' own, got {k:?}",
+                    crate::lifecycle::schedules::KEY_PREFIX
+                )))
+            }
             Some(Value::String(k)) if !k.is_empty() && k.len() <= MAX_KEY => Some(k.clone()),
             Some(other) => {
                 return Err(ApiError::bad(format!(

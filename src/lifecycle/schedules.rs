@@ -35,6 +35,11 @@ pub const GRACE: SignedDuration = SignedDuration::from_secs(10);
 /// schedule) those walked are skipped and the next look goes on from there.
 pub const MAX_STEPS: usize = 100_000;
 
+/// The most occurrences one look at a schedule creates: the rest wait for the next look
+/// (the mark stops at the last created), so a schedule far behind holds up neither the
+/// other schedules nor the leader's other duties for long.
+pub const MOST_PER_LOOK: usize = 100;
+
 /// The occurrences to handle at one look.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Plan {
@@ -48,36 +53,41 @@ pub struct Plan {
 }
 
 /// The occurrences due at `now` after the mark `last`, by `catch_up`. The occurrences are
-/// walked forward from the mark (each the next one after the one before), so every
+/// always walked forward from the mark (each the next one after the one before), so every
 /// leader reading the same mark finds the same occurrences, across daylight-saving
-/// changes too; `none` starts [`GRACE`] before `now` when the mark is older.
+/// changes too; with `none`, those more than [`GRACE`] old are skipped.
 pub fn plan(timing: &Timing, catch_up: CatchUp, limit: i64, last: Timestamp, now: Timestamp) -> Plan {
     let keep = match catch_up {
         CatchUp::Last => 1,
         CatchUp::None | CatchUp::All => usize::try_from(limit.max(1)).unwrap_or(1),
     };
-    let window = now.checked_sub(GRACE).unwrap_or(now);
+    // With `none`, occurrences at or before this are too old to create.
+    let too_old = match catch_up {
+        CatchUp::None => now.checked_sub(GRACE).unwrap_or(now),
+        CatchUp::Last | CatchUp::All => last,
+    };
     let mut skipped: Option<(Timestamp, Timestamp)> = None;
-    let mut at = last;
-    if catch_up == CatchUp::None && window > last {
-        if let Some(first) = timing.next_after(last).filter(|o| *o <= window) {
-            skipped = Some((first, window));
-        }
-        at = window;
-    }
+    let skip = |o: Timestamp, skipped: &mut Option<(Timestamp, Timestamp)>| {
+        *skipped = Some((skipped.map_or(o, |(first, _)| first), o));
+    };
     let mut due = std::collections::VecDeque::with_capacity(keep.min(1024));
+    let mut at = last;
     let mut steps = 0;
     while let Some(o) = timing.next_after(at).filter(|o| *o <= now) {
-        if due.len() == keep {
-            let dropped = due.pop_front().unwrap_or(o);
-            skipped = Some((skipped.map_or(dropped, |(first, _)| first), dropped));
+        if o <= too_old {
+            skip(o, &mut skipped);
+        } else {
+            if due.len() == keep {
+                let dropped = due.pop_front().unwrap_or(o);
+                skip(dropped, &mut skipped);
+            }
+            due.push_back(o);
         }
-        due.push_back(o);
         at = o;
         steps += 1;
         if steps == MAX_STEPS {
             // Too far behind to walk at once: all walked is skipped, the next look goes on.
-            let first = skipped.map_or(due[0], |(first, _)| first);
+            let first = skipped.map_or(due.front().copied().unwrap_or(at), |(first, _)| first);
             return Plan {
                 create: Vec::new(),
                 skipped: Some((first, at)),
@@ -95,9 +105,13 @@ pub fn plan(timing: &Timing, catch_up: CatchUp, limit: i64, last: Timestamp, now
     }
 }
 
+/// How the keys of the schedules' tasks begin: reserved for them (a task submitted with
+/// such a key could stand for an occurrence to come).
+pub const KEY_PREFIX: &str = "schedule:";
+
 /// The key of the task of `schedule`'s occurrence at `at`.
 pub fn occurrence_key(schedule: &str, at: Timestamp) -> String {
-    format!("schedule:{schedule}:{}", key_time(at))
+    format!("{KEY_PREFIX}{schedule}:{}", key_time(at))
 }
 
 /// What happened to one occurrence.
@@ -138,7 +152,8 @@ pub async fn run_schedule(
     let plan = plan(&timing, s.catch_up, s.catch_up_limit, last, now);
     outcome.skipped = plan.skipped;
     let mut mark = record.mark.clone();
-    for at in plan.create {
+    let more = plan.create.len() > MOST_PER_LOOK;
+    for at in plan.create.into_iter().take(MOST_PER_LOOK) {
         let next = if s.overlap == Overlap::Skip && still_running(store, mark.task).await? {
             outcome.occurrences.push(Occurrence::Overlapped(at));
             ScheduleMark {
@@ -163,8 +178,9 @@ pub async fn run_schedule(
         }
         mark = next;
     }
-    // Only skipped occurrences (or some past the last created): the mark moves over them.
-    if let Some(newest) = plan.newest.filter(|n| date(*n) > mark.last) {
+    // Only skipped occurrences (or some past the last created): the mark moves over them,
+    // unless occurrences to create are left for the next look.
+    if let Some(newest) = plan.newest.filter(|n| !more && date(*n) > mark.last) {
         let next = ScheduleMark {
             last: date(newest),
             task: mark.task,
@@ -248,9 +264,10 @@ pub async fn run_schedules(
 }
 
 /// The mark a schedule gets when it is written at `now`: a new one starts at `now` (no
-/// occurrence before its creation); one resumed from a pause, or whose times changed
-/// (`cron`, `every`, `timezone`), moves up to `now` (its pause, or the old times, are
-/// not caught up); otherwise `None`: the stored mark stays.
+/// occurrence before its creation); one resumed from a pause, whose times changed
+/// (`cron`, `every`, `timezone`) or whose queue changed moves up to `now` (its pause, or
+/// the old times, are not caught up, and no occurrence handled in the old queue is
+/// created again in the new one); otherwise `None`: the stored mark stays.
 pub fn mark_on_write(old: Option<&ScheduleRecord>, new: &Schedule, now: Timestamp) -> Option<ScheduleMark> {
     let Some(r) = old else {
         return Some(ScheduleMark {
@@ -260,7 +277,7 @@ pub fn mark_on_write(old: Option<&ScheduleRecord>, new: &Schedule, now: Timestam
     };
     let o = &r.schedule;
     let resumed = o.paused && !new.paused;
-    let retimed = (&o.cron, &o.every, &o.timezone) != (&new.cron, &new.every, &new.timezone);
+    let retimed = (&o.cron, &o.every, &o.timezone, o.queue) != (&new.cron, &new.every, &new.timezone, new.queue);
     ((resumed || retimed) && r.mark.last < date(now)).then(|| ScheduleMark {
         last: date(now),
         task: r.mark.task,

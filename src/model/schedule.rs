@@ -77,7 +77,9 @@ impl Overlap {
     }
 }
 
-/// A schedule's definition, as stored.
+/// A schedule's definition, as stored. Read leniently, as other tools may write it: a
+/// missing field takes its default (an interval's anchor: the Unix epoch), and the limit
+/// may be any integral number.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Schedule {
     /// Its unique name.
@@ -85,23 +87,60 @@ pub struct Schedule {
     /// The queue its tasks go to.
     pub queue: ObjectId,
     /// The params of each task.
+    #[serde(default)]
     pub params: Document,
     /// A cron expression (exactly one of `cron` and `every` is set).
+    #[serde(default)]
     pub cron: Option<String>,
     /// A fixed interval such as `"30s"`, `"5m"`, `"1h30m"`, `"1d"`.
+    #[serde(default)]
     pub every: Option<String>,
     /// The IANA zone a cron expression is read in.
+    #[serde(default = "utc")]
     pub timezone: String,
     /// What to do with occurrences found past.
+    #[serde(default)]
     pub catch_up: CatchUp,
     /// How many past occurrences `catch_up: "all"` creates at most at once.
+    #[serde(default = "default_limit", deserialize_with = "integral")]
     pub catch_up_limit: i64,
     /// What to do while the previous occurrence's task has not ended.
+    #[serde(default)]
     pub overlap: Overlap,
     /// A paused schedule creates nothing.
+    #[serde(default)]
     pub paused: bool,
     /// Where an interval counts from: the schedule's creation, in whole seconds.
+    #[serde(default = "epoch")]
     pub anchor: DateTime,
+}
+
+fn utc() -> String {
+    "UTC".into()
+}
+
+fn default_limit() -> i64 {
+    DEFAULT_CATCH_UP_LIMIT
+}
+
+fn epoch() -> DateTime {
+    DateTime::from_millis(0)
+}
+
+/// An integral number of any BSON type (a 32- or 64-bit integer, a double without a
+/// fraction, as the legacy shell writes numbers, or a string of digits).
+fn integral<'de, D: serde::Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
+    use serde::de::Error;
+    match bson::Bson::deserialize(d)? {
+        bson::Bson::Int32(n) => Ok(n.into()),
+        bson::Bson::Int64(n) => Ok(n),
+        bson::Bson::Double(f) if f.fract() == 0.0 && f.abs() < 9.0e15 => Ok(f as i64),
+        bson::Bson::String(s) => s
+            .trim()
+            .parse()
+            .map_err(|_| D::Error::custom(format!("not an integer: {s:?}"))),
+        other => Err(D::Error::custom(format!("not an integer: {other}"))),
+    }
 }
 
 /// A field at fault and what is wrong with it.
@@ -140,14 +179,21 @@ pub enum Timing {
     },
 }
 
-/// Reads a cron expression: five fields get seconds 0 in front.
+/// Reads a cron expression: five fields get seconds 0 in front. The day of the week is
+/// crontab's in every form: 0 to 7, 0 and 7 both Sunday, 1 Monday (or the names `SUN` to
+/// `SAT`); the cron crate counts 1 (Sunday) to 7, so the numbers are translated.
 pub fn parse_cron(expr: &str) -> Result<jiff_cron::Schedule, FieldError> {
     let expr = expr.trim();
-    let fields = expr.split_whitespace().count();
-    let full = match fields {
+    let fields: Vec<&str> = expr.split_whitespace().collect();
+    let with_weekdays = |fields: &[&str]| -> Result<String, FieldError> {
+        let mut out: Vec<String> = fields.iter().map(|f| (*f).to_owned()).collect();
+        out[5] = crontab_weekdays(fields[5])?;
+        Ok(out.join(" "))
+    };
+    let full = match fields.len() {
         _ if expr.starts_with('@') => expr.to_owned(),
-        5 => format!("0 {expr}"),
-        6 | 7 => expr.to_owned(),
+        5 => with_weekdays(&[&["0"], &fields[..]].concat())?,
+        6 | 7 => with_weekdays(&fields)?,
         n => {
             return Err(bad(
                 "cron",
@@ -161,6 +207,57 @@ pub fn parse_cron(expr: &str) -> Result<jiff_cron::Schedule, FieldError> {
             format!("{expr:?} is not a cron expression: {}", e.to_string().trim()),
         )
     })
+}
+
+/// A crontab day-of-week field (0–7, 0 and 7 Sunday) in the cron crate's numbering (1–7,
+/// 1 Sunday): each number, range and stepped range becomes the list of days it names;
+/// `*`, `?` and names stay as they are.
+fn crontab_weekdays(field: &str) -> Result<String, FieldError> {
+    let mut out: Vec<String> = Vec::new();
+    for item in field.split(',') {
+        let (base, step) = match item.split_once('/') {
+            Some((b, s)) => (b, Some(s)),
+            None => (item, None),
+        };
+        if base == "*" || base == "?" || base.chars().any(|c| c.is_ascii_alphabetic()) {
+            out.push(item.to_owned());
+            continue;
+        }
+        let day = |t: &str| -> Result<u32, FieldError> {
+            t.parse::<u32>().ok().filter(|d| *d <= 7).ok_or_else(|| {
+                bad(
+                    "cron",
+                    format!("day of the week {t:?} in {field:?}: expected 0 to 7 (0 and 7 are Sunday) or SUN to SAT"),
+                )
+            })
+        };
+        let (from, to) = match base.split_once('-') {
+            Some((a, b)) => (day(a)?, day(b)?),
+            None if step.is_some() => (day(base)?, 6),
+            None => (day(base)?, day(base)?),
+        };
+        let step = match step {
+            Some(s) => s
+                .parse::<u32>()
+                .ok()
+                .filter(|s| *s > 0)
+                .ok_or_else(|| bad("cron", format!("step {s:?} in {field:?}: expected a positive number")))?,
+            None => 1,
+        };
+        if from > to {
+            return Err(bad(
+                "cron",
+                format!("days of the week {base:?} in {field:?} run backwards"),
+            ));
+        }
+        for d in (from..=to).step_by(step as usize) {
+            let theirs = (d % 7 + 1).to_string();
+            if !out.contains(&theirs) {
+                out.push(theirs);
+            }
+        }
+    }
+    Ok(out.join(","))
 }
 
 /// Reads an interval (`"30s"`, `"5m"`, `"2h"`, `"1d"`, `"1h30m"`, or an ISO 8601
@@ -228,9 +325,10 @@ impl Schedule {
     }
 }
 
-/// Checks a schedule name: 1 to [`MAX_NAME_LEN`] letters, digits, `.`, `_` or `-`.
+/// Checks a schedule name: 1 to [`MAX_NAME_LEN`] letters, digits, `.`, `_` or `-`, the
+/// first a letter or digit (so no name is `.` or `..`, which URLs resolve away).
 pub fn check_name(name: &str) -> Result<(), FieldError> {
-    let ok = !name.is_empty()
+    let ok = name.starts_with(|c: char| c.is_ascii_alphanumeric())
         && name.len() <= MAX_NAME_LEN
         && name
             .chars()
@@ -240,7 +338,7 @@ pub fn check_name(name: &str) -> Result<(), FieldError> {
     } else {
         Err(bad(
             "name",
-            format!("{name:?}: a schedule name is 1 to {MAX_NAME_LEN} letters, digits, '.', '_' or '-'"),
+            format!("{name:?}: a schedule name is 1 to {MAX_NAME_LEN} letters, digits, '.', '_' or '-', starting with a letter or digit"),
         ))
     }
 }
@@ -249,7 +347,13 @@ impl Timing {
     /// The first occurrence strictly after `t`.
     pub fn next_after(&self, t: Timestamp) -> Option<Timestamp> {
         match self {
-            Timing::Cron(expr, zone) => expr.after(t.to_zoned(zone.clone())).next().map(|z| z.timestamp()),
+            Timing::Cron(expr, zone) => {
+                // Occurrences are whole seconds; the walk starts from a whole second, since
+                // from a fraction the cron crate may answer the next second without
+                // checking its day of the week.
+                let t = Timestamp::from_second(t.as_second()).unwrap_or(t);
+                expr.after(t.to_zoned(zone.clone())).next().map(|z| z.timestamp())
+            }
             Timing::Every { anchor, every } => {
                 if t < *anchor {
                     return Some(*anchor);

@@ -132,6 +132,7 @@ async fn bad_input_is_a_400_naming_the_field() {
         (json!({"name": "s", "cron": "@daily"}), "\"queue\""),
         (json!({"queue": "q", "cron": "@daily"}), "\"name\""),
         (with("name", json!("a b")), "\"name\""),
+        (with("name", json!("..")), "\"name\""),
         (with("catch_up", json!("some")), "\"catch_up\""),
         (with("catch_up_limit", json!(0)), "\"catch_up_limit\""),
         (with("overlap", json!("maybe")), "\"overlap\""),
@@ -148,6 +149,14 @@ async fn bad_input_is_a_400_naming_the_field() {
     let r = post(&app, "/schedules/s", json!({})).await;
     assert_bad(&r, "nothing to change");
     assert_eq!(get(&app, "/schedules").await.json(), json!([]), "nothing written");
+    // The schedules' keys are theirs: no task submitted by hand stands for an occurrence.
+    let r = post(
+        &app,
+        "/tasks",
+        json!({"queue": "q", "tasks": [{"params": {}, "key": "schedule:s:2030-01-01T00:00:00Z"}]}),
+    )
+    .await;
+    assert_bad(&r, "\"tasks[0].key\"");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

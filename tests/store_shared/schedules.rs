@@ -19,6 +19,7 @@ on_both_stores!(
     a_crash_between_insert_and_mark_creates_nothing_twice,
     overlap_skip_waits_for_the_previous_task,
     daylight_saving_changes_through_a_test_clock,
+    one_look_creates_at_most_a_hundred_and_the_next_goes_on,
 );
 
 fn at(s: &str) -> Timestamp {
@@ -107,10 +108,20 @@ async fn schedules_are_written_read_and_deleted(s: Stores) {
     def.params = doc! { "message": "changed" };
     s.b.put_schedule(&def, None).await.unwrap();
     let read = s.a.schedule("b-every").await.unwrap().unwrap();
-    assert_eq!((read.schedule, read.mark), (def.clone(), moved));
-    // A mark given replaces it.
+    assert_eq!((read.schedule, read.mark), (def.clone(), moved.clone()));
+    // A mark given never moves an existing one back (a leader may have moved it since the
+    // writer read it), nor changes its task; a later one moves it up.
     s.b.put_schedule(&def, Some(&mark(t0))).await.unwrap();
-    assert_eq!(s.a.schedule("b-every").await.unwrap().unwrap().mark, mark(t0));
+    assert_eq!(s.a.schedule("b-every").await.unwrap().unwrap().mark, moved);
+    let later = at("2026-01-01T00:00:09Z");
+    s.b.put_schedule(&def, Some(&mark(later))).await.unwrap();
+    assert_eq!(
+        s.a.schedule("b-every").await.unwrap().unwrap().mark,
+        ScheduleMark {
+            last: date(later),
+            task: moved.task
+        }
+    );
     assert!(s.b.delete_schedule("b-every").await.unwrap());
     assert!(!s.a.delete_schedule("b-every").await.unwrap());
     assert_eq!(s.a.schedule("b-every").await.unwrap(), None);
@@ -197,6 +208,9 @@ async fn a_crash_between_insert_and_mark_creates_nothing_twice(s: Stores) {
             .count(),
         3
     );
+    // Its marks as they would stand had they never landed (a write never moves a mark
+    // back, so the schedule is written anew).
+    assert!(s.a.delete_schedule("tick").await.unwrap());
     s.a.put_schedule(&def, Some(&mark(t0))).await.unwrap();
     let stale = s.b.schedule("tick").await.unwrap().unwrap();
     let second = run_schedule(&*s.b, &stale, at("2026-01-01T00:00:04Z")).await.unwrap();
@@ -322,4 +336,24 @@ async fn daylight_saving_changes_through_a_test_clock(s: Stores) {
         hourly.into_iter().map(|k| (k, 1)).collect::<BTreeMap<_, _>>(),
         "00:00 EDT, 01:00 EDT, 01:00 EST, 02:00 EST, 03:00 EST: each once"
     );
+}
+
+async fn one_look_creates_at_most_a_hundred_and_the_next_goes_on(s: Stores) {
+    let q = queue(&*s.a, "sched", 1, Sort::Fifo).await;
+    let t0 = at("2026-01-01T00:00:00Z");
+    let mut def = every_second("behind", q.id, t0);
+    def.catch_up_limit = 1000;
+    s.a.put_schedule(&def, Some(&mark(t0))).await.unwrap();
+    // Five minutes behind: 300 occurrences due, 100 a look.
+    let now = at("2026-01-01T00:05:00Z");
+    for (look, created) in [(1, 100), (2, 200), (3, 300), (4, 300)] {
+        let record = s.a.schedule("behind").await.unwrap().unwrap();
+        run_schedule(&*s.a, &record, now).await.unwrap();
+        let keys = keys_of(&*s.b, q.id).await;
+        assert_eq!(keys.len(), created, "look {look}");
+        assert!(keys.values().all(|n| *n == 1), "look {look}: each once");
+        let mark = s.b.schedule("behind").await.unwrap().unwrap().mark;
+        let want = t0.checked_add(SignedDuration::from_secs(created as i64)).unwrap();
+        assert_eq!(timestamp(mark.last), want, "look {look}: the mark at the last created");
+    }
 }

@@ -59,13 +59,9 @@ fn none_skips_a_daily_occurrence_long_past() {
         at("2026-01-02T01:00:00Z"),
     );
     assert!(p.create.is_empty());
-    let window = at("2026-01-02T00:59:50Z");
-    assert_eq!(
-        p.skipped,
-        Some((at("2026-01-02T00:00:00Z"), window)),
-        "skipped up to the grace window"
-    );
-    assert_eq!(p.newest, Some(window));
+    let midnight = at("2026-01-02T00:00:00Z");
+    assert_eq!(p.skipped, Some((midnight, midnight)), "the occurrence past the grace");
+    assert_eq!(p.newest, Some(midnight), "the mark moves over it");
     let nothing = plan(
         &t,
         CatchUp::None,
@@ -264,5 +260,97 @@ fn a_resume_moves_the_mark_past_the_pause() {
         mark_on_write(Some(&running), &retimed, now).unwrap().last,
         date(now),
         "new times"
+    );
+    let moved = Schedule {
+        queue: ObjectId::new(),
+        ..def.clone()
+    };
+    assert_eq!(
+        mark_on_write(Some(&running), &moved, now).unwrap().last,
+        date(now),
+        "another queue: no occurrence handled in the old one is created again in the new one"
+    );
+}
+
+/// The occurrences a leader looking every 997 ms (so at every fraction of a second) from
+/// `from` to `to` creates, its mark starting at `mark` and moving as [`run_schedule`]
+/// moves it.
+fn looked_at_each_tick(t: &Timing, catch_up: CatchUp, mark: &str, from: &str, to: &str) -> Vec<Timestamp> {
+    let (mut last, mut now, to) = (at(mark), at(from), at(to));
+    let mut created = Vec::new();
+    while now <= to {
+        let p = plan(t, catch_up, 100, last, now);
+        created.extend(&p.create);
+        if let Some(newest) = p.newest {
+            last = newest;
+        }
+        now = now.checked_add(SignedDuration::from_millis(997)).unwrap();
+    }
+    created
+}
+
+fn cron_in(expr: &str, zone: &str) -> Timing {
+    Timing::Cron(Box::new(parse_cron(expr).unwrap()), parse_zone(zone).unwrap())
+}
+
+#[test]
+fn a_weekday_schedule_looked_at_every_fraction_of_a_second_fires_on_weekdays_only() {
+    // Friday 2026-01-02 to Monday 2026-01-05, 09:00 UTC each weekday.
+    let t = cron_in("0 9 * * 1-5", "UTC");
+    for (from, to, want) in [
+        (
+            "2026-01-02T08:59:30Z",
+            "2026-01-02T09:00:30Z",
+            vec![at("2026-01-02T09:00:00Z")],
+        ),
+        ("2026-01-03T08:59:30Z", "2026-01-03T09:00:30Z", vec![]),
+        ("2026-01-04T08:59:30Z", "2026-01-04T09:00:30Z", vec![]),
+        (
+            "2026-01-05T08:59:30Z",
+            "2026-01-05T09:00:30Z",
+            vec![at("2026-01-05T09:00:00Z")],
+        ),
+    ] {
+        for catch_up in [CatchUp::None, CatchUp::Last, CatchUp::All] {
+            let mark = at(from)
+                .checked_add(SignedDuration::from_millis(123))
+                .unwrap()
+                .to_string();
+            assert_eq!(
+                looked_at_each_tick(&t, catch_up, &mark, from, to),
+                want,
+                "{from} with {catch_up:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn daylight_saving_changes_looked_at_every_fraction_of_a_second_with_catch_up_none() {
+    // New York, 2026-11-01: 01:00–02:00 happens twice; a daily 01:30 fires once, in EST.
+    let fall = cron_in("30 1 * * *", "America/New_York");
+    assert_eq!(
+        looked_at_each_tick(
+            &fall,
+            CatchUp::None,
+            "2026-10-31T05:30:00Z",
+            "2026-11-01T05:20:00Z",
+            "2026-11-01T06:40:00Z"
+        ),
+        vec![at("2026-11-01T06:30:00Z")],
+        "the daily 01:30 on the day the clocks go back"
+    );
+    // 2026-03-08: 02:00–03:00 does not happen; a daily 02:30 fires at 03:30 EDT.
+    let spring = cron_in("30 2 * * *", "America/New_York");
+    assert_eq!(
+        looked_at_each_tick(
+            &spring,
+            CatchUp::None,
+            "2026-03-07T07:30:00Z",
+            "2026-03-08T06:50:00Z",
+            "2026-03-08T07:40:00Z"
+        ),
+        vec![at("2026-03-08T07:30:00Z")],
+        "the daily 02:30 on the day the clocks go forward"
     );
 }

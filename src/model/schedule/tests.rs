@@ -151,3 +151,64 @@ fn a_definition_round_trips_through_bson() {
     assert_eq!(d.get_str("catch_up").unwrap(), "none");
     assert_eq!(bson::from_document::<Schedule>(d).unwrap(), s);
 }
+
+#[test]
+fn days_of_the_week_are_crontabs() {
+    // 2026-01-05 is a Monday.
+    let t0 = at("2026-01-04T12:00:00Z");
+    let weekdays = cron("0 9 * * 1-5", "UTC");
+    assert_eq!(
+        weekdays.upcoming(t0, 6),
+        ["05", "06", "07", "08", "09", "12"].map(|d| at(&format!("2026-01-{d}T09:00:00Z"))),
+        "Monday to Friday"
+    );
+    for sunday in ["0 9 * * 0", "0 9 * * 7", "0 9 * * SUN", "0 0 9 * * 0"] {
+        assert_eq!(
+            cron(sunday, "UTC").next_after(t0),
+            Some(at("2026-01-11T09:00:00Z")),
+            "{sunday}"
+        );
+    }
+    let weekend = cron("0 9 * * 5-7", "UTC");
+    assert_eq!(
+        weekend.upcoming(t0, 3),
+        ["09", "10", "11"].map(|d| at(&format!("2026-01-{d}T09:00:00Z"))),
+        "Friday to Sunday"
+    );
+    let names = cron("0 9 * * MON-FRI", "UTC");
+    assert_eq!(names.next_after(t0), Some(at("2026-01-05T09:00:00Z")));
+    let every_other = cron("0 9 * * 1-5/2", "UTC");
+    assert_eq!(
+        every_other.upcoming(t0, 3),
+        ["05", "07", "09"].map(|d| at(&format!("2026-01-{d}T09:00:00Z"))),
+        "Monday, Wednesday, Friday"
+    );
+    for bad in ["0 9 * * 8", "0 9 * * 5-1", "0 9 * * 1/0"] {
+        assert_eq!(parse_cron(bad).unwrap_err().field, "cron", "{bad}");
+    }
+}
+
+#[test]
+fn names_start_with_a_letter_or_digit() {
+    for ok in ["nightly", "a.b", "0-report", "x_y"] {
+        assert!(check_name(ok).is_ok(), "{ok}");
+    }
+    for bad in [".", "..", "-x", "_x", "", "a/b", "a b", "é"] {
+        assert_eq!(check_name(bad).unwrap_err().field, "name", "{bad:?}");
+    }
+}
+
+#[test]
+fn a_definition_written_by_another_tool_is_read_leniently() {
+    let d = bson::doc! {
+        "name": "other", "queue": bson::oid::ObjectId::new(), "cron": "@daily",
+        "catch_up": "all", "catch_up_limit": 25.0_f64,
+    };
+    let s: Schedule = bson::from_document(d).unwrap();
+    assert_eq!((s.catch_up_limit, s.timezone.as_str(), s.paused), (25, "UTC", false));
+    assert_eq!(s.params, bson::Document::new());
+    let d = bson::doc! { "name": "n", "queue": bson::oid::ObjectId::new(), "every": "5s", "catch_up_limit": "7" };
+    assert_eq!(bson::from_document::<Schedule>(d).unwrap().catch_up_limit, 7);
+    let d = bson::doc! { "name": "n", "queue": bson::oid::ObjectId::new(), "every": "5s", "catch_up_limit": 2.5_f64 };
+    assert!(bson::from_document::<Schedule>(d).is_err(), "a fraction is no limit");
+}

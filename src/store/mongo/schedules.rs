@@ -93,11 +93,13 @@ impl MongoStore {
         let def = definition_doc(schedule)?;
         let err = db_err("write a schedule");
         let update = match mark {
-            Some(m) => {
-                let mut set = def;
-                set.extend(mark_doc(m));
-                doc! { "$set": set }
-            }
+            // A new schedule takes the mark; an existing one's moves up to it, never back
+            // (a leader may have moved it since it was read), its task kept.
+            Some(m) => doc! {
+                "$set": def,
+                "$max": { "last": m.last },
+                "$setOnInsert": { "last_task": m.task.map_or(Bson::Null, Bson::ObjectId) },
+            },
             None => {
                 let done = self
                     .schedule_docs()

@@ -103,7 +103,7 @@ impl SqliteStore {
             let n = match &mark {
                 Some(m) => tx.execute(
                     "INSERT INTO schedules (name, doc, last, last_task) VALUES (?1, ?2, ?3, ?4)
-                     ON CONFLICT (name) DO UPDATE SET doc = ?2, last = ?3, last_task = ?4",
+                     ON CONFLICT (name) DO UPDATE SET doc = ?2, last = MAX(last, ?3)",
                     params![name, bytes, m.last.timestamp_millis(), m.task.map(|t| t.to_hex())],
                 ),
                 None => tx.execute("UPDATE schedules SET doc = ?2 WHERE name = ?1", params![name, bytes]),
