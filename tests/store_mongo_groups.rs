@@ -378,3 +378,20 @@ async fn a_claim_read_ahead_past_its_deadline_claims_nothing() {
     assert!(matches!(claimed, Some(Ok(None))), "{claimed:?}");
     assert_eq!(r.task(r.ids[r.claimed]).await, (None, status::QUEUED), "still queued");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_task_read_ahead_then_waited_for_is_claimed_knowing_it() {
+    let r = read_ahead("ahead_waited").await;
+    let next = r.ids[r.claimed];
+    // Another request submits a task after it: marked, its `mtime` left as it was.
+    r.t.db
+        .collection::<Document>("tasks")
+        .update_one(doc! { "_id": next }, doc! { "$set": { "dependents": true } })
+        .await
+        .unwrap();
+    let (ended, claimed) = r.end(in_a_minute()).await;
+    assert!(ended);
+    let task = claimed.expect("a claim made").unwrap().expect("a task claimed");
+    assert_eq!(task.id, next);
+    assert!(task.dependents, "its worker knows to release what waits for it");
+}

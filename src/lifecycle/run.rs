@@ -110,7 +110,17 @@ pub async fn finish_and_claim(
         )),
         Some(done) if done.ended => Ok((true, Some(done.claimed))),
         Some(done) => {
-            let ended = other_end(store, task, node, code, (&stdout, &stderr), extra).await?;
+            let ended = match other_end(store, task, node, code, (&stdout, &stderr), extra).await {
+                Ok(ended) => ended,
+                Err(e) => {
+                    // The worker learns only of the error: a task claimed beside the end goes
+                    // back to its queue now (fenced on this node's claim).
+                    if let Ok(Some(t)) = &done.claimed {
+                        let _ = requeue_own(store, node, &[t.id]).await;
+                    }
+                    return Err(e);
+                }
+            };
             // A task claimed beside an end that did not apply plainly (a store that makes
             // both in one command whatever the end's fence found) is the worker's all the
             // same; with none claimed, the worker claims apart.

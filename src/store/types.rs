@@ -94,9 +94,11 @@ pub enum SlotRenewal {
 pub struct EndAndClaim {
     /// Whether the end of the run was written (its fence held).
     pub ended: bool,
-    /// The next claim: the task claimed (and started), or none (the end was not written, the
-    /// claim's deadline had passed, or no task is queued); an error for a claimed task that
-    /// cannot be read as one (marked failed, as [`Store::claim`](super::Store::claim) does).
+    /// The next claim: the task claimed (started on the embedded store, claimed on MongoDB),
+    /// or none (on the embedded store: the end was not written; the claim's deadline had
+    /// passed, or no task is queued); an error for a claimed task that cannot be read as one
+    /// (marked failed, as [`Store::claim`](super::Store::claim) does), or for a claim made
+    /// again on its own that failed (MongoDB).
     pub claimed: StoreResult<Option<crate::model::Task>>,
 }
 

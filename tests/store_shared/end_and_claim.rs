@@ -1,7 +1,10 @@
 //! The end of a worker's run and its next claim in one write
 //! (`lifecycle::run::finish_and_claim`, `Store::finish_and_claim`): the end lands whatever
-//! the claim finds, and the claim is made only with an end that landed plainly, before its
-//! deadline. A store that does not offer the one write ends the run and claims nothing.
+//! the claim finds, and the claim is made before its deadline; on the embedded store only
+//! with an end that landed plainly. A store that does not offer the one write (MongoDB with
+//! no task read ahead, as in these tests) ends the run and claims nothing. MongoDB's claim
+//! of a task read ahead, made beside an end whatever its fence found, is tested in
+//! `store_mongo_groups` (`a_task_claimed_beside_an_end_that_did_not_hold_is_the_workers`).
 
 use super::*;
 use disbatch::lifecycle::run::{self, FinishExtra};

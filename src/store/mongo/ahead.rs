@@ -11,7 +11,8 @@
 //!
 //! The cost of reading ahead is order: a task queued after the read that comes first in the
 //! queue's order (a higher `priority`, or any newer task of a `lifo` queue) may be claimed
-//! after the tasks read, for at most [`READ_AHEAD_FOR`] (or as long as the store was told,
+//! after the tasks read, when their claims were taken from here within [`READ_AHEAD_FOR`]
+//! of the read's start (a claim taken may then wait for its write) (or as long as the store was told,
 //! [`MongoStore::read_ahead_for`](super::MongoStore::read_ahead_for)).
 
 use std::collections::VecDeque;
@@ -75,14 +76,9 @@ impl Ahead {
         Duration::from_micros(self.fresh_for.load(Ordering::Relaxed))
     }
 
-    /// Keeps `tasks` (raw, in the queue's order) for the claims of `reader` to come, in
-    /// place of what was kept for it.
-    pub(super) fn keep(&self, reader: &Reader, tasks: Vec<Document>) {
-        self.keep_at(reader, tasks, Instant::now())
-    }
-
-    /// [`Self::keep`], read at `at`.
-    fn keep_at(&self, reader: &Reader, tasks: Vec<Document>, at: Instant) {
+    /// [`Self::keep`], read at `at` (when the read was sent: what the read saw is no
+    /// younger).
+    pub(super) fn keep_at(&self, reader: &Reader, tasks: Vec<Document>, at: Instant) {
         let fresh_for = self.fresh_for();
         let mut reads = self.reads.lock().unwrap_or_else(|e| e.into_inner());
         reads.retain(|r| &r.reader != reader && at.saturating_duration_since(r.at) < fresh_for);
@@ -139,7 +135,7 @@ mod tests {
     #[test]
     fn tasks_read_ahead_go_once_in_order_to_their_reader_only() {
         let ahead = Ahead::default();
-        ahead.keep(&reader("a"), (0..5).map(|i| doc! { "i": i }).collect());
+        ahead.keep_at(&reader("a"), (0..5).map(|i| doc! { "i": i }).collect(), Instant::now());
         assert!(
             ahead.take(&reader("b"), 3).is_empty(),
             "another node's claims take none"
@@ -149,7 +145,7 @@ mod tests {
         let rest = ahead.take(&reader("a"), 10);
         assert_eq!(rest, vec![doc! { "i": 2 }, doc! { "i": 3 }, doc! { "i": 4 }]);
         assert!(ahead.take(&reader("a"), 1).is_empty(), "each task is handed out once");
-        ahead.keep(&reader("a"), vec![doc! { "i": 9 }]);
+        ahead.keep_at(&reader("a"), vec![doc! { "i": 9 }], Instant::now());
         ahead.forget(&reader("a"));
         assert!(ahead.take(&reader("a"), 1).is_empty(), "forgotten");
     }

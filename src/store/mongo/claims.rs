@@ -210,9 +210,10 @@ async fn together(tasks: &Collection<Document>, updates: &Updates, ahead: &Ahead
             return vec![claim_one(tasks, first).await];
         }
         let more = if ahead.fresh_for().is_zero() { 0 } else { READ_AHEAD };
+        let sent = std::time::Instant::now();
         read = match read_next(tasks, first, n + more).await {
             Ok(mut docs) => {
-                ahead.keep(&reader, docs.split_off(n.min(docs.len())));
+                ahead.keep_at(&reader, docs.split_off(n.min(docs.len())), sent);
                 docs
             }
             Err(f) => return each_fails(n, &f),
@@ -277,7 +278,8 @@ async fn read_next(tasks: &Collection<Document>, claim: &Claim, k: usize) -> Res
 }
 
 /// The claim of the task read as `raw` by `node`, written at `now`: made only while the
-/// task is still queued, unclaimed and unchanged since the read (its `mtime`), and before
+/// task is still queued, unclaimed and unchanged since the read (its `mtime`, and whether
+/// others wait for it), and before
 /// `until` by the database's clock when given.
 fn fenced_claim(raw: &Document, node: &str, until: Option<DateTime>, now: DateTime) -> FencedUpdate {
     let mut filter = doc! {
@@ -285,6 +287,9 @@ fn fenced_claim(raw: &Document, node: &str, until: Option<DateTime>, now: DateTi
         "node": unclaimed(),
         "status": status::QUEUED,
         "mtime": raw.get("mtime").cloned().unwrap_or(Bson::Null),
+        // Marked as waited for since the read (which leaves `mtime` as it was): claimed
+        // anew, so its worker knows to release what waits for it.
+        "dependents": raw.get("dependents").cloned().unwrap_or(Bson::Null),
     };
     if let Some(until) = until {
         filter.insert("$expr", doc! { "$lt": ["$$NOW", until] });
