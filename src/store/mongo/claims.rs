@@ -282,7 +282,7 @@ async fn read_next(tasks: &Collection<Document>, claim: &Claim, k: usize) -> Res
 /// others wait for it), and before
 /// `until` by the database's clock when given.
 fn fenced_claim(raw: &Document, node: &str, until: Option<DateTime>, now: DateTime) -> FencedUpdate {
-    let mut filter = doc! {
+    let filter = doc! {
         "_id": raw.get("_id").cloned().unwrap_or(Bson::Null),
         "node": unclaimed(),
         "status": status::QUEUED,
@@ -291,11 +291,21 @@ fn fenced_claim(raw: &Document, node: &str, until: Option<DateTime>, now: DateTi
         // anew, so its worker knows to release what waits for it.
         "dependents": raw.get("dependents").cloned().unwrap_or(Bson::Null),
     };
-    if let Some(until) = until {
-        filter.insert("$expr", doc! { "$lt": ["$$NOW", until] });
-    }
+    let filter = before_deadline(filter, until);
     let update = doc! { "$set": { "node": node, "status": status::CLAIMED, "mtime": now } };
     FencedUpdate { filter, update }
+}
+
+/// `filter`, matching only while the database's clock is before `until` when given. The
+/// deadline is a clause of its own beside the filter (`$and`), not a key of it: a
+/// `$expr` at the top of a filter keeps some servers (`secantusd-rs`) from looking the
+/// task up by its `_id`, so each fenced claim read the whole collection (25 ms instead of
+/// 1.7 ms per claim beside 20,000 tasks).
+fn before_deadline(filter: Document, until: Option<DateTime>) -> Document {
+    match until {
+        Some(until) => doc! { "$and": [filter, { "$expr": { "$lt": ["$$NOW", until] } }] },
+        None => filter,
+    }
 }
 
 /// The task read as `raw` as its claim by `node` at `now` left it.
@@ -332,10 +342,7 @@ fn order(sort: Sort) -> Document {
 
 /// The spec's claim of one task: one `findOneAndUpdate`.
 async fn claim_one(tasks: &Collection<Document>, claim: &Claim) -> Claimed {
-    let mut filter = queued(claim.queue, &claim.node);
-    if let Some(until) = claim.until {
-        filter.insert("$expr", doc! { "$lt": ["$$NOW", until] });
-    }
+    let filter = before_deadline(queued(claim.queue, &claim.node), claim.until);
     let mut options = FindOneAndUpdateOptions::default();
     options.return_document = Some(ReturnDocument::After);
     options.sort = Some(order(claim.sort));
