@@ -42,6 +42,7 @@ mod output;
 mod plugins;
 mod progress;
 mod queues;
+mod rate;
 mod result;
 mod retry;
 mod schedules;
@@ -225,6 +226,8 @@ pub struct Den {
     minute_stats: stats::MinuteStats,
     /// Queues whose claims failed permanently, left alone for a while.
     claim_backoff: backoff::ClaimBackoff,
+    /// When a timer set for the first rate grant to free wakes the claim loop (`rate`).
+    rate_wake: Mutex<Option<tokio::time::Instant>>,
 }
 
 impl Den {
@@ -259,6 +262,7 @@ impl Den {
             schedule_errors: Mutex::default(),
             minute_stats: stats::MinuteStats::default(),
             claim_backoff: backoff::ClaimBackoff::default(),
+            rate_wake: Mutex::new(None),
         })
     }
 
@@ -343,9 +347,20 @@ impl Den {
                 if !self.store.has_queued(q.queue.id).await? {
                     break;
                 }
+                // A rate-limited queue's task is claimed only under a grant (`rate`).
+                let grant = match &q.queue.rate {
+                    None => None,
+                    Some(rate) => match self.take_grant(&q.queue, rate).await? {
+                        Some(g) => Some(g),
+                        None => break,
+                    },
+                };
                 let Some(slot) =
                     crate::lifecycle::slots::acquire_slot(&*self.store, &q.queue, &s.node, s.heartbeat_stale).await?
                 else {
+                    if let Some(g) = &grant {
+                        self.give_grant_back(g).await;
+                    }
                     if full && asked < self.room() && self.ask_for_slot(&q.queue).await {
                         asked += 1;
                     }
@@ -353,6 +368,9 @@ impl Den {
                 };
                 if self.lease_lapsed() {
                     self.give_back(slot).await;
+                    if let Some(g) = &grant {
+                        self.give_grant_back(g).await;
+                    }
                     break;
                 }
                 // Claimed only while the slot is still held (renewed in the same
@@ -360,7 +378,10 @@ impl Den {
                 // have lost the slot to another node, which then runs the queue's limit.
                 let (claimed, lapsed) = {
                     let _claiming = self.claims.read().await;
-                    let claimed = self.claim_with(&slot, &q.queue).await;
+                    let claimed = match grant {
+                        None => self.claim_with(&slot, &q.queue).await,
+                        Some(_) => self.claim_rated(&slot, &q.queue).await,
+                    };
                     let lapsed = matches!(claimed, Ok(Some(_))) && self.lease_lapsed();
                     if let (Ok(Some(task)), false) = (&claimed, lapsed) {
                         self.register(task, &slot);
@@ -376,11 +397,15 @@ impl Den {
                     }
                     Ok(Some(task)) => {
                         self.claim_backoff.succeeded(q.queue.id);
-                        self.spawn_worker(q.clone(), slot, task)
+                        self.spawn_worker(q.clone(), slot, task, grant.map(|g| g.at))
                     }
                     Ok(None) => {
                         self.claim_backoff.succeeded(q.queue.id);
                         self.give_back(slot).await;
+                        // Nothing started under it: the window keeps it.
+                        if let Some(g) = &grant {
+                            self.give_grant_back(g).await;
+                        }
                         break;
                     }
                     Err(e @ StoreError::Database(_)) => {

@@ -12,6 +12,7 @@
 //! - [`retry`]: retries after a failure, retry by hand, resubmission, reruns.
 //! - [`recovery`]: orphaned tasks of stale nodes and the slots they held.
 //! - [`slots`]: the in-use and free rules, the renew decision, the fair-share rotation.
+//! - [`rate`]: queue rate limits: grants, each row at most once per window.
 //! - [`nodes`]: node names held by one live process, `maxthreads`.
 //! - [`leader`]: the leader lease.
 //! - [`batches`]: batch documents (the first size given wins).
@@ -24,6 +25,7 @@ pub mod keys;
 pub mod leader;
 pub mod machine;
 pub mod nodes;
+pub mod rate;
 pub mod recovery;
 pub mod retry;
 pub mod run;

@@ -16,6 +16,7 @@ pub mod balance;
 mod lenient;
 mod node;
 mod queue;
+mod rate;
 mod retry;
 pub mod schedule;
 mod stats;
@@ -26,6 +27,7 @@ pub(crate) use self::lenient::opt_duration;
 pub use self::lenient::{lenient_int, MAX_EXACT_DOUBLE};
 pub use self::node::{NameHolder, Node, NodeProcess};
 pub use self::queue::{OnOrphan, Queue, QueueSandbox, Sort, UnreadableQueue};
+pub use self::rate::Rate;
 pub use self::retry::{
     activity_timeout_from, counted_runs, kept_output, queue_lifecycle, Attempt, QueueLifecycle, RetryAt, RetryOn,
     RetryPolicy, BY_HAND, PREFER_OTHER_NODE, RESUBMITTED,

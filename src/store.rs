@@ -15,6 +15,7 @@ pub mod mongo;
 pub mod node_change;
 pub mod plugins;
 pub mod queue_doc;
+mod rates;
 pub mod schedule_doc;
 pub mod slot_change;
 mod slots;
@@ -28,6 +29,7 @@ pub use self::heads::{HeadFilter, HeadNode, TaskHead};
 pub use self::node_change::{NodeChange, NodeFence, NodeRecord};
 pub use self::plugins::{PluginRef, PluginStore, PluginVersion, Pushed};
 pub use self::queue_doc::QueueState;
+pub use self::rates::{RateRow, RateStore};
 pub use self::schedule_doc::{ScheduleMark, ScheduleRecord};
 pub use self::slot_change::{
     BusyNode, BusyOf, Holder, Lease, Mark, RenewRule, RenewStep, SlotChange, SlotFence, SlotRow,
@@ -96,7 +98,7 @@ pub type StoreResult<T> = Result<T, StoreError>;
 
 /// The store boundary. All methods are safe to call from many DENs and DCIs at once.
 #[async_trait]
-pub trait Store: PluginStore + SlotStore + Send + Sync + 'static {
+pub trait Store: PluginStore + SlotStore + RateStore + Send + Sync + 'static {
     /// Creates collections and indexes as needed. Idempotent.
     async fn ensure_indexes(&self) -> StoreResult<()>;
 

@@ -412,3 +412,73 @@ async fn keys_make_submission_safe_to_repeat() {
         "resubmit",
     );
 }
+
+#[tokio::test]
+async fn rate_limits_are_checked_and_shown_with_their_use() {
+    let (db, app) = setup("api_rate", |_| {}).await;
+    let r = post(
+        &app,
+        "/queues",
+        json!({"name": "rated", "plugin": "demo", "threads": 0, "rate": {"max": 3, "per": "1m"}}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let q = get(&app, "/queues/rated").await.json();
+    assert_eq!(q["rate"], json!({"max": 3, "per": "1m"}), "{q}");
+    assert_eq!(q["rate_used"], 0, "{q}");
+    for (body, names) in [
+        (json!({"rate": {"max": 0, "per": "1s"}}), "rate.max"),
+        (json!({"rate": {"max": -2, "per": "1s"}}), "rate.max"),
+        (json!({"rate": {"max": 1.5, "per": "1s"}}), "rate.max"),
+        (json!({"rate": {"max": "3", "per": "1s"}}), "rate.max"),
+        (json!({"rate": {"max": 3, "per": "soon"}}), "rate.per"),
+        (json!({"rate": {"max": 3, "per": 0}}), "rate.per"),
+        (json!({"rate": {"max": 3, "per": "400 days"}}), "rate.per"),
+        (json!({"rate": {"max": 3}}), "rate.per"),
+        (json!({"rate": {"max": 3, "per": "1s", "burst": 9}}), "rate.burst"),
+        (json!({"rate": 10}), "rate"),
+    ] {
+        assert_bad(&post(&app, "/queues/rated", body.clone()).await, names);
+    }
+    // Grants taken show as `rate_used`, in the listing too.
+    let queue = db
+        .store
+        .queues()
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|q| q.name == "rated")
+        .unwrap();
+    let rate = queue.rate.unwrap();
+    for node in ["a", "b"] {
+        let taken = disbatch::lifecycle::rate::take(&db.store, queue.id, &rate, node, bson::DateTime::now())
+            .await
+            .unwrap();
+        assert!(matches!(taken, disbatch::lifecycle::rate::Take::Granted(_)));
+    }
+    let all = get(&app, "/queues").await.json();
+    let listed = all.as_array().unwrap().iter().find(|q| q["name"] == "rated").unwrap();
+    assert_eq!(listed["rate_used"], 2, "{listed}");
+    // Changed, then removed with null.
+    let r = post(&app, "/queues/rated", json!({"rate": {"max": 10, "per": 1}})).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(
+        get(&app, "/queues/rated").await.json()["rate"],
+        json!({"max": 10, "per": "1s"})
+    );
+    let r = post(&app, "/queues/rated", json!({"rate": null})).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let q = get(&app, "/queues/rated").await.json();
+    assert!(q["rate"].is_null() && q.get("rate_used").is_none(), "{q}");
+    // A `rate` written badly by another tool keeps the queue listed, starting nothing.
+    db.db
+        .collection::<bson::Document>("queues")
+        .update_one(
+            bson::doc! {"name": "rated"},
+            bson::doc! {"$set": {"rate": {"max": "lots", "per": "1s"}}},
+        )
+        .await
+        .unwrap();
+    let q = get(&app, "/queues/rated").await.json();
+    assert_eq!(q["rate"]["max"], 0, "{q}");
+}

@@ -122,6 +122,8 @@ mod lifecycle;
 mod nodes;
 #[path = "store_shared/queues.rs"]
 mod queues;
+#[path = "store_shared/rate.rs"]
+mod rate;
 #[path = "store_shared/restarts.rs"]
 mod restarts;
 #[path = "store_shared/results.rs"]

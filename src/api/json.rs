@@ -63,6 +63,9 @@ pub(super) fn task(t: &Task, view: &TaskView) -> Value {
     if let Some(p) = t.priority {
         m.insert("priority".into(), json!(p));
     }
+    if let Some(at) = &t.started {
+        m.insert("started".into(), date(at, view.epoch));
+    }
     if let Some(at) = &t.run_at {
         m.insert("run_at".into(), date(at, view.epoch));
     }
@@ -164,6 +167,7 @@ pub(super) fn queue(q: &Queue, counts: Option<&StatusCounts>) -> Value {
         "activity_timeout": q.activity_timeout.map(|d| humantime::format_duration(d).to_string()),
         "next_queue": q.next_queue,
         "maxthreads": q.maxthreads,
+        "rate": q.rate.map(|r| r.to_json()),
         "queued": queued,
         "running": running,
         "completed": completed,
@@ -187,6 +191,7 @@ pub(super) fn unreadable_queue(q: &UnreadableQueue, counts: Option<&StatusCounts
             activity_timeout: None,
             next_queue: None,
             maxthreads: None,
+            rate: None,
         },
         counts,
     );
@@ -199,6 +204,7 @@ pub(super) fn unreadable_queue(q: &UnreadableQueue, counts: Option<&StatusCounts
         "retry",
         "activity_timeout",
         "next_queue",
+        "rate",
     ] {
         value[field] = Value::Null;
     }

@@ -24,7 +24,7 @@ pub(super) struct Fields {
 }
 
 pub(super) const QUEUE_FIELDS: &str =
-    "name, plugin, threads, sort, sandbox, on_orphan, retry, activity_timeout, next_queue";
+    "name, plugin, threads, sort, sandbox, on_orphan, retry, activity_timeout, next_queue, rate";
 
 pub(super) fn fields(state: &Shared, body: &Map<String, Value>) -> Result<Fields, ApiError> {
     let mut f = Fields::default();
@@ -78,6 +78,14 @@ pub(super) fn fields(state: &Shared, body: &Map<String, Value>) -> Result<Fields
                     )))
                 }
             },
+            "rate" if v.is_null() => {
+                f.extra.insert("rate", bson::Bson::Null);
+            }
+            "rate" => {
+                let b = bson::Bson::try_from(v.clone()).map_err(|e| ApiError::bad(format!("field \"rate\": {e}")))?;
+                let rate = crate::model::Rate::parse(&b).map_err(ApiError::bad)?;
+                f.extra.insert("rate", rate.to_bson());
+            }
             "retry" | "activity_timeout" if v.is_null() => {
                 f.extra.insert(k.as_str(), bson::Bson::Null);
             }
@@ -369,6 +377,7 @@ mod tests {
             activity_timeout: None,
             next_queue: None,
             maxthreads: None,
+            rate: None,
         };
         q.sandbox.submit = submit.iter().map(|s| s.to_string()).collect();
         q.next_queue = next.map(str::to_string);

@@ -69,7 +69,7 @@ fn keep_hidden(body: &mut serde_json::Map<String, Value>, before: &Found) -> Res
 }
 
 /// The fields of a queue a form may give as JSON text.
-const JSON_FIELDS: [&str; 2] = ["sandbox", "retry"];
+const JSON_FIELDS: [&str; 3] = ["sandbox", "retry", "rate"];
 
 /// A queue found by `_id` or name: readable, or a document that cannot be read as a queue.
 pub(super) enum Found {
@@ -126,9 +126,12 @@ pub(super) async fn list(State(state): State<Shared>, headers: HeaderMap) -> Res
     let unreadable = state.store.unreadable_queues().await?;
     let counts = state.counts.counts(state.store.as_ref()).await?;
     let reports = problem_reports(&state).await?;
-    let readable = queues
-        .iter()
-        .map(|q| with_problems(json::queue(q, counts.get(&q.id)), q.id, &reports));
+    let mut readable = Vec::with_capacity(queues.len());
+    for q in &queues {
+        let value = with_rate_used(&state, q, json::queue(q, counts.get(&q.id))).await?;
+        readable.push(with_problems(value, q.id, &reports));
+    }
+    let readable = readable.into_iter();
     let unreadable = unreadable
         .iter()
         .map(|u| with_problems(json::unreadable_queue(u, counts.get(&u.id)), u.id, &reports));
@@ -147,7 +150,7 @@ pub(super) async fn one(
     let counts = state.counts.counts(state.store.as_ref()).await?;
     let reports = problem_reports(&state).await?;
     let value = match &found {
-        Found::Queue(q) => json::queue(q, counts.get(&q.id)),
+        Found::Queue(q) => with_rate_used(&state, q, json::queue(q, counts.get(&q.id))).await?,
         Found::Unreadable(u) => json::unreadable_queue(u, counts.get(&u.id)),
     };
     Ok(Json(shown(
@@ -155,6 +158,16 @@ pub(super) async fn one(
         &headers,
         with_problems(value, found.id(), &reports),
     )))
+}
+
+/// A queue's JSON with `rate_used` (the grants its window holds now, read from its grant
+/// rows: `lifecycle::rate`) when it has a `rate`.
+async fn with_rate_used(state: &Shared, q: &Queue, mut value: Value) -> Result<Value, ApiError> {
+    if let Some(rate) = &q.rate {
+        let used = crate::lifecycle::rate::in_use(state.store.as_ref(), q.id, rate).await?;
+        value["rate_used"] = serde_json::json!(used);
+    }
+    Ok(value)
 }
 
 /// The queue problems of the fresh nodes: `(node, queue id in hex → reason)`.

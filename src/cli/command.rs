@@ -72,7 +72,8 @@ pub enum Command {
     UpdateQueue {
         /// Queue id or name.
         queue: String,
-        /// Pairs of field and value (name, plugin, threads, sort, sandbox, on_orphan).
+        /// Pairs of field and value (name, plugin, threads, sort, sandbox, on_orphan, retry,
+        /// activity_timeout, next_queue, rate as JSON `{"max": 10, "per": "1s"}`).
         #[arg(required = true, num_args = 2..)]
         pairs: Vec<String>,
     },

@@ -101,6 +101,18 @@ mod tests {
     }
 
     #[test]
+    fn a_queue_rate_is_json() {
+        let words: Vec<String> = ["rate", r#"{"max": 10, "per": "1s"}"#, "threads", "4"]
+            .iter()
+            .map(|w| w.to_string())
+            .collect();
+        assert_eq!(
+            queue_fields(&words).unwrap(),
+            json!({"rate": {"max": 10, "per": "1s"}, "threads": 4})
+        );
+    }
+
+    #[test]
     fn task_values_are_strings_unless_typed() {
         assert_eq!(
             params(&["message", "hi", "repeat", "2", "ok", "true", "obj", "{\"a\":1}"]).unwrap(),

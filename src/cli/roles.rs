@@ -39,13 +39,14 @@ pub const ROLES: [Role; 5] = [
     Role {
         name: "disbatchd",
         used_by: "the DEN (`den`): claims and runs tasks, heartbeats, QueueBalance slots and \
-                  lease, the schedules' tasks, task outputs in GridFS, the per-minute counters, reads plugins from the store; \
+                  lease, rate grants, the schedules' tasks, task outputs in GridFS, the per-minute counters, reads plugins from the store; \
                   creates the indexes",
         privileges: &[
             p("tasks", &["find", "insert", "update", "createIndex", "changeStream"]),
             p("queues", &["find", "update", "createIndex"]),
             p("nodes", &["find", "insert", "update", "createIndex"]),
             p("slots", &["find", "insert", "update", "createIndex"]),
+            p("rates", &["find", "insert", "update", "createIndex"]),
             p("balance", &["find", "insert", "update"]),
             p("batches", &["find", "update"]),
             p("leases", &["find", "insert", "update"]),
@@ -69,6 +70,7 @@ pub const ROLES: [Role; 5] = [
             p("queues", &["find", "insert", "update", "remove", "createIndex"]),
             p("nodes", &["find", "update", "createIndex"]),
             p("slots", &["find", "remove", "createIndex"]),
+            p("rates", &["find", "createIndex"]),
             p("balance", &["find", "insert", "update"]),
             p("batches", &["find", "insert", "update"]),
             p("leases", &["find"]),

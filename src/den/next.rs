@@ -53,7 +53,7 @@ impl Den {
     /// The claim to make with the end of a run of `queue`'s task, when the worker would make
     /// it on its slot's last renewal right after: not stopping, the queue keeping the slot
     /// ([`Self::keeps_slot`]), no QueueBalance share on the queue (the slots in use are
-    /// counted before such a claim), the node's lease running, and the renewal still in use
+    /// counted before such a claim), no `rate` (each task needs its own grant: `rate`), the node's lease running, and the renewal still in use
     /// ([`slots::claim_on_renewal`]). None otherwise: the worker decides after the end.
     pub(super) async fn claim_with_end(
         &self,
@@ -65,7 +65,7 @@ impl Den {
             return None;
         }
         let queue = self.keeps_slot(queue, slot)?;
-        if queue.queue.maxthreads.is_some() || self.lease_lapsed() {
+        if queue.queue.maxthreads.is_some() || queue.queue.rate.is_some() || self.lease_lapsed() {
             return None;
         }
         let timing = (self.settings.heartbeat_stale, self.settings.tick);

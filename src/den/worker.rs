@@ -23,11 +23,19 @@ use crate::store::{Slot, SlotRenewal, StoreResult};
 pub(super) const HOST_CALL_GRACE: Duration = Duration::from_secs(1);
 
 impl Den {
-    pub(super) fn spawn_worker(self: &Arc<Self>, queue: Arc<QueueState>, slot: Slot, task: Task) {
+    /// Runs `task` with `slot`; `granted` is the time of the rate grant it starts under,
+    /// for a task of a rate-limited queue (`rate`).
+    pub(super) fn spawn_worker(
+        self: &Arc<Self>,
+        queue: Arc<QueueState>,
+        slot: Slot,
+        task: Task,
+        granted: Option<bson::DateTime>,
+    ) {
         self.running.fetch_add(1, Ordering::SeqCst);
         let den = self.clone();
         tokio::spawn(async move {
-            let slot = den.clone().work(queue, slot, task).await;
+            let slot = den.clone().work(queue, slot, task, granted).await;
             if let Some(slot) = slot {
                 den.give_back(slot).await;
             }
@@ -38,7 +46,13 @@ impl Den {
 
     /// Runs `task`, then the queue's next tasks while the queue and node allow it.
     /// Returns the slot to release (None when the drain already gave it up).
-    async fn work(self: Arc<Self>, mut queue: Arc<QueueState>, slot: Slot, first: Task) -> Option<Slot> {
+    async fn work(
+        self: Arc<Self>,
+        mut queue: Arc<QueueState>,
+        slot: Slot,
+        first: Task,
+        mut granted: Option<bson::DateTime>,
+    ) -> Option<Slot> {
         let mut task = first;
         // The slot's last renewal, claimed on until it is a tick old.
         let mut renewed = None;
@@ -53,7 +67,10 @@ impl Den {
                 return None;
             }
             let span = info_span!("task", task = %task.id, queue = %queue.queue.name);
-            let with_end = self.execute(&queue, &task, (&slot, &renewed)).instrument(span).await;
+            let with_end = self
+                .execute(&queue, &task, (&slot, &renewed), granted.take())
+                .instrument(span)
+                .await;
             let ours = self
                 .in_flight
                 .lock()
@@ -126,8 +143,12 @@ impl Den {
         slot: &Slot,
         renewed: &mut Option<slots::Renewed>,
     ) -> Option<(std::time::Instant, StoreResult<(SlotRenewal, Option<Task>)>)> {
-        // Keep the slot for the queue's next task while everything still allows it.
+        // Keep the slot for the queue's next task while everything still allows it; a
+        // rate-limited queue's next task needs a grant of its own, taken by the claim loop.
         *queue = self.keeps_slot(queue.queue.id, slot)?;
+        if queue.queue.rate.is_some() {
+            return None;
+        }
         // A queue the QueueBalance lowered gives slots back as its tasks end, whichever
         // slots they are, so a priority lane waits for the first of them, not for one.
         if queue.queue.maxthreads.is_some() {
@@ -187,15 +208,27 @@ impl Den {
         queue: &QueueState,
         task: &Task,
         (slot, renewed): (&Slot, &Option<slots::Renewed>),
+        granted: Option<bson::DateTime>,
     ) -> Option<ClaimedWithEnd> {
         let node = &self.settings.node;
-        // A task the store claimed and started in one write needs no start.
+        // A task the store claimed and started in one write needs no start; one started
+        // under a rate grant records the grant's time as its `started`.
         let started = async {
             if task.status == status::RUNNING {
                 return Ok(true);
             }
-            self.retry("mark running", || lifecycle::run::start(&*self.store, task.id, node))
-                .await
+            match granted {
+                Some(at) => {
+                    self.retry("mark running", || {
+                        lifecycle::run::start_at(&*self.store, task.id, node, at)
+                    })
+                    .await
+                }
+                None => {
+                    self.retry("mark running", || lifecycle::run::start(&*self.store, task.id, node))
+                        .await
+                }
+            }
         };
         match started.await {
             Ok(true) => {}

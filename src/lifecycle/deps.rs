@@ -328,6 +328,7 @@ mod tests {
             stderr: None,
             problem: None,
             run_at: run_at.map(DateTime::from_millis),
+            started: None,
             priority: Some(0),
             stop: None,
             progress: None,

@@ -33,6 +33,21 @@ pub async fn start(store: &(impl Store + ?Sized), task: ObjectId, node: &str) ->
     Ok(now.is_some_and(|t| t.status == status::RUNNING && t.node.as_deref() == Some(node)))
 }
 
+/// [`start`] of a task of a rate-limited queue, writing `started` = `at` (the time of the
+/// rate grant it starts under: `lifecycle::rate`) in the same write.
+pub async fn start_at(store: &(impl Store + ?Sized), task: ObjectId, node: &str, at: DateTime) -> StoreResult<bool> {
+    let change = TaskChange {
+        started: Some(at),
+        ..machine::start()
+    };
+    let entry = [(task, machine::claimed_by(node), change)];
+    if store.change_tasks(&entry).await?[0] {
+        return Ok(true);
+    }
+    let now = store.task(task).await?;
+    Ok(now.is_some_and(|t| t.status == status::RUNNING && t.node.as_deref() == Some(node)))
+}
+
 /// [`finish_with`] without extras.
 pub async fn finish(
     store: &(impl Store + ?Sized),

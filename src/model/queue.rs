@@ -72,6 +72,9 @@ pub struct Queue {
     /// leader): while set, at most this many of its tasks are claimed or running at once,
     /// cluster-wide, whatever `threads` allows. `None` outside the balance.
     pub maxthreads: Option<i64>,
+    /// At most `max` of its tasks start in any window of `per`, across every DEN (`rate`,
+    /// see `lifecycle::rate`); `None` is no limit.
+    pub rate: Option<super::Rate>,
 }
 
 impl Queue {

@@ -53,6 +53,10 @@ pub struct Task {
     pub problem: Option<String>,
     /// When a scheduled task becomes due (`run_at`); kept after it ran.
     pub run_at: Option<DateTime>,
+    /// When its last run started (`started`), written by the start of a task of a
+    /// rate-limited queue: the time of the rate grant it started under
+    /// (`lifecycle::rate`).
+    pub started: Option<DateTime>,
     /// Claim priority within its queue (`priority`): higher first, then the queue's
     /// `sort`. `None` for a task written without one (by a Disbatch 4 tool).
     pub priority: Option<i64>,

@@ -125,6 +125,8 @@ pub struct TaskChange {
     pub rerun: Option<bool>,
     /// New `run_at`.
     pub run_at: Write<DateTime>,
+    /// New `started`: when the run starts.
+    pub started: Option<DateTime>,
     /// New claim priority.
     pub priority: Option<i64>,
     /// New preference to leave it to other nodes: `avoid_node` until `avoid_until`.

@@ -40,6 +40,7 @@ mod leases;
 mod nodes;
 mod plugins;
 mod queues;
+mod rates;
 mod records;
 mod schedules;
 mod schema;
@@ -82,6 +83,8 @@ pub const QUEUES: &str = "queues";
 pub const NODES: &str = "nodes";
 /// Collection of queue slot leases.
 pub const SLOTS: &str = "slots";
+/// Collection of rate grants (`lifecycle::rate`).
+pub const RATES: &str = "rates";
 
 /// The [`Store`] on a MongoDB database. Cloning is cheap: clones share the connection
 /// pool and the caches.
@@ -94,6 +97,9 @@ pub struct MongoStore {
     slots: Collection<Document>,
     /// `(queue, threads)` whose slot documents `0..threads` are known to exist.
     ensured_slots: Arc<Mutex<HashSet<(ObjectId, i64)>>>,
+    rates: Collection<Document>,
+    /// `(queue, max)` whose grant documents `0..max` are known to exist.
+    ensured_rates: Arc<Mutex<HashSet<(ObjectId, i64)>>>,
     /// Problems with documents already logged, so each is logged once.
     warned: Arc<Mutex<HashSet<String>>>,
     /// The names of nodes without a process marker (Disbatch 4 DENs), read at most once a
@@ -130,6 +136,8 @@ impl MongoStore {
             queues: db.collection(QUEUES),
             nodes: db.collection(NODES),
             slots: db.collection(SLOTS),
+            rates: db.collection(RATES),
+            ensured_rates: Arc::new(Mutex::new(HashSet::new())),
             db,
             ensured_slots: Arc::new(Mutex::new(HashSet::new())),
             warned: Arc::new(Mutex::new(HashSet::new())),

@@ -172,8 +172,9 @@ fn read_sort(d: &Document, problems: &mut Vec<String>) -> Sort {
 
 /// A queue document (with its `_id`), with the problems that were tolerated.
 ///
-/// An unknown `sort` is taken as `default` (the spec's order when `sort` is not used) and
-/// an unreadable `maxthreads` as 0, each reported as a problem. Every other field of the
+/// An unknown `sort` is taken as `default` (the spec's order when `sort` is not used), an
+/// unreadable `maxthreads` as 0 and an unreadable `rate` as its safest value
+/// ([`crate::model::Rate::read`]), each reported as a problem. Every other field of the
 /// wrong type — `_id`, `name`, `plugin`, `threads`, `sandbox`, `on_orphan`, `retry`,
 /// `activity_timeout`, `next_queue` — is [`StoreError::Malformed`]: the queue cannot be
 /// run as its operators meant it to.
@@ -214,6 +215,7 @@ pub fn read(d: &Document) -> StoreResult<(Queue, Vec<String>)> {
             Some(_) => return Err(malformed(d, "next_queue", "a queue name or id")),
         },
         maxthreads: Queue::read_maxthreads(get(d, "maxthreads"), &mut problems),
+        rate: crate::model::Rate::read(get(d, "rate"), &mut problems),
     };
     Ok((queue, problems))
 }

@@ -51,6 +51,7 @@ mod leases;
 mod nodes;
 mod plugins;
 mod queues;
+mod rates;
 mod records;
 mod schedules;
 mod schema;

@@ -298,6 +298,19 @@ impl SlotStore for Recording {
 }
 
 #[async_trait]
+impl RateStore for Recording {
+    async fn rates(&self, queue: ObjectId) -> StoreResult<Vec<RateRow>> {
+        self.inner.rates(queue).await
+    }
+    async fn ensure_rates(&self, queue: ObjectId, max: i64) -> StoreResult<()> {
+        self.inner.ensure_rates(queue, max).await
+    }
+    async fn change_rate(&self, queue: ObjectId, n: i64, from: &RateRow, to: &RateRow) -> StoreResult<bool> {
+        self.inner.change_rate(queue, n, from, to).await
+    }
+}
+
+#[async_trait]
 impl PluginStore for Recording {
     async fn put_plugin(&self, version: &PluginVersion, bytes: &[u8]) -> StoreResult<Pushed> {
         self.inner.put_plugin(version, bytes).await

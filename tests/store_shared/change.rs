@@ -241,6 +241,7 @@ async fn a_change_writes_and_clears_every_field(s: Stores) {
         stop: Write::Set(stop.clone()),
         rerun: Some(true),
         run_at: Write::Set(run_at),
+        started: Some(run_at),
         priority: Some(9),
         avoid: Write::Set(("n2".into(), until)),
         params: Some(doc! {"n": 2, "s": "x"}),
@@ -260,6 +261,7 @@ async fn a_change_writes_and_clears_every_field(s: Stores) {
     assert_eq!(t.stop, Some(stop));
     assert!(t.rerun);
     assert_eq!(t.run_at, Some(run_at));
+    assert_eq!(t.started, Some(run_at));
     assert_eq!(t.priority, Some(9));
     assert_eq!(t.params, doc! {"n": 2, "s": "x"});
     assert_eq!(t.attempts, vec![attempt("first")]);

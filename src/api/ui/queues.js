@@ -12,7 +12,8 @@ async function showQueues() {
         `<div class="problem">cannot run on ${esc(p.node)}: ${esc(p.reason)}</div>`).join("")}</td>
       <td><select class="edit-plugin" data-id="${esc(q.id)}">${pluginOptions(q.plugin)}</select></td>
       <td><input class="edit-threads" type="number" min="0" data-id="${esc(q.id)}" value="${q.threads ?? ""}" placeholder="paused">${q.maxthreads != null ?
-        `<br><small class="share" title="the QueueBalance's share of this queue now">balance share ${q.maxthreads}</small>` : ""}</td>
+        `<br><small class="share" title="the QueueBalance's share of this queue now">balance share ${q.maxthreads}</small>` : ""}${q.rate ?
+        `<br><small class="rate" title="at most max task starts in any window of per, across every DEN; used: starts in the window ending now">rate ${esc(q.rate.max)} per ${esc(q.rate.per)}, used ${esc(q.rate_used ?? 0)}</small>` : ""}</td>
       <td>${esc(q.sort)}</td>
       <td class="num queued">${fmtNum(q.queued)}</td><td class="num running">${fmtNum(q.running)}</td><td class="num completed">${fmtNum(q.completed)}</td>
       <td><a href="#/tasks?queue=${encodeURIComponent(q.name)}">tasks</a>
@@ -85,7 +86,7 @@ function openNewQueue() {
 // The settings the queue page edits: [field, label, kind].
 const QUEUE_FIELDS = [["plugin", "Plugin", "plugin"], ["threads", "Threads", "number"], ["sort", "Sort", "sort"],
   ["on_orphan", "On orphan", "orphan"], ["activity_timeout", "Activity timeout", "text"], ["next_queue", "Next queue", "text"],
-  ["sandbox", "Sandbox", "json"], ["retry", "Retry policy", "json"]];
+  ["sandbox", "Sandbox", "json"], ["retry", "Retry policy", "json"], ["rate", "Rate limit {max, per}", "json"]];
 
 function fieldInput(q, [name, label, kind]) {
   const v = q[name];

@@ -99,6 +99,7 @@ async function showTask(id, refresh) {
     : t.status === 0 ? `<dt>Running since</dt><dd id="task-duration">${when(t.mtime)}</dd>` : "";
   const stop = t.stop ? `<dt>${t.stop.action === "kill" ? "Killed" : "Cancelled"}</dt><dd id="task-stop">by ${esc(t.stop.by)} ${when(t.stop.at)}${t.stop.reason ? ": " + esc(t.stop.reason) : ""}</dd>` : "";
   const runAt = t.run_at ? `<dt>Run at</dt><dd id="task-run-at">${when(t.run_at)}</dd>` : "";
+  const startedAt = t.started ? `<dt>Started</dt><dd id="task-started">${when(t.started)}</dd>` : "";
   const p = t.progress;
   const pct = p && typeof p.percent === "number" ? Math.max(0, Math.min(100, p.percent)) : null;
   const progress = p ? `<dt>Progress</dt><dd id="task-progress">${pct === null ? "<progress></progress>" : `<progress max="100" value="${pct}"></progress> ${pct.toFixed(0)}%`} ${esc(p.info)}</dd>` : "";
@@ -106,7 +107,7 @@ async function showTask(id, refresh) {
     <h2>Task ${esc(t.id)}</h2>
     <div class="toolbar">${actions}</div>
     <dl id="task">
-      <dt>Status</dt><dd id="task-status">${t.status} ${esc(t.status_name)}</dd>${progress}${duration}${runAt}${stop}
+      <dt>Status</dt><dd id="task-status">${t.status} ${esc(t.status_name)}</dd>${progress}${duration}${runAt}${startedAt}${stop}
       <dt>Queue</dt><dd id="task-queue"><a href="#/queue/${encodeURIComponent(queueName)}">${esc(queueName)}</a> <small>(<a href="#/tasks?queue=${esc(t.queue.$oid)}">its tasks</a>)</small></dd>
       <dt>Node</dt><dd>${esc(t.node ?? "-")}</dd>
       <dt>Created</dt><dd>${when(t.ctime)}</dd>

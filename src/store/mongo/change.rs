@@ -131,6 +131,9 @@ pub(super) fn change_update(change: &TaskChange, now: DateTime) -> StoreResult<D
     write_field(&change.progress, "progress", |p| p.to_document().into(), true, &mut u);
     write_field(&change.stop, "stop", |s| s.to_document().into(), true, &mut u);
     write_field(&change.run_at, "run_at", |t| Bson::DateTime(*t), false, &mut u);
+    if let Some(t) = change.started {
+        u.set.insert("started", t);
+    }
     match &change.avoid {
         Write::Keep => {}
         Write::Clear => {

@@ -240,6 +240,7 @@ pub(super) fn task_from(doc: &Document) -> StoreResult<Task> {
         // Fields of the task's life beyond Disbatch 4's never make a task unreadable: a
         // value of another shape (written by another tool) reads as absent.
         run_at: f.opt_date("run_at").ok().flatten(),
+        started: f.opt_date("started").ok().flatten(),
         priority: f.get("priority").and_then(as_int),
         stop: task_stop(&f).ok().flatten(),
         progress: task_progress(&f),
@@ -309,6 +310,7 @@ pub(super) fn task_or_problem(doc: &Document) -> Option<Task> {
         stderr: f.output("stderr").ok().flatten(),
         problem: Some(err.to_string()),
         run_at: f.opt_date("run_at").ok().flatten(),
+        started: f.opt_date("started").ok().flatten(),
         priority: f.get("priority").and_then(as_int),
         stop: task_stop(&f).ok().flatten(),
         progress: task_progress(&f),

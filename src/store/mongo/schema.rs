@@ -93,6 +93,10 @@ impl MongoStore {
             .create_indexes([unique_on(doc! { "queue": 1, "n": 1 }), plain(doc! { "holder": 1 })])
             .await
             .map_err(&err)?;
+        self.rates
+            .create_index(unique_on(doc! { "queue": 1, "n": 1 }))
+            .await
+            .map_err(&err)?;
         self.create_stats_indexes().await?;
         self.ensure_plugin_indexes().await
     }

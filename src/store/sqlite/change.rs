@@ -154,6 +154,9 @@ fn set_sql(change: &TaskChange, attempts: Option<Vec<u8>>, now: DateTime, sql: &
         Write::Clear => put(sql, "run_at", Value::Null),
         Write::Set(t) => put(sql, "run_at", Value::Integer(t.timestamp_millis())),
     }
+    if let Some(t) = change.started {
+        put(sql, "started", Value::Integer(t.timestamp_millis()));
+    }
     if let Some(p) = change.priority {
         put(sql, "priority", Value::Integer(p));
     }

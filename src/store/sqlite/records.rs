@@ -12,11 +12,11 @@ use crate::store::{OutputValue, StoreError, StoreResult};
 
 /// The columns of a task row, in the order [`task_from_row`] reads them.
 pub(super) const TASK_COLUMNS: &str =
-    "id, queue, ctime, mtime, node, status, params, stdout, stdout_file, stderr, stderr_file, run_at, stop, progress, priority, attempts, key, rerun, batch, after, after_failure, dependents, (SELECT json_group_array(dep) FROM task_deps WHERE task_deps.child = tasks.id AND task_deps.met IS NULL)";
+    "id, queue, ctime, mtime, node, status, params, stdout, stdout_file, stderr, stderr_file, run_at, stop, progress, priority, attempts, key, rerun, batch, after, after_failure, dependents, (SELECT json_group_array(dep) FROM task_deps WHERE task_deps.child = tasks.id AND task_deps.met IS NULL), started";
 
 /// [`TASK_COLUMNS`] of a task just claimed, which waits for nothing (a `RETURNING` clause).
 pub(super) const CLAIMED_COLUMNS: &str =
-    "id, queue, ctime, mtime, node, status, params, stdout, stdout_file, stderr, stderr_file, run_at, stop, progress, priority, attempts, key, rerun, batch, after, after_failure, dependents, NULL";
+    "id, queue, ctime, mtime, node, status, params, stdout, stdout_file, stderr, stderr_file, run_at, stop, progress, priority, attempts, key, rerun, batch, after, after_failure, dependents, NULL, started";
 
 /// A driver error as a store error, saying what was being done and whether retrying can
 /// help: a busy or locked database (another process holds the write lock past the busy
@@ -123,6 +123,7 @@ pub(super) fn task_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(String, 
     let after_failure: Option<i64> = r.get(20)?;
     let dependents: Option<i64> = r.get(21)?;
     let pending: Option<String> = r.get(22)?;
+    let started: Option<i64> = r.get(23)?;
     let malformed = |reason: String| StoreError::Malformed {
         collection: "tasks",
         id: id.clone(),
@@ -149,6 +150,7 @@ pub(super) fn task_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(String, 
             stderr: output("stderr", stderr)?,
             problem: None,
             run_at: run_at.map(DateTime::from_millis),
+            started: started.map(DateTime::from_millis),
             priority: Some(priority),
             stop: match stop {
                 None => None,

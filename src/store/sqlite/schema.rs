@@ -65,6 +65,13 @@ CREATE TABLE IF NOT EXISTS slots (
     PRIMARY KEY (queue, n)
 );
 CREATE INDEX IF NOT EXISTS slots_holder ON slots (holder);
+CREATE TABLE IF NOT EXISTS rates (
+    queue TEXT NOT NULL,
+    n INTEGER NOT NULL,
+    at INTEGER NOT NULL,
+    node TEXT,
+    PRIMARY KEY (queue, n)
+);
 CREATE TABLE IF NOT EXISTS balance (
     id INTEGER PRIMARY KEY NOT NULL CHECK (id = 1),
     doc BLOB NOT NULL
@@ -103,6 +110,7 @@ const ADDED_COLUMNS: &[(&str, &str)] = &[
     ("after", "TEXT"),
     ("after_failure", "INTEGER"),
     ("dependents", "INTEGER"),
+    ("started", "INTEGER"),
 ];
 
 /// Adds the columns a database file created by an earlier release lacks, and their index.

@@ -1,0 +1,101 @@
+//! The DEN's side of queue rate limits (`lifecycle::rate`): a task of a rate-limited queue
+//! is claimed only under a grant taken before the claim, and started with the grant's time
+//! as its `started`. A grant whose claim found no task is given back. When no grant is
+//! free the queue's tasks stay queued: the claim loop moves on, and a timer wakes it when
+//! the first grant frees (or at its next tick, whichever comes first).
+//!
+//! A rate-limited queue is claimed the plain way ([`Store::claim`](crate::store::Store::claim)
+//! after the slot is renewed, then `lifecycle::run::start_at`), never with the end of a run
+//! nor on a slot's last renewal: each of its tasks needs its own grant, and its worker
+//! gives its slot back after each run.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bson::DateTime;
+use tracing::debug;
+
+use super::Den;
+use crate::lifecycle::rate::{self, Grant, Take};
+use crate::lifecycle::slots;
+use crate::model::{Queue, Rate, Task};
+use crate::store::{Slot, SlotRenewal, StoreResult};
+
+/// The shortest a timer waits, so a time already past never makes the loop spin.
+const SHORTEST_WAIT: Duration = Duration::from_millis(5);
+
+/// The longest a timer waits for a grant to free; the claim loop's ticks go on meanwhile.
+const LONGEST_WAIT: Duration = Duration::from_secs(3600);
+
+impl Den {
+    /// A grant of `queue`'s `rate` for this node, or None when none is free (the loop is
+    /// then woken when the first one frees).
+    pub(super) async fn take_grant(self: &Arc<Self>, queue: &Queue, rate: &Rate) -> StoreResult<Option<Grant>> {
+        match rate::take(&*self.store, queue.id, rate, &self.settings.node, DateTime::now()).await? {
+            Take::Granted(g) => Ok(Some(g)),
+            Take::WaitUntil(until) => {
+                debug!(queue = %queue.name, until = %until, "no rate grant free; the queue's tasks wait");
+                self.wake_at(until);
+                Ok(None)
+            }
+        }
+    }
+
+    /// Gives back a grant that started nothing (kept used when that cannot be done: the
+    /// safe side).
+    pub(super) async fn give_grant_back(&self, grant: &Grant) {
+        if let Err(e) = rate::give_back(&*self.store, grant, &self.settings.node).await {
+            debug!(error = %e, "cannot give a rate grant back; it stays used until its window ends");
+        }
+    }
+
+    /// The claim of a rate-limited queue's task with `slot` just taken: the slot renewed
+    /// (it may have been lost meanwhile), then the plain claim (-1), the task to be started
+    /// under its grant.
+    pub(super) async fn claim_rated(&self, slot: &Slot, queue: &Queue) -> StoreResult<Option<Task>> {
+        let began = std::time::Instant::now();
+        let s = &self.settings;
+        match slots::renew_slot(&*self.store, slot, &s.node, s.heartbeat_stale).await? {
+            SlotRenewal::Held => {}
+            renewal => {
+                debug!(queue = %queue.name, ?renewal, "the slot just taken was lost before the claim");
+                return Ok(None);
+            }
+        }
+        let claimed = self.store.claim(queue, &s.node).await?;
+        if claimed.is_some() {
+            self.observe(|stats| stats.claim.observe(began.elapsed().as_secs_f64()));
+        }
+        Ok(claimed)
+    }
+
+    /// Wakes the claim loop at `until` (by this DEN's clock), unless a wake at or before it
+    /// is already set; a wake set is dropped when the DEN stops.
+    fn wake_at(self: &Arc<Self>, until: DateTime) {
+        let wait = Duration::from_millis(
+            u64::try_from(
+                until
+                    .timestamp_millis()
+                    .saturating_sub(DateTime::now().timestamp_millis()),
+            )
+            .unwrap_or(0),
+        )
+        .clamp(SHORTEST_WAIT, LONGEST_WAIT);
+        let at = tokio::time::Instant::now() + wait;
+        {
+            let mut next = self.rate_wake.lock().unwrap_or_else(|e| e.into_inner());
+            if next.is_some_and(|n| n <= at && n > tokio::time::Instant::now()) {
+                return;
+            }
+            *next = Some(at);
+        }
+        let den = self.clone();
+        let stopping = self.stopping.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = stopping.cancelled() => {}
+                _ = tokio::time::sleep_until(at) => den.wake.notify_one(),
+            }
+        });
+    }
+}
