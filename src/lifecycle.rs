@@ -18,6 +18,7 @@
 //! - [`deps`]: `after` dependencies: waiting, release, cancellation.
 //! - [`keys`]: unique task keys and resubmission.
 //! - [`schedules`]: periodic tasks: which occurrences are due, created exactly once.
+//! - [`retention`]: which ended tasks are deleted, and when.
 pub mod batches;
 pub mod deps;
 pub mod keys;
@@ -25,6 +26,7 @@ pub mod leader;
 pub mod machine;
 pub mod nodes;
 pub mod recovery;
+pub mod retention;
 pub mod retry;
 pub mod run;
 pub mod schedules;

@@ -164,6 +164,7 @@ pub(super) fn queue(q: &Queue, counts: Option<&StatusCounts>) -> Value {
         "activity_timeout": q.activity_timeout.map(|d| humantime::format_duration(d).to_string()),
         "next_queue": q.next_queue,
         "maxthreads": q.maxthreads,
+        "retention": q.retention.as_ref().map(|r| r.to_json()),
         "queued": queued,
         "running": running,
         "completed": completed,
@@ -187,6 +188,7 @@ pub(super) fn unreadable_queue(q: &UnreadableQueue, counts: Option<&StatusCounts
             activity_timeout: None,
             next_queue: None,
             maxthreads: None,
+            retention: None,
         },
         counts,
     );
@@ -199,6 +201,7 @@ pub(super) fn unreadable_queue(q: &UnreadableQueue, counts: Option<&StatusCounts
         "retry",
         "activity_timeout",
         "next_queue",
+        "retention",
     ] {
         value[field] = Value::Null;
     }

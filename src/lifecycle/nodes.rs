@@ -186,6 +186,7 @@ mod tests {
                 node: "n".into(),
                 timestamp: heartbeat.unwrap_or(DateTime::from_millis(0)),
                 maxthreads: None,
+                retention: None,
                 stats: None,
                 process: process.cloned(),
                 queue_problems: Default::default(),

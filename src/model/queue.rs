@@ -72,6 +72,9 @@ pub struct Queue {
     /// leader): while set, at most this many of its tasks are claimed or running at once,
     /// cluster-wide, whatever `threads` allows. `None` outside the balance.
     pub maxthreads: Option<i64>,
+    /// How long its ended tasks are kept (`retention`), over the config's default; `None`
+    /// when it names none.
+    pub retention: Option<super::Retention>,
 }
 
 impl Queue {

@@ -41,6 +41,7 @@ mod nodes;
 mod plugins;
 mod queues;
 mod records;
+mod retention;
 mod schedules;
 mod schema;
 mod slots;
@@ -320,6 +321,14 @@ impl Store for MongoStore {
 
     async fn delete_schedule(&self, name: &str) -> StoreResult<bool> {
         self.delete_schedule(name).await
+    }
+
+    async fn expired_tasks(&self, filter: &super::ExpiredFilter) -> StoreResult<Vec<super::ExpiredTask>> {
+        self.expired_tasks(filter).await
+    }
+
+    async fn delete_tasks(&self, tasks: &[super::ExpiredTask]) -> StoreResult<Vec<ObjectId>> {
+        self.delete_tasks(tasks).await
     }
 
     async fn advance_schedule(&self, name: &str, expect: DateTime, new: &super::ScheduleMark) -> StoreResult<bool> {
