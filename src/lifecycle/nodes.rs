@@ -186,7 +186,6 @@ mod tests {
                 node: "n".into(),
                 timestamp: heartbeat.unwrap_or(DateTime::from_millis(0)),
                 maxthreads: None,
-                retention: None,
                 stats: None,
                 process: process.cloned(),
                 queue_problems: Default::default(),

@@ -129,7 +129,7 @@ fn duration(v: &Bson) -> Result<Duration, String> {
 }
 
 fn seconds(secs: f64) -> Result<Duration, String> {
-    if !(secs > 0.0) {
+    if secs.is_nan() || secs <= 0.0 {
         return Err(format!("must be more than zero, got {secs}"));
     }
     Duration::try_from_secs_f64(secs).map_err(|_| format!("{secs} s is too large"))

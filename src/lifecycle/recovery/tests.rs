@@ -86,7 +86,6 @@ fn nodes_are_fresh_from_the_stale_cut_on() {
         node: name.into(),
         timestamp: DateTime::from_millis(at),
         maxthreads: None,
-        retention: None,
         stats: None,
         process: None,
         queue_problems: Default::default(),
