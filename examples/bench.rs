@@ -7,6 +7,7 @@
 //! cargo run --release --example bench -- throughput     # one scenario
 //! cargo run --release --example bench -- peers --quick  # Agenda, plainjob, liteque beside the DEN
 //! cargo run --release --example bench -- all --quick    # small sizes: about a minute after the builds
+//! cargo run --release --example bench -- retention      # claims while 1,000,000 ended tasks are deleted
 //! ```
 //!
 //! Starts its own `secantusd-rs` (or uses `MONGODB_URI`), builds the plugins and the
@@ -35,6 +36,8 @@ mod peers;
 #[path = "../tests/common/plugins.rs"]
 #[allow(dead_code)]
 mod plugins;
+#[path = "bench/retention.rs"]
+mod retention;
 #[path = "bench/sandbox.rs"]
 mod sandbox;
 #[path = "bench/scale.rs"]
@@ -65,7 +68,7 @@ use tokio_util::sync::CancellationToken;
 #[command(about = "Disbatch benchmarks")]
 struct Args {
     /// sandbox, ceiling, throughput, latency, depth, memory, schedule, dag, embedded, finished,
-    /// peers, scale or all (all but ceiling, finished, peers and scale).
+    /// peers, scale, retention or all (all but ceiling, finished, peers, scale and retention).
     scenario: String,
     /// Smaller sizes and fewer rounds, so `all` takes a few minutes.
     #[arg(long)]
@@ -355,6 +358,7 @@ impl Bench {
             orphan_claimed_after: Duration::from_secs(300),
             shutdown_grace: Duration::from_secs(5),
             stats_retention: disbatch::config::DEFAULT_STATS_RETENTION,
+            retention: Default::default(),
             sandbox: Sandbox::default(),
             tick: Duration::from_secs(1),
             max_instances: 256,
@@ -387,6 +391,7 @@ async fn main() {
         "peers",
         "scale",
         "finished",
+        "retention",
         "all",
     ];
     if !known.contains(&args.scenario.as_str()) {
@@ -482,6 +487,9 @@ async fn main() {
     }
     if args.scenario == "finished" {
         bench.finished().await;
+    }
+    if args.scenario == "retention" {
+        bench.retention().await;
     }
     println!("\n(bench took {:.0} s)", started.elapsed().as_secs_f64());
 }

@@ -71,7 +71,7 @@ pub const ENV_OVERRIDES: [(&str, &str); 6] = [
 const IGNORED_KEYS: [&str; 4] = ["web_extensions", "task_runner", "views_dir", "log4perl"];
 
 /// Every key this module reads.
-const KNOWN_KEYS: [&str; 29] = [
+const KNOWN_KEYS: [&str; 30] = [
     "mongohost",
     "database",
     "attributes",
@@ -94,6 +94,7 @@ const KNOWN_KEYS: [&str; 29] = [
     "bind",
     "max_instances",
     "stats_retention",
+    "retention",
     "completion_window",
     "http_max_connections",
     "http_header_timeout",
@@ -288,6 +289,9 @@ pub struct Config {
     /// How long the per-minute counters of `GET /stats` are kept (`stats_retention`, at
     /// least a minute).
     pub stats_retention: Duration,
+    /// How long ended tasks are kept by default (`retention`; none: every task is kept),
+    /// under each queue's own `retention`.
+    pub retention: crate::model::Retention,
     /// How long a grouped database write waits for more to join it (`completion_window`,
     /// MongoDB; zero by default, at most [`MAX_COMPLETION_WINDOW`]).
     pub completion_window: Duration,
@@ -327,6 +331,7 @@ impl fmt::Debug for Config {
             .field("orphan_claimed_after", &self.orphan_claimed_after)
             .field("shutdown_grace", &self.shutdown_grace)
             .field("stats_retention", &self.stats_retention)
+            .field("retention", &self.retention)
             .field("completion_window", &self.completion_window)
             .field("sandbox", &self.sandbox)
             .field("cache_dir", &self.cache_dir)

@@ -44,6 +44,7 @@ mod progress;
 mod queues;
 mod rate;
 mod result;
+mod retention;
 mod retry;
 mod schedules;
 mod shutdown;
@@ -143,6 +144,8 @@ pub struct DenSettings {
     pub balance: crate::config::Balance,
     /// How long the per-minute counters are kept (`stats_retention`).
     pub stats_retention: Duration,
+    /// How long ended tasks are kept by default (`retention`), under each queue's own.
+    pub retention: crate::model::Retention,
 }
 
 impl DenSettings {
@@ -164,6 +167,7 @@ impl DenSettings {
             protected: Vec::new(),
             balance: config.balance.clone(),
             stats_retention: config.stats_retention,
+            retention: config.retention.clone(),
         }
     }
 }
@@ -222,6 +226,9 @@ pub struct Den {
     reports_busy: std::sync::atomic::AtomicBool,
     /// The last error of each schedule, logged once until it changes (`den/schedules.rs`).
     schedule_errors: Mutex<std::collections::HashMap<String, String>>,
+    /// When the leader last looked for tasks past their retention, and whether that look
+    /// left some (`den/retention.rs`).
+    retention_look: Mutex<Option<(tokio::time::Instant, bool)>>,
     /// Runs counted per (minute, queue), not yet stored.
     minute_stats: stats::MinuteStats,
     /// Queues whose claims failed permanently, left alone for a while.
@@ -260,6 +267,7 @@ impl Den {
             leader_busy: std::sync::atomic::AtomicBool::new(false),
             reports_busy: std::sync::atomic::AtomicBool::new(false),
             schedule_errors: Mutex::default(),
+            retention_look: Mutex::new(None),
             minute_stats: stats::MinuteStats::default(),
             claim_backoff: backoff::ClaimBackoff::default(),
             rate_wake: Mutex::new(None),

@@ -19,6 +19,7 @@
 //! - [`deps`]: `after` dependencies: waiting, release, cancellation.
 //! - [`keys`]: unique task keys and resubmission.
 //! - [`schedules`]: periodic tasks: which occurrences are due, created exactly once.
+//! - [`retention`]: which ended tasks are deleted, and when.
 pub mod batches;
 pub mod deps;
 pub mod keys;
@@ -27,6 +28,7 @@ pub mod machine;
 pub mod nodes;
 pub mod rate;
 pub mod recovery;
+pub mod retention;
 pub mod retry;
 pub mod run;
 pub mod schedules;

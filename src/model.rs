@@ -7,7 +7,7 @@
 //!
 //! Parts: `queue` (a queue and its `sandbox` sub-document), `node` (a node and the process
 //! holding its name), `task` (a task and its outputs), `stats` (a node's histograms),
-//! `stop` (a task's `stop` and `progress`), `retry` (retry policies and attempts),
+//! `stop` (a task's `stop` and `progress`), `retry` (retry policies and attempts), `retention` (how long ended tasks are kept),
 //! [`balance`] (the QueueBalance's settings), [`schedule`] (periodic tasks' definitions and
 //! times) and `lenient` (values as other clients write
 //! them).
@@ -17,6 +17,7 @@ mod lenient;
 mod node;
 mod queue;
 mod rate;
+mod retention;
 mod retry;
 pub mod schedule;
 mod stats;
@@ -28,9 +29,10 @@ pub use self::lenient::{lenient_int, MAX_EXACT_DOUBLE};
 pub use self::node::{NameHolder, Node, NodeProcess};
 pub use self::queue::{OnOrphan, Queue, QueueSandbox, Sort, UnreadableQueue};
 pub use self::rate::Rate;
+pub use self::retention::{Retention, MAX_RETENTION, RETENTION_KEYS};
 pub use self::retry::{
     activity_timeout_from, counted_runs, kept_output, queue_lifecycle, Attempt, QueueLifecycle, RetryAt, RetryOn,
-    RetryPolicy, BY_HAND, PREFER_OTHER_NODE, RESUBMITTED,
+    RetryPolicy, BY_HAND, MAX_ATTEMPTS, PREFER_OTHER_NODE, RESUBMITTED,
 };
 pub use self::schedule::{CatchUp, Overlap, Schedule};
 pub use self::stats::{Histogram, NodeStats, CLAIM_BUCKETS, RUN_BUCKETS};

@@ -222,6 +222,21 @@ pub trait Store: PluginStore + SlotStore + RateStore + Send + Sync + 'static {
     /// the schedule is gone).
     async fn advance_schedule(&self, name: &str, expect: DateTime, new: &ScheduleMark) -> StoreResult<bool>;
 
+    // ---- retention (see `lifecycle::retention`) -----------------------------------------
+
+    /// Up to `filter.limit` tasks matching `filter` ([`ExpiredFilter`]), oldest `mtime`
+    /// first, leaving out every task marked `dependents` (blocked tasks may wait for it)
+    /// or `rerun`. A task whose `status` is not stored as a number or whose `mtime` is not
+    /// stored as a date (written by another tool) is never found.
+    async fn expired_tasks(&self, filter: &ExpiredFilter) -> StoreResult<Vec<ExpiredTask>>;
+    /// Deletes each of `tasks` whose `status` and `mtime` still stand as read (and that is
+    /// still marked neither `dependents` nor `rerun`), then every output file tied to a
+    /// task deleted: the task first, so no task ever points at a missing file. The
+    /// embedded store does it in one write transaction; MongoDB in one fenced delete of
+    /// the tasks, then one of their files' chunks and one of the files. Answers the ids
+    /// deleted.
+    async fn delete_tasks(&self, tasks: &[ExpiredTask]) -> StoreResult<Vec<ObjectId>>;
+
     // ---- claiming and running (the DEN) ------------------------------------------------
 
     /// The lease `name` as stored (possibly lapsed), if any node ever took it (the leader

@@ -35,6 +35,7 @@ fn settings(node: &str) -> DenSettings {
         orphan_claimed_after: Duration::from_secs(300),
         shutdown_grace: Duration::from_secs(10),
         stats_retention: disbatch::config::DEFAULT_STATS_RETENTION,
+        retention: Default::default(),
         sandbox: Sandbox {
             timeout: Duration::from_secs(60),
             ..Sandbox::default()

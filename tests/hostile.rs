@@ -61,6 +61,7 @@ impl Fixture {
             orphan_claimed_after: Duration::from_secs(300),
             shutdown_grace: Duration::from_secs(5),
             stats_retention: disbatch::config::DEFAULT_STATS_RETENTION,
+            retention: Default::default(),
             sandbox: Sandbox {
                 timeout: Duration::from_secs(20),
                 memory: 256 << 20,

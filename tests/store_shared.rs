@@ -128,6 +128,8 @@ mod rate;
 mod restarts;
 #[path = "store_shared/results.rs"]
 mod results;
+#[path = "store_shared/retention.rs"]
+mod retention;
 #[path = "store_shared/retries.rs"]
 mod retries;
 #[path = "store_shared/schedules.rs"]
@@ -952,6 +954,7 @@ fn settings(node: &str) -> DenSettings {
         orphan_claimed_after: Duration::from_secs(300),
         shutdown_grace: Duration::from_secs(10),
         stats_retention: disbatch::config::DEFAULT_STATS_RETENTION,
+        retention: Default::default(),
         sandbox: Sandbox {
             timeout: Duration::from_secs(60),
             ..Sandbox::default()

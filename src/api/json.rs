@@ -168,6 +168,7 @@ pub(super) fn queue(q: &Queue, counts: Option<&StatusCounts>) -> Value {
         "next_queue": q.next_queue,
         "maxthreads": q.maxthreads,
         "rate": q.rate.map(|r| r.to_json()),
+        "retention": q.retention.as_ref().map(|r| r.to_json()),
         "queued": queued,
         "running": running,
         "completed": completed,
@@ -192,6 +193,7 @@ pub(super) fn unreadable_queue(q: &UnreadableQueue, counts: Option<&StatusCounts
             next_queue: None,
             maxthreads: None,
             rate: None,
+            retention: None,
         },
         counts,
     );
@@ -205,6 +207,7 @@ pub(super) fn unreadable_queue(q: &UnreadableQueue, counts: Option<&StatusCounts
         "activity_timeout",
         "next_queue",
         "rate",
+        "retention",
     ] {
         value[field] = Value::Null;
     }

@@ -24,7 +24,7 @@ pub(super) struct Fields {
 }
 
 pub(super) const QUEUE_FIELDS: &str =
-    "name, plugin, threads, sort, sandbox, on_orphan, retry, activity_timeout, next_queue, rate";
+    "name, plugin, threads, sort, sandbox, on_orphan, retry, activity_timeout, next_queue, rate, retention";
 
 pub(super) fn fields(state: &Shared, body: &Map<String, Value>) -> Result<Fields, ApiError> {
     let mut f = Fields::default();
@@ -85,6 +85,17 @@ pub(super) fn fields(state: &Shared, body: &Map<String, Value>) -> Result<Fields
                 let b = bson::Bson::try_from(v.clone()).map_err(|e| ApiError::bad(format!("field \"rate\": {e}")))?;
                 let rate = crate::model::Rate::parse(&b).map_err(ApiError::bad)?;
                 f.extra.insert("rate", rate.to_bson());
+            }
+            "retention" => {
+                if v.is_null() {
+                    f.extra.insert("retention", bson::Bson::Null);
+                } else {
+                    let b = bson::Bson::try_from(v.clone())
+                        .map_err(|e| ApiError::bad(format!("field \"retention\": {e}")))?;
+                    let r = crate::model::Retention::from_bson(&b)
+                        .map_err(|(field, e)| ApiError::bad(format!("field \"{field}\" {e}")))?;
+                    f.extra.insert("retention", r.to_document());
+                }
             }
             "retry" | "activity_timeout" if v.is_null() => {
                 f.extra.insert(k.as_str(), bson::Bson::Null);
@@ -378,6 +389,7 @@ mod tests {
             next_queue: None,
             maxthreads: None,
             rate: None,
+            retention: None,
         };
         q.sandbox.submit = submit.iter().map(|s| s.to_string()).collect();
         q.next_queue = next.map(str::to_string);

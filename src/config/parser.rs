@@ -170,6 +170,16 @@ impl<'a> Parser<'a> {
         Ok(d)
     }
 
+    /// The cluster's default `retention`: the shape of a queue's (`retention.<status>`
+    /// named in each error). None by default: every task is kept.
+    pub(super) fn retention(&self) -> Result<crate::model::Retention, ConfigError> {
+        let Some(v) = self.get("retention") else {
+            return Ok(crate::model::Retention::default());
+        };
+        let b = bson::Bson::try_from(v.clone()).map_err(|e| self.invalid("retention", e.to_string()))?;
+        crate::model::Retention::from_bson(&b).map_err(|(key, e)| self.invalid(&key, e))
+    }
+
     pub(super) fn bounded(&self, key: &str, d: Option<Duration>) -> Result<Duration, ConfigError> {
         d.filter(|d| *d <= MAX_DURATION).ok_or_else(|| {
             self.invalid(
@@ -273,6 +283,7 @@ impl<'a> Parser<'a> {
             orphan_claimed_after: self.seconds("orphan_claimed_after", DEFAULT_ORPHAN_CLAIMED_AFTER)?,
             shutdown_grace: self.seconds("shutdown_grace", DEFAULT_SHUTDOWN_GRACE)?,
             stats_retention: self.stats_retention()?,
+            retention: self.retention()?,
             completion_window: self.completion_window()?,
             sandbox: self.sandbox()?,
             cache_dir: self.opt_str("cache_dir")?.map(PathBuf::from),

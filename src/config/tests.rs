@@ -258,3 +258,21 @@ fn the_completion_window_is_zero_unless_set_and_at_most_a_tenth_of_a_second() {
         );
     }
 }
+
+#[test]
+fn retention_is_a_queue_retention_and_errors_name_the_status() {
+    assert!(parse("").unwrap().retention.is_empty(), "none by default");
+    let c = parse(r#""retention":{"succeeded":"7d","failed":86400}"#).unwrap();
+    assert_eq!(
+        c.retention.of(crate::model::status::SUCCEEDED),
+        Some(Duration::from_secs(7 * 86400))
+    );
+    assert_eq!(
+        c.retention.of(crate::model::status::FAILED),
+        Some(Duration::from_secs(86400))
+    );
+    assert!(err(r#""retention":{"queued":"7d"}"#).contains("\"retention.queued\" is not an ended status"));
+    assert!(err(r#""retention":{"failed":"0s"}"#).contains("\"retention.failed\" must be more than zero"));
+    assert!(err(r#""retention":{"failed":-1}"#).contains("\"retention.failed\""));
+    assert!(err(r#""retention":"7d""#).contains("\"retention\" must be an object"));
+}

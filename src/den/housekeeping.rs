@@ -206,8 +206,9 @@ impl Den {
         }))
     }
 
-    /// Takes or renews the leader lease and, while this node leads, recovers orphans and
-    /// creates the schedules' due tasks (`den/schedules.rs`).
+    /// Takes or renews the leader lease and, while this node leads, recovers orphans,
+    /// creates the schedules' due tasks (`den/schedules.rs`) and deletes the ended tasks
+    /// past their retention (`den/retention.rs`).
     async fn leader_duties(&self) -> StoreResult<()> {
         let s = &self.settings;
         let began = tokio::time::Instant::now();
@@ -248,6 +249,7 @@ impl Den {
         .await;
         // The schedules run whatever the sweep did, and the sweep's outcome is told after.
         self.run_schedules().await;
+        self.run_retention().await;
         let recovered = recovered?;
         if !recovered.orphaned.is_empty() {
             warn!(count = recovered.orphaned.len(), tasks = ?recovered.orphaned, "marked orphaned tasks (-6)");

@@ -75,6 +75,9 @@ pub struct Queue {
     /// At most `max` of its tasks start in any window of `per`, across every DEN (`rate`,
     /// see `lifecycle::rate`); `None` is no limit.
     pub rate: Option<super::Rate>,
+    /// How long its ended tasks are kept (`retention`), over the config's default; `None`
+    /// when it names none.
+    pub retention: Option<super::Retention>,
 }
 
 impl Queue {

@@ -170,11 +170,25 @@ fn read_sort(d: &Document, problems: &mut Vec<String>) -> Sort {
     }
 }
 
+/// A queue's `retention`, when it reads; one that does not is reported in `problems` and
+/// read as none, so the queue keeps every task until it is fixed.
+fn read_retention(d: &Document, problems: &mut Vec<String>) -> Option<crate::model::Retention> {
+    let v = get(d, "retention")?;
+    match crate::model::Retention::from_bson(v) {
+        Ok(r) => Some(r),
+        Err((field, e)) => {
+            problems.push(format!("field `{field}` {e}; keeping every task until it is fixed"));
+            None
+        }
+    }
+}
+
 /// A queue document (with its `_id`), with the problems that were tolerated.
 ///
 /// An unknown `sort` is taken as `default` (the spec's order when `sort` is not used), an
-/// unreadable `maxthreads` as 0 and an unreadable `rate` as its safest value
-/// ([`crate::model::Rate::read`]), each reported as a problem. Every other field of the
+/// unreadable `maxthreads` as 0, an unreadable `rate` as its safest value
+/// ([`crate::model::Rate::read`]) and an unreadable `retention` as none (every task kept),
+/// each reported as a problem. Every other field of the
 /// wrong type — `_id`, `name`, `plugin`, `threads`, `sandbox`, `on_orphan`, `retry`,
 /// `activity_timeout`, `next_queue` — is [`StoreError::Malformed`]: the queue cannot be
 /// run as its operators meant it to.
@@ -216,6 +230,7 @@ pub fn read(d: &Document) -> StoreResult<(Queue, Vec<String>)> {
         },
         maxthreads: Queue::read_maxthreads(get(d, "maxthreads"), &mut problems),
         rate: crate::model::Rate::read(get(d, "rate"), &mut problems),
+        retention: read_retention(d, &mut problems),
     };
     Ok((queue, problems))
 }

@@ -53,6 +53,7 @@ mod plugins;
 mod queues;
 mod rates;
 mod records;
+mod retention;
 mod schedules;
 mod schema;
 mod slots;
@@ -391,6 +392,14 @@ impl Store for SqliteStore {
 
     async fn delete_schedule(&self, name: &str) -> StoreResult<bool> {
         self.delete_schedule(name).await
+    }
+
+    async fn expired_tasks(&self, filter: &super::ExpiredFilter) -> StoreResult<Vec<super::ExpiredTask>> {
+        self.expired_tasks(filter).await
+    }
+
+    async fn delete_tasks(&self, tasks: &[super::ExpiredTask]) -> StoreResult<Vec<ObjectId>> {
+        self.delete_tasks(tasks).await
     }
 
     async fn advance_schedule(&self, name: &str, expect: DateTime, new: &super::ScheduleMark) -> StoreResult<bool> {

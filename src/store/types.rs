@@ -117,6 +117,38 @@ pub struct NewQueue {
     pub extra: Document,
 }
 
+/// Which ended tasks [`super::Store::expired_tasks`] looks for: those of `queue` with
+/// `status` whose `mtime` is before `before`, except `except_ids` and the tasks of the
+/// batches `except_batches`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExpiredFilter {
+    /// The queue.
+    pub queue: ObjectId,
+    /// The ended status.
+    pub status: i32,
+    /// Only tasks whose `mtime` is before this.
+    pub before: DateTime,
+    /// Never these tasks.
+    pub except_ids: Vec<ObjectId>,
+    /// Never the tasks of these batches.
+    pub except_batches: Vec<String>,
+    /// The most tasks answered.
+    pub limit: usize,
+}
+
+/// An ended task as [`super::Store::expired_tasks`] read it: what a deletion is fenced on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExpiredTask {
+    /// `_id`.
+    pub id: ObjectId,
+    /// Its status as read.
+    pub status: i32,
+    /// Its `mtime` as read.
+    pub mtime: DateTime,
+    /// Its batch, if any.
+    pub batch: Option<String>,
+}
+
 /// Fields of a queue to change; `None` leaves a field as it is.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct QueueUpdate {

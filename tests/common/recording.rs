@@ -197,6 +197,15 @@ impl Store for Recording {
     async fn delete_schedule(&self, name: &str) -> StoreResult<bool> {
         self.inner.delete_schedule(name).await
     }
+    async fn expired_tasks(
+        &self,
+        filter: &disbatch::store::ExpiredFilter,
+    ) -> StoreResult<Vec<disbatch::store::ExpiredTask>> {
+        self.inner.expired_tasks(filter).await
+    }
+    async fn delete_tasks(&self, tasks: &[disbatch::store::ExpiredTask]) -> StoreResult<Vec<ObjectId>> {
+        self.inner.delete_tasks(tasks).await
+    }
     async fn advance_schedule(&self, name: &str, expect: DateTime, new: &ScheduleMark) -> StoreResult<bool> {
         self.inner.advance_schedule(name, expect, new).await
     }
