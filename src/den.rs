@@ -386,10 +386,7 @@ impl Den {
                 // have lost the slot to another node, which then runs the queue's limit.
                 let (claimed, lapsed) = {
                     let _claiming = self.claims.read().await;
-                    let claimed = match grant {
-                        None => self.claim_with(&slot, &q.queue).await,
-                        Some(_) => self.claim_rated(&slot, &q.queue).await,
-                    };
+                    let claimed = self.claim_with(&slot, &q.queue).await;
                     let lapsed = matches!(claimed, Ok(Some(_))) && self.lease_lapsed();
                     if let (Ok(Some(task)), false) = (&claimed, lapsed) {
                         self.register(task, &slot);

@@ -431,6 +431,8 @@ async fn rate_limits_are_checked_and_shown_with_their_use() {
         (json!({"rate": {"max": -2, "per": "1s"}}), "rate.max"),
         (json!({"rate": {"max": 1.5, "per": "1s"}}), "rate.max"),
         (json!({"rate": {"max": "3", "per": "1s"}}), "rate.max"),
+        (json!({"rate": {"max": 10_001, "per": "1d"}}), "rate.max"),
+        (json!({"rate": {"max": 3, "per": "500us"}}), "rate.per"),
         (json!({"rate": {"max": 3, "per": "soon"}}), "rate.per"),
         (json!({"rate": {"max": 3, "per": 0}}), "rate.per"),
         (json!({"rate": {"max": 3, "per": "400 days"}}), "rate.per"),

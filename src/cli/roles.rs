@@ -39,10 +39,10 @@ pub const ROLES: [Role; 5] = [
     Role {
         name: "disbatchd",
         used_by: "the DEN (`den`): claims and runs tasks, heartbeats, QueueBalance slots and \
-                  lease, rate grants, the schedules' tasks, task outputs in GridFS, the per-minute counters, reads plugins from the store; \
+                  lease, rate grants, the schedules' tasks, deletes tasks past their retention, task outputs in GridFS, the per-minute counters, reads plugins from the store; \
                   creates the indexes",
         privileges: &[
-            p("tasks", &["find", "insert", "update", "createIndex", "changeStream"]),
+            p("tasks", &["find", "insert", "update", "remove", "createIndex", "changeStream"]),
             p("queues", &["find", "update", "createIndex"]),
             p("nodes", &["find", "insert", "update", "createIndex"]),
             p("slots", &["find", "insert", "update", "createIndex"]),

@@ -4,10 +4,12 @@
 //! free the queue's tasks stay queued: the claim loop moves on, and a timer wakes it when
 //! the first grant frees (or at its next tick, whichever comes first).
 //!
-//! A rate-limited queue is claimed the plain way ([`Store::claim`](crate::store::Store::claim)
-//! after the slot is renewed, then `lifecycle::run::start_at`), never with the end of a run
-//! nor on a slot's last renewal: each of its tasks needs its own grant, and its worker
-//! gives its slot back after each run.
+//! A rate-limited queue's task is claimed as any other with the slot just taken (the
+//! renewal, then the claim within its window), and its start records the grant's time
+//! (`lifecycle::run::start_at`, or `lifecycle::run::record_started` for a task the store
+//! claimed and started in one write); it is never claimed with the end of a run nor on a
+//! slot's last renewal: each of its tasks needs its own grant, and its worker gives its
+//! slot back after each run.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,9 +19,8 @@ use tracing::debug;
 
 use super::Den;
 use crate::lifecycle::rate::{self, Grant, Take};
-use crate::lifecycle::slots;
-use crate::model::{Queue, Rate, Task};
-use crate::store::{Slot, SlotRenewal, StoreResult};
+use crate::model::{Queue, Rate};
+use crate::store::StoreResult;
 
 /// The shortest a timer waits, so a time already past never makes the loop spin.
 const SHORTEST_WAIT: Duration = Duration::from_millis(5);
@@ -47,26 +48,6 @@ impl Den {
         if let Err(e) = rate::give_back(&*self.store, grant, &self.settings.node).await {
             debug!(error = %e, "cannot give a rate grant back; it stays used until its window ends");
         }
-    }
-
-    /// The claim of a rate-limited queue's task with `slot` just taken: the slot renewed
-    /// (it may have been lost meanwhile), then the plain claim (-1), the task to be started
-    /// under its grant.
-    pub(super) async fn claim_rated(&self, slot: &Slot, queue: &Queue) -> StoreResult<Option<Task>> {
-        let began = std::time::Instant::now();
-        let s = &self.settings;
-        match slots::renew_slot(&*self.store, slot, &s.node, s.heartbeat_stale).await? {
-            SlotRenewal::Held => {}
-            renewal => {
-                debug!(queue = %queue.name, ?renewal, "the slot just taken was lost before the claim");
-                return Ok(None);
-            }
-        }
-        let claimed = self.store.claim(queue, &s.node).await?;
-        if claimed.is_some() {
-            self.observe(|stats| stats.claim.observe(began.elapsed().as_secs_f64()));
-        }
-        Ok(claimed)
     }
 
     /// Wakes the claim loop at `until` (by this DEN's clock), unless a wake at or before it

@@ -214,17 +214,21 @@ impl Den {
         // A task the store claimed and started in one write needs no start; one started
         // under a rate grant records the grant's time as its `started`.
         let started = async {
-            if task.status == status::RUNNING {
-                return Ok(true);
-            }
-            match granted {
-                Some(at) => {
+            match (task.status == status::RUNNING, granted) {
+                (true, None) => Ok(true),
+                (true, Some(at)) => {
+                    self.retry("record the start", || {
+                        lifecycle::run::record_started(&*self.store, task.id, node, at)
+                    })
+                    .await
+                }
+                (false, Some(at)) => {
                     self.retry("mark running", || {
                         lifecycle::run::start_at(&*self.store, task.id, node, at)
                     })
                     .await
                 }
-                None => {
+                (false, None) => {
                     self.retry("mark running", || lifecycle::run::start(&*self.store, task.id, node))
                         .await
                 }

@@ -50,9 +50,11 @@ pub enum Take {
     WaitUntil(DateTime),
 }
 
-/// `t` moved by `per`, saturating.
+/// `t` moved by `per` rounded up to a whole millisecond (the stores' precision), saturating:
+/// a grant is never free again before a whole `per` has passed.
 fn plus(t: DateTime, per: std::time::Duration) -> DateTime {
-    crate::store::lease_end(t, per)
+    let millis = i64::try_from(per.as_nanos().div_ceil(1_000_000)).unwrap_or(i64::MAX);
+    DateTime::from_millis(t.timestamp_millis().saturating_add(millis))
 }
 
 /// Whether a row may be granted at `now`: its last grant is a whole `per` or more ago.
@@ -86,6 +88,18 @@ pub fn next_free(rows: &[RateRow], rate: &Rate) -> DateTime {
         .unwrap_or(DateTime::from_millis(0))
 }
 
+/// When the window ending at `now` already holds `rate.max` grants or more, counting the
+/// rows at or above `max` (granted before `max` was lowered): the first time one of them
+/// frees. None while there is room.
+pub fn full_until(rows: &[RateRow], rate: &Rate, now: DateTime) -> Option<DateTime> {
+    let busy: Vec<DateTime> = rows
+        .iter()
+        .filter(|r| !free(r, rate.per, now))
+        .map(|r| plus(r.at, rate.per))
+        .collect();
+    (busy.len() as i64 >= rate.max).then(|| busy.into_iter().min().unwrap_or(now))
+}
+
 /// How many grants of the window ending at `now` the rows below `rate.max` hold (the
 /// queue's `rate_used`).
 pub fn used(rows: &[RateRow], rate: &Rate, now: DateTime) -> i64 {
@@ -111,6 +125,11 @@ pub async fn take(
     store.ensure_rates(queue, rate.max).await?;
     let mut rows = store.rates(queue).await?;
     for _ in 0..TAKE_ATTEMPTS {
+        // Grants of rows at or above `max` (made before it was lowered) still count in
+        // their window.
+        if let Some(until) = full_until(&rows, rate, now) {
+            return Ok(Take::WaitUntil(until));
+        }
         let free = free_rows(&rows, rate, now);
         if free.is_empty() {
             return Ok(Take::WaitUntil(next_free(&rows, rate)));

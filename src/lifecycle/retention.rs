@@ -216,4 +216,12 @@ mod tests {
         assert_eq!(r.of(status::SUCCEEDED), Some(Duration::from_secs(3600)));
         assert_eq!(r.of(status::FAILED), Some(Duration::from_secs(86400)));
     }
+
+    #[test]
+    fn a_queue_whose_retention_cannot_be_read_keeps_every_task_over_the_default() {
+        let d = Retention::from_bson(&Bson::Document(doc! { "succeeded": "1d" })).unwrap();
+        let r = effective(Some(&Retention::keep_all()), &d);
+        assert!(r.is_empty());
+        assert_eq!(r.of(status::SUCCEEDED), None);
+    }
 }

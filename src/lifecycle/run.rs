@@ -48,6 +48,22 @@ pub async fn start_at(store: &(impl Store + ?Sized), task: ObjectId, node: &str,
     Ok(now.is_some_and(|t| t.status == status::RUNNING && t.node.as_deref() == Some(node)))
 }
 
+/// Records `at` as the `started` of `task`, which the store claimed and started in one
+/// write for `node` (a rate-limited queue's task: `at` is its grant's time). Whether the
+/// task is still running on `node`.
+pub async fn record_started(
+    store: &(impl Store + ?Sized),
+    task: ObjectId,
+    node: &str,
+    at: DateTime,
+) -> StoreResult<bool> {
+    let change = TaskChange {
+        started: Some(at),
+        ..TaskChange::default()
+    };
+    Ok(store.change_tasks(&[(task, machine::running_on(node), change)]).await?[0])
+}
+
 /// [`finish_with`] without extras.
 pub async fn finish(
     store: &(impl Store + ?Sized),

@@ -7,6 +7,9 @@ use bson::Bson;
 use super::lenient::lenient_int;
 use super::retry::MAX_WAIT_TIME;
 
+/// The largest `rate.max`: each start is one of `max` grant rows, read whole by each take.
+pub const MAX_RATE: i64 = 10_000;
+
 /// A queue's `rate` sub-document `{max, per}`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Rate {
@@ -34,9 +37,9 @@ impl Rate {
             Some(Bson::Double(f)) if f.fract() == 0.0 && f.abs() <= super::MAX_EXACT_DOUBLE => *f as i64,
             _ => return Err("field \"rate.max\" must be an integer of at least 1".to_owned()),
         };
-        if max < 1 {
+        if !(1..=MAX_RATE).contains(&max) {
             return Err(format!(
-                "field \"rate.max\" must be an integer of at least 1, got {max}"
+                "field \"rate.max\" must be an integer from 1 to {MAX_RATE}, got {max}"
             ));
         }
         let per = d
@@ -62,10 +65,10 @@ impl Rate {
             });
         };
         let max = match d.get("max").and_then(lenient_int) {
-            Some(n) if n >= 1 => n,
+            Some(n) if (1..=MAX_RATE).contains(&n) => n,
             _ => {
                 problems.push(format!(
-                    "field `rate.max` is {}, not an integer of at least 1; read as 0 (the queue starts nothing) until it is fixed",
+                    "field `rate.max` is {}, not an integer from 1 to {MAX_RATE}; read as 0 (the queue starts nothing) until it is fixed",
                     d.get("max").map_or("missing".to_owned(), ToString::to_string)
                 ));
                 0
@@ -127,8 +130,8 @@ fn per_from(v: &Bson) -> Result<Duration, String> {
         },
         other => return Err(bad(format!("must be a duration like \"1s\", got {other}"))),
     };
-    if d.is_zero() {
-        return Err(bad("must be above zero".to_owned()));
+    if d < Duration::from_millis(1) {
+        return Err(bad(format!("must be at least 1 ms, got {d:?}")));
     }
     if d > MAX_WAIT_TIME {
         return Err(bad(format!(

@@ -29,12 +29,24 @@ pub const MAX_RETENTION: Duration = Duration::from_secs(3650 * 24 * 3600);
 pub struct Retention {
     /// Status code → how long its tasks are kept.
     pub by_status: BTreeMap<i32, Duration>,
+    /// Every task kept, whatever the default says: a stored `retention` that cannot be
+    /// read ([`Retention::keep_all`]).
+    pub keeps_all: bool,
 }
 
 impl Retention {
+    /// A retention that keeps every task, over any default: what a stored `retention`
+    /// that cannot be read stands for until it is fixed.
+    pub fn keep_all() -> Retention {
+        Retention {
+            by_status: BTreeMap::new(),
+            keeps_all: true,
+        }
+    }
+
     /// Whether it deletes nothing.
     pub fn is_empty(&self) -> bool {
-        self.by_status.is_empty()
+        self.keeps_all || self.by_status.is_empty()
     }
 
     /// How long tasks of `code` are kept; `None`: for good.
@@ -45,9 +57,15 @@ impl Retention {
     /// This retention over `default`: each status this one names takes its duration, the
     /// others `default`'s.
     pub fn over(&self, default: &Retention) -> Retention {
+        if self.keeps_all {
+            return self.clone();
+        }
         let mut by_status = default.by_status.clone();
         by_status.extend(self.by_status.iter().map(|(k, v)| (*k, *v)));
-        Retention { by_status }
+        Retention {
+            by_status,
+            keeps_all: false,
+        }
     }
 
     /// Reads a `retention` value as any client writes it: an object of durations (text
@@ -73,7 +91,10 @@ impl Retention {
             let d = duration(v).map_err(|e| (field.clone(), e))?;
             by_status.insert(*code, d);
         }
-        Ok(Retention { by_status })
+        Ok(Retention {
+            by_status,
+            keeps_all: false,
+        })
     }
 
     /// The document as stored: each duration as text ("7days").

@@ -171,14 +171,15 @@ fn read_sort(d: &Document, problems: &mut Vec<String>) -> Sort {
 }
 
 /// A queue's `retention`, when it reads; one that does not is reported in `problems` and
-/// read as none, so the queue keeps every task until it is fixed.
+/// read as [`crate::model::Retention::keep_all`], so the queue keeps every task until it is
+/// fixed, whatever the config's default says.
 fn read_retention(d: &Document, problems: &mut Vec<String>) -> Option<crate::model::Retention> {
     let v = get(d, "retention")?;
     match crate::model::Retention::from_bson(v) {
         Ok(r) => Some(r),
         Err((field, e)) => {
             problems.push(format!("field `{field}` {e}; keeping every task until it is fixed"));
-            None
+            Some(crate::model::Retention::keep_all())
         }
     }
 }
@@ -187,7 +188,7 @@ fn read_retention(d: &Document, problems: &mut Vec<String>) -> Option<crate::mod
 ///
 /// An unknown `sort` is taken as `default` (the spec's order when `sort` is not used), an
 /// unreadable `maxthreads` as 0, an unreadable `rate` as its safest value
-/// ([`crate::model::Rate::read`]) and an unreadable `retention` as none (every task kept),
+/// ([`crate::model::Rate::read`]) and an unreadable `retention` as keeping every task,
 /// each reported as a problem. Every other field of the
 /// wrong type — `_id`, `name`, `plugin`, `threads`, `sandbox`, `on_orphan`, `retry`,
 /// `activity_timeout`, `next_queue` — is [`StoreError::Malformed`]: the queue cannot be

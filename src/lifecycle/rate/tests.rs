@@ -147,6 +147,59 @@ async fn rows_above_a_lowered_max_are_not_granted() {
     );
 }
 
+#[tokio::test]
+async fn grants_made_before_max_was_lowered_count_in_their_window() {
+    let store = Rows::default();
+    let q = ObjectId::new();
+    // Rows 0 and 1 granted at 0, rows 2 and 3 at 500.
+    let four = rate(4, 1_000);
+    for ms in [0, 0, 500, 500] {
+        assert!(matches!(
+            take(&store, q, &four, "a", at(ms)).await.unwrap(),
+            Take::Granted(_)
+        ));
+    }
+    // Lowered to 2 at 1,000: rows 0 and 1 are free, but rows 2 and 3 fill the window
+    // until 1,500.
+    let two = rate(2, 1_000);
+    assert_eq!(
+        take(&store, q, &two, "a", at(1_000)).await.unwrap(),
+        Take::WaitUntil(at(1_500))
+    );
+    for ms in [1_500, 1_500] {
+        assert!(matches!(
+            take(&store, q, &two, "a", at(ms)).await.unwrap(),
+            Take::Granted(_)
+        ));
+    }
+    assert_eq!(
+        take(&store, q, &two, "a", at(1_600)).await.unwrap(),
+        Take::WaitUntil(at(2_500))
+    );
+}
+
+#[tokio::test]
+async fn a_window_below_a_millisecond_is_never_free_at_once() {
+    let store = Rows::default();
+    let q = ObjectId::new();
+    let r = Rate {
+        max: 1,
+        per: Duration::from_micros(1_500),
+    };
+    assert!(matches!(
+        take(&store, q, &r, "a", at(0)).await.unwrap(),
+        Take::Granted(_)
+    ));
+    // 1.5 ms rounds up to 2: nothing more at 0 or 1 ms.
+    for ms in [0, 1] {
+        assert_eq!(
+            take(&store, q, &r, "a", at(ms)).await.unwrap(),
+            Take::WaitUntil(at(2)),
+            "at {ms} ms"
+        );
+    }
+}
+
 #[test]
 fn free_rows_go_least_recently_granted_first() {
     let r = rate(3, 1_000);
