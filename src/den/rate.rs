@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bson::DateTime;
-use tracing::debug;
+use tracing::{debug, warn};
 
 use super::Den;
 use crate::lifecycle::rate::{self, Grant, Take};
@@ -30,11 +30,20 @@ const LONGEST_WAIT: Duration = Duration::from_secs(3600);
 
 impl Den {
     /// A grant of `queue`'s `rate` for this node, or None when none is free (the loop is
-    /// then woken when the first one frees).
+    /// then woken when the first one frees). An error retrying cannot help (a grant row
+    /// another tool wrote badly) is logged and leaves this queue's tasks waiting until the
+    /// next tick, without stopping the claims of the other queues; a transient one is
+    /// returned.
     pub(super) async fn take_grant(self: &Arc<Self>, queue: &Queue, rate: &Rate) -> StoreResult<Option<Grant>> {
-        match rate::take(&*self.store, queue.id, rate, &self.settings.node, DateTime::now()).await? {
-            Take::Granted(g) => Ok(Some(g)),
-            Take::WaitUntil(until) => {
+        let taken = rate::take(&*self.store, queue.id, rate, &self.settings.node, DateTime::now()).await;
+        match taken {
+            Err(e) if e.is_transient() => Err(e),
+            Err(e) => {
+                warn!(queue = %queue.name, error = %e, "cannot take a rate grant; the queue's tasks wait");
+                Ok(None)
+            }
+            Ok(Take::Granted(g)) => Ok(Some(g)),
+            Ok(Take::WaitUntil(until)) => {
                 debug!(queue = %queue.name, until = %until, "no rate grant free; the queue's tasks wait");
                 self.wake_at(until);
                 Ok(None)

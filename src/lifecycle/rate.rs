@@ -109,7 +109,7 @@ pub fn used(rows: &[RateRow], rate: &Rate, now: DateTime) -> i64 {
 }
 
 /// Takes a grant of `queue`'s `rate` for `node` at `now` (the DEN's clock): creates the
-/// rows `0..max` that are missing, then takes a free row by compare-and-set on its `at`
+/// rows `0..max` when some are missing, then takes a free row by compare-and-set on its `at`
 /// and `node` as read, reading again (up to [`TAKE_ATTEMPTS`] times) when other takers won
 /// every race. [`Take::WaitUntil`] when no row is free.
 pub async fn take(
@@ -122,8 +122,12 @@ pub async fn take(
     if rate.max <= 0 {
         return Ok(Take::WaitUntil(DateTime::MAX));
     }
-    store.ensure_rates(queue, rate.max).await?;
     let mut rows = store.rates(queue).await?;
+    if rows.iter().filter(|r| r.n < rate.max).count() < usize::try_from(rate.max).unwrap_or(0) {
+        // A new queue, a raised `max`, or rows deleted by hand: created again.
+        store.ensure_rates(queue, rate.max).await?;
+        rows = store.rates(queue).await?;
+    }
     for _ in 0..TAKE_ATTEMPTS {
         // Grants of rows at or above `max` (made before it was lowered) still count in
         // their window.

@@ -99,8 +99,6 @@ pub struct MongoStore {
     /// `(queue, threads)` whose slot documents `0..threads` are known to exist.
     ensured_slots: Arc<Mutex<HashSet<(ObjectId, i64)>>>,
     rates: Collection<Document>,
-    /// `(queue, max)` whose grant documents `0..max` are known to exist.
-    ensured_rates: Arc<Mutex<HashSet<(ObjectId, i64)>>>,
     /// Problems with documents already logged, so each is logged once.
     warned: Arc<Mutex<HashSet<String>>>,
     /// The names of nodes without a process marker (Disbatch 4 DENs), read at most once a
@@ -138,7 +136,6 @@ impl MongoStore {
             nodes: db.collection(NODES),
             slots: db.collection(SLOTS),
             rates: db.collection(RATES),
-            ensured_rates: Arc::new(Mutex::new(HashSet::new())),
             db,
             ensured_slots: Arc::new(Mutex::new(HashSet::new())),
             warned: Arc::new(Mutex::new(HashSet::new())),

@@ -179,6 +179,23 @@ async fn grants_made_before_max_was_lowered_count_in_their_window() {
 }
 
 #[tokio::test]
+async fn rows_deleted_by_hand_are_created_again() {
+    let store = Rows::default();
+    let q = ObjectId::new();
+    let r = rate(2, 1_000);
+    assert!(matches!(
+        take(&store, q, &r, "a", at(0)).await.unwrap(),
+        Take::Granted(_)
+    ));
+    store.0.lock().unwrap().clear();
+    assert!(matches!(
+        take(&store, q, &r, "a", at(10)).await.unwrap(),
+        Take::Granted(_)
+    ));
+    assert_eq!(store.0.lock().unwrap().len(), 2);
+}
+
+#[tokio::test]
 async fn a_window_below_a_millisecond_is_never_free_at_once() {
     let store = Rows::default();
     let q = ObjectId::new();

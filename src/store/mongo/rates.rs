@@ -46,15 +46,10 @@ impl RateStore for MongoStore {
         docs.iter().map(row_from).collect()
     }
 
-    /// Creates the documents unless known to exist (an unordered insert whose duplicate
-    /// keys are ignored).
+    /// Creates the missing documents (an unordered insert whose duplicate keys are
+    /// ignored); `lifecycle::rate` calls it only when rows are missing.
     async fn ensure_rates(&self, queue: ObjectId, max: i64) -> StoreResult<()> {
-        let known = self
-            .ensured_rates
-            .lock()
-            .map(|s| s.contains(&(queue, max)))
-            .unwrap_or(false);
-        if known || max <= 0 {
+        if max <= 0 {
             return Ok(());
         }
         let docs: Vec<Document> = (0..max)
@@ -64,9 +59,6 @@ impl RateStore for MongoStore {
             Ok(_) => {}
             Err(e) if is_duplicate_key(&e) => {}
             Err(e) => return Err(db_err("create rate grants")(e)),
-        }
-        if let Ok(mut s) = self.ensured_rates.lock() {
-            s.insert((queue, max));
         }
         Ok(())
     }
