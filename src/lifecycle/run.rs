@@ -24,26 +24,31 @@ pub struct FinishExtra {
 /// Idempotent: a task already running on `node` (a retry whose first reply was lost) also
 /// answers true. False when the task is no longer `node`'s.
 pub async fn start(store: &(impl Store + ?Sized), task: ObjectId, node: &str) -> StoreResult<bool> {
-    let entry = [(task, machine::claimed_by(node), machine::start())];
-    if store.change_tasks(&entry).await?[0] {
-        return Ok(true);
-    }
-    // A retry after a lost reply: the first attempt applied.
-    let now = store.task(task).await?;
-    Ok(now.is_some_and(|t| t.status == status::RUNNING && t.node.as_deref() == Some(node)))
+    start_with(store, task, node, None).await
 }
 
 /// [`start`] of a task of a rate-limited queue, writing `started` = `at` (the time of the
 /// rate grant it starts under: `lifecycle::rate`) in the same write.
 pub async fn start_at(store: &(impl Store + ?Sized), task: ObjectId, node: &str, at: DateTime) -> StoreResult<bool> {
+    start_with(store, task, node, Some(at)).await
+}
+
+/// [`start`], writing `started` when given.
+async fn start_with(
+    store: &(impl Store + ?Sized),
+    task: ObjectId,
+    node: &str,
+    started: Option<DateTime>,
+) -> StoreResult<bool> {
     let change = TaskChange {
-        started: Some(at),
+        started,
         ..machine::start()
     };
     let entry = [(task, machine::claimed_by(node), change)];
     if store.change_tasks(&entry).await?[0] {
         return Ok(true);
     }
+    // A retry after a lost reply: the first attempt applied.
     let now = store.task(task).await?;
     Ok(now.is_some_and(|t| t.status == status::RUNNING && t.node.as_deref() == Some(node)))
 }
