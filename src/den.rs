@@ -229,6 +229,9 @@ pub struct Den {
     /// When the leader last looked for tasks past their retention, and whether that look
     /// left some (`den/retention.rs`).
     retention_look: Mutex<Option<(tokio::time::Instant, bool)>>,
+    /// When the leader last swept output files used by nothing, and where the next page
+    /// starts (`den/retention.rs`).
+    file_sweep: Mutex<Option<(tokio::time::Instant, Option<bson::oid::ObjectId>)>>,
     /// Runs counted per (minute, queue), not yet stored.
     minute_stats: stats::MinuteStats,
     /// Queues whose claims failed permanently, left alone for a while.
@@ -268,6 +271,7 @@ impl Den {
             reports_busy: std::sync::atomic::AtomicBool::new(false),
             schedule_errors: Mutex::default(),
             retention_look: Mutex::new(None),
+            file_sweep: Mutex::new(None),
             minute_stats: stats::MinuteStats::default(),
             claim_backoff: backoff::ClaimBackoff::default(),
             rate_wake: Mutex::new(None),

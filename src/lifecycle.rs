@@ -22,6 +22,7 @@
 //! - [`retention`]: which ended tasks are deleted, and when.
 pub mod batches;
 pub mod deps;
+pub mod files;
 pub mod keys;
 pub mod leader;
 pub mod machine;

@@ -31,8 +31,8 @@ pub use self::queue::{OnOrphan, Queue, QueueSandbox, Sort, UnreadableQueue};
 pub use self::rate::Rate;
 pub use self::retention::{Retention, MAX_RETENTION, RETENTION_KEYS};
 pub use self::retry::{
-    activity_timeout_from, counted_runs, kept_output, queue_lifecycle, Attempt, QueueLifecycle, RetryAt, RetryOn,
-    RetryPolicy, BY_HAND, MAX_ATTEMPTS, PREFER_OTHER_NODE, RESUBMITTED,
+    activity_timeout_from, attempts_dropped, counted_runs, kept_output, queue_lifecycle, Attempt, QueueLifecycle,
+    RetryAt, RetryOn, RetryPolicy, ATTEMPTS_KEPT, BY_HAND, MAX_ATTEMPTS, PREFER_OTHER_NODE, RESUBMITTED,
 };
 pub use self::schedule::{CatchUp, Overlap, Schedule};
 pub use self::stats::{Histogram, NodeStats, CLAIM_BUCKETS, RUN_BUCKETS};

@@ -9,6 +9,7 @@
 //! suite (`tests/store_shared.rs`) holds both to the same behaviour.
 
 pub mod change;
+mod files;
 pub mod group;
 pub mod heads;
 pub mod mongo;
@@ -25,6 +26,7 @@ pub mod testing;
 mod types;
 
 pub use self::change::{NodeIs, StopIs, TaskChange, TaskFence, Write};
+pub use self::files::{FileStore, StoredFile};
 pub use self::heads::{HeadFilter, HeadNode, TaskHead};
 pub use self::node_change::{NodeChange, NodeFence, NodeRecord};
 pub use self::plugins::{PluginRef, PluginStore, PluginVersion, Pushed};
@@ -98,7 +100,7 @@ pub type StoreResult<T> = Result<T, StoreError>;
 
 /// The store boundary. All methods are safe to call from many DENs and DCIs at once.
 #[async_trait]
-pub trait Store: PluginStore + SlotStore + RateStore + Send + Sync + 'static {
+pub trait Store: PluginStore + SlotStore + RateStore + FileStore + Send + Sync + 'static {
     /// Creates collections and indexes as needed. Idempotent.
     async fn ensure_indexes(&self) -> StoreResult<()>;
 

@@ -317,6 +317,27 @@ async fn retry_policies_and_retries_by_hand() {
         (a["stdout"].as_str(), a["stderr"].as_str()),
         (Some("half done"), Some("disk full"))
     );
+    assert_eq!(v["attempts_dropped"], 0, "{v}");
+    // Past the cap the oldest records go, counted in `attempts_dropped`.
+    let kept = disbatch::model::ATTEMPTS_KEPT;
+    for n in 0..kept {
+        let c = db.store.claim(&queue, "den-1").await.unwrap().unwrap().id;
+        assert_eq!(c, t);
+        assert!(disbatch::lifecycle::run::start(&db.store, t, "den-1").await.unwrap());
+        let out = text(&format!("run {n}"));
+        assert!(
+            disbatch::lifecycle::run::finish(&db.store, t, "den-1", 2, out, text(""))
+                .await
+                .unwrap()
+        );
+        let r = post(&app, &format!("/tasks/{t}/retry"), json!({})).await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    }
+    let v = get(&app, &format!("/tasks/{t}")).await.json();
+    assert_eq!(v["attempts"].as_array().map(Vec::len), Some(kept), "{v}");
+    assert_eq!(v["attempts_dropped"], 1, "the first record is dropped");
+    assert_eq!(v["attempts"][0]["stdout"], "run 0");
+    assert_eq!(v["attempts"][kept - 1]["stdout"], format!("run {}", kept - 1));
     assert_eq!(
         post(&app, &format!("/tasks/{}/retry", ObjectId::new()), json!({}))
             .await

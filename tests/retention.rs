@@ -236,3 +236,113 @@ async fn succeeded_tasks_go_and_stats_stay_on_the_embedded_store() {
         .unwrap();
     assert_eq!(orphans, 0, "no output file of a deleted task is left");
 }
+
+/// Runs a DEN on `store` until `done` holds (the leader's first file sweep comes within a
+/// few ticks).
+async fn with_a_den<F, Fut>(store: Arc<dyn Store>, what: &str, done: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let den = Den::new(store, common::shared_runner(), settings("node-f"));
+    let stop = CancellationToken::new();
+    let handle = tokio::spawn({
+        let stop = stop.clone();
+        async move { den.run(stop).await.expect("DEN failed") }
+    });
+    wait_for(Duration::from_secs(60), what, done).await;
+    stop.cancel();
+    handle.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_leader_deletes_old_files_no_task_uses_on_mongodb() {
+    use bson::{doc, Document};
+    let t = common::test_db("file_sweep_den").await;
+    let store: Arc<dyn Store> = Arc::new(MongoStore::from_database(t.db.clone()));
+    let two_hours_ago = bson::DateTime::from_millis(bson::DateTime::now().timestamp_millis() - 7_200_000);
+    // Files the way Disbatch 4 writes them: the file document, then String chunks.
+    let files = t.db.collection::<Document>("tasks.files");
+    let chunks = t.db.collection::<Document>("tasks.chunks");
+    let queue = store
+        .create_queue(disbatch::store::NewQueue {
+            name: "q".into(),
+            plugin: "demo".into(),
+            threads: Some(0),
+            sort: Default::default(),
+            extra: Document::new(),
+        })
+        .await
+        .unwrap();
+    let used_by = ObjectId::new();
+    let (used, unused, foreign) = (ObjectId::new(), ObjectId::new(), ObjectId::new());
+    for (file, task) in [(used, Some(used_by)), (unused, Some(ObjectId::new())), (foreign, None)] {
+        let mut d = doc! { "_id": file, "filename": "stdout", "chunkSize": 261_120,
+        "length": 5_i64, "uploadDate": two_hours_ago };
+        if let Some(task) = task {
+            d.insert("metadata", doc! { "task_id": task });
+        }
+        files.insert_one(d).await.unwrap();
+        chunks
+            .insert_one(doc! { "files_id": file, "n": 0, "data": "hello" })
+            .await
+            .unwrap();
+    }
+    // An ended task pointing at its file, written as a Perl tool writes it.
+    t.db.collection::<Document>("tasks")
+        .insert_one(
+            doc! { "_id": used_by, "queue": queue.id, "status": "1", "node": "perl-den",
+            "params": {}, "ctime": 1_700_000_000_i64, "mtime": 1_700_000_000_i64,
+            "stdout": used, "stderr": "" },
+        )
+        .await
+        .unwrap();
+    let left = || async {
+        let n = files.count_documents(doc! { "_id": unused }).await.unwrap();
+        let c = chunks.count_documents(doc! { "files_id": unused }).await.unwrap();
+        n + c == 0
+    };
+    with_a_den(store.clone(), "the unused file deleted", left).await;
+    for kept in [used, foreign] {
+        assert_eq!(
+            files.count_documents(doc! { "_id": kept }).await.unwrap(),
+            1,
+            "{kept} kept"
+        );
+        assert_eq!(chunks.count_documents(doc! { "files_id": kept }).await.unwrap(), 1);
+    }
+    let task = store.task(used_by).await.unwrap().unwrap();
+    assert_eq!(store.read_output(task.stdout.as_ref().unwrap()).await.unwrap(), "hello");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_leader_deletes_old_files_no_task_uses_on_the_embedded_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("d.db");
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&file).await.unwrap());
+    let (old, fresh) = (ObjectId::new(), ObjectId::new());
+    for f in [old, fresh] {
+        store
+            .put_output_file(f, ObjectId::new(), "stdout", "left")
+            .await
+            .unwrap();
+    }
+    let two_hours_ago = bson::DateTime::now().timestamp_millis() - 7_200_000;
+    let conn = rusqlite::Connection::open(&file).unwrap();
+    conn.execute(
+        "UPDATE output_files SET upload_date = ?1 WHERE id = ?2",
+        rusqlite::params![two_hours_ago, old.to_hex()],
+    )
+    .unwrap();
+    let listed = || async {
+        let ids: Vec<ObjectId> = store
+            .output_files(None, 10)
+            .await
+            .unwrap()
+            .iter()
+            .map(|f| f.id)
+            .collect();
+        ids == vec![fresh]
+    };
+    with_a_den(store.clone(), "the old unused file deleted, the fresh one kept", listed).await;
+}

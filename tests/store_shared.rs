@@ -100,6 +100,8 @@ on_both_stores!(
     three_dens_hold_threads_and_maxthreads,
 );
 
+#[path = "store_shared/attempts.rs"]
+mod attempts;
 #[path = "store_shared/change.rs"]
 mod change;
 #[path = "store_shared/claims.rs"]

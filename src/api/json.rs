@@ -128,6 +128,7 @@ pub(super) fn task(t: &Task, view: &TaskView) -> Value {
             })
             .collect();
         m.insert("attempts".into(), Value::Array(list));
+        m.insert("attempts_dropped".into(), json!(t.attempts_dropped));
     }
     if let Some(fields) = &view.fields {
         m.retain(|k, _| k == "id" || k == "_id" || fields.iter().any(|f| f == k));

@@ -131,11 +131,23 @@ pub(super) fn lifecycle_lines(t: &Value) -> String {
         s.push_str(&format!("{:<12}{}\n", "progress", progress_text(p)));
     }
     if let Some(list) = t.get("attempts").and_then(Value::as_array) {
-        s.push_str(&format!("{:<12}{}\n", "attempts", list.len()));
+        let dropped = t.get("attempts_dropped").and_then(Value::as_u64).unwrap_or(0);
+        if dropped > 0 {
+            s.push_str(&format!(
+                "{:<12}{} (the last kept; {dropped} older not kept)\n",
+                "attempts",
+                list.len()
+            ));
+        } else {
+            s.push_str(&format!("{:<12}{}\n", "attempts", list.len()));
+        }
         for (i, a) in list.iter().enumerate() {
             s.push_str(&format!(
                 "  #{} {} ({}) on {} at {}: {}\n",
-                i + 1,
+                u64::try_from(i)
+                    .unwrap_or(u64::MAX)
+                    .saturating_add(dropped)
+                    .saturating_add(1),
                 cell(&a["status"]),
                 cell(&a["status_name"]),
                 cell(&a["node"]),
@@ -172,5 +184,27 @@ pub(super) fn absolute_run_at(text: &str) -> String {
     match at {
         Some(t) => humantime::format_rfc3339_millis(t).to_string(),
         None => text.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_attempts_line_says_how_many_records_went() {
+        let run = serde_json::json!({"status": 2, "status_name": "failed", "node": "n", "ended": "t", "reason": "r"});
+        let t = serde_json::json!({"attempts": [run.clone(), run], "attempts_dropped": 7});
+        let text = lifecycle_lines(&t);
+        assert!(
+            text.contains("attempts    2 (the last kept; 7 older not kept)\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("  #8 2 (failed)") && text.contains("  #9 2 (failed)"),
+            "runs numbered from the first: {text}"
+        );
+        let t = serde_json::json!({"attempts": [{"status": 1}], "attempts_dropped": 0});
+        assert!(lifecycle_lines(&t).starts_with("attempts    1\n"));
     }
 }

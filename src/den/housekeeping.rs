@@ -250,6 +250,7 @@ impl Den {
         // The schedules run whatever the sweep did, and the sweep's outcome is told after.
         self.run_schedules().await;
         self.run_retention().await;
+        self.run_file_sweep().await;
         let recovered = recovered?;
         if !recovered.orphaned.is_empty() {
             warn!(count = recovered.orphaned.len(), tasks = ?recovered.orphaned, "marked orphaned tasks (-6)");

@@ -333,6 +333,7 @@ mod tests {
             stop: None,
             progress: None,
             attempts: Vec::new(),
+            attempts_dropped: 0,
             key: None,
             batch: None,
             rerun: false,

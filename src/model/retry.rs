@@ -12,6 +12,11 @@ pub const MAX_WAIT_TIME: Duration = Duration::from_secs(365 * 24 * 3600);
 pub const MAX_ATTEMPTS: u32 = 100;
 /// How much of each output stream of a failed attempt its record keeps (the end of it).
 pub const ATTEMPT_OUTPUT_KEPT: usize = 4096;
+/// Most records a task keeps in `attempts`: appending one more drops the oldest, and the
+/// task counts what it dropped (`attempts_dropped`). Never below [`MAX_ATTEMPTS`], so a
+/// retry policy still finds every run it counts in the records kept.
+pub const ATTEMPTS_KEPT: usize = 100;
+const _: () = assert!(ATTEMPTS_KEPT >= MAX_ATTEMPTS as usize);
 /// How long after a retry is due the node that ran the failed attempt leaves it to the
 /// others: a single node still retries, just this much later.
 pub const PREFER_OTHER_NODE: Duration = Duration::from_secs(2);
@@ -314,6 +319,14 @@ impl Attempt {
             _ => Vec::new(),
         }
     }
+}
+
+/// How many records a task's `attempts` list dropped to stay within [`ATTEMPTS_KEPT`]:
+/// the records ever appended (`recorded`, stored beside the list) less the `kept` ones. A
+/// list written without the count (by an earlier version) dropped none.
+pub fn attempts_dropped(recorded: Option<i64>, kept: usize) -> u64 {
+    let kept = i64::try_from(kept).unwrap_or(i64::MAX);
+    recorded.map_or(0, |r| u64::try_from(r.saturating_sub(kept)).unwrap_or(0))
 }
 
 /// How the reason of a hand retry's record starts.

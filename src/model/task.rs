@@ -66,6 +66,10 @@ pub struct Task {
     pub progress: Option<TaskProgress>,
     /// Its earlier runs, oldest first (`attempts`); empty for a task run at most once.
     pub attempts: Vec<Attempt>,
+    /// How many older records `attempts` dropped to keep the last
+    /// [`ATTEMPTS_KEPT`](super::retry::ATTEMPTS_KEPT) (see
+    /// [`attempts_dropped`](super::retry::attempts_dropped)).
+    pub attempts_dropped: u64,
     /// Its key, unique within its queue (`key`), when it was created with one.
     pub key: Option<String>,
     /// The batch it was submitted in (`batch`), if any.
@@ -84,6 +88,20 @@ pub struct Task {
 }
 
 impl Task {
+    /// The output files the task uses: its stdout and stderr, and those its `attempts`
+    /// records kept. Any other file written for it is used by nothing.
+    pub fn output_files(&self) -> Vec<ObjectId> {
+        let runs = self.attempts.iter().flat_map(|a| [&a.stdout, &a.stderr]);
+        [&self.stdout, &self.stderr]
+            .into_iter()
+            .chain(runs)
+            .filter_map(|o| match o {
+                Some(Output::File(id)) => Some(*id),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// The params as JSON text, the way the plugin receives them (relaxed Extended JSON, so
     /// plain values are plain JSON).
     pub fn params_json(&self) -> String {

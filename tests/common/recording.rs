@@ -307,6 +307,13 @@ impl SlotStore for Recording {
 }
 
 #[async_trait]
+impl FileStore for Recording {
+    async fn output_files(&self, after: Option<ObjectId>, limit: usize) -> StoreResult<Vec<StoredFile>> {
+        self.inner.output_files(after, limit).await
+    }
+}
+
+#[async_trait]
 impl RateStore for Recording {
     async fn rates(&self, queue: ObjectId) -> StoreResult<Vec<RateRow>> {
         self.inner.rates(queue).await

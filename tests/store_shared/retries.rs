@@ -23,7 +23,7 @@ fn later(millis: i64) -> DateTime {
     DateTime::from_millis(DateTime::now().timestamp_millis() + millis)
 }
 
-fn failed_attempt(node: &str) -> Attempt {
+pub(super) fn failed_attempt(node: &str) -> Attempt {
     Attempt {
         node: Some(node.into()),
         started: Some(ago(2000)),

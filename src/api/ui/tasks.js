@@ -93,8 +93,9 @@ async function showTask(id, refresh) {
   const actions = waiting ? `<button id="task-cancel">Cancel</button>`
     : running ? `<button id="task-kill">Kill</button>`
     : finished ? `<button id="task-retry">Retry</button>` : "";
-  const attempts = (t.attempts ?? []).map((a, i) => `<tr><td>${i + 1}</td><td>${a.status} ${esc(a.status_name)}</td><td>${esc(a.node ?? "-")}</td><td>${a.started ? when(a.started) : "-"}</td><td>${when(a.ended)}</td><td class="num">${a.started ? fmtSecs(span(a.started, a.ended)) : "-"}</td><td>${esc(a.reason)}</td></tr>`).join("");
-  const attemptList = attempts ? `<h3>Attempts (${fmtNum(t.attempts.length)})</h3><div class="scroll"><table id="task-attempts"><thead><tr><th>#</th><th>Status</th><th>Node</th><th>Started</th><th>Ended</th><th>Duration</th><th>Reason</th></tr></thead><tbody>${attempts}</tbody></table></div>` : "";
+  const attempts = (t.attempts ?? []).map((a, i) => `<tr><td>${i + 1 + (t.attempts_dropped ?? 0)}</td><td>${a.status} ${esc(a.status_name)}</td><td>${esc(a.node ?? "-")}</td><td>${a.started ? when(a.started) : "-"}</td><td>${when(a.ended)}</td><td class="num">${a.started ? fmtSecs(span(a.started, a.ended)) : "-"}</td><td>${esc(a.reason)}</td></tr>`).join("");
+  const dropped = t.attempts_dropped > 0 ? `<p id="task-attempts-dropped">The last ${fmtNum(t.attempts.length)} kept; ${fmtNum(t.attempts_dropped)} older not kept.</p>` : "";
+  const attemptList = attempts ? `<h3>Attempts (${fmtNum(t.attempts.length)})</h3>${dropped}<div class="scroll"><table id="task-attempts"><thead><tr><th>#</th><th>Status</th><th>Node</th><th>Started</th><th>Ended</th><th>Duration</th><th>Reason</th></tr></thead><tbody>${attempts}</tbody></table></div>` : "";
   const duration = finished ? `<dt>Duration</dt><dd id="task-duration">${fmtSecs(span(t.ctime, t.mtime))} <small>from submitted to ended</small></dd>`
     : t.status === 0 ? `<dt>Running since</dt><dd id="task-duration">${when(t.mtime)}</dd>` : "";
   const stop = t.stop ? `<dt>${t.stop.action === "kill" ? "Killed" : "Cancelled"}</dt><dd id="task-stop">by ${esc(t.stop.by)} ${when(t.stop.at)}${t.stop.reason ? ": " + esc(t.stop.reason) : ""}</dd>` : "";

@@ -171,7 +171,14 @@ pub(super) fn change_update(change: &TaskChange, now: DateTime) -> StoreResult<D
         update.insert("$unset", u.unset);
     }
     if let Some(a) = &change.attempt {
-        update.insert("$push", doc! { "attempts": a.to_document() });
+        // The last `ATTEMPTS_KEPT` records stay; `attempts_recorded` counts every record
+        // ever appended, so the task knows how many were dropped.
+        let kept = -i64::try_from(crate::model::ATTEMPTS_KEPT).unwrap_or(i64::MAX);
+        update.insert(
+            "$push",
+            doc! { "attempts": { "$each": [a.to_document()], "$slice": kept } },
+        );
+        update.insert("$inc", doc! { "attempts_recorded": 1_i64 });
     }
     Ok(update)
 }

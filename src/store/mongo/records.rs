@@ -245,6 +245,7 @@ pub(super) fn task_from(doc: &Document) -> StoreResult<Task> {
         stop: task_stop(&f).ok().flatten(),
         progress: task_progress(&f),
         attempts: crate::model::Attempt::list_from(f.get("attempts")),
+        attempts_dropped: attempts_dropped(&f),
         key: f.get("key").and_then(|k| k.as_str()).map(str::to_owned),
         batch: f.get("batch").and_then(|k| k.as_str()).map(str::to_owned),
         rerun: f.get("rerun") == Some(&Bson::Boolean(true)),
@@ -264,6 +265,16 @@ fn strings(v: Option<&Bson>) -> Vec<String> {
 }
 
 /// The `progress` sub-document, if it is one (anything else is not a progress report).
+/// The task's `attempts_dropped`, from the count of records ever appended
+/// (`attempts_recorded`, any integral number) and the records kept.
+fn attempts_dropped(f: &Fields<'_>) -> u64 {
+    let kept = match f.get("attempts") {
+        Some(Bson::Array(a)) => a.iter().filter(|e| e.as_document().is_some()).count(),
+        _ => 0,
+    };
+    crate::model::attempts_dropped(f.get("attempts_recorded").and_then(as_int), kept)
+}
+
 fn task_progress(f: &Fields<'_>) -> Option<crate::model::TaskProgress> {
     match f.get("progress") {
         Some(Bson::Document(d)) => Some(crate::model::TaskProgress::from_document(d)),
@@ -315,6 +326,7 @@ pub(super) fn task_or_problem(doc: &Document) -> Option<Task> {
         stop: task_stop(&f).ok().flatten(),
         progress: task_progress(&f),
         attempts: crate::model::Attempt::list_from(f.get("attempts")),
+        attempts_dropped: attempts_dropped(&f),
         key: f.get("key").and_then(|k| k.as_str()).map(str::to_owned),
         batch: f.get("batch").and_then(|k| k.as_str()).map(str::to_owned),
         rerun: f.get("rerun") == Some(&Bson::Boolean(true)),

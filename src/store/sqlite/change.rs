@@ -11,7 +11,7 @@ use rusqlite::functions::FunctionFlags;
 use rusqlite::types::{Value, ValueRef};
 use rusqlite::{params_from_iter, Connection, OptionalExtension, Transaction};
 
-use super::records::{bson_bytes, db_err, output_columns, read_attempts};
+use super::records::{bson_bytes, db_err, dropped_attempts, output_columns, read_attempts};
 use super::{SqliteStore, Touched};
 use crate::model::{status, Attempt};
 use crate::store::change::{NodeIs, StopIs, TaskChange, TaskFence, Write};
@@ -282,18 +282,28 @@ impl SqliteStore {
     }
 }
 
-/// The `attempts` column holds the BSON of `{list: [record, …]}`; a record is appended by
-/// reading and rewriting it in the same write transaction.
+/// The `attempts` column holds the BSON of `{list: [record, …], recorded: n}`: the last
+/// [`ATTEMPTS_KEPT`](crate::model::ATTEMPTS_KEPT) records and the count of records ever
+/// appended. A record is appended by reading and rewriting it in the same write
+/// transaction.
 /// The `attempts` column of task `id` with `attempt` appended.
 pub(super) fn appended(tx: &Transaction<'_>, id: &str, attempt: &Attempt) -> StoreResult<Vec<u8>> {
     let stored: Option<Option<Vec<u8>>> = tx
         .query_row("SELECT attempts FROM tasks WHERE id = ?1", [id], |r| r.get(0))
         .optional()
         .map_err(db_err("read attempts"))?;
-    let mut list: Vec<Bson> = read_attempts(id, stored.flatten().as_deref())
+    let stored = stored.flatten();
+    let mut list: Vec<Bson> = read_attempts(id, stored.as_deref())
         .iter()
         .map(|a| Bson::Document(a.to_document()))
         .collect();
+    let dropped = dropped_attempts(id, stored.as_deref());
+    let recorded = u64::try_from(list.len())
+        .unwrap_or(u64::MAX)
+        .saturating_add(dropped)
+        .saturating_add(1);
     list.push(Bson::Document(attempt.to_document()));
-    bson_bytes(&bson::doc! { "list": list })
+    let over = list.len().saturating_sub(crate::model::ATTEMPTS_KEPT);
+    list.drain(..over);
+    bson_bytes(&bson::doc! { "list": list, "recorded": i64::try_from(recorded).unwrap_or(i64::MAX) })
 }

@@ -9,7 +9,7 @@ use rusqlite::{params, OptionalExtension};
 use super::records::db_err;
 use super::{SqliteStore, OUTPUT_FILES};
 use crate::model::Output;
-use crate::store::{one_piece, OutputStream, StoreError, StoreResult};
+use crate::store::{one_piece, FileStore, OutputStream, StoreError, StoreResult, StoredFile};
 
 impl SqliteStore {
     /// [`Store::put_output_file`](crate::store::Store::put_output_file): one row, replaced
@@ -58,6 +58,39 @@ impl SqliteStore {
             Ok(())
         })
         .await
+    }
+}
+
+#[async_trait::async_trait]
+impl FileStore for SqliteStore {
+    async fn output_files(&self, after: Option<ObjectId>, limit: usize) -> StoreResult<Vec<StoredFile>> {
+        let after = after.map(|a| a.to_hex()).unwrap_or_default();
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows: Vec<(String, String, i64)> = self
+            .with(move |conn| {
+                let err = db_err("list output files");
+                let mut st = conn
+                    .prepare_cached("SELECT id, task, upload_date FROM output_files WHERE id > ?1 ORDER BY id LIMIT ?2")
+                    .map_err(&err)?;
+                let rows = st
+                    .query_map(params![after, limit], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                    .map_err(&err)?
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(&err)?;
+                Ok(rows)
+            })
+            .await?;
+        // Ids are written by this store as 24 hex digits, so their text order is id order.
+        Ok(rows
+            .into_iter()
+            .filter_map(|(id, task, at)| {
+                Some(StoredFile {
+                    id: ObjectId::parse_str(&id).ok()?,
+                    task: ObjectId::parse_str(&task).ok(),
+                    uploaded: Some(DateTime::from_millis(at)),
+                })
+            })
+            .collect())
     }
 }
 

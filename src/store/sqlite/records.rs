@@ -162,6 +162,7 @@ pub(super) fn task_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(String, 
             progress: progress
                 .and_then(|b| read_bson("tasks", &id, &b).ok())
                 .map(|d| crate::model::TaskProgress::from_document(&d)),
+            attempts_dropped: dropped_attempts(&id, attempts.as_deref()),
             attempts: read_attempts(&id, attempts.as_deref()),
             key,
             batch,
@@ -180,6 +181,15 @@ pub(super) fn keys_of(json: Option<&str>) -> Vec<String> {
     json.and_then(|j| serde_json::from_str::<Vec<Option<String>>>(j).ok())
         .map(|v| v.into_iter().flatten().collect())
         .unwrap_or_default()
+}
+
+/// How many records an `attempts` column dropped: its count of records ever appended
+/// (`recorded`) less those kept (`list`).
+pub(super) fn dropped_attempts(id: &str, bytes: Option<&[u8]>) -> u64 {
+    bytes.and_then(|b| read_bson("tasks", id, b).ok()).map_or(0, |d| {
+        let kept = Attempt::list_from(d.get("list")).len();
+        crate::model::attempts_dropped(d.get("recorded").and_then(crate::model::lenient_int), kept)
+    })
 }
 
 /// The records stored in an `attempts` column.
