@@ -12,6 +12,9 @@
 //! - it is marked to run again (`rerun`);
 //! - its batch is still open (a task of it has not ended, it has fewer tasks than its
 //!   `size`), or blocked tasks wait for its batch;
+//! - its batch has a task not yet past its own retention: a batch's tasks go together,
+//!   once the last of them is past its time, so a batch's outcome (read from its tasks)
+//!   never changes while it has tasks;
 //! - it is the last task of a schedule with `overlap: "skip"` (its next occurrence looks
 //!   at it).
 //!
@@ -93,6 +96,11 @@ pub async fn sweep(
         return Ok(swept);
     }
     let kept_ids = overlap_tasks(store).await?;
+    let look = Look {
+        plans: plans.clone(),
+        now,
+        kept_ids: kept_ids.clone(),
+    };
     let mut batches = BatchCheck::default();
     let mut writes = 0;
     for (queue, retention) in plans {
@@ -104,6 +112,7 @@ pub async fn sweep(
                 before: due_before(now, keep),
                 except_ids: kept_ids.clone(),
                 except_batches: batches.kept(),
+                batch: None,
                 limit: bounds.batch.max(1),
             };
             loop {
@@ -118,7 +127,7 @@ pub async fn sweep(
                 let full = found.len() >= filter.limit;
                 let mut newly_kept = false;
                 for b in found.iter().filter_map(|t| t.batch.clone()).collect::<Vec<_>>() {
-                    newly_kept |= batches.keeps(store, &b).await?;
+                    newly_kept |= batches.keeps(store, &b, &look).await?;
                 }
                 found.retain(|t| t.batch.as_ref().is_none_or(|b| !batches.is_kept(b)));
                 if !found.is_empty() {
@@ -157,11 +166,11 @@ struct BatchCheck {
 impl BatchCheck {
     /// Whether batch `b` keeps its tasks, read once a look; true when it was read now and
     /// keeps them.
-    async fn keeps(&mut self, store: &(impl Store + ?Sized), b: &str) -> StoreResult<bool> {
+    async fn keeps(&mut self, store: &(impl Store + ?Sized), b: &str, look: &Look) -> StoreResult<bool> {
         if self.seen.contains_key(b) {
             return Ok(false);
         }
-        let keep = batch_matters(store, b).await?;
+        let keep = batch_matters(store, b, look).await?;
         self.seen.insert(b.to_owned(), keep);
         Ok(keep)
     }
@@ -175,9 +184,18 @@ impl BatchCheck {
     }
 }
 
+/// What one look knows: the queues with a retention and theirs, its time, and the tasks
+/// kept whatever their age.
+struct Look {
+    plans: Vec<(ObjectId, Retention)>,
+    now: DateTime,
+    kept_ids: Vec<ObjectId>,
+}
+
 /// Whether batch `b` still matters: blocked tasks wait for it, a task of it has not ended,
-/// or it has fewer tasks than its `size` (more are to come).
-async fn batch_matters(store: &(impl Store + ?Sized), b: &str) -> StoreResult<bool> {
+/// it has fewer tasks than its `size` (more are to come), or a task of it is not yet
+/// past its retention (the tasks of a batch go together).
+async fn batch_matters(store: &(impl Store + ?Sized), b: &str, look: &Look) -> StoreResult<bool> {
     let Some(batch) = store.batch(b).await? else {
         return Ok(false);
     };
@@ -189,7 +207,39 @@ async fn batch_matters(store: &(impl Store + ?Sized), b: &str) -> StoreResult<bo
         return Ok(true);
     }
     let total: u64 = counts.values().sum();
-    Ok(batch.size.is_some_and(|s| total < u64::try_from(s).unwrap_or(0)))
+    if batch.size.is_some_and(|s| total < u64::try_from(s).unwrap_or(0)) {
+        return Ok(true);
+    }
+    for (code, n) in counts {
+        if n > 0 && past_retention(store, b, code, n, look).await? < n {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// How many of batch `b`'s tasks of status `code` are past their queue's retention and of
+/// no other use (up to `n`, the batch's tasks of that status), over every queue with a
+/// retention for it.
+async fn past_retention(store: &(impl Store + ?Sized), b: &str, code: i32, n: u64, look: &Look) -> StoreResult<u64> {
+    let mut past = 0;
+    for (queue, retention) in &look.plans {
+        let Some(keep) = retention.of(code) else { continue };
+        let filter = ExpiredFilter {
+            queue: *queue,
+            status: code,
+            before: due_before(look.now, keep),
+            except_ids: look.kept_ids.clone(),
+            except_batches: Vec::new(),
+            batch: Some(b.to_owned()),
+            limit: usize::try_from(n - past).unwrap_or(usize::MAX),
+        };
+        past += store.expired_tasks(&filter).await?.len() as u64;
+        if past >= n {
+            break;
+        }
+    }
+    Ok(past)
 }
 
 #[cfg(test)]

@@ -132,6 +132,8 @@ pub struct ExpiredFilter {
     pub except_ids: Vec<ObjectId>,
     /// Never the tasks of these batches.
     pub except_batches: Vec<String>,
+    /// Only the tasks of this batch.
+    pub batch: Option<String>,
     /// The most tasks answered.
     pub limit: usize,
 }

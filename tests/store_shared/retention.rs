@@ -17,6 +17,7 @@ on_both_stores!(
     a_look_deletes_at_most_its_bound,
     a_task_changed_since_it_was_found_is_kept,
     documents_of_other_tools_are_never_deleted_by_mistake,
+    a_batchs_tasks_go_together_once_the_last_is_past,
 );
 
 const HOUR: i64 = 3600 * 1000;
@@ -244,6 +245,7 @@ async fn a_look_deletes_at_most_its_bound(s: Stores) {
         before: later(HOUR),
         except_ids: Vec::new(),
         except_batches: Vec::new(),
+        batch: None,
         limit: 100,
     };
     assert!(s.a.expired_tasks(&filter).await.unwrap().is_empty());
@@ -258,6 +260,7 @@ async fn a_task_changed_since_it_was_found_is_kept(s: Stores) {
         before: later(HOUR),
         except_ids: vec![ids[2]],
         except_batches: Vec::new(),
+        batch: None,
         limit: 10,
     };
     let mut found = s.b.expired_tasks(&filter).await.unwrap();
@@ -313,4 +316,64 @@ async fn documents_of_other_tools_are_never_deleted_by_mistake(s: Stores) {
         .unwrap();
     assert_eq!(swept.deleted, 1, "{swept:?}");
     assert_eq!(tasks.count_documents(doc! {}).await.unwrap(), 5);
+}
+
+/// A task of batch `b` in `q`, run to `code`.
+async fn batch_task(s: &dyn Store, q: &Queue, b: &str, code: i32) -> ObjectId {
+    let mut t = NewTask::queued(ObjectId::new(), doc! {});
+    t.batch = Some(b.into());
+    s.insert_tasks(q.id, vec![t.clone()]).await.unwrap();
+    assert_eq!(end_next(s, q, code, false).await.0, t.id);
+    t.id
+}
+
+async fn a_batchs_tasks_go_together_once_the_last_is_past(s: Stores) {
+    let default = Retention::default();
+    let q = kept_queue(&*s.a, "mixed", doc! { "succeeded": "1s", "failed": "2h" }).await;
+    let other = kept_queue(&*s.a, "other", doc! { "succeeded": "1s", "failed": "3h" }).await;
+    let unkept = kept_queue(&*s.a, "unkept", Document::new()).await;
+    // A closed batch of mixed outcomes in one queue.
+    s.a.insert_batch("mixed", Some(2)).await.unwrap();
+    let ok = batch_task(&*s.a, &q, "mixed", status::SUCCEEDED).await;
+    let bad = batch_task(&*s.a, &q, "mixed", status::FAILED).await;
+    // A batch across two queues with retentions of their own.
+    s.a.insert_batch("across", Some(2)).await.unwrap();
+    let here = batch_task(&*s.a, &q, "across", status::SUCCEEDED).await;
+    let there = batch_task(&*s.a, &other, "across", status::FAILED).await;
+    // A batch with a task in a queue that keeps every task.
+    s.a.insert_batch("forever", Some(2)).await.unwrap();
+    let goes_alone = batch_task(&*s.a, &q, "forever", status::SUCCEEDED).await;
+    let kept_for_good = batch_task(&*s.a, &unkept, "forever", status::SUCCEEDED).await;
+    let all = [ok, bad, here, there, goes_alone, kept_for_good];
+
+    // An hour on, every succeeded task is past its time, no failed one: all stay.
+    let swept = sweep(&*s.b, &default, later(HOUR), Bounds::default()).await.unwrap();
+    assert_eq!(swept.deleted, 0, "{swept:?}");
+    for id in all {
+        assert!(exists(&*s.a, id).await, "task {id} stays with its batch");
+    }
+    let counts = s.a.batch_counts("mixed").await.unwrap();
+    assert_eq!(
+        (counts.get(&status::SUCCEEDED), counts.get(&status::FAILED)),
+        (Some(&1), Some(&1)),
+        "the batch's outcome is unchanged"
+    );
+    // Past two hours the first batch goes whole; past three, the second.
+    let swept = sweep(&*s.b, &default, later(2 * HOUR + 60_000), Bounds::default())
+        .await
+        .unwrap();
+    assert_eq!(swept.deleted, 2, "{swept:?}");
+    assert!(!exists(&*s.a, ok).await && !exists(&*s.a, bad).await);
+    assert!(exists(&*s.a, here).await && exists(&*s.a, there).await);
+    let swept = sweep(&*s.b, &default, later(3 * HOUR + 60_000), Bounds::default())
+        .await
+        .unwrap();
+    assert_eq!(swept.deleted, 2, "{swept:?}");
+    assert!(!exists(&*s.a, here).await && !exists(&*s.a, there).await);
+    // A batch with a task kept for good keeps all its tasks.
+    let swept = sweep(&*s.b, &default, later(1000 * HOUR), Bounds::default())
+        .await
+        .unwrap();
+    assert_eq!(swept.deleted, 0, "{swept:?}");
+    assert!(exists(&*s.a, goes_alone).await && exists(&*s.a, kept_for_good).await);
 }

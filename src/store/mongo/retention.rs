@@ -28,8 +28,15 @@ impl MongoStore {
         if !f.except_ids.is_empty() {
             filter.insert("_id", doc! { "$nin": f.except_ids.clone() });
         }
-        if !f.except_batches.is_empty() {
-            filter.insert("batch", doc! { "$nin": f.except_batches.clone() });
+        match (&f.batch, f.except_batches.is_empty()) {
+            (Some(b), _) if !f.except_batches.contains(b) => {
+                filter.insert("batch", b.clone());
+            }
+            (Some(_), _) => return Ok(Vec::new()),
+            (None, false) => {
+                filter.insert("batch", doc! { "$nin": f.except_batches.clone() });
+            }
+            (None, true) => {}
         }
         let docs: Vec<Document> = self
             .tasks

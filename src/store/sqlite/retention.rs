@@ -35,6 +35,10 @@ impl SqliteStore {
                 sql.push_str(&format!(" AND id NOT IN ({marks})"));
                 args.extend(f.except_ids.iter().map(|id| id.to_hex().into()));
             }
+            if let Some(b) = &f.batch {
+                sql.push_str(" AND batch = ?");
+                args.push(b.clone().into());
+            }
             if !f.except_batches.is_empty() {
                 let marks = vec!["?"; f.except_batches.len()].join(", ");
                 sql.push_str(&format!(" AND (batch IS NULL OR batch NOT IN ({marks}))"));
