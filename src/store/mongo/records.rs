@@ -226,6 +226,7 @@ pub(super) fn task_from(doc: &Document) -> StoreResult<Task> {
         .and_then(|s| i32::try_from(s).ok())
         .ok_or_else(|| f.malformed("status", "a 32-bit integer"))?;
     let params = task_params(&f)?;
+    let (attempts, attempts_dropped) = attempts_of(&f);
     Ok(Task {
         id,
         queue: f.object_id("queue")?,
@@ -244,8 +245,8 @@ pub(super) fn task_from(doc: &Document) -> StoreResult<Task> {
         priority: f.get("priority").and_then(as_int),
         stop: task_stop(&f).ok().flatten(),
         progress: task_progress(&f),
-        attempts: crate::model::Attempt::list_from(f.get("attempts")),
-        attempts_dropped: attempts_dropped(&f),
+        attempts,
+        attempts_dropped,
         key: f.get("key").and_then(|k| k.as_str()).map(str::to_owned),
         batch: f.get("batch").and_then(|k| k.as_str()).map(str::to_owned),
         rerun: f.get("rerun") == Some(&Bson::Boolean(true)),
@@ -264,17 +265,15 @@ fn strings(v: Option<&Bson>) -> Vec<String> {
     }
 }
 
-/// The `progress` sub-document, if it is one (anything else is not a progress report).
-/// The task's `attempts_dropped`, from the count of records ever appended
-/// (`attempts_recorded`, any integral number) and the records kept.
-fn attempts_dropped(f: &Fields<'_>) -> u64 {
-    let kept = match f.get("attempts") {
-        Some(Bson::Array(a)) => a.iter().filter(|e| e.as_document().is_some()).count(),
-        _ => 0,
-    };
-    crate::model::attempts_dropped(f.get("attempts_recorded").and_then(as_int), kept)
+/// The task's `attempts` records and how many older ones it dropped, from the count of
+/// records ever appended (`attempts_recorded`, any integral number).
+fn attempts_of(f: &Fields<'_>) -> (Vec<crate::model::Attempt>, u64) {
+    let list = crate::model::Attempt::list_from(f.get("attempts"));
+    let dropped = crate::model::attempts_dropped(f.get("attempts_recorded").and_then(as_int), list.len());
+    (list, dropped)
 }
 
+/// The `progress` sub-document, if it is one (anything else is not a progress report).
 fn task_progress(f: &Fields<'_>) -> Option<crate::model::TaskProgress> {
     match f.get("progress") {
         Some(Bson::Document(d)) => Some(crate::model::TaskProgress::from_document(d)),
@@ -304,6 +303,7 @@ pub(super) fn task_or_problem(doc: &Document) -> Option<Task> {
     };
     let f = Fields::new("tasks", doc);
     let id = f.object_id("_id").ok()?;
+    let (attempts, attempts_dropped) = attempts_of(&f);
     let ctime = f.opt_date("ctime").ok().flatten().unwrap_or_else(|| id.timestamp());
     Some(Task {
         id,
@@ -325,8 +325,8 @@ pub(super) fn task_or_problem(doc: &Document) -> Option<Task> {
         priority: f.get("priority").and_then(as_int),
         stop: task_stop(&f).ok().flatten(),
         progress: task_progress(&f),
-        attempts: crate::model::Attempt::list_from(f.get("attempts")),
-        attempts_dropped: attempts_dropped(&f),
+        attempts,
+        attempts_dropped,
         key: f.get("key").and_then(|k| k.as_str()).map(str::to_owned),
         batch: f.get("batch").and_then(|k| k.as_str()).map(str::to_owned),
         rerun: f.get("rerun") == Some(&Bson::Boolean(true)),

@@ -11,7 +11,7 @@ use rusqlite::functions::FunctionFlags;
 use rusqlite::types::{Value, ValueRef};
 use rusqlite::{params_from_iter, Connection, OptionalExtension, Transaction};
 
-use super::records::{bson_bytes, db_err, dropped_attempts, output_columns, read_attempts};
+use super::records::{attempts_column, bson_bytes, db_err, output_columns};
 use super::{SqliteStore, Touched};
 use crate::model::{status, Attempt};
 use crate::store::change::{NodeIs, StopIs, TaskChange, TaskFence, Write};
@@ -292,12 +292,8 @@ pub(super) fn appended(tx: &Transaction<'_>, id: &str, attempt: &Attempt) -> Sto
         .query_row("SELECT attempts FROM tasks WHERE id = ?1", [id], |r| r.get(0))
         .optional()
         .map_err(db_err("read attempts"))?;
-    let stored = stored.flatten();
-    let mut list: Vec<Bson> = read_attempts(id, stored.as_deref())
-        .iter()
-        .map(|a| Bson::Document(a.to_document()))
-        .collect();
-    let dropped = dropped_attempts(id, stored.as_deref());
+    let (kept, dropped) = attempts_column(id, stored.flatten().as_deref());
+    let mut list: Vec<Bson> = kept.iter().map(|a| Bson::Document(a.to_document())).collect();
     let recorded = u64::try_from(list.len())
         .unwrap_or(u64::MAX)
         .saturating_add(dropped)

@@ -116,6 +116,7 @@ pub(super) fn task_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(String, 
     let progress: Option<Vec<u8>> = r.get(13)?;
     let priority: i64 = r.get(14)?;
     let attempts: Option<Vec<u8>> = r.get(15)?;
+    let (attempts, attempts_dropped) = attempts_column(&id, attempts.as_deref());
     let key: Option<String> = r.get(16)?;
     let rerun: Option<i64> = r.get(17)?;
     let batch: Option<String> = r.get(18)?;
@@ -162,8 +163,8 @@ pub(super) fn task_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(String, 
             progress: progress
                 .and_then(|b| read_bson("tasks", &id, &b).ok())
                 .map(|d| crate::model::TaskProgress::from_document(&d)),
-            attempts_dropped: dropped_attempts(&id, attempts.as_deref()),
-            attempts: read_attempts(&id, attempts.as_deref()),
+            attempts,
+            attempts_dropped,
             key,
             batch,
             rerun: rerun.is_some_and(|r| r != 0),
@@ -183,21 +184,20 @@ pub(super) fn keys_of(json: Option<&str>) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// How many records an `attempts` column dropped: its count of records ever appended
-/// (`recorded`) less those kept (`list`).
-pub(super) fn dropped_attempts(id: &str, bytes: Option<&[u8]>) -> u64 {
-    bytes.and_then(|b| read_bson("tasks", id, b).ok()).map_or(0, |d| {
-        let kept = Attempt::list_from(d.get("list")).len();
-        crate::model::attempts_dropped(d.get("recorded").and_then(crate::model::lenient_int), kept)
-    })
+/// The records stored in an `attempts` column, and how many older ones it dropped (its
+/// count of records ever appended, `recorded`, less those kept).
+pub(super) fn attempts_column(id: &str, bytes: Option<&[u8]>) -> (Vec<Attempt>, u64) {
+    let Some(d) = bytes.and_then(|b| read_bson("tasks", id, b).ok()) else {
+        return (Vec::new(), 0);
+    };
+    let list = Attempt::list_from(d.get("list"));
+    let dropped = crate::model::attempts_dropped(d.get("recorded").and_then(crate::model::lenient_int), list.len());
+    (list, dropped)
 }
 
 /// The records stored in an `attempts` column.
 pub(super) fn read_attempts(id: &str, bytes: Option<&[u8]>) -> Vec<Attempt> {
-    bytes
-        .and_then(|b| read_bson("tasks", id, b).ok())
-        .map(|d| Attempt::list_from(d.get("list")))
-        .unwrap_or_default()
+    attempts_column(id, bytes).0
 }
 
 #[cfg(test)]
