@@ -31,11 +31,12 @@
 //! (`disbatch dev`) claims them at once. Tasks queued by other processes wait for the
 //! DEN's next poll.
 //! SQLite calls block: every write transaction runs on the store's writer thread (`writer`),
-//! every read on [`tokio::task::spawn_blocking`] with a connection from a small pool.
+//! every read on [`tokio::task::spawn_blocking`] with a connection of its own, at most
+//! eight at once (`readers`).
 //!
 //! Parts, named as the MongoDB store's for the same concern: `connect`, `records` (rows ↔
 //! model), `schema` (tables, indexes, added columns), `writer` and `touched` (the writer
-//! thread and what a write tells the watchers), `tasks`, `change` (fenced task changes),
+//! thread and what a write tells the watchers), `readers` (the read connections), `tasks`, `change` (fenced task changes),
 //! `claims`, `queues`, `slots`, `nodes`, `leases`, `balance`, `schedules`, `batches`, `deps`, `kills`,
 //! `stats`, `plugins`, `files` (output files) and `watch`.
 
@@ -52,6 +53,7 @@ mod nodes;
 mod plugins;
 mod queues;
 mod rates;
+mod readers;
 mod records;
 mod retention;
 mod schedules;
@@ -89,9 +91,6 @@ const OTHER_WRITERS_POLL: Duration = Duration::from_millis(250);
 /// Table of output files.
 pub const OUTPUT_FILES: &str = "output_files";
 
-/// Connections kept open for reuse.
-const POOL_SIZE: usize = 8;
-
 /// Queued-task signals kept for a slow watcher (more coalesce into one).
 const QUEUED_EVENTS: usize = 16;
 
@@ -102,7 +101,7 @@ const TASK_EVENTS: usize = 1024;
 #[derive(Clone)]
 pub struct SqliteStore {
     path: Arc<PathBuf>,
-    pool: Arc<Mutex<Vec<Connection>>>,
+    readers: Arc<readers::Readers>,
     /// Runs every write transaction of this store and its clones, committing the writes
     /// that wait together (see `writer`).
     writer: Arc<writer::Writer>,
@@ -126,13 +125,13 @@ impl std::fmt::Debug for SqliteStore {
 impl SqliteStore {
     /// Opens (creating as needed) the store in the file at `path` and creates its schema.
     pub async fn open(path: impl AsRef<Path>) -> StoreResult<SqliteStore> {
+        let path = Arc::new(path.as_ref().to_path_buf());
+        let writer = writer::Writer::start(path.to_path_buf(), connect::connect)
+            .map_err(|e| StoreError::Database(format!("cannot start the database writer thread: {e}")))?;
         let store = SqliteStore {
-            path: Arc::new(path.as_ref().to_path_buf()),
-            pool: Arc::new(Mutex::new(Vec::new())),
-            writer: Arc::new(
-                writer::Writer::start(path.as_ref().to_path_buf(), connect::connect)
-                    .map_err(|e| StoreError::Database(format!("cannot start the database writer thread: {e}")))?,
-            ),
+            readers: Arc::new(readers::Readers::new(path.clone(), writer.commits().clone())),
+            path,
+            writer: Arc::new(writer),
             warned: Arc::new(Mutex::new(HashSet::new())),
             queued: tokio::sync::broadcast::channel(QUEUED_EVENTS).0,
             changed: tokio::sync::broadcast::channel(TASK_EVENTS).0,
@@ -155,40 +154,13 @@ impl SqliteStore {
         self.writer.commits().load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Runs `f` on a pooled connection on the blocking thread pool.
+    /// Runs `f` on a read connection (see `readers`).
     async fn with<T, F>(&self, f: F) -> StoreResult<T>
     where
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
     {
-        let pool = self.pool.clone();
-        let path = self.path.clone();
-        let commits = self.writer.commits().clone();
-        tokio::task::spawn_blocking(move || {
-            let pooled = pool.lock().ok().and_then(|mut p| p.pop());
-            let mut conn = match pooled {
-                Some(c) => c,
-                None => {
-                    let c = connect::connect(&path)?;
-                    // Counted with the writer's (see `write_transactions`); SQLite calls the
-                    // hook for write transactions only.
-                    c.commit_hook(Some(move || {
-                        commits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        false
-                    }));
-                    c
-                }
-            };
-            let result = f(&mut conn);
-            if let Ok(mut p) = pool.lock() {
-                if p.len() < POOL_SIZE {
-                    p.push(conn);
-                }
-            }
-            result
-        })
-        .await
-        .map_err(|e| StoreError::Rejected(format!("database task failed: {e}")))?
+        self.readers.with(f).await
     }
 
     /// Logs a problem with a stored document once per process.
