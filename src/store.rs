@@ -183,6 +183,9 @@ pub trait Store: PluginStore + SlotStore + RateStore + FileStore + Send + Sync +
     async fn set_batch_size_if_unset(&self, id: &str, size: i64) -> StoreResult<bool>;
     /// A batch as recorded, if any.
     async fn batch(&self, id: &str) -> StoreResult<Option<Batch>>;
+    /// Records that batch `id` was judged complete and its tasks are to be deleted
+    /// (`closed`, now), unless it is recorded already.
+    async fn close_batch(&self, id: &str) -> StoreResult<()>;
     /// Counts by status of the tasks of batch `id` (an index walk over its tasks).
     async fn batch_counts(&self, id: &str) -> StoreResult<StatusCounts>;
 

@@ -108,7 +108,7 @@ pub(super) async fn show(State(state): State<Shared>, Path(id): Path<String>) ->
         named.insert(name.to_string(), json!(sum));
         by_code.insert(code.to_string(), json!(n));
     }
-    let full = batch.size.is_none_or(|s| total >= s as u64);
+    let complete = crate::lifecycle::batches::complete(&batch, &counts);
     Ok(Json(json!({
         "batch": batch.id,
         "size": batch.size,
@@ -117,6 +117,7 @@ pub(super) async fn show(State(state): State<Shared>, Path(id): Path<String>) ->
         "counts": named,
         "by_code": by_code,
         "ended": ended,
-        "complete": full && total > 0 && ended == total,
+        "complete": complete,
+        "closed": batch.closed.as_ref().map(|d| super::json::date(d, false)),
     })))
 }

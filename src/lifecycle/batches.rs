@@ -2,8 +2,22 @@
 //! ([`size_to_set`]). The store inserts a batch unless it exists and sets a size only where
 //! none is recorded ([`Store::insert_batch`], [`Store::set_batch_size_if_unset`]), so of two
 //! first submissions at once one records the batch and one size stands.
+//!
+//! A batch is complete ([`complete`]) once it has tasks, none of them unended, and at least
+//! its `size` of them, or once retention closed it (`closed`, recorded just before it
+//! deletes the tasks of a complete batch, so that a batch it deleted in part still reads
+//! complete). The API, the dependencies and retention all ask this one rule.
 
-use crate::store::{Batch, Store, StoreError, StoreResult};
+use crate::model::status;
+use crate::store::{Batch, StatusCounts, Store, StoreError, StoreResult};
+
+/// Whether `batch`, whose tasks count `counts` by status, is complete.
+pub fn complete(batch: &Batch, counts: &StatusCounts) -> bool {
+    let total: u64 = counts.values().sum();
+    let unended = counts.iter().any(|(code, n)| *n > 0 && status::UNENDED.contains(code));
+    let full = batch.closed.is_some() || batch.size.is_none_or(|s| total >= u64::try_from(s).unwrap_or(0));
+    total > 0 && !unended && full
+}
 
 /// The size to record for a batch recorded with `recorded` when a submission gives
 /// `given`: only a first size, never a change of one.
@@ -39,7 +53,32 @@ async fn read(store: &(impl Store + ?Sized), id: &str) -> StoreResult<Batch> {
 
 #[cfg(test)]
 mod tests {
-    use super::size_to_set;
+    use super::{complete, size_to_set};
+    use crate::model::status;
+    use crate::store::{Batch, StatusCounts};
+
+    #[test]
+    fn a_batch_is_complete_when_full_and_ended_or_once_closed() {
+        let mut b = Batch {
+            id: "b".into(),
+            size: Some(3),
+            ctime: bson::DateTime::now(),
+            dependents: false,
+            closed: None,
+        };
+        let counts = |pairs: &[(i32, u64)]| pairs.iter().copied().collect::<StatusCounts>();
+        assert!(!complete(&b, &counts(&[])));
+        assert!(!complete(&b, &counts(&[(status::SUCCEEDED, 2)])));
+        assert!(complete(&b, &counts(&[(status::SUCCEEDED, 2), (status::FAILED, 1)])));
+        assert!(!complete(&b, &counts(&[(status::SUCCEEDED, 2), (status::QUEUED, 1)])));
+        b.closed = Some(bson::DateTime::now());
+        assert!(complete(&b, &counts(&[(status::FAILED, 1)])));
+        assert!(!complete(&b, &counts(&[(status::FAILED, 1), (status::RUNNING, 1)])));
+        assert!(!complete(&b, &counts(&[])));
+        b.closed = None;
+        b.size = None;
+        assert!(complete(&b, &counts(&[(status::CANCELLED, 1)])));
+    }
 
     #[test]
     fn the_first_size_given_wins() {

@@ -19,9 +19,7 @@ use bson::oid::ObjectId;
 use bson::DateTime;
 
 use crate::model::{status, StopAction, StopRequest, Task};
-use crate::store::{
-    due_status, Dependency, PendingChange, Resolved, StatusCounts, Store, StoreError, StoreResult, TaskFilter,
-};
+use crate::store::{due_status, Dependency, PendingChange, Resolved, StatusCounts, Store, StoreError, StoreResult};
 
 /// How often a compare-and-set on `pending` is tried before it is left to the next settle.
 const CAS_TRIES: usize = 64;
@@ -81,19 +79,11 @@ async fn batch_outcome<S: Store + ?Sized>(store: &S, b: &str) -> StoreResult<Opt
     let Some(batch) = store.batch(b).await? else {
         return Ok(Some(Outcome::Failed(format!("batch {b:?} does not exist"))));
     };
-    let open = TaskFilter {
-        batch: Some(b.to_string()),
-        status: Some(status::UNENDED.to_vec()),
-        ..TaskFilter::default()
-    };
-    if store.count_tasks(&open).await? > 0 {
-        return Ok(None);
-    }
     let counts: StatusCounts = store.batch_counts(b).await?;
-    let total: u64 = counts.values().sum();
-    if total == 0 || batch.size.is_some_and(|s| total < u64::try_from(s).unwrap_or(0)) {
+    if !super::batches::complete(&batch, &counts) {
         return Ok(None);
     }
+    let total: u64 = counts.values().sum();
     let ok = counts.get(&status::SUCCEEDED).copied().unwrap_or(0);
     Ok(Some(if ok == total {
         Outcome::Met

@@ -32,7 +32,7 @@ use std::time::Duration;
 use bson::oid::ObjectId;
 use bson::DateTime;
 
-use crate::model::{status, Overlap, Retention, RETENTION_KEYS};
+use crate::model::{Overlap, Retention, RETENTION_KEYS};
 use crate::store::{ExpiredFilter, Store, StoreResult};
 
 /// How many tasks one deletion takes, and how many deletions one look makes.
@@ -203,17 +203,23 @@ async fn batch_matters(store: &(impl Store + ?Sized), b: &str, look: &Look) -> S
         return Ok(true);
     }
     let counts = store.batch_counts(b).await?;
-    if status::UNENDED.iter().any(|s| counts.get(s).copied().unwrap_or(0) > 0) {
+    if !super::batches::complete(&batch, &counts) {
         return Ok(true);
     }
-    let total: u64 = counts.values().sum();
-    if batch.size.is_some_and(|s| total < u64::try_from(s).unwrap_or(0)) {
+    // A status no queue deletes keeps the batch, with no need to count the rest.
+    if counts
+        .keys()
+        .any(|code| look.plans.iter().all(|(_, r)| r.of(*code).is_none()))
+    {
         return Ok(true);
     }
     for (code, n) in counts {
         if n > 0 && past_retention(store, b, code, n, look).await? < n {
             return Ok(true);
         }
+    }
+    if batch.closed.is_none() {
+        store.close_batch(b).await?;
     }
     Ok(false)
 }
@@ -245,6 +251,7 @@ async fn past_retention(store: &(impl Store + ?Sized), b: &str, code: i32, n: u6
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::status;
     use bson::{doc, Bson};
 
     #[test]

@@ -276,6 +276,9 @@ impl Store for MongoStore {
         self.batch(id).await
     }
 
+    async fn close_batch(&self, id: &str) -> StoreResult<()> {
+        self.close_batch(id).await
+    }
     async fn batch_counts(&self, id: &str) -> StoreResult<StatusCounts> {
         self.batch_counts(id).await
     }

@@ -67,6 +67,9 @@ pub struct Batch {
     pub ctime: DateTime,
     /// Whether tasks wait for it to complete (`after` naming it).
     pub dependents: bool,
+    /// When retention judged it complete, just before deleting its tasks: from then on it
+    /// is complete with fewer tasks than its `size` (`lifecycle::batches::complete`).
+    pub closed: Option<DateTime>,
 }
 
 /// What re-validating a slot lease before a claim found (`lifecycle::slots::renew_slot`).

@@ -161,6 +161,9 @@ impl Store for Recording {
     async fn batch(&self, id: &str) -> StoreResult<Option<Batch>> {
         self.inner.batch(id).await
     }
+    async fn close_batch(&self, id: &str) -> StoreResult<()> {
+        self.inner.close_batch(id).await
+    }
     async fn batch_counts(&self, id: &str) -> StoreResult<StatusCounts> {
         self.inner.batch_counts(id).await
     }

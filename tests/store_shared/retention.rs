@@ -4,6 +4,7 @@
 //! look deletes at most its bound; a deletion is fenced on the task as it was found; and
 //! documents written by Disbatch 4's tools in other types are never deleted by mistake.
 
+use disbatch::lifecycle::batches::complete;
 use disbatch::lifecycle::retention::{sweep, Bounds, Swept};
 use disbatch::model::schedule::date;
 use disbatch::model::{CatchUp, Overlap, Retention, Schedule};
@@ -18,6 +19,7 @@ on_both_stores!(
     a_task_changed_since_it_was_found_is_kept,
     documents_of_other_tools_are_never_deleted_by_mistake,
     a_batchs_tasks_go_together_once_the_last_is_past,
+    a_batch_deleted_in_part_is_closed_and_its_last_tasks_go_too,
 );
 
 const HOUR: i64 = 3600 * 1000;
@@ -376,4 +378,41 @@ async fn a_batchs_tasks_go_together_once_the_last_is_past(s: Stores) {
         .unwrap();
     assert_eq!(swept.deleted, 0, "{swept:?}");
     assert!(exists(&*s.a, goes_alone).await && exists(&*s.a, kept_for_good).await);
+}
+
+async fn a_batch_deleted_in_part_is_closed_and_its_last_tasks_go_too(s: Stores) {
+    let default = Retention::default();
+    let q = kept_queue(&*s.a, "parts", doc! { "succeeded": "1s", "failed": "1s" }).await;
+    s.a.insert_batch("big", Some(12)).await.unwrap();
+    let mut ids = Vec::new();
+    for i in 0..12 {
+        let code = if i % 3 == 0 { status::FAILED } else { status::SUCCEEDED };
+        ids.push(batch_task(&*s.a, &q, "big", code).await);
+    }
+    // An open batch beside it (a task short of its size) is never closed.
+    s.a.insert_batch("short", Some(2)).await.unwrap();
+    let waiting = batch_task(&*s.a, &q, "short", status::SUCCEEDED).await;
+    let batch = s.a.batch("big").await.unwrap().unwrap();
+    assert!(complete(&batch, &s.a.batch_counts("big").await.unwrap()));
+    assert_eq!(batch.closed, None);
+
+    // A look of two writes of five tasks deletes its eight succeeded tasks (five, then
+    // three) and closes the batch first: its four failed tasks left still read complete.
+    let small = Bounds { batch: 5, batches: 2 };
+    let swept = sweep(&*s.b, &default, later(HOUR), small).await.unwrap();
+    assert_eq!(swept, Swept { deleted: 8, more: true });
+    let batch = s.a.batch("big").await.unwrap().unwrap();
+    let counts = s.a.batch_counts("big").await.unwrap();
+    assert_eq!(counts.get(&status::FAILED), Some(&4), "{counts:?}");
+    assert!(batch.closed.is_some(), "{batch:?}");
+    assert!(complete(&batch, &counts), "{batch:?} {counts:?}");
+
+    // The next look deletes the last four, though the batch now has fewer than its size.
+    let swept = sweep(&*s.b, &default, later(HOUR), small).await.unwrap();
+    assert_eq!(swept.deleted, 4, "{swept:?}");
+    for id in ids {
+        assert!(!exists(&*s.a, id).await, "task {id} of the closed batch stays");
+    }
+    assert!(exists(&*s.a, waiting).await);
+    assert_eq!(s.a.batch("short").await.unwrap().unwrap().closed, None);
 }

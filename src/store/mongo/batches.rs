@@ -1,5 +1,5 @@
 //! Batches: the `batches` collection records each batch at its first submission
-//! (`{_id: <batch id>, size, ctime}`); its tasks carry `batch`, counted by status through
+//! (`{_id: <batch id>, size, ctime}`, with `closed` once retention judged it complete); its tasks carry `batch`, counted by status through
 //! the `{batch, status}` index.
 
 use bson::{doc, DateTime, Document};
@@ -24,6 +24,7 @@ fn batch_from(d: &Document) -> StoreResult<Batch> {
         size: d.get("size").and_then(as_int),
         ctime: d.get("ctime").and_then(as_date).unwrap_or(DateTime::from_millis(0)),
         dependents: d.get_bool("dependents").unwrap_or(false),
+        closed: d.get("closed").and_then(as_date),
     })
 }
 
@@ -61,6 +62,18 @@ impl MongoStore {
             .await
             .map_err(db_err("read the batch"))?;
         d.as_ref().map(batch_from).transpose()
+    }
+
+    /// [`Store::close_batch`](crate::store::Store::close_batch).
+    pub(super) async fn close_batch(&self, id: &str) -> StoreResult<()> {
+        self.batches()
+            .update_one(
+                doc! { "_id": id, "closed": null },
+                doc! { "$set": { "closed": DateTime::now() } },
+            )
+            .await
+            .map_err(db_err("close the batch"))?;
+        Ok(())
     }
 
     /// [`Store::batch_counts`](crate::store::Store::batch_counts).

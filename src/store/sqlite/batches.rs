@@ -1,4 +1,4 @@
-//! Batches in the embedded store: `batches(id, size, ctime)`, recorded at a batch's first
+//! Batches in the embedded store: `batches(id, size, ctime, dependents, closed)`, recorded at a batch's first
 //! submission, by the rules of MongoDB's `batches` collection; its tasks carry `batch`,
 //! counted by status through the `tasks_batch` index.
 
@@ -19,7 +19,7 @@ CREATE TABLE IF NOT EXISTS batches (
 
 fn read(conn: &rusqlite::Connection, id: &str) -> StoreResult<Option<Batch>> {
     conn.query_row(
-        "SELECT id, size, ctime, dependents FROM batches WHERE id = ?1",
+        "SELECT id, size, ctime, dependents, closed FROM batches WHERE id = ?1",
         [id],
         |r| {
             Ok(Batch {
@@ -27,6 +27,7 @@ fn read(conn: &rusqlite::Connection, id: &str) -> StoreResult<Option<Batch>> {
                 size: r.get(1)?,
                 ctime: DateTime::from_millis(r.get(2)?),
                 dependents: r.get::<_, Option<i64>>(3)?.is_some_and(|d| d != 0),
+                closed: r.get::<_, Option<i64>>(4)?.map(DateTime::from_millis),
             })
         },
     )
@@ -69,6 +70,20 @@ impl SqliteStore {
     pub(super) async fn batch(&self, id: &str) -> StoreResult<Option<Batch>> {
         let id = id.to_string();
         self.with(move |conn| read(conn, &id)).await
+    }
+
+    /// [`Store::close_batch`](crate::store::Store::close_batch).
+    pub(super) async fn close_batch(&self, id: &str) -> StoreResult<()> {
+        let id = id.to_string();
+        self.write_quiet("close the batch", move |tx| {
+            tx.execute(
+                "UPDATE batches SET closed = ?2 WHERE id = ?1 AND closed IS NULL",
+                params![id, DateTime::now().timestamp_millis()],
+            )
+            .map_err(db_err("close the batch"))?;
+            Ok(())
+        })
+        .await
     }
 
     /// [`Store::batch_counts`](crate::store::Store::batch_counts).

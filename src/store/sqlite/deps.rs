@@ -30,9 +30,9 @@ fn ended() -> String {
     format!("(status > 0 OR status IN ({}))", held.join(", "))
 }
 
-/// Adds `batches.dependents` to a database file created before it.
+/// Adds `batches.dependents` and `batches.closed` to a database file created before them.
 pub(super) fn migrate(conn: &rusqlite::Connection) -> StoreResult<()> {
-    add_columns(conn, "batches", &[("dependents", "INTEGER")])
+    add_columns(conn, "batches", &[("dependents", "INTEGER"), ("closed", "INTEGER")])
 }
 
 /// Records, in the transaction that inserts task `child`, what it waits for.

@@ -26,8 +26,14 @@ impl SqliteStore {
                 f.before.timestamp_millis().into(),
                 f.queue.to_hex().into(),
             ];
+            // One batch's tasks are found on its own index, the rest by status and age.
+            let index = if f.batch.is_some() {
+                "tasks_batch"
+            } else {
+                "tasks_status_mtime"
+            };
             let mut sql = format!(
-                "SELECT id, status, mtime, batch FROM tasks INDEXED BY tasks_status_mtime \
+                "SELECT id, status, mtime, batch FROM tasks INDEXED BY {index} \
                  WHERE status = ?1 AND mtime < ?2 AND queue = ?3 AND {STILL_OF_NO_USE}"
             );
             if !f.except_ids.is_empty() {
