@@ -1,7 +1,7 @@
 //! Batches through the REST API on both stores, run by a real DEN process: `POST /tasks`
 //! with `batch` and `batch_size` over several requests, `GET /batches/{id}` counting by
 //! status until the batch is complete, `GET /tasks?batch=`, and the refusals (a size that
-//! differs, more tasks than the size, bad ids).
+//! differs, more tasks than the size, bad ids, a batch closed by retention).
 
 mod common;
 
@@ -111,6 +111,30 @@ async fn batches(store: Arc<dyn Store>, start_den: impl Fn() -> DenProcess) {
     assert_eq!((v["total"].clone(), v["ended"].clone()), (json!(5), json!(5)));
     assert_eq!(v["by_code"], json!({"1": 5}));
     assert_eq!(report(&app, "open").await["counts"], json!({"succeeded": 2}));
+    assert_eq!(v["closed"], Value::Null, "{v}");
+
+    // Closed by retention (which does so before deleting a batch's first task): still
+    // complete, it takes no more tasks, and a task submitted after it fails to wait, as
+    // after a deleted task.
+    store.close_batch("nightly").await.unwrap();
+    let v = report(&app, "nightly").await;
+    assert!(v["closed"]["$date"].is_string(), "{v}");
+    assert_eq!(v["complete"], json!(true), "{v}");
+    let r = submit(&app, 1, "nightly", None).await;
+    assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.text);
+    assert!(r.error().contains("closed by retention"), "{}", r.text);
+    let r = post(
+        &app,
+        "/tasks",
+        json!({"queue": "q", "params": [{"message": "after"}], "after": [{"batch": "nightly"}]}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let id = r.json()["ids"][0].as_str().unwrap().to_owned();
+    let t = get(&app, &format!("/tasks/{id}?shape=native")).await.json();
+    assert_eq!(t["status"], -5, "{t}");
+    let reason = t["stop"]["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("closed by retention"), "{t}");
     drop(den);
 }
 

@@ -57,11 +57,18 @@ pub(super) fn parse(body: &Map<String, Value>) -> Result<Option<(String, Option<
 }
 
 /// Records the batch (at its first submission) and checks that `adding` more tasks fit:
-/// a size different from the recorded one, or more tasks than the size, is refused (409).
+/// a size different from the recorded one, more tasks than the size, or a batch closed by
+/// retention is refused (409).
 /// Two submissions at the same moment to a batch with room for one of them can both pass;
 /// `GET /batches/{id}` then shows `total` above `size`.
 pub(super) async fn admit(state: &Shared, id: &str, size: Option<i64>, adding: usize) -> Result<(), ApiError> {
     let batch = crate::lifecycle::batches::open_batch(state.store.as_ref(), id, size).await?;
+    if let Some(closed) = batch.closed {
+        return Err(ApiError::Conflict(format!(
+            "batch {id:?} was closed by retention at {} (its tasks are deleted or about to be); submit under a new batch id",
+            closed.try_to_rfc3339_string().unwrap_or_default()
+        )));
+    }
     if let (Some(recorded), Some(given)) = (batch.size, size) {
         if recorded != given {
             return Err(ApiError::Conflict(format!(
@@ -88,7 +95,7 @@ fn filter(id: &str) -> TaskFilter {
 }
 
 /// `GET /batches/{id}`: `{batch, size, ctime, total, counts: {status name: n}, by_code:
-/// {code: n}, ended, complete}`; 404 when no task was ever submitted in it.
+/// {code: n}, ended, complete, closed}`; 404 when no task was ever submitted in it.
 pub(super) async fn show(State(state): State<Shared>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
     let Some(batch) = state.store.batch(&id).await? else {
         return Err(ApiError::NotFound(format!("no batch {id:?}")));

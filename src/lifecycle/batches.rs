@@ -14,7 +14,7 @@ use crate::store::{Batch, StatusCounts, Store, StoreError, StoreResult};
 /// Whether `batch`, whose tasks count `counts` by status, is complete.
 pub fn complete(batch: &Batch, counts: &StatusCounts) -> bool {
     let total: u64 = counts.values().sum();
-    let unended = counts.iter().any(|(code, n)| *n > 0 && status::UNENDED.contains(code));
+    let unended = counts.iter().any(|(code, n)| *n > 0 && !status::finished(*code));
     let full = batch.closed.is_some() || batch.size.is_none_or(|s| total >= u64::try_from(s).unwrap_or(0));
     total > 0 && !unended && full
 }
@@ -71,6 +71,8 @@ mod tests {
         assert!(!complete(&b, &counts(&[(status::SUCCEEDED, 2)])));
         assert!(complete(&b, &counts(&[(status::SUCCEEDED, 2), (status::FAILED, 1)])));
         assert!(!complete(&b, &counts(&[(status::SUCCEEDED, 2), (status::QUEUED, 1)])));
+        // A code of no known status (another tool's) has not ended.
+        assert!(!complete(&b, &counts(&[(status::SUCCEEDED, 2), (-9, 1)])));
         b.closed = Some(bson::DateTime::now());
         assert!(complete(&b, &counts(&[(status::FAILED, 1)])));
         assert!(!complete(&b, &counts(&[(status::FAILED, 1), (status::RUNNING, 1)])));

@@ -79,6 +79,12 @@ async fn batch_outcome<S: Store + ?Sized>(store: &S, b: &str) -> StoreResult<Opt
     let Some(batch) = store.batch(b).await? else {
         return Ok(Some(Outcome::Failed(format!("batch {b:?} does not exist"))));
     };
+    if let Some(closed) = batch.closed {
+        return Ok(Some(Outcome::Failed(format!(
+            "batch {b:?} was closed by retention at {} and its tasks deleted",
+            closed.try_to_rfc3339_string().unwrap_or_default()
+        ))));
+    }
     let counts: StatusCounts = store.batch_counts(b).await?;
     if !super::batches::complete(&batch, &counts) {
         return Ok(None);

@@ -11,10 +11,11 @@
 //!   `lifecycle::deps`);
 //! - it is marked to run again (`rerun`);
 //! - its batch is still open (a task of it has not ended, it has fewer tasks than its
-//!   `size`), or blocked tasks wait for its batch;
+//!   `size` and is not closed: `lifecycle::batches::complete`), or blocked tasks wait for
+//!   its batch;
 //! - its batch has a task not yet past its own retention: a batch's tasks go together,
-//!   once the last of them is past its time, so a batch's outcome (read from its tasks)
-//!   never changes while it has tasks;
+//!   once the last of them is past its time; the look closes the batch
+//!   (`Store::close_batch`) before deleting the first, so the rest still read complete;
 //! - it is the last task of a schedule with `overlap: "skip"` (its next occurrence looks
 //!   at it).
 //!

@@ -24,7 +24,8 @@ fn batch_from(d: &Document) -> StoreResult<Batch> {
         size: d.get("size").and_then(as_int),
         ctime: d.get("ctime").and_then(as_date).unwrap_or(DateTime::from_millis(0)),
         dependents: d.get_bool("dependents").unwrap_or(false),
-        closed: d.get("closed").and_then(as_date),
+        // Only a date this store wrote: a value of another type is not a close.
+        closed: d.get_datetime("closed").ok().copied(),
     })
 }
 

@@ -27,7 +27,11 @@ fn read(conn: &rusqlite::Connection, id: &str) -> StoreResult<Option<Batch>> {
                 size: r.get(1)?,
                 ctime: DateTime::from_millis(r.get(2)?),
                 dependents: r.get::<_, Option<i64>>(3)?.is_some_and(|d| d != 0),
-                closed: r.get::<_, Option<i64>>(4)?.map(DateTime::from_millis),
+                // Only the milliseconds this store wrote: a value of another type is not a close.
+                closed: match r.get::<_, rusqlite::types::Value>(4)? {
+                    rusqlite::types::Value::Integer(ms) => Some(DateTime::from_millis(ms)),
+                    _ => None,
+                },
             })
         },
     )

@@ -2,7 +2,7 @@
 //! [`tokio::task::spawn_blocking`] with a connection of its own, at most [`READERS`] at
 //! once. A read past them waits for one to end, so however many requests the DCI serves
 //! at once, the store holds at most [`READERS`] connections (and their file descriptors:
-//! the database file and its log) besides the writer's.
+//! the database file and its log) besides the writer's and one per task watcher.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
