@@ -160,6 +160,29 @@ try {
   await post("/tasks", { queue: "browser-q", params: [{ sleep_ms: 4000 }, { sleep_ms: 4000 }, { sleep_ms: 4000 }] });
   await page.click("#nav-balance");
   await page.waitForSelector("#balance-edit");
+  // An edit begun while an auto-refresh waits for its answers survives the refresh: the
+  // refresh's GET /balance is held until the text is typed, then let through.
+  let release;
+  const held = new Promise((r) => { release = r; });
+  let asked;
+  const refreshAsked = new Promise((r) => { asked = r; });
+  const balanceUrl = (url) => url.pathname === "/balance";
+  await page.route(balanceUrl, async (route) => {
+    if (route.request().method() !== "GET") return route.continue();
+    asked();
+    await held;
+    await route.continue();
+  });
+  await refreshAsked;
+  const typed = JSON.stringify({ max_tasks: { "* 00:00": 3 }, queues: [["browser-q"]] });
+  await page.fill("#balance-edit", typed);
+  await page.locator("#balance-save").focus();
+  // The refresh ends with its GET /monitoring, whether it drew the page or not.
+  const refreshEnded = page.waitForRequest((r) => new URL(r.url()).pathname === "/monitoring");
+  release();
+  await refreshEnded;
+  await page.unroute(balanceUrl);
+  if ((await page.inputValue("#balance-edit")) !== typed) throw new Error("an auto-refresh overwrote the balance being edited: " + (await page.inputValue("#balance-edit")));
   await page.fill("#balance-edit", JSON.stringify({ max_tasks: { "* 00:00": 2 }, queues: [["nope"]] }));
   await page.click("#balance-save");
   await page.waitForFunction(() => document.querySelector("#message").textContent.includes('"nope"'));

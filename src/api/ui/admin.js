@@ -13,7 +13,7 @@ async function showNodes() {
       <td><span class="state ${n.fresh ? "fresh" : "stale"}">${n.fresh ? "fresh" : "stale"}</span>${n.leader ? ' <span class="state leader" title="holds the leader lease: the orphan sweep runs here">leader</span>' : ""}</td>
       <td><a href="#/tasks?node=${encodeURIComponent(n.node)}">tasks</a></td>
     </tr>`).join("");
-  $("#view").innerHTML = `<table id="nodes"><thead><tr><th>Node</th><th>Maxthreads</th><th>Heartbeat</th><th>State</th><th></th></tr></thead>
+  view().innerHTML = `<table id="nodes"><thead><tr><th>Node</th><th>Maxthreads</th><th>Heartbeat</th><th>State</th><th></th></tr></thead>
     <tbody>${rows || '<tr><td colspan="5">No nodes have reported yet.</td></tr>'}</tbody></table>`;
   document.querySelectorAll(".edit-maxthreads").forEach((el) => el.addEventListener("change", async () => {
     const maxthreads = el.value === "" ? null : Number(el.value);
@@ -32,7 +32,7 @@ async function showPlugins() {
       <td>${esc(p.wit ?? "-")}</td><td>${plain(p.uploaded)}</td><td>${esc(p.uploaded_by ?? "-")}</td>
       <td>${p.versions ? `<button class="delete-plugin" data-name="${esc(p.name)}">Delete</button>` : ""}</td>
     </tr>`).join("");
-  $("#view").innerHTML = `
+  view().innerHTML = `
     <form class="toolbar" id="plugin-upload">
       <label>Component <input id="plugin-file" type="file" accept=".wasm,application/wasm" required></label>
       <label>Name <input id="plugin-name" placeholder="the file name without .wasm"></label>
@@ -90,7 +90,7 @@ async function showBalance() {
     }).join("<br>")}</td></tr>`).join("");
   const settings = { max_tasks: b.max_tasks || {}, queues: b.queues || [] };
   if (b.disabled) settings.disabled = b.disabled;
-  $("#view").innerHTML = `
+  view().innerHTML = `
     <p id="balance-status">${b.notice ? esc(b.notice) : `QueueBalance <span class="badge ${esc(b.status)}">${esc(b.status ?? "not run")}</span>
       ${esc(b.message ?? "")}${b.max_tasks_now != null ? ` — limit now <b id="balance-limit">${b.max_tasks_now}</b>` : ""}`}
       ${b.settings && !b.settings.enabled ? " (not enabled in this server's config)" : ""}</p>

@@ -6,6 +6,18 @@ const STATUS = { "-7": "scheduled", "-6": "orphaned", "-5": "cancelled", "-4": "
 const PAGE = 25;
 let plugins = [];
 let refreshTimer = null;
+// Inputs typed in the view so far, and their number when the auto-refresh in flight began
+// (null when none is): a refresh whose answers arrive after an edit began, or while a field
+// of the view has the focus, leaves the page as it is rather than overwrite the edit.
+let edits = 0;
+let refreshing = null;
+class Stale extends Error {}
+
+// The view's element, to be filled; throws Stale for a refresh that would overwrite an edit.
+function view() {
+  if (refreshing !== null && (edits !== refreshing || editing())) throw new Stale("an edit began");
+  return $("#view");
+}
 
 function esc(v) {
   return String(v ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
@@ -53,6 +65,7 @@ async function write(action, done) {
 // ---- shell --------------------------------------------------------------------------------
 
 async function render(refresh = false) {
+  refreshing = refresh ? edits : null;
   const hash = location.hash || "#/overview";
   const [path, query] = hash.slice(1).split("?");
   document.querySelectorAll("nav a").forEach((a) => {
@@ -71,8 +84,9 @@ async function render(refresh = false) {
     else if (path === "/balance") await showBalance();
     else await showOverview();
   } catch (e) {
-    say(e.message, "error");
+    if (!(e instanceof Stale)) say(e.message, "error");
   }
+  refreshing = null;
   api("GET", "/monitoring").then((m) => {
     const h = $("#health");
     h.textContent = m.disbatch.status + ": " + m.disbatch.message +
@@ -96,6 +110,7 @@ async function start() {
   $("#token").value = localStorage.getItem("disbatch-token") || "";
   $("#token").addEventListener("change", () => localStorage.setItem("disbatch-token", $("#token").value));
   $("#autorefresh").addEventListener("change", schedule);
+  document.addEventListener("input", (e) => { if ($("#view").contains(e.target)) edits++; }, true);
   $("#new-queue-cancel").onclick = () => $("#new-queue-dialog").close();
   $("#new-task-cancel").onclick = () => $("#new-task-dialog").close();
   $("#new-task-form").addEventListener("submit", submitTask);

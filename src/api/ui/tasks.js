@@ -21,7 +21,7 @@ async function showTasks(params) {
     <tr><td><a class="task-link" href="#/task/${esc(t.id)}">${esc(t.id)}</a></td><td>${esc(names[t.queue.$oid] || t.queue.$oid)}</td>
       <td>${t.status} ${esc(t.status_name)}</td><td>${esc(t.node ?? "-")}</td><td>${when(t.mtime)}</td>
       <td><code>${esc(JSON.stringify(t.params)).slice(0, 120)}</code></td></tr>`).join("");
-  $("#view").innerHTML = `
+  view().innerHTML = `
     <form class="toolbar" id="task-search">
       <label>Queue <select id="search-queue"><option value="">any</option>${queues.map((x) =>
         `<option${x.name === queue || x.id === queue ? " selected" : ""}>${esc(x.name)}</option>`).join("")}</select></label>
@@ -104,7 +104,7 @@ async function showTask(id, refresh) {
   const p = t.progress;
   const pct = p && typeof p.percent === "number" ? Math.max(0, Math.min(100, p.percent)) : null;
   const progress = p ? `<dt>Progress</dt><dd id="task-progress">${pct === null ? "<progress></progress>" : `<progress max="100" value="${pct}"></progress> ${pct.toFixed(0)}%`} ${esc(p.info)}</dd>` : "";
-  $("#view").innerHTML = `
+  view().innerHTML = `
     <h2>Task ${esc(t.id)}</h2>
     <div class="toolbar">${actions}</div>
     <dl id="task">
