@@ -186,6 +186,8 @@ try {
   await page.fill("#balance-edit", JSON.stringify({ max_tasks: { "* 00:00": 2 }, queues: [["nope"]] }));
   await page.click("#balance-save");
   await page.waitForFunction(() => document.querySelector("#message").textContent.includes('"nope"'));
+  // A refused save keeps what was typed, to be corrected.
+  if (!(await page.inputValue("#balance-edit")).includes("nope")) throw new Error("a refused save dropped the draft: " + (await page.inputValue("#balance-edit")));
   await page.fill("#balance-edit", JSON.stringify({ max_tasks: { "* 00:00": 2 }, queues: [["browser-q"]] }));
   await page.click("#balance-save");
   await page.waitForFunction(() => document.querySelector("#message").textContent.includes("QueueBalance saved"));

@@ -52,13 +52,16 @@ function editing() {
   return a && ["INPUT", "SELECT", "TEXTAREA"].includes(a.tagName) && $("#view").contains(a);
 }
 
+// Sends a change; once it is made, the page is drawn again from the server. A refused change
+// leaves the page as it is, with what was typed, to be corrected.
 async function write(action, done) {
   try {
     await action();
-    say(done);
   } catch (e) {
     say(e.message, "error");
+    return;
   }
+  say(done);
   await render();
 }
 
