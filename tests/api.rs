@@ -1,7 +1,7 @@
 //! The REST API in-process (`router(state)` + `oneshot`) against the real test database
 //! server: every route's happy path, bad bodies, bad ids and the bearer token.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! web` and `den` as real processes on an embedded store, spoken to over HTTP and through
 //! the `disbatch` binary.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::Duration;

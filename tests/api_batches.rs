@@ -3,7 +3,7 @@
 //! status until the batch is complete, `GET /tasks?batch=`, and the refusals (a size that
 //! differs, more tasks than the size, bad ids, a batch closed by retention).
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -13,7 +13,7 @@
 //! The tools come from PyPI at the versions pinned in `scripts/api-tools/requirements.txt`,
 //! installed once by `scripts/api-tools/install`.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -2,7 +2,7 @@
 //! tasks already created; the collection form requires `filter` and reads only the fields
 //! its params use.
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 

@@ -4,7 +4,7 @@
 //! (or running a task anyway), a task submitted after its parent ended, a blocked task
 //! cancelled by hand, and a batch's fan-in.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::sync::Arc;

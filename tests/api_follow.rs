@@ -3,7 +3,7 @@
 //! one; a full page carries the cursor of the next (`disbatch-next`), and `next=<cursor>`
 //! pages through a list that grows meanwhile without repeating or skipping a task.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //! server: what a caller sees, including the Disbatch 4 view of tasks without the new
 //! fields.
 
-mod common;
+use crate::common;
 
 use axum::http::{Method, StatusCode};
 use bson::oid::ObjectId;

@@ -5,7 +5,7 @@
 //! refused, `/monitoring` and `/info` as Disbatch 4's monitoring reads them, node
 //! timestamps in epoch milliseconds, repeated keys as `$or`.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

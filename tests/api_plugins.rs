@@ -1,7 +1,7 @@
 //! `POST /plugins`, `GET /plugins[?full=1]`, `GET|DELETE /plugins/{name}` and pinned
 //! plugins on queues: what is accepted, what is refused and why.
 
-mod common;
+use crate::common;
 
 use axum::body::Body;
 use axum::http::{header, Method, Request, StatusCode};

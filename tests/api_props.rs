@@ -7,7 +7,7 @@
 //! 64 cases per property by default; `PROPTEST_CASES=10000 cargo test --release --test
 //! api_props` runs longer.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;

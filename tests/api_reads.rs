@@ -4,7 +4,7 @@
 //! memory does not grow with the outputs; and a queue's `sandbox.env` values are shown only
 //! to requests carrying the API token.
 
-mod common;
+use crate::common;
 
 use disbatch::api::FULL_OUTPUT_CAP;
 use disbatch::store::sqlite::SqliteStore;

@@ -4,7 +4,7 @@
 //! without counting every task on each request, also when a writer that is not our DEN
 //! (a Disbatch 4 DEN) ends a task.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //! as the tasks end (the latency is printed), or at its timeout with their states, and
 //! `GET /tasks/{id}/events` streams each status and progress change until the task ends.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 //! embedded store a change wakes only the waiters of the tasks it changed, so hundreds of
 //! waiters holding a thousand ids each do not slow the DEN of the same process.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -5,7 +5,7 @@
 //! A leader paused past its lease is replaced and every task still succeeds.
 //! A slot taken under an older view of a queue is given back.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};

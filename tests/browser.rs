@@ -8,7 +8,7 @@
 //! Needs `/usr/bin/chromium` (`apt-get install -y chromium`) and npm; playwright-core is
 //! installed by the test into `target/browser-test/` from `tests/browser/package-lock.json`.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

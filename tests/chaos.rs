@@ -3,7 +3,7 @@
 //!
 //! `DISBATCH_CHAOS_TASKS` sets the size of the big drain (default 8,000).
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

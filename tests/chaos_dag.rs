@@ -7,7 +7,7 @@
 //! Each task appends a line to its own file (the `mark` plugin with `append`), so the
 //! lines count its runs and the file's modification time is the end of its last run.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::path::Path;

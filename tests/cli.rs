@@ -1,7 +1,7 @@
 //! The `disbatch` binary: `disbatch web` as a real process on a test database, and every
 //! client verb run as a process against it (tables, `--json`, errors and exit codes).
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! `disbatchd`) and `disbatch web` (as `disbatch_web`) logging in to the Disbatch database
 //! with them and running a task the CLI submits; and what a role does not allow is refused.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};

@@ -1,7 +1,7 @@
 //! The DEN against the real database server: the task lifecycle field by field, claim
 //! order, held statuses, allowlists, GridFS, failures, and the limits under several DENs.
 
-mod common;
+use crate::common;
 
 use common::{count_tasks as count, insert_queue, insert_task, task_doc_of as task_doc, wait_for, Recording};
 

@@ -2,7 +2,7 @@
 //! at once when it restarts under its name), graceful shutdown on SIGTERM, and clear
 //! errors for bad config files.
 
-mod common;
+use crate::common;
 
 use common::{count_tasks as count, insert_queue, insert_tasks, wait_for, DenProcess};
 

@@ -2,7 +2,7 @@
 //! database refuses fails the task with the reason and frees the worker; a retried output
 //! write leaves one file; the files of a refused result are deleted.
 
-mod common;
+use crate::common;
 
 use common::{count_tasks as count, insert_queue, insert_task, task_doc_of as task_doc, wait_for, Recording};
 

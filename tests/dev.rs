@@ -2,7 +2,7 @@
 //! web UI; the command it prints works; SIGTERM stops it cleanly; a missing plugin
 //! directory is a clear error.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;

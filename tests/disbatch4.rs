@@ -4,7 +4,7 @@
 //! tasks count against `threads`, their running tasks are left to their task runners, and
 //! a node name a Disbatch 4 DEN's task runners still use is not taken.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -4,7 +4,7 @@
 //! clear error when the heartbeat keeps moving; a name one of our live DENs holds is
 //! refused at once.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //! two DENs drain a queue exactly once within its limits, the CLI works through an
 //! embedded DCI, and a DEN runs without a config file.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::process::{Command, Stdio};

@@ -2,7 +2,7 @@
 //! in wall time, host calls that block, a paused (SIGSTOP) DEN whose lease lapsed, and a
 //! shutdown with plugins still running.
 
-mod common;
+use crate::common;
 
 use common::{count_tasks as count, insert_queue, insert_task, task_doc_of, wait_for, DenProcess};
 

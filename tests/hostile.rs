@@ -2,7 +2,7 @@
 //! (status 2 with the reason in stderr, a capped or repaired output, or a queue skipped for
 //! a stated reason), and the DEN goes on serving other queues.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::sync::Arc;

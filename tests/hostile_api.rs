@@ -5,7 +5,7 @@
 //! wire (body limit, truncated or garbage requests, deep nesting) go through a real TCP
 //! listener, and the CLI cases run the real binaries.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::time::Duration;

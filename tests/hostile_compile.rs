@@ -4,7 +4,7 @@
 //! staying small; what passes the shape is compiled in a child process under limits, and
 //! real plugins still compile and are cached.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::{Command, Stdio};

@@ -4,7 +4,7 @@
 //! keep-alive connections are cut while long-polls are not; a stalled upload gives up
 //! the upload turn; a foreign `Host` or `Origin` cannot write (DNS rebinding).
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};

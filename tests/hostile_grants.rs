@@ -2,7 +2,7 @@
 //! is never executed, no grant may reach the cache or its key, nor a kernel filesystem
 //! (procfs, sysfs…), and plugins together cannot take the DEN's file descriptors.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;

@@ -1,7 +1,7 @@
 //! Hostile components against the per-task limits: the memory budget is summed over every
 //! memory of the task, and the per-task instance caps stop a hog without starving others.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -1,7 +1,7 @@
 //! Hostile plugins against the `runner` binary as a user runs it: what reaches the
 //! terminal, how much is printed, the host's peak memory, and an address-space limit.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

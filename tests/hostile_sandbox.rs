@@ -2,7 +2,7 @@
 //! filesystem and network policy. Each case is one attack; the host must hold and say
 //! what happened.
 
-mod common;
+use crate::common;
 
 use std::net::TcpListener;
 use std::path::Path;

@@ -3,7 +3,7 @@
 //! within `heartbeat_stale` and a tick, with a greater token. On MongoDB and on the embedded
 //! store, with real `den` processes.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

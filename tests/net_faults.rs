@@ -4,7 +4,7 @@
 //! checked from the database's view, read by a client that does not go through a proxy.
 //! The fault proxy's own tests come first.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};

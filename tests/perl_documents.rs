@@ -3,7 +3,7 @@
 //! real `den` runs them, and the API lists, changes and deletes their queues; a queue
 //! document that cannot be read is listed with its problem, never hidden.
 
-mod common;
+use crate::common;
 
 use common::http::{get, post, send};
 use common::{count_tasks as count, find_docs, insert_queue, wait_for, DenProcess};

@@ -3,7 +3,7 @@
 //! verified, cached; a tampered cache entry or stored bytes that do not match their
 //! digest are never run.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -5,7 +5,7 @@
 //!
 //! The components are built by `plugins/build-py-js` (scripts/test runs it).
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::path::PathBuf;

@@ -2,7 +2,7 @@
 //! three DENs on one MongoDB database, and across two DENs on one embedded file, as the
 //! database's `started` values show; every task ends succeeded, none failed.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -3,7 +3,7 @@
 //! failed ones (no retention for them), and `GET /stats` tells the same history after as
 //! before; the API refuses a bad `retention` naming the field and shows a queue's own.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

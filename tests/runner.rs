@@ -1,7 +1,7 @@
 //! The sandbox, through the library: every example plugin, every limit proven by a hostile
 //! plugin, and the grants.
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};

@@ -1,7 +1,7 @@
 //! The `runner` binary: `runner exec` runs plugins exactly as the library does, with the
 //! documented output formats and exit codes.
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::path::PathBuf;

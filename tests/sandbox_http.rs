@@ -5,7 +5,7 @@
 //! (an HTTP response that never comes, a body nobody reads, a silent socket, dropping a
 //! socket whose peer never reads) end at the task's deadline or kill. Last, a real DEN runs a queue whose sandbox lists the server.
 
-mod common;
+use crate::common;
 
 use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -4,7 +4,7 @@
 //! name lookup needs no thread of the runtime's blocking pool, which the DEN's running
 //! plugins share.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener};

@@ -9,7 +9,7 @@
 //! project builds offline from cargo's cache, into a target directory kept under this
 //! repository's `target/` so that later runs reuse the build.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::{Command, Output};

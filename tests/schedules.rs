@@ -1,9 +1,7 @@
-//! Schedules end to end, in one test binary: the API and the CLI verbs (`schedules/api.rs`)
+//! Schedules end to end: the API and the CLI verbs (`schedules/api.rs`)
 //! and real `den` processes creating a 1-second schedule's tasks through a kill, a restart
 //! and a paused leader (`schedules/den.rs`). The store mechanics and the two-leader races
 //! are in `tests/store_shared/schedules.rs`.
-
-mod common;
 
 #[path = "schedules/api.rs"]
 mod api;

@@ -2,7 +2,7 @@
 //! spec documents written by any client, claiming, slots, heartbeats, orphan recovery,
 //! fencing and String-chunk GridFS.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,7 +1,7 @@
 //! `queue_counts` on MongoDB: answered from the `{queue, status}` index alone, with the
 //! same counts as a plain group over every task, odd documents included.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 

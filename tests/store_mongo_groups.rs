@@ -4,7 +4,7 @@
 //! the same moment go in groups too, beside a Disbatch 4 DEN's own `findOneAndUpdate`
 //! claims, and every task is claimed once.
 
-mod common;
+use crate::common;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};

@@ -5,7 +5,7 @@
 //! Each test gets two store instances on the same data (two `MongoStore`s on one
 //! database, two `SqliteStore`s on one file) to stand for two DEN processes.
 
-mod common;
+use crate::common;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;

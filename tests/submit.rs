@@ -3,7 +3,7 @@
 //! against 0.1.0 still running, and the DEN creating the follow-ups of a task that
 //! succeeded, on both stores.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -10,14 +10,14 @@
 //! - [`docs`]: spec documents inserted with the plain driver, and a shared runner.
 //! - [`http`]: the REST API router on a test database, and requests to it in-process or
 //!   over TCP.
-//! - [`plugins`]: the guest plugins, built once per test binary for `wasm32-wasip2`.
+//! - [`plugins`]: the guest plugins, built once per test run for `wasm32-wasip2`.
 //! - [`proxy`]: a TCP fault proxy (latency, resets, freezes, refused connections) to put
 //!   between a DEN and the database.
 //! - [`python`]: a Python with a pinned PyPI package, to check our output with its parser.
 //! - [`recording`]: a store wrapper recording which tasks a DEN claimed and started.
 //! - [`web`]: `disbatch web` as a process and the `disbatch` client verbs against it.
 //!
-//! Each test binary uses a subset of these, hence the `dead_code` and `unused_imports` allowances.
+//! Not every helper is used by a test at every moment, hence the `dead_code` and `unused_imports` allowances.
 #![allow(dead_code, unused_imports)]
 
 pub mod components;

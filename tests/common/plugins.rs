@@ -1,4 +1,4 @@
-//! The guest plugins of `plugins/`, built once per test binary for `wasm32-wasip2`: the
+//! The guest plugins of `plugins/`, built once per test run for `wasm32-wasip2`: the
 //! examples (`plugins/<name>`) and the test fixtures (`plugins/tests/<name>`), all in one
 //! directory, apart from the examples' own directory that `disbatch dev` offers.
 
