@@ -17,8 +17,6 @@ pub struct TestDb {
     pub uri: String,
     /// The database name, unique to this test.
     pub name: String,
-    /// A driver client connected to the server.
-    pub client: Client,
     /// The database.
     pub db: Database,
     /// The store on this database, indexes ensured.
@@ -66,7 +64,6 @@ pub async fn test_db_at(uri: &str, hint: &str) -> TestDb {
     TestDb {
         uri: uri.to_string(),
         name,
-        client,
         db,
         store,
     }

@@ -16,9 +16,6 @@
 //! - [`python`]: a Python with a pinned PyPI package, to check our output with its parser.
 //! - [`recording`]: a store wrapper recording which tasks a DEN claimed and started.
 //! - [`web`]: `disbatch web` as a process and the `disbatch` client verbs against it.
-//!
-//! Not every helper is used by a test at every moment, hence the `dead_code` and `unused_imports` allowances.
-#![allow(dead_code, unused_imports)]
 
 pub mod components;
 pub mod db;
@@ -33,13 +30,13 @@ pub mod recording;
 pub mod server;
 pub mod web;
 
-pub use db::{test_db, test_db_at, unique_db_name, TestDb};
+pub use db::{test_db, test_db_at, TestDb};
 pub use den::{wait_for, DenProcess};
 pub use docs::{count_tasks, find_docs, insert_queue, insert_task, insert_tasks, shared_runner, task_doc_of};
 pub use plugins::{plugin_path, plugins_dir};
 pub use proxy::{FaultProxy, Latency};
 pub use recording::Recording;
-pub use server::{server_uri, TestServer};
+pub use server::TestServer;
 pub use web::Web;
 
 /// Sets the open-files limit (soft and hard) of the child `cmd` starts to `n`, so a test of

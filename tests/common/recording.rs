@@ -10,7 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bson::oid::ObjectId;
 use bson::DateTime;
-use disbatch::model::{Node, NodeProcess, NodeStats, Output, Queue, StopRequest, TaskProgress};
+use disbatch::model::{Node, Output, Queue, StopRequest};
 use disbatch::store::*;
 
 /// A store that records which tasks each DEN claimed and started.
