@@ -63,10 +63,9 @@ pub(super) fn parse(body: &Map<String, Value>) -> Result<Option<(String, Option<
 /// `GET /batches/{id}` then shows `total` above `size`.
 pub(super) async fn admit(state: &Shared, id: &str, size: Option<i64>, adding: usize) -> Result<(), ApiError> {
     let batch = crate::lifecycle::batches::open_batch(state.store.as_ref(), id, size).await?;
-    if let Some(closed) = batch.closed {
+    if let Some(closed) = crate::lifecycle::batches::closed_at(&batch) {
         return Err(ApiError::Conflict(format!(
-            "batch {id:?} was closed by retention at {} (its tasks are deleted or about to be); submit under a new batch id",
-            closed.try_to_rfc3339_string().unwrap_or_default()
+            "batch {id:?} was closed by retention at {closed} (its tasks are deleted or about to be); submit under a new batch id"
         )));
     }
     if let (Some(recorded), Some(given)) = (batch.size, size) {

@@ -11,6 +11,12 @@
 use crate::model::status;
 use crate::store::{Batch, StatusCounts, Store, StoreError, StoreResult};
 
+/// When retention closed `batch` (RFC 3339), if it did: the reason a closed batch refuses
+/// new tasks and fails the tasks that wait for it.
+pub fn closed_at(batch: &Batch) -> Option<String> {
+    batch.closed.map(|c| c.try_to_rfc3339_string().unwrap_or_default())
+}
+
 /// Whether `batch`, whose tasks count `counts` by status, is complete.
 pub fn complete(batch: &Batch, counts: &StatusCounts) -> bool {
     let total: u64 = counts.values().sum();

@@ -79,10 +79,9 @@ async fn batch_outcome<S: Store + ?Sized>(store: &S, b: &str) -> StoreResult<Opt
     let Some(batch) = store.batch(b).await? else {
         return Ok(Some(Outcome::Failed(format!("batch {b:?} does not exist"))));
     };
-    if let Some(closed) = batch.closed {
+    if let Some(closed) = super::batches::closed_at(&batch) {
         return Ok(Some(Outcome::Failed(format!(
-            "batch {b:?} was closed by retention at {} and its tasks deleted",
-            closed.try_to_rfc3339_string().unwrap_or_default()
+            "batch {b:?} was closed by retention at {closed} and its tasks deleted"
         ))));
     }
     let counts: StatusCounts = store.batch_counts(b).await?;
