@@ -85,9 +85,31 @@ try {
   await page.click('#task-search button[type="submit"]');
   await page.waitForSelector(`a.task-link[href="#/task/${taskId}"]`);
   await shot("task-search");
+  // A refresh of the list whose answers arrive after the user has moved on to a task does
+  // not draw the list over the task: the refresh's GET /tasks is held until the task's page
+  // is drawn, then let through.
+  let releaseList;
+  const listHeld = new Promise((r) => { releaseList = r; });
+  let listAsked;
+  const listRefreshAsked = new Promise((r) => { listAsked = r; });
+  const listUrl = (url) => url.pathname === "/tasks" && url.searchParams.get("limit") === "25";
+  await page.route(listUrl, async (route) => {
+    listAsked();
+    await listHeld;
+    await route.continue();
+  });
+  await listRefreshAsked;
+  const monitoring = () => page.waitForRequest((r) => new URL(r.url()).pathname === "/monitoring");
+  const taskDrawn = monitoring();
   await page.click(`a.task-link[href="#/task/${taskId}"]`);
+  await taskDrawn;
   // The GridFS-backed output streams in after the page is drawn.
   await page.waitForSelector('#task-stdout[data-complete="1"]');
+  const listEnded = monitoring();
+  releaseList();
+  await listEnded;
+  await page.unroute(listUrl);
+  if (!(await page.isVisible("#task-stdout"))) throw new Error("a refresh of the task list drew over the task's page");
   const stdout = await page.textContent("#task-stdout");
   if (stdout !== expected.concat("\n").repeat(20000)) throw new Error("streamed stdout is not the whole file: " + stdout.length + " characters");
   if (!stdout.includes(expected)) throw new Error("task stdout does not show the output: " + stdout.slice(0, 200));

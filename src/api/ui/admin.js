@@ -3,7 +3,7 @@
 
 // ---- nodes --------------------------------------------------------------------------------
 
-async function showNodes() {
+async function showNodes(pass) {
   const nodes = await api("GET", "/nodes");
   const rows = nodes.map((n) => `
     <tr data-node="${esc(n.node)}">
@@ -13,7 +13,7 @@ async function showNodes() {
       <td><span class="state ${n.fresh ? "fresh" : "stale"}">${n.fresh ? "fresh" : "stale"}</span>${n.leader ? ' <span class="state leader" title="holds the leader lease: the orphan sweep runs here">leader</span>' : ""}</td>
       <td><a href="#/tasks?node=${encodeURIComponent(n.node)}">tasks</a></td>
     </tr>`).join("");
-  view().innerHTML = `<table id="nodes"><thead><tr><th>Node</th><th>Maxthreads</th><th>Heartbeat</th><th>State</th><th></th></tr></thead>
+  view(pass).innerHTML = `<table id="nodes"><thead><tr><th>Node</th><th>Maxthreads</th><th>Heartbeat</th><th>State</th><th></th></tr></thead>
     <tbody>${rows || '<tr><td colspan="5">No nodes have reported yet.</td></tr>'}</tbody></table>`;
   document.querySelectorAll(".edit-maxthreads").forEach((el) => el.addEventListener("change", async () => {
     const maxthreads = el.value === "" ? null : Number(el.value);
@@ -23,7 +23,7 @@ async function showNodes() {
 
 // ---- plugins ------------------------------------------------------------------------------
 
-async function showPlugins() {
+async function showPlugins(pass) {
   const list = await api("GET", "/plugins?full=1");
   const rows = list.map((p) => `
     <tr data-plugin="${esc(p.name)}">
@@ -32,7 +32,7 @@ async function showPlugins() {
       <td>${esc(p.wit ?? "-")}</td><td>${plain(p.uploaded)}</td><td>${esc(p.uploaded_by ?? "-")}</td>
       <td>${p.versions ? `<button class="delete-plugin" data-name="${esc(p.name)}">Delete</button>` : ""}</td>
     </tr>`).join("");
-  view().innerHTML = `
+  view(pass).innerHTML = `
     <form class="toolbar" id="plugin-upload">
       <label>Component <input id="plugin-file" type="file" accept=".wasm,application/wasm" required></label>
       <label>Name <input id="plugin-name" placeholder="the file name without .wasm"></label>
@@ -79,7 +79,7 @@ async function upload(name, file) {
 
 // ---- balance ------------------------------------------------------------------------------
 
-async function showBalance() {
+async function showBalance(pass) {
   const [b, queues] = await Promise.all([api("GET", "/balance"), api("GET", "/queues")]);
   const byName = Object.fromEntries(queues.map((q) => [q.name, q]));
   const lanes = (b.queues || []).map((lane, i) => `
@@ -90,7 +90,7 @@ async function showBalance() {
     }).join("<br>")}</td></tr>`).join("");
   const settings = { max_tasks: b.max_tasks || {}, queues: b.queues || [] };
   if (b.disabled) settings.disabled = b.disabled;
-  view().innerHTML = `
+  view(pass).innerHTML = `
     <p id="balance-status">${b.notice ? esc(b.notice) : `QueueBalance <span class="badge ${esc(b.status)}">${esc(b.status ?? "not run")}</span>
       ${esc(b.message ?? "")}${b.max_tasks_now != null ? ` — limit now <b id="balance-limit">${b.max_tasks_now}</b>` : ""}`}
       ${b.settings && !b.settings.enabled ? " (not enabled in this server's config)" : ""}</p>

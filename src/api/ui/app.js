@@ -6,16 +6,24 @@ const STATUS = { "-7": "scheduled", "-6": "orphaned", "-5": "cancelled", "-4": "
 const PAGE = 25;
 let plugins = [];
 let refreshTimer = null;
-// Inputs typed in the view so far, and their number when the auto-refresh in flight began
-// (null when none is): a refresh whose answers arrive after an edit began, or while a field
-// of the view has the focus, leaves the page as it is rather than overwrite the edit.
+// Each drawing of the view is a pass: begun by a navigation, a change or the auto-refresh,
+// it draws once its answers are in. A pass draws only if the page is still where it began
+// and no later pass has drawn; a refresh pass also gives way to an edit (inputs typed
+// since it began, or a field of the view with the focus) rather than overwrite it.
 let edits = 0;
-let refreshing = null;
+let passes = 0;
+let drawn = 0;
 class Stale extends Error {}
 
-// The view's element, to be filled; throws Stale for a refresh that would overwrite an edit.
-function view() {
-  if (refreshing !== null && (edits !== refreshing || editing())) throw new Stale("an edit began");
+function begin(refresh) {
+  return { seq: ++passes, refresh, edits, hash: location.hash };
+}
+
+// The view's element, to be filled by `pass`; throws Stale when the pass must not draw.
+function view(pass) {
+  if (pass.seq < drawn || pass.hash !== location.hash) throw new Stale("a later view was drawn");
+  if (pass.refresh && (edits !== pass.edits || editing())) throw new Stale("an edit began");
+  drawn = pass.seq;
   return $("#view");
 }
 
@@ -68,7 +76,7 @@ async function write(action, done) {
 // ---- shell --------------------------------------------------------------------------------
 
 async function render(refresh = false) {
-  refreshing = refresh ? edits : null;
+  const pass = begin(refresh);
   const hash = location.hash || "#/overview";
   const [path, query] = hash.slice(1).split("?");
   document.querySelectorAll("nav a").forEach((a) => {
@@ -77,19 +85,18 @@ async function render(refresh = false) {
     if (on) a.setAttribute("aria-current", "page"); else a.removeAttribute("aria-current");
   });
   try {
-    if (path.startsWith("/task/")) await showTask(decodeURIComponent(path.slice(6)), refresh);
-    else if (path.startsWith("/queue/")) await showQueue(decodeURIComponent(path.slice(7)), refresh);
-    else if (path === "/queues") await showQueues();
-    else if (path === "/nodes") await showNodes();
-    else if (path === "/tasks") await showTasks(new URLSearchParams(query || ""));
-    else if (path === "/schedules") await showSchedules();
-    else if (path === "/plugins") await showPlugins();
-    else if (path === "/balance") await showBalance();
-    else await showOverview();
+    if (path.startsWith("/task/")) await showTask(pass, decodeURIComponent(path.slice(6)));
+    else if (path.startsWith("/queue/")) await showQueue(pass, decodeURIComponent(path.slice(7)));
+    else if (path === "/queues") await showQueues(pass);
+    else if (path === "/nodes") await showNodes(pass);
+    else if (path === "/tasks") await showTasks(pass, new URLSearchParams(query || ""));
+    else if (path === "/schedules") await showSchedules(pass);
+    else if (path === "/plugins") await showPlugins(pass);
+    else if (path === "/balance") await showBalance(pass);
+    else await showOverview(pass);
   } catch (e) {
     if (!(e instanceof Stale)) say(e.message, "error");
   }
-  refreshing = null;
   api("GET", "/monitoring").then((m) => {
     const h = $("#health");
     h.textContent = m.disbatch.status + ": " + m.disbatch.message +

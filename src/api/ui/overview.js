@@ -32,7 +32,7 @@ function percentiles(s) {
   return `${fmtSecs(s.p50)} / ${fmtSecs(s.p95)} / ${fmtSecs(s.p99)}`;
 }
 
-async function showOverview() {
+async function showOverview(pass) {
   const range = chosenRange();
   const [stats, queues] = await Promise.all([readStats(range), api("GET", "/queues")]);
   const total = stats.series[0];
@@ -63,7 +63,7 @@ async function showOverview() {
       <td class="running">${usageBar(n.running, n.maxthreads)}</td>
       <td>${when(Date.now() - n.age_secs * 1000)}</td></tr>`).join("");
   const depth = perQueue.filter((s) => s.name).map((s, i) => ({ name: s.queue, label: s.name, colour: COLOURS[i % COLOURS.length], values: field(s, "depth") }));
-  view().innerHTML = `
+  view(pass).innerHTML = `
     <div class="toolbar"><h2>Overview</h2>${rangeSelect("overview-range", range)}</div>
     <div class="cards">
       ${card("card-succeeded", "Succeeded", fmtNum(t.succeeded), RANGES[range][0])}

@@ -3,7 +3,7 @@
 
 // ---- queues -------------------------------------------------------------------------------
 
-async function showQueues() {
+async function showQueues(pass) {
   const queues = await api("GET", "/queues");
   const rows = queues.map((q) => `
     <tr data-queue="${esc(q.name)}">
@@ -20,7 +20,7 @@ async function showQueues() {
           <button class="new-task" data-name="${esc(q.name)}">new task</button>
           <button class="delete-queue" data-id="${esc(q.id)}" data-name="${esc(q.name)}">delete</button></td>
     </tr>`).join("");
-  view().innerHTML = `
+  view(pass).innerHTML = `
     <div class="toolbar"><button id="new-queue">New queue</button></div>
     <table id="queues"><thead><tr><th>Queue</th><th>Plugin</th><th>Threads</th><th>Sort</th>
       <th>Queued</th><th>Running</th><th>Completed</th><th></th></tr></thead><tbody>${rows ||
@@ -116,8 +116,8 @@ function changedFields(q, form) {
   return body;
 }
 
-async function showQueue(name, refresh) {
-  if (refresh && $("#queue-settings") && $("#queue-settings").dataset.dirty) return;
+async function showQueue(pass, name) {
+  if (pass.refresh && $("#queue-settings") && $("#queue-settings").dataset.dirty) return;
   const range = chosenRange();
   const [q, stats, failures] = await Promise.all([
     api("GET", "/queues/" + encodeURIComponent(name)),
@@ -135,7 +135,7 @@ async function showQueue(name, refresh) {
     return text ? text.split("\n").slice(-1)[0].slice(0, 200) : t.stderr && t.stderr.$oid ? "(output in a file)" : "-";
   };
   const failed = failures.map((t) => `<tr><td><a href="#/task/${esc(t.id)}">${esc(t.id)}</a></td><td>${when(t.mtime)}</td><td>${esc(t.node ?? "-")}</td><td class="reason">${esc(reason(t))}</td></tr>`).join("");
-  view().innerHTML = `
+  view(pass).innerHTML = `
     <div class="toolbar"><h2>Queue ${esc(q.name)}</h2><a href="#/tasks?queue=${encodeURIComponent(q.name)}">tasks</a>
       <button class="new-task" data-name="${esc(q.name)}">new task</button>${rangeSelect("queue-range", range)}</div>
     ${problems.length ? `<ul id="queue-problems">${problems.map((p) => `<li class="problem">${esc(p)}</li>`).join("")}</ul>` : '<p id="queue-problems">No problems reported.</p>'}
@@ -174,9 +174,9 @@ async function showQueue(name, refresh) {
       const changed = await api("POST", "/queues/" + q.id, body);
       say("saved " + Object.keys(body).join(", "));
       if (changed.name !== name) location.hash = "#/queue/" + encodeURIComponent(changed.name);
-      else await showQueue(changed.name, false);
+      else await showQueue(begin(false), changed.name);
     } catch (err) {
-      $("#queue-error").textContent = err.message;
+      if (!(err instanceof Stale)) $("#queue-error").textContent = err.message;
     }
   };
 }

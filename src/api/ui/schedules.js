@@ -6,7 +6,7 @@ function scheduleTiming(s) {
   return `every <code>${esc(s.every)}</code>`;
 }
 
-async function showSchedules() {
+async function showSchedules(pass) {
   const schedules = await api("GET", "/schedules");
   const rows = schedules.map((s) => `
     <tr data-schedule="${esc(s.name)}">
@@ -19,7 +19,7 @@ async function showSchedules() {
       <td><button class="toggle-schedule" data-name="${esc(s.name)}" data-paused="${s.paused}">${s.paused ? "resume" : "pause"}</button>
           <button class="delete-schedule" data-name="${esc(s.name)}">delete</button></td>
     </tr>`).join("");
-  view().innerHTML = `
+  view(pass).innerHTML = `
     <table id="schedules"><thead><tr><th>Schedule</th><th>Queue</th><th>When</th><th>State</th>
       <th>Next occurrences</th><th>Last task</th><th></th></tr></thead><tbody>${rows ||
       '<tr><td colspan="7">No schedules yet (<code>disbatch set-schedule</code> or <code>POST /schedules</code>).</td></tr>'}</tbody></table>`;

@@ -3,7 +3,7 @@
 
 // ---- tasks --------------------------------------------------------------------------------
 
-async function showTasks(params) {
+async function showTasks(pass, params) {
   const queues = await api("GET", "/queues");
   const queue = params.get("queue") || "";
   const status = params.get("status") || "";
@@ -21,7 +21,7 @@ async function showTasks(params) {
     <tr><td><a class="task-link" href="#/task/${esc(t.id)}">${esc(t.id)}</a></td><td>${esc(names[t.queue.$oid] || t.queue.$oid)}</td>
       <td>${t.status} ${esc(t.status_name)}</td><td>${esc(t.node ?? "-")}</td><td>${when(t.mtime)}</td>
       <td><code>${esc(JSON.stringify(t.params)).slice(0, 120)}</code></td></tr>`).join("");
-  view().innerHTML = `
+  view(pass).innerHTML = `
     <form class="toolbar" id="task-search">
       <label>Queue <select id="search-queue"><option value="">any</option>${queues.map((x) =>
         `<option${x.name === queue || x.id === queue ? " selected" : ""}>${esc(x.name)}</option>`).join("")}</select></label>
@@ -66,16 +66,18 @@ async function queueNameOf(id) {
 let shownFinished = null;
 let taskPoll = null;
 
-async function showTask(id, refresh) {
+async function showTask(pass, id) {
   clearTimeout(taskPoll);
-  if (refresh && shownFinished === id) return;
+  if (pass.refresh && shownFinished === id) return;
   const t = await api("GET", "/tasks/" + encodeURIComponent(id));
   const queueName = await queueNameOf(t.queue.$oid);
+  const box = view(pass);
   shownFinished = t.status > 0 ? id : null;
+  clearTimeout(taskPoll);
   if (t.status <= 0) {
     // Queued, claimed or running: look again in a second while this page is shown.
     taskPoll = setTimeout(() => {
-      if (location.hash === "#/task/" + id) showTask(id, true).catch((e) => say(e.message, "error"));
+      if (location.hash === "#/task/" + id) showTask(begin(true), id).catch((e) => { if (!(e instanceof Stale)) say(e.message, "error"); });
     }, 1000);
   }
   const raw = (k) => "/tasks/" + encodeURIComponent(t.id) + "/" + k;
@@ -104,7 +106,7 @@ async function showTask(id, refresh) {
   const p = t.progress;
   const pct = p && typeof p.percent === "number" ? Math.max(0, Math.min(100, p.percent)) : null;
   const progress = p ? `<dt>Progress</dt><dd id="task-progress">${pct === null ? "<progress></progress>" : `<progress max="100" value="${pct}"></progress> ${pct.toFixed(0)}%`} ${esc(p.info)}</dd>` : "";
-  view().innerHTML = `
+  box.innerHTML = `
     <h2>Task ${esc(t.id)}</h2>
     <div class="toolbar">${actions}</div>
     <dl id="task">
@@ -129,7 +131,7 @@ async function showTask(id, refresh) {
       say(e.message, "error");
     }
     shownFinished = null;
-    await showTask(t.id, false);
+    await showTask(begin(false), t.id).catch((e) => { if (!(e instanceof Stale)) throw e; });
   };
   if ($("#task-cancel")) $("#task-cancel").onclick = act("cancel", "task cancelled");
   if ($("#task-kill")) $("#task-kill").onclick = act("kill", "kill asked; its DEN stops the plugin");
