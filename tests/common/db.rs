@@ -51,6 +51,10 @@ pub async fn test_db_at(uri: &str, hint: &str) -> TestDb {
         .await
         .unwrap_or_else(|e| panic!("bad test server URI {uri:?}: {e}"));
     options.server_selection_timeout = Some(Duration::from_secs(10));
+    // The driver's monitor gives a server this long to answer its check, and on a miss it
+    // interrupts every command in flight. A loaded test machine can keep the test server
+    // from answering for longer than the default 10 s; a test's own reads and writes wait.
+    options.connect_timeout = Some(Duration::from_secs(60));
     let client = Client::with_options(options).expect("cannot create a driver client");
     let db = client.database(&name);
     db.run_command(doc! { "ping": 1 })
