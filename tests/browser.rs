@@ -46,8 +46,15 @@ fn chromium() -> PathBuf {
     path
 }
 
-/// `target/browser-test/` with the driver script and playwright-core installed.
+/// `target/browser-test/` with the driver script and playwright-core installed, once per
+/// test process: the browser tests run side by side, and a second `npm ci` would delete
+/// the `node_modules` the first one's Node is loading.
 fn driver_dir() -> PathBuf {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(install_driver).clone()
+}
+
+fn install_driver() -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser");
     let dir = target_dir().join("browser-test");
     std::fs::create_dir_all(&dir).unwrap();
