@@ -400,3 +400,57 @@ async fn an_older_file_gets_the_index_of_scheduled_tasks_only() {
         .unwrap();
     assert!(plan.iter().any(|p| p.contains("tasks_due")), "{plan:?}");
 }
+
+/// A task row another tool damaged is listed and shown with its problem, as on MongoDB;
+/// the other tasks of the same read are not hidden by it.
+#[tokio::test]
+async fn an_unreadable_task_row_is_shown_with_its_problem_not_hiding_the_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("odd.db");
+    let store = SqliteStore::open(&file).await.unwrap();
+    let q = create_queue(&store, "odd", "demo", 1, doc! {}).await;
+    let ids = store
+        .create_tasks(q, vec![doc! {"n": 1}, doc! {"n": 2}, doc! {"n": 3}])
+        .await
+        .unwrap();
+    let raw = rusqlite::Connection::open(&file).unwrap();
+    raw.execute(
+        "UPDATE tasks SET status = 1099511627776, params = x'00ff', stdout_file = 'not-an-id' WHERE id = ?1",
+        [ids[1].to_hex()],
+    )
+    .unwrap();
+    drop(raw);
+
+    let listed = store
+        .find_tasks(
+            &TaskFilter::default(),
+            Page {
+                skip: 0,
+                limit: 10,
+                oldest_first: true,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(listed.len(), 3, "every task is listed");
+    let bad = listed
+        .iter()
+        .find(|t| t.id == ids[1])
+        .expect("the damaged task is listed");
+    let problem = bad.problem.as_deref().expect("its problem is named");
+    for named in [ids[1].to_hex().as_str(), "`status`", "`params`", "`stdout`"] {
+        assert!(problem.contains(named), "{named} in {problem}");
+    }
+    assert_eq!(bad.status, i32::MIN);
+    for good in [ids[0], ids[2]] {
+        let t = listed.iter().find(|t| t.id == good).unwrap();
+        assert!(t.problem.is_none(), "{:?}", t.problem);
+        assert_eq!(t.status, -2);
+    }
+    let shown = store
+        .task(ids[1])
+        .await
+        .unwrap()
+        .expect("the damaged task is found by id");
+    assert_eq!(shown.problem.as_deref(), Some(problem));
+}

@@ -102,6 +102,20 @@ pub(super) fn output_columns(value: &OutputValue) -> (Option<String>, Option<Str
 /// A task row ([`TASK_COLUMNS`]) as its id text and the task, or why it cannot be read.
 /// Only errors of SQLite itself fail the row.
 pub(super) fn task_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(String, StoreResult<Task>)> {
+    let (id, task) = task_or_problem_from_row(r)?;
+    let task = match task {
+        Some(t) if t.problem.is_none() => Ok(t),
+        Some(t) => Err(malformed(&id, t.problem.unwrap_or_default())),
+        None => Err(malformed(&id, "field `_id` must be an ObjectId".into())),
+    };
+    Ok((id, task))
+}
+
+/// A task row ([`TASK_COLUMNS`]) as well as it can be read, as MongoDB's `task_or_problem`
+/// reads a document: a field that cannot be read is left empty (an unreadable `status` as
+/// `i32::MIN`) and named in the task's `problem`. `None` only when the id is not an
+/// ObjectId. Only errors of SQLite itself fail the row.
+pub(super) fn task_or_problem_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(String, Option<Task>)> {
     let id: String = r.get(0)?;
     let queue: String = r.get(1)?;
     let ctime: i64 = r.get(2)?;
@@ -125,56 +139,88 @@ pub(super) fn task_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(String, 
     let dependents: Option<i64> = r.get(21)?;
     let pending: Option<String> = r.get(22)?;
     let started: Option<i64> = r.get(23)?;
-    let malformed = |reason: String| StoreError::Malformed {
+    let Ok(oid) = ObjectId::parse_str(&id) else {
+        return Ok((id, None));
+    };
+    let mut problems = Vec::new();
+    let mut keep = |field: &str, e: String| problems.push(format!("field `{field}`: {e}"));
+    let queue = ObjectId::parse_str(&queue).unwrap_or_else(|e| {
+        keep("queue", format!("must be an ObjectId: {e}"));
+        ObjectId::from_bytes([0; 12])
+    });
+    let status = i32::try_from(status).unwrap_or_else(|_| {
+        keep("status", "must be a 32-bit integer".into());
+        i32::MIN
+    });
+    let params = read_bson("tasks", &id, &params).unwrap_or_else(|e| {
+        keep("params", reason_of(e));
+        Document::new()
+    });
+    let mut output = |field: &str, (text, file): (Option<String>, Option<String>)| match (text, file) {
+        (_, Some(f)) => match ObjectId::parse_str(&f) {
+            Ok(f) => Some(Output::File(f)),
+            Err(e) => {
+                keep(field, format!("must be an ObjectId: {e}"));
+                None
+            }
+        },
+        (Some(t), None) => Some(Output::Inline(t)),
+        (None, None) => None,
+    };
+    let stdout = output("stdout", stdout);
+    let stderr = output("stderr", stderr);
+    let stop = stop.and_then(|bytes| {
+        let read = read_bson("tasks", &id, &bytes)
+            .map_err(reason_of)
+            .and_then(|d| crate::model::StopRequest::from_document(&d).map_err(|e| e.to_string()));
+        read.map_err(|e| keep("stop", e)).ok()
+    });
+    let problem = (!problems.is_empty()).then(|| malformed(&id, problems.join("; ")).to_string());
+    let task = Task {
+        id: oid,
+        queue,
+        ctime: DateTime::from_millis(ctime),
+        mtime: DateTime::from_millis(mtime),
+        node,
+        status,
+        params,
+        stdout,
+        stderr,
+        problem,
+        run_at: run_at.map(DateTime::from_millis),
+        started: started.map(DateTime::from_millis),
+        priority: Some(priority),
+        stop,
+        progress: progress
+            .and_then(|b| read_bson("tasks", &id, &b).ok())
+            .map(|d| crate::model::TaskProgress::from_document(&d)),
+        attempts,
+        attempts_dropped,
+        key,
+        batch,
+        rerun: rerun.is_some_and(|r| r != 0),
+        after: keys_of(after.as_deref()),
+        pending: keys_of(pending.as_deref()),
+        after_failure_runs: after_failure.is_some_and(|r| r != 0),
+        dependents: dependents.is_some_and(|r| r != 0),
+    };
+    Ok((id, Some(task)))
+}
+
+fn malformed(id: &str, reason: String) -> StoreError {
+    StoreError::Malformed {
         collection: "tasks",
-        id: id.clone(),
+        id: id.to_owned(),
         reason,
-    };
-    let oid = |field: &str, text: &str| {
-        ObjectId::parse_str(text).map_err(|e| malformed(format!("field `{field}` must be an ObjectId: {e}")))
-    };
-    let output = |field: &str, (text, file): (Option<String>, Option<String>)| match (text, file) {
-        (_, Some(f)) => oid(field, &f).map(|f| Some(Output::File(f))),
-        (Some(t), None) => Ok(Some(Output::Inline(t))),
-        (None, None) => Ok(None),
-    };
-    let task = (|| {
-        Ok(Task {
-            id: oid("_id", &id)?,
-            queue: oid("queue", &queue)?,
-            ctime: DateTime::from_millis(ctime),
-            mtime: DateTime::from_millis(mtime),
-            node,
-            status: i32::try_from(status).map_err(|_| malformed("field `status` must be a 32-bit integer".into()))?,
-            params: read_bson("tasks", &id, &params)?,
-            stdout: output("stdout", stdout)?,
-            stderr: output("stderr", stderr)?,
-            problem: None,
-            run_at: run_at.map(DateTime::from_millis),
-            started: started.map(DateTime::from_millis),
-            priority: Some(priority),
-            stop: match stop {
-                None => None,
-                Some(bytes) => Some(
-                    crate::model::StopRequest::from_document(&read_bson("tasks", &id, &bytes)?)
-                        .map_err(|e| malformed(format!("field `stop`: {e}")))?,
-                ),
-            },
-            progress: progress
-                .and_then(|b| read_bson("tasks", &id, &b).ok())
-                .map(|d| crate::model::TaskProgress::from_document(&d)),
-            attempts,
-            attempts_dropped,
-            key,
-            batch,
-            rerun: rerun.is_some_and(|r| r != 0),
-            after: keys_of(after.as_deref()),
-            pending: keys_of(pending.as_deref()),
-            after_failure_runs: after_failure.is_some_and(|r| r != 0),
-            dependents: dependents.is_some_and(|r| r != 0),
-        })
-    })();
-    Ok((id.clone(), task))
+    }
+}
+
+/// The reason of a [`StoreError::Malformed`] (the whole message of any other error).
+fn reason_of(e: StoreError) -> String {
+    match e {
+        StoreError::Malformed { reason, .. } => reason,
+        e => e.to_string(),
+    }
 }
 
 /// The keys of an `after` column (or of the pending list read beside it).

@@ -5,7 +5,7 @@ use bson::oid::ObjectId;
 use bson::DateTime;
 use rusqlite::{params, OptionalExtension};
 
-use super::records::{bson_bytes, db_err, read_attempts, task_from_row, TASK_COLUMNS};
+use super::records::{bson_bytes, db_err, read_attempts, task_or_problem_from_row, TASK_COLUMNS};
 use super::{deps, SqliteStore, Touched, OUTPUT_FILES};
 use crate::model::{Output, Task};
 use crate::store::{HeadFilter, HeadNode, NewTask, Page, StoreError, StoreResult, TaskFilter, TaskHead};
@@ -110,11 +110,11 @@ impl SqliteStore {
             let err = db_err("find tasks");
             let mut stmt = conn.prepare(&sql).map_err(&err)?;
             let rows = stmt
-                .query_map(rusqlite::params_from_iter(args), task_from_row)
+                .query_map(rusqlite::params_from_iter(args), task_or_problem_from_row)
                 .map_err(&err)?
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(&err)?;
-            rows.into_iter().map(|(_, t)| t).collect()
+            Ok(rows.into_iter().filter_map(|(_, t)| t).collect())
         })
         .await
     }
@@ -135,12 +135,12 @@ impl SqliteStore {
         let sql = format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?1");
         let found = self
             .with(move |conn| {
-                conn.query_row(&sql, [id.to_hex()], task_from_row)
+                conn.query_row(&sql, [id.to_hex()], task_or_problem_from_row)
                     .optional()
                     .map_err(db_err("find task"))
             })
             .await?;
-        found.map(|(_, t)| t).transpose()
+        Ok(found.and_then(|(_, t)| t))
     }
 
     pub(super) async fn read_output(&self, output: &Output) -> StoreResult<String> {
