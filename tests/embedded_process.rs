@@ -441,7 +441,7 @@ async fn an_unreadable_task_row_is_shown_with_its_problem_not_hiding_the_others(
     for named in [ids[1].to_hex().as_str(), "`status`", "`params`", "`stdout`"] {
         assert!(problem.contains(named), "{named} in {problem}");
     }
-    assert_eq!(bad.status, i32::MIN);
+    assert_eq!(bad.status, disbatch::model::Task::UNREADABLE_STATUS);
     for good in [ids[0], ids[2]] {
         let t = listed.iter().find(|t| t.id == good).unwrap();
         assert!(t.problem.is_none(), "{:?}", t.problem);

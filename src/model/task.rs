@@ -88,6 +88,13 @@ pub struct Task {
 }
 
 impl Task {
+    /// The `status` of a task whose stored status cannot be read (its `problem` says why),
+    /// on either store.
+    pub const UNREADABLE_STATUS: i32 = i32::MIN;
+    /// The `queue` of a task whose stored queue id cannot be read (its `problem` says why),
+    /// on either store.
+    pub const UNREADABLE_QUEUE: ObjectId = ObjectId::from_bytes([0; 12]);
+
     /// The output files the task uses: its stdout and stderr, and those its `attempts`
     /// records kept. Any other file written for it is used by nothing.
     pub fn output_files(&self) -> Vec<ObjectId> {

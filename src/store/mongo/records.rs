@@ -294,8 +294,9 @@ fn task_stop(f: &Fields<'_>) -> StoreResult<Option<crate::model::StopRequest>> {
 
 /// A task document as well as it can be read: what [`task_from`] gives, or, for a
 /// document it refuses, a task carrying the error as its `problem` and every field that
-/// could be read (unreadable ones empty, an unreadable `status` as `i32::MIN`). `None`
-/// only when the `_id` is not an ObjectId.
+/// could be read (unreadable ones empty, an unreadable `status` as
+/// [`Task::UNREADABLE_STATUS`], `queue` as [`Task::UNREADABLE_QUEUE`]). `None` only when
+/// the `_id` is not an ObjectId.
 pub(super) fn task_or_problem(doc: &Document) -> Option<Task> {
     let err = match task_from(doc) {
         Ok(t) => return Some(t),
@@ -307,7 +308,7 @@ pub(super) fn task_or_problem(doc: &Document) -> Option<Task> {
     let ctime = f.opt_date("ctime").ok().flatten().unwrap_or_else(|| id.timestamp());
     Some(Task {
         id,
-        queue: f.object_id("queue").unwrap_or_else(|_| ObjectId::from_bytes([0; 12])),
+        queue: f.object_id("queue").unwrap_or(Task::UNREADABLE_QUEUE),
         ctime,
         mtime: f.opt_date("mtime").ok().flatten().unwrap_or(ctime),
         node: f.task_node().ok().flatten(),
@@ -315,7 +316,7 @@ pub(super) fn task_or_problem(doc: &Document) -> Option<Task> {
             .get("status")
             .and_then(as_int)
             .and_then(|s| i32::try_from(s).ok())
-            .unwrap_or(i32::MIN),
+            .unwrap_or(Task::UNREADABLE_STATUS),
         params: task_params(&f).unwrap_or_default(),
         stdout: f.output("stdout").ok().flatten(),
         stderr: f.output("stderr").ok().flatten(),

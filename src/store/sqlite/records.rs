@@ -113,8 +113,9 @@ pub(super) fn task_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(String, 
 
 /// A task row ([`TASK_COLUMNS`]) as well as it can be read, as MongoDB's `task_or_problem`
 /// reads a document: a field that cannot be read is left empty (an unreadable `status` as
-/// `i32::MIN`) and named in the task's `problem`. `None` only when the id is not an
-/// ObjectId. Only errors of SQLite itself fail the row.
+/// [`Task::UNREADABLE_STATUS`], `queue` as [`Task::UNREADABLE_QUEUE`]) and named in the
+/// task's `problem`. `None` only when the id is not an ObjectId. Only errors of SQLite
+/// itself fail the row.
 pub(super) fn task_or_problem_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(String, Option<Task>)> {
     let id: String = r.get(0)?;
     let queue: String = r.get(1)?;
@@ -146,11 +147,11 @@ pub(super) fn task_or_problem_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Resul
     let mut keep = |field: &str, e: String| problems.push(format!("field `{field}`: {e}"));
     let queue = ObjectId::parse_str(&queue).unwrap_or_else(|e| {
         keep("queue", format!("must be an ObjectId: {e}"));
-        ObjectId::from_bytes([0; 12])
+        Task::UNREADABLE_QUEUE
     });
     let status = i32::try_from(status).unwrap_or_else(|_| {
         keep("status", "must be a 32-bit integer".into());
-        i32::MIN
+        Task::UNREADABLE_STATUS
     });
     let params = read_bson("tasks", &id, &params).unwrap_or_else(|e| {
         keep("params", reason_of(e));
