@@ -22,17 +22,17 @@ use mongodb::Client;
 
 /// The commands a client sent, by name.
 #[derive(Clone, Default)]
-struct Commands(Arc<Mutex<HashMap<String, usize>>>);
+pub(crate) struct Commands(Arc<Mutex<HashMap<String, usize>>>);
 
 impl Commands {
-    fn get(&self, name: &str) -> usize {
+    pub(crate) fn get(&self, name: &str) -> usize {
         self.0.lock().unwrap().get(name).copied().unwrap_or(0)
     }
 }
 
 /// A store on `t`'s database through a client of its own that counts the commands sent by
 /// name.
-async fn counted_store(t: &common::TestDb) -> (MongoStore, Commands) {
+pub(crate) async fn counted_store(t: &common::TestDb) -> (MongoStore, Commands) {
     let commands = Commands::default();
     let mut options = ClientOptions::parse(&t.uri).await.unwrap();
     options.command_event_handler = Some(EventHandler::callback({
@@ -47,7 +47,7 @@ async fn counted_store(t: &common::TestDb) -> (MongoStore, Commands) {
     (MongoStore::from_database(client.database(&t.name)), commands)
 }
 
-fn finish(stdout: String) -> TaskChange {
+pub(crate) fn finish(stdout: String) -> TaskChange {
     TaskChange {
         status: Some(status::SUCCEEDED),
         stdout: Write::Set(OutputValue::Inline(stdout)),

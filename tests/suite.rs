@@ -114,6 +114,8 @@ mod store_mongo;
 mod store_mongo_counts;
 #[path = "store_mongo_groups.rs"]
 mod store_mongo_groups;
+#[path = "store_mongo_starts.rs"]
+mod store_mongo_starts;
 #[path = "store_shared.rs"]
 mod store_shared;
 #[path = "submit.rs"]

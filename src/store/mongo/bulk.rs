@@ -4,6 +4,9 @@
 //! each update whether its filter matched. So the starts and ends of the runs of all of a
 //! DEN's workers that finish together cost one command, not one each.
 //!
+//! Calls that make the same change of different tasks (the starts of the workers' runs) go
+//! beside it as one `updateMany` ([`many`]).
+//!
 //! A group of one update is an `updateOne`. On a server without `bulkWrite` (before 8.0,
 //! or one that refuses the command) each call's updates are `updateOne`s in order, calls
 //! side by side as before; the store finds that out from the first group and remembers it.
@@ -24,10 +27,12 @@ use std::time::Duration;
 use bson::Document;
 use futures::FutureExt;
 use mongodb::error::{ErrorKind, PartialBulkWriteResult};
-use mongodb::options::{UpdateOneModel, WriteModel};
+use mongodb::options::{UpdateManyModel, UpdateOneModel, WriteModel};
 use mongodb::results::VerboseBulkWriteResult;
 use mongodb::{Client, Collection};
 
+pub(super) use self::many::written_ids;
+use self::many::{Many, Sent};
 use super::errors::{classify, TRANSIENT_CODES};
 use crate::store::group::{Group, Turn};
 use crate::store::{StoreError, StoreResult};
@@ -93,32 +98,61 @@ impl Updates {
     }
 }
 
-/// One group: in one `bulkWrite` while the server takes it, else each call on its own.
+/// One group: in one `bulkWrite` while the server takes it, the calls that make the same
+/// change of different tasks as one `updateMany` entry each after the others ([`many`]);
+/// else each call and each such `updateMany` on its own, side by side.
 async fn round(
     client: &Client,
     tasks: &Collection<Document>,
     bulk: &AtomicBool,
     calls: Vec<Call>,
 ) -> Vec<Turn<Call, Answer>> {
-    // A lone update goes as an `updateOne`: one command either way, and the lighter one.
-    let lone = calls.iter().map(Vec::len).sum::<usize>() <= 1;
-    let calls = if bulk.load(Ordering::Relaxed) && !lone {
-        match in_one_command(client, tasks, calls).await {
-            Ok(turns) => return turns,
-            Err(calls) => {
+    let n = calls.len();
+    let (many, left) = many::split(calls.into_iter().enumerate().collect(), bson::DateTime::now());
+    let (at, left): (Vec<usize>, Vec<Call>) = left.into_iter().unzip();
+    let entries = left.iter().map(Vec::len).sum::<usize>();
+    // A lone update goes as an `updateOne` (or `updateMany`): one command either way, and
+    // the lighter one.
+    let (left, many) = if bulk.load(Ordering::Relaxed) && entries + many.len() > 1 {
+        match in_one_command(client, tasks, &left, &many).await {
+            Ok(outcome) => {
+                let settled = many
+                    .into_iter()
+                    .enumerate()
+                    .map(|(j, m)| m.settle(tasks, sent(&outcome, entries + j)));
+                let settled = futures::future::join_all(settled).await;
+                return in_place(n, at.into_iter().zip(answers(left, &outcome)), settled);
+            }
+            Err(()) => {
                 tracing::info!("the database does not take bulkWrite (MongoDB 8.0): one update per task change");
                 bulk.store(false, Ordering::Relaxed);
-                calls
+                (left, many)
             }
         }
     } else {
-        calls
+        (left, many)
     };
-    let each = calls.into_iter().map(|call| one_call(tasks, call));
-    futures::future::join_all(each)
-        .await
+    let (settled, each) = futures::join!(
+        futures::future::join_all(many.into_iter().map(|m| m.apply(tasks))),
+        futures::future::join_all(left.into_iter().map(|call| one_call(tasks, call)))
+    );
+    in_place(n, at.into_iter().zip(each.into_iter().map(Turn::Done)), settled)
+}
+
+/// The turns of a group of `n` calls, from the turns of the calls that went one entry each
+/// and of those that went in an `updateMany`, each beside its place.
+fn in_place(
+    n: usize,
+    each: impl Iterator<Item = (usize, Turn<Call, Answer>)>,
+    many: Vec<Vec<(usize, Turn<Call, Answer>)>>,
+) -> Vec<Turn<Call, Answer>> {
+    let mut turns: Vec<Option<Turn<Call, Answer>>> = (0..n).map(|_| None).collect();
+    for (i, turn) in each.chain(many.into_iter().flatten()) {
+        turns[i] = Some(turn);
+    }
+    turns
         .into_iter()
-        .map(Turn::Done)
+        .map(|t| t.expect("every call of the group is answered"))
         .collect()
 }
 
@@ -135,15 +169,16 @@ async fn one_call(tasks: &Collection<Document>, call: Call) -> Answer {
     Ok(done)
 }
 
-/// Every call's updates in one ordered `bulkWrite`. `Err` with the calls when the server
-/// has no `bulkWrite`.
+/// Every call's updates in one ordered `bulkWrite`, then each [`Many`] as an `updateMany`.
+/// `Err` when the server has no `bulkWrite`.
 async fn in_one_command(
     client: &Client,
     tasks: &Collection<Document>,
-    calls: Vec<Call>,
-) -> Result<Vec<Turn<Call, Answer>>, Vec<Call>> {
+    calls: &[Call],
+    many: &[Many],
+) -> Result<Outcome, ()> {
     let namespace = tasks.namespace();
-    let models: Vec<WriteModel> = calls
+    let mut models: Vec<WriteModel> = calls
         .iter()
         .flatten()
         .map(|u| {
@@ -156,13 +191,22 @@ async fn in_one_command(
             )
         })
         .collect();
+    models.extend(many.iter().map(|m| {
+        WriteModel::UpdateMany(
+            UpdateManyModel::builder()
+                .namespace(namespace.clone())
+                .filter(m.filter())
+                .update(m.update())
+                .build(),
+        )
+    }));
     let count = models.len();
-    let outcome = match client.bulk_write(models).verbose_results().await {
+    Ok(match client.bulk_write(models).verbose_results().await {
         Ok(result) if result.update_results.len() == count => Outcome::Made(matched(&result)),
         Ok(_) => Outcome::Failed(Failure::unknown("the reply does not account for every update")),
         Err(e) => match e.kind.as_ref() {
-            ErrorKind::IncompatibleServer { .. } => return Err(calls),
-            ErrorKind::Command(c) if NO_BULK_WRITE.contains(&c.code) => return Err(calls),
+            ErrorKind::IncompatibleServer { .. } => return Err(()),
+            ErrorKind::Command(c) if NO_BULK_WRITE.contains(&c.code) => return Err(()),
             ErrorKind::BulkWrite(b) if b.write_concern_errors.is_empty() && b.write_errors.len() == 1 => {
                 let (&at, w) = b.write_errors.iter().next().expect("one write error");
                 let failure = Failure::of_write(w.code, &w.message);
@@ -178,27 +222,37 @@ async fn in_one_command(
             ErrorKind::BulkWrite(_) => Outcome::Failed(Failure::unknown(&e.to_string())),
             _ => Outcome::Failed(Failure::of(classify("change tasks", &e))),
         },
-    };
-    Ok(answers(calls, outcome))
+    })
 }
 
-/// Whether each update of a `bulkWrite`, by index, matched its filter (an update missing
-/// from the result was not made).
-fn matched(r: &VerboseBulkWriteResult) -> Vec<bool> {
+/// How many tasks each update of a `bulkWrite`, by index, matched (an update missing from
+/// the result was not made).
+fn matched(r: &VerboseBulkWriteResult) -> Vec<u64> {
     let n = r.update_results.keys().max().map_or(0, |m| m + 1);
     (0..n)
-        .map(|i| r.update_results.get(&i).is_some_and(|u| u.matched_count == 1))
+        .map(|i| r.update_results.get(&i).map_or(0, |u| u.matched_count))
         .collect()
+}
+
+/// What `outcome` did with the update at index `i`, an `updateMany`.
+fn sent(outcome: &Outcome, i: usize) -> Sent {
+    match outcome {
+        Outcome::Made(m) => Sent::Made(m.get(i).copied().unwrap_or(0)),
+        Outcome::StoppedAt(m, at, _) if i < *at => Sent::Made(m.get(i).copied().unwrap_or(0)),
+        Outcome::StoppedAt(_, at, e) if i == *at => Sent::Failed(e.clone()),
+        Outcome::StoppedAt(..) => Sent::NotTried,
+        Outcome::Failed(e) => Sent::Failed(e.clone()),
+    }
 }
 
 /// What one `bulkWrite` did.
 #[derive(Debug)]
 enum Outcome {
-    /// Every update was made; whether each matched, by index.
-    Made(Vec<bool>),
-    /// The updates before the index were made (whether each matched), the one at it failed,
+    /// Every update was made; how many tasks each matched, by index.
+    Made(Vec<u64>),
+    /// The updates before the index were made (how many each matched), the one at it failed,
     /// the ones after it were not tried.
-    StoppedAt(Vec<bool>, usize, Failure),
+    StoppedAt(Vec<u64>, usize, Failure),
     /// Unknown which were made (the reply was lost, the server failed): every call fails.
     Failed(Failure),
 }
@@ -258,16 +312,16 @@ impl Failure {
     }
 }
 
-/// Each call's turn after `outcome`.
-fn answers(calls: Vec<Call>, outcome: Outcome) -> Vec<Turn<Call, Answer>> {
-    let of = |m: &[bool], range: std::ops::Range<usize>| range.map(|i| m.get(i).copied().unwrap_or(false)).collect();
+/// Each call's turn after `outcome`: an update held when it matched its task.
+fn answers(calls: Vec<Call>, outcome: &Outcome) -> Vec<Turn<Call, Answer>> {
+    let of = |m: &[u64], range: std::ops::Range<usize>| range.map(|i| m.get(i) == Some(&1)).collect();
     let mut first = 0;
     calls
         .into_iter()
         .map(|call| {
             let range = first..first + call.len();
             first = range.end;
-            match &outcome {
+            match outcome {
                 Outcome::Made(m) => Turn::Done(Ok(of(m, range))),
                 Outcome::StoppedAt(m, at, _) if range.end <= *at => Turn::Done(Ok(of(m, range))),
                 Outcome::StoppedAt(_, at, e) if range.contains(at) => Turn::Done(Err(e.error())),
@@ -278,5 +332,6 @@ fn answers(calls: Vec<Call>, outcome: Outcome) -> Vec<Turn<Call, Answer>> {
         .collect()
 }
 
+mod many;
 #[cfg(test)]
 mod tests;

@@ -265,17 +265,8 @@ impl MongoStore {
             if let Ok(set) = update.get_document("$set") {
                 written.extend(set.clone());
             }
-            let back: Vec<Document> = self
-                .tasks
-                .find(written)
-                .selection_criteria(primary.clone())
-                .projection(doc! { "_id": 1 })
-                .await
-                .map_err(&err)?
-                .try_collect()
-                .await
-                .map_err(&err)?;
-            changed.extend(back.iter().filter_map(|d| d.get_object_id("_id").ok()));
+            let back = super::bulk::written_ids(&self.tasks, written).await?;
+            changed.extend(back.iter().filter_map(Bson::as_object_id));
         }
         Ok(changed)
     }
