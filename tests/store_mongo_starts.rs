@@ -159,3 +159,55 @@ async fn starts_and_ends_made_at_once_share_a_bulk_write_and_each_keeps_its_answ
         "60 changes at once went in fewer commands ({bulk} + {updates})"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_start_the_server_refuses_fails_alone_among_joined_ones() {
+    let t = common::test_db("grouped_start_refused").await;
+    let (store, _) = counted_store(&t).await;
+    let queue = bson::oid::ObjectId::new();
+    let task = |params: Document| {
+        doc! {
+            "_id": bson::oid::ObjectId::new(), "queue": queue, "status": status::CLAIMED,
+            "node": "n1", "params": params, "ctime": bson::DateTime::now(),
+        }
+    };
+    let mut docs: Vec<Document> = (0..12).map(|_| task(doc! {})).collect();
+    // The last one, with no `mtime` yet, is a few bytes under the largest document the
+    // server stores: the `mtime` its start writes makes it too large.
+    let victim = 11;
+    let mut big = task(doc! { "blob": "" });
+    let room = (16 << 20) - 4 - bson::to_vec(&big).unwrap().len();
+    big.insert("params", doc! { "blob": "p".repeat(room) });
+    docs[victim] = big;
+    let ids: Vec<_> = docs.iter().map(|d| d.get_object_id("_id").unwrap()).collect();
+    let coll = t.db.collection::<Document>("tasks");
+    coll.insert_many(docs).await.unwrap();
+
+    let starts = ids.iter().map(|&id| {
+        let store = store.clone();
+        let entry = [(
+            id,
+            disbatch::lifecycle::machine::claimed_by("n1"),
+            disbatch::lifecycle::machine::start(),
+        )];
+        tokio::spawn(async move { store.change_tasks(&entry).await })
+    });
+    let answers = futures::future::join_all(starts).await;
+    for (i, (answer, &id)) in answers.into_iter().zip(&ids).enumerate() {
+        let answer = answer.unwrap();
+        let d = coll
+            .find_one(doc! { "_id": id })
+            .projection(doc! { "params": 0 })
+            .await
+            .unwrap()
+            .unwrap();
+        if i == victim {
+            let e = answer.expect_err("a document over 16 MB is refused");
+            assert!(!e.is_transient(), "a refusal says retrying cannot help: {e}");
+            assert_eq!(d.get_i32("status"), Ok(status::CLAIMED), "nothing written: {d}");
+        } else {
+            assert_eq!(answer.unwrap(), vec![true], "start {i} held beside the refused one");
+            assert_eq!(d.get_i32("status"), Ok(status::RUNNING), "{d}");
+        }
+    }
+}

@@ -4,22 +4,27 @@
 //! command of its own when it is the group's only update), not as one entry per task:
 //! the server spends two to three times less per task on one update of many documents.
 //!
-//! A call joins another when it is one update, its filter is its task's `_id` beside plain
-//! field conditions, and its update only sets fields; two join when they differ only in
-//! their `_id` and in the `mtime` they write (the group writes its own time). When the
-//! update matched as many tasks as it names, each call's fence held; when fewer, the tasks
-//! changed are read back by the values just written (`mtime` among them) and the fence held
-//! for those only, as [`MongoStore::change_where`](super::super::MongoStore) does.
+//! A call joins another when it is one update by its task's `_id` whose other conditions
+//! are equalities with plain values on top-level fields (not `mtime`), and whose update sets
+//! top-level fields only; two join when they differ only in their `_id` and in the `mtime`
+//! they write (the group writes its own time). When the update matched as many tasks as it
+//! names, each call's fence held; when fewer, the tasks changed are read back by the values
+//! just written (`mtime` among them) and the fence held for those only, as
+//! [`MongoStore::change_where`](super::super::MongoStore) does.
 //!
-//! A failure fails every call of the update, as worth retrying when unknown whether it was
-//! made; each call's fence makes trying it again safe.
+//! When the update fails (the server refused one task, or its reply was lost), the tasks it
+//! wrote are read back likewise: their calls held, and each other call is made on its own,
+//! so a refusal fails its own task alone. A read-back that fails too fails every call,
+//! as worth retrying when it is unknown what was made; each call's fence makes trying it
+//! again safe. (A `bulkWrite` holding an `updateMany` is not retried by the driver after a
+//! failover; the DEN retries a start that failed so.)
 
 use bson::{doc, Bson, DateTime, Document};
 use futures::TryStreamExt;
 use mongodb::options::{ReadPreference, SelectionCriteria};
 use mongodb::Collection;
 
-use super::{Answer, Call, Failure, FencedUpdate};
+use super::{one_call, Answer, Call, Failure, FencedUpdate};
 use crate::store::group::Turn;
 use crate::store::mongo::errors::classify;
 use crate::store::StoreResult;
@@ -64,20 +69,26 @@ pub(super) enum Sent {
 }
 
 /// The filter without its `_id` and the fields set without `mtime`, when `call` may join
-/// others: one update, by `_id`, of plain conditions, setting fields and `mtime` only.
+/// others: one update, by `_id`, whose other conditions are equalities with plain values on
+/// top-level fields other than `mtime`, setting top-level fields and `mtime` only. (So the
+/// tasks an update wrote can be told by the values it wrote, and the caller knows the
+/// `mtime` of no task it changed.)
 fn shape(call: &Call) -> Option<(Bson, Document, Document)> {
     let [FencedUpdate { filter, update }] = call.as_slice() else {
         return None;
     };
+    let plain = |v: &Bson| !matches!(v, Bson::Document(_) | Bson::Array(_));
+    let field = |k: &String| !k.starts_with('$') && !k.contains('.');
     let id = filter.get("_id")?;
-    if matches!(id, Bson::Document(_) | Bson::Array(_)) || filter.keys().any(|k| k.starts_with('$')) {
-        return None;
-    }
-    if update.len() != 1 {
+    let conditions_plain = filter.iter().all(|(k, v)| field(k) && plain(v) && k != "mtime");
+    if !plain(id) || !conditions_plain || update.len() != 1 {
         return None;
     }
     let mut set = update.get_document("$set").ok()?.clone();
     set.remove("mtime")?;
+    if !set.keys().all(field) {
+        return None;
+    }
     let mut rest = filter.clone();
     rest.remove("_id");
     Some((id.clone(), rest, set))
@@ -146,7 +157,9 @@ impl Many {
         self.settle(tasks, sent).await
     }
 
-    /// Each call's place in the group and turn, after `sent`.
+    /// Each call's place in the group and turn, after `sent`. After a failure the tasks
+    /// written are read back: their calls held; each other call is made on its own, so a
+    /// task the server refuses fails its own call alone.
     pub(super) async fn settle(self, tasks: &Collection<Document>, sent: Sent) -> Vec<(usize, Turn<Call, Answer>)> {
         let made = match sent {
             Sent::NotTried => {
@@ -156,8 +169,12 @@ impl Many {
                     .zip(self.calls.into_iter().map(Turn::Again))
                     .collect()
             }
-            Sent::Failed(f) => Err(f),
-            Sent::Made(count) => self.held(tasks, count).await.map_err(Failure::of),
+            Sent::Made(count) if count as usize == self.ids.len() => Ok(vec![true; self.ids.len()]),
+            Sent::Made(_) => self.written(tasks).await.map_err(Failure::of),
+            Sent::Failed(f) => match self.written(tasks).await {
+                Ok(written) => return self.each_unwritten(tasks, written).await,
+                Err(_) => Err(f),
+            },
         };
         self.at
             .iter()
@@ -171,11 +188,26 @@ impl Many {
             .collect()
     }
 
-    /// Whether each task's fence held, the update having matched `count` of them.
-    async fn held(&self, tasks: &Collection<Document>, count: u64) -> StoreResult<Vec<bool>> {
-        if count as usize == self.ids.len() {
-            return Ok(vec![true; self.ids.len()]);
-        }
+    /// The calls whose task is `written` held; each other one made on its own.
+    async fn each_unwritten(
+        self,
+        tasks: &Collection<Document>,
+        written: Vec<bool>,
+    ) -> Vec<(usize, Turn<Call, Answer>)> {
+        let each = self
+            .at
+            .into_iter()
+            .zip(self.calls)
+            .zip(written)
+            .map(|((at, call), w)| async move {
+                let answer = if w { Ok(vec![true]) } else { one_call(tasks, call).await };
+                (at, Turn::Done(answer))
+            });
+        futures::future::join_all(each).await
+    }
+
+    /// Which tasks hold the values the update writes: the ones it wrote.
+    async fn written(&self, tasks: &Collection<Document>) -> StoreResult<Vec<bool>> {
         let mut written = doc! { "_id": { "$in": self.ids.clone() } };
         for (k, v) in &self.rest {
             if !self.set.contains_key(k) {
@@ -264,9 +296,48 @@ mod tests {
             (5, with(doc! { "_id": 6 }, doc! { "$set": { "s": 1 } })),
             (6, with(doc! { "_id": { "$in": [7] } }, doc! { "$set": { "mtime": t } })),
             (7, with(doc! { "_id": { "$in": [8] } }, doc! { "$set": { "mtime": t } })),
+            // An operator, a dotted path, a fence on `mtime`: not told apart by what is written.
+            (
+                8,
+                with(doc! { "_id": 9, "s": { "$ne": 1 } }, doc! { "$set": { "mtime": t } }),
+            ),
+            (
+                9,
+                with(doc! { "_id": 10, "s": { "$ne": 1 } }, doc! { "$set": { "mtime": t } }),
+            ),
+            (
+                10,
+                with(
+                    doc! { "_id": 11, "stop.action": "x" },
+                    doc! { "$set": { "stop": 1, "mtime": t } },
+                ),
+            ),
+            (
+                11,
+                with(
+                    doc! { "_id": 12, "stop.action": "x" },
+                    doc! { "$set": { "stop": 1, "mtime": t } },
+                ),
+            ),
+            (
+                12,
+                with(doc! { "_id": 13 }, doc! { "$set": { "stop.action": 1, "mtime": t } }),
+            ),
+            (
+                13,
+                with(doc! { "_id": 14 }, doc! { "$set": { "stop.action": 1, "mtime": t } }),
+            ),
+            (
+                14,
+                with(doc! { "_id": 15, "mtime": t }, doc! { "$set": { "mtime": t } }),
+            ),
+            (
+                15,
+                with(doc! { "_id": 16, "mtime": t }, doc! { "$set": { "mtime": t } }),
+            ),
         ];
         let (many, left) = split(calls, t);
         assert!(many.is_empty());
-        assert_eq!(left.len(), 8);
+        assert_eq!(left.len(), 16);
     }
 }
