@@ -5,7 +5,7 @@
 //! DEN's workers that finish together cost one command, not one each.
 //!
 //! Calls that make the same change of different tasks (the starts of the workers' runs) go
-//! beside it as one `updateMany` ([`many`]).
+//! as one `updateMany` entry of it ([`many`]).
 //!
 //! A group of one update is an `updateOne`. On a server without `bulkWrite` (before 8.0,
 //! or one that refuses the command) each call's updates are `updateOne`s in order, calls

@@ -14,9 +14,9 @@
 //!
 //! When the update fails (the server refused one task, or its reply was lost), the tasks it
 //! wrote are read back likewise: their calls held, and each other call is made on its own,
-//! so a refusal fails its own task alone. A read-back that fails too fails every call,
-//! as worth retrying when it is unknown what was made; each call's fence makes trying it
-//! again safe. (A `bulkWrite` holding an `updateMany` is not retried by the driver after a
+//! so a refusal fails its own task alone. A read-back that fails leaves unknown which
+//! tasks were written: every call fails as worth retrying, whatever the update's own
+//! failure said; each call's fence makes trying it again safe. (A `bulkWrite` holding an `updateMany` is not retried by the driver after a
 //! failover; the DEN retries a start that failed so.)
 
 use bson::{doc, Bson, DateTime, Document};
@@ -170,10 +170,10 @@ impl Many {
                     .collect()
             }
             Sent::Made(count) if count as usize == self.ids.len() => Ok(vec![true; self.ids.len()]),
-            Sent::Made(_) => self.written(tasks).await.map_err(Failure::of),
+            Sent::Made(_) => self.written(tasks).await.map_err(|e| unknown(&e, None)),
             Sent::Failed(f) => match self.written(tasks).await {
                 Ok(written) => return self.each_unwritten(tasks, written).await,
-                Err(_) => Err(f),
+                Err(e) => Err(unknown(&e, Some(&f))),
             },
         };
         self.at
@@ -218,6 +218,17 @@ impl Many {
         let changed = written_ids(tasks, written).await?;
         Ok(self.ids.iter().map(|id| changed.contains(id)).collect())
     }
+}
+
+/// A read-back that failed (`e`, after the update's failure `f` when it failed): which
+/// tasks were written is unknown, so each call may try again (its fence makes that safe),
+/// whatever the update's own failure said.
+fn unknown(e: &crate::store::StoreError, f: Option<&Failure>) -> Failure {
+    let what = match f {
+        Some(f) => format!("{}; read back: {e}", f.error()),
+        None => format!("read back: {e}"),
+    };
+    Failure::unknown(&what)
 }
 
 #[cfg(test)]
