@@ -8,7 +8,29 @@ use crate::store_mongo_groups::{counted_store, finish};
 
 use bson::{doc, Document};
 use disbatch::model::status;
-use disbatch::store::Store;
+use disbatch::store::{Store, StoreResult};
+
+/// The starts on node "n1" of the claimed tasks `ids`, each a call of its own, all made at
+/// once; their answers in the order of `ids`.
+async fn start_at_once(
+    store: &disbatch::store::mongo::MongoStore,
+    ids: &[bson::oid::ObjectId],
+) -> Vec<StoreResult<Vec<bool>>> {
+    let starts = ids.iter().map(|&id| {
+        let store = store.clone();
+        let entry = [(
+            id,
+            disbatch::lifecycle::machine::claimed_by("n1"),
+            disbatch::lifecycle::machine::start(),
+        )];
+        tokio::spawn(async move { store.change_tasks(&entry).await })
+    });
+    futures::future::join_all(starts)
+        .await
+        .into_iter()
+        .map(|a| a.unwrap())
+        .collect()
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn starts_made_at_once_go_as_one_update_and_each_is_told_whether_it_held() {
@@ -30,19 +52,10 @@ async fn starts_made_at_once_go_as_one_update_and_each_is_told_whether_it_held()
     let ids: Vec<_> = docs.iter().map(|d| d.get_object_id("_id").unwrap()).collect();
     t.db.collection::<Document>("tasks").insert_many(docs).await.unwrap();
 
-    let starts = ids.iter().map(|&id| {
-        let store = store.clone();
-        let entry = [(
-            id,
-            disbatch::lifecycle::machine::claimed_by("n1"),
-            disbatch::lifecycle::machine::start(),
-        )];
-        tokio::spawn(async move { store.change_tasks(&entry).await })
-    });
-    let answers = futures::future::join_all(starts).await;
+    let answers = start_at_once(&store, &ids).await;
 
     for (i, (answer, &id)) in answers.into_iter().zip(&ids).enumerate() {
-        let held = answer.unwrap().unwrap();
+        let held = answer.unwrap();
         let d =
             t.db.collection::<Document>("tasks")
                 .find_one(doc! { "_id": id })
@@ -183,18 +196,8 @@ async fn a_start_the_server_refuses_fails_alone_among_joined_ones() {
     let coll = t.db.collection::<Document>("tasks");
     coll.insert_many(docs).await.unwrap();
 
-    let starts = ids.iter().map(|&id| {
-        let store = store.clone();
-        let entry = [(
-            id,
-            disbatch::lifecycle::machine::claimed_by("n1"),
-            disbatch::lifecycle::machine::start(),
-        )];
-        tokio::spawn(async move { store.change_tasks(&entry).await })
-    });
-    let answers = futures::future::join_all(starts).await;
+    let answers = start_at_once(&store, &ids).await;
     for (i, (answer, &id)) in answers.into_iter().zip(&ids).enumerate() {
-        let answer = answer.unwrap();
         let d = coll
             .find_one(doc! { "_id": id })
             .projection(doc! { "params": 0 })
