@@ -27,6 +27,9 @@ pub const DEFAULT_PLUGIN_DIR: &str = "/var/lib/disbatch/plugins";
 /// The longest `completion_window`: a grouped write never waits longer than this for
 /// others to join it.
 pub const MAX_COMPLETION_WINDOW: Duration = Duration::from_millis(100);
+/// The longest `read_ahead`: tasks read ahead for the claims to come are used at most
+/// this long after their read.
+pub const MAX_READ_AHEAD: Duration = Duration::from_secs(1);
 
 /// Default `heartbeat_stale`: a node silent this long is dead.
 pub const DEFAULT_HEARTBEAT_STALE: Duration = Duration::from_secs(30);
@@ -71,7 +74,7 @@ pub const ENV_OVERRIDES: [(&str, &str); 6] = [
 const IGNORED_KEYS: [&str; 4] = ["web_extensions", "task_runner", "views_dir", "log4perl"];
 
 /// Every key this module reads.
-const KNOWN_KEYS: [&str; 30] = [
+const KNOWN_KEYS: [&str; 31] = [
     "mongohost",
     "database",
     "attributes",
@@ -96,6 +99,7 @@ const KNOWN_KEYS: [&str; 30] = [
     "stats_retention",
     "retention",
     "completion_window",
+    "read_ahead",
     "http_max_connections",
     "http_header_timeout",
     "http_idle_timeout",
@@ -295,6 +299,9 @@ pub struct Config {
     /// How long a grouped database write waits for more to join it (`completion_window`,
     /// MongoDB; zero by default, at most [`MAX_COMPLETION_WINDOW`]).
     pub completion_window: Duration,
+    /// How long tasks read ahead for a DEN's next claims are used (`read_ahead`, MongoDB;
+    /// `None`, unset: the store's default, 0.1 s; zero: none are read ahead).
+    pub read_ahead: Option<Duration>,
     /// Sandbox defaults of every task (`sandbox`).
     pub sandbox: Sandbox,
     /// Compiled component cache directory (`cache_dir`).
@@ -333,6 +340,7 @@ impl fmt::Debug for Config {
             .field("stats_retention", &self.stats_retention)
             .field("retention", &self.retention)
             .field("completion_window", &self.completion_window)
+            .field("read_ahead", &self.read_ahead)
             .field("sandbox", &self.sandbox)
             .field("cache_dir", &self.cache_dir)
             .field("api_token", &self.api_token.as_ref().map(|_| "<hidden>"))

@@ -306,8 +306,9 @@ pub trait Store: PluginStore + SlotStore + RateStore + FileStore + Send + Sync +
     /// another node for a moment) (highest `priority` first, then
     /// oldest `_id` first for `fifo`, newest for `lifo`, any for `default`; a task without
     /// a `priority`, written by a Disbatch 4 tool, comes after every task with one) gets `{node, status: -1, mtime: now}`. No two
-    /// callers ever get the same task. On MongoDB this is the spec's `findOneAndUpdate`;
-    /// the embedded store does it in one write transaction.
+    /// callers ever get the same task. On MongoDB this is the spec's `findOneAndUpdate`, or,
+    /// for claims made together or of a queue being drained, a fenced update of a task read
+    /// ahead (`store/mongo/claims.rs`); the embedded store does it in one write transaction.
     async fn claim(&self, queue: &Queue, node: &str) -> StoreResult<Option<Task>>;
     /// [`Store::claim`] for a DEN about to run the task: the task may come back already
     /// running (0), claimed and started in one write (the embedded store does so, in one

@@ -113,7 +113,7 @@ async fn a_refused_result_fails_its_own_task_alone_among_grouped_ones() {
 }
 
 /// A `fifo` queue of `demo` with `threads` 16.
-async fn fifo_queue(store: &MongoStore, name: &str) -> disbatch::model::Queue {
+pub(crate) async fn fifo_queue(store: &MongoStore, name: &str) -> disbatch::model::Queue {
     store
         .create_queue(NewQueue {
             name: name.into(),
@@ -128,7 +128,11 @@ async fn fifo_queue(store: &MongoStore, name: &str) -> disbatch::model::Queue {
 
 /// Claims as a Disbatch 4 DEN makes them: one `findOneAndUpdate` each, on a client of its
 /// own, until the queue is empty. Returns the ids claimed.
-async fn disbatch4_claimer(db: mongodb::Database, queue: bson::oid::ObjectId, node: &str) -> Vec<bson::oid::ObjectId> {
+pub(crate) async fn disbatch4_claimer(
+    db: mongodb::Database,
+    queue: bson::oid::ObjectId,
+    node: &str,
+) -> Vec<bson::oid::ObjectId> {
     let tasks = db.collection::<Document>("tasks");
     let mut got = Vec::new();
     loop {

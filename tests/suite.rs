@@ -110,6 +110,8 @@ mod scaffold;
 mod schedules;
 #[path = "store_mongo.rs"]
 mod store_mongo;
+#[path = "store_mongo_ahead.rs"]
+mod store_mongo_ahead;
 #[path = "store_mongo_counts.rs"]
 mod store_mongo_counts;
 #[path = "store_mongo_groups.rs"]

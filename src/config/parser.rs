@@ -10,7 +10,7 @@ use super::{
     check_database, check_mongohost, check_plugin_name, Config, ConfigError, Gfs, StoreKind, DEFAULT_BIND,
     DEFAULT_HEARTBEAT_STALE, DEFAULT_MAX_INSTANCES, DEFAULT_ORPHAN_CLAIMED_AFTER, DEFAULT_PLUGIN_DIR,
     DEFAULT_SHUTDOWN_GRACE, DEFAULT_STATS_RETENTION, IGNORED_KEYS, KNOWN_KEYS, MAX_COMPLETION_WINDOW, MAX_DURATION,
-    MAX_INSTANCES, MIN_API_TOKEN_LEN,
+    MAX_INSTANCES, MAX_READ_AHEAD, MIN_API_TOKEN_LEN,
 };
 
 /// A value for a message: scalars as written (long strings shortened), containers by kind.
@@ -162,6 +162,24 @@ impl<'a> Parser<'a> {
             })
     }
 
+    /// `read_ahead`: seconds from 0 to [`MAX_READ_AHEAD`], `None` when unset.
+    pub(super) fn read_ahead(&self) -> Result<Option<Duration>, ConfigError> {
+        let key = "read_ahead";
+        let Some(v) = self.get(key) else {
+            return Ok(None);
+        };
+        let max = MAX_READ_AHEAD.as_secs_f64();
+        v.as_f64()
+            .filter(|s| (0.0..=max).contains(s))
+            .map(|s| Some(Duration::from_secs_f64(s)))
+            .ok_or_else(|| {
+                self.invalid(
+                    key,
+                    format!("must be a number of seconds from 0 to {max}, got {}", describe(v)),
+                )
+            })
+    }
+
     pub(super) fn stats_retention(&self) -> Result<Duration, ConfigError> {
         let d = self.seconds("stats_retention", DEFAULT_STATS_RETENTION)?;
         if d < Duration::from_secs(60) {
@@ -285,6 +303,7 @@ impl<'a> Parser<'a> {
             stats_retention: self.stats_retention()?,
             retention: self.retention()?,
             completion_window: self.completion_window()?,
+            read_ahead: self.read_ahead()?,
             sandbox: self.sandbox()?,
             cache_dir: self.opt_str("cache_dir")?.map(PathBuf::from),
             mongohost,

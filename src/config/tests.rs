@@ -240,6 +240,23 @@ fn http_keys() {
 }
 
 #[test]
+fn read_ahead_is_the_stores_default_unless_set_and_at_most_a_second() {
+    assert_eq!(parse("").unwrap().read_ahead, None);
+    assert_eq!(
+        parse(r#""read_ahead":0.25"#).unwrap().read_ahead,
+        Some(Duration::from_millis(250))
+    );
+    assert_eq!(parse(r#""read_ahead":0"#).unwrap().read_ahead, Some(Duration::ZERO));
+    for bad in ["1.5", "-0.1", r#""100ms""#] {
+        let e = err(&format!(r#""read_ahead":{bad}"#));
+        assert!(
+            e.contains("\"read_ahead\" must be a number of seconds from 0 to 1"),
+            "{bad}: {e}"
+        );
+    }
+}
+
+#[test]
 fn the_completion_window_is_zero_unless_set_and_at_most_a_tenth_of_a_second() {
     assert_eq!(parse("").unwrap().completion_window, Duration::ZERO);
     assert_eq!(

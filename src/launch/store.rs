@@ -31,6 +31,7 @@ impl Config {
             default_auth_source: Some(self.database.clone()).filter(|d| !d.is_empty()),
             server_selection_timeout: Some(SERVER_SELECTION_TIMEOUT),
             completion_window: self.completion_window,
+            read_ahead: self.read_ahead,
         }
     }
 }

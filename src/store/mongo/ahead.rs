@@ -1,7 +1,8 @@
 //! Tasks read ahead for the claims to come ([`super::claims`]).
 //!
-//! A round of grouped claims reads a few more of the queue's next tasks than it claims and
-//! keeps the rest here, for [`READ_AHEAD_FOR`]: the next claims of the same queue by the
+//! A round of grouped claims (or a lone claim of a queue being drained, [`BUSY_FOR`]) reads
+//! [`READ_AHEAD`] more of the queue's next tasks than it claims and keeps the rest here, for
+//! [`READ_AHEAD_FOR`] (`read_ahead` in the config): the next claims of the same queue by the
 //! same node take them from here instead of reading the queue again, and a worker's next
 //! claim goes with the end of its run in the same `bulkWrite` (see
 //! [`MongoStore::finish_and_claim`](super::MongoStore)). A task taken from here is claimed
@@ -26,11 +27,18 @@ use bson::Document;
 use crate::model::Sort;
 
 /// How many more tasks than it claims a round of grouped claims reads.
-pub(super) const READ_AHEAD: usize = 16;
+pub(super) const READ_AHEAD: usize = 32;
 
 /// How long tasks read ahead are used for claims, unless the store says otherwise
 /// ([`Ahead::use_for`]).
-pub(super) const READ_AHEAD_FOR: Duration = Duration::from_millis(20);
+pub(super) const READ_AHEAD_FOR: Duration = Duration::from_millis(100);
+
+/// How long after a claim of theirs a reader's lone claims read ahead too: a queue its
+/// node claimed from this recently is being drained, and reading ahead spares the claims
+/// to come a read each; a claim after a quiet spell is the spec's lone `findOneAndUpdate`,
+/// and so is one within this long of a read that found no more tasks than it claimed (a
+/// queue fed a task at a time gains nothing from a read before each claim).
+pub(super) const BUSY_FOR: Duration = Duration::from_secs(1);
 
 /// Which claims may take a task read ahead: of this queue, in this order, by this node.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,12 +55,21 @@ struct Read {
     tasks: VecDeque<Document>,
 }
 
+/// When a reader's claims last claimed a task, and last read no more tasks than they claimed.
+struct Pace {
+    reader: Reader,
+    claimed: Option<Instant>,
+    short: Option<Instant>,
+}
+
 /// The tasks read ahead by the claims of one store (cloning shares them).
 #[derive(Clone)]
 pub(super) struct Ahead {
     reads: Arc<Mutex<Vec<Read>>>,
     /// How long they are used, in microseconds.
     fresh_for: Arc<AtomicU64>,
+    /// When each reader's claims last claimed a task, and last read no more than they claimed.
+    paces: Arc<Mutex<Vec<Pace>>>,
 }
 
 impl Default for Ahead {
@@ -60,6 +77,7 @@ impl Default for Ahead {
         Ahead {
             reads: Arc::default(),
             fresh_for: Arc::new(AtomicU64::new(READ_AHEAD_FOR.as_micros() as u64)),
+            paces: Arc::default(),
         }
     }
 }
@@ -111,6 +129,54 @@ impl Ahead {
         }
     }
 
+    /// Notes that a claim of `reader` claimed a task.
+    pub(super) fn claimed(&self, reader: &Reader) {
+        self.pace_at(reader, Instant::now(), |p, now| p.claimed = Some(now));
+    }
+
+    /// Notes that a read of `reader`'s claims found no more tasks than they claimed.
+    pub(super) fn read_short(&self, reader: &Reader) {
+        self.pace_at(reader, Instant::now(), |p, now| p.short = Some(now));
+    }
+
+    /// Changes `reader`'s pace with `change` at `now`, forgetting those gone quiet.
+    fn pace_at(&self, reader: &Reader, now: Instant, change: impl FnOnce(&mut Pace, Instant)) {
+        let recent = |at: Option<Instant>| at.is_some_and(|at| now.saturating_duration_since(at) < BUSY_FOR);
+        let mut paces = self.paces.lock().unwrap_or_else(|e| e.into_inner());
+        paces.retain(|p| &p.reader == reader || recent(p.claimed) || recent(p.short));
+        let at = match paces.iter().position(|p| &p.reader == reader) {
+            Some(at) => at,
+            None => {
+                paces.push(Pace {
+                    reader: reader.clone(),
+                    claimed: None,
+                    short: None,
+                });
+                paces.len() - 1
+            }
+        };
+        change(&mut paces[at], now);
+    }
+
+    /// Whether a lone claim of `reader` reads ahead: reading ahead is on, its claims
+    /// claimed a task within [`BUSY_FOR`], and no read of theirs found no more tasks than
+    /// they claimed within as long.
+    pub(super) fn busy(&self, reader: &Reader) -> bool {
+        self.busy_at(reader, Instant::now())
+    }
+
+    /// [`Self::busy`] at `now`.
+    fn busy_at(&self, reader: &Reader, now: Instant) -> bool {
+        if self.fresh_for().is_zero() {
+            return false;
+        }
+        let recent = |at: Option<Instant>| at.is_some_and(|at| now.saturating_duration_since(at) < BUSY_FOR);
+        let paces = self.paces.lock().unwrap_or_else(|e| e.into_inner());
+        paces
+            .iter()
+            .any(|p| &p.reader == reader && recent(p.claimed) && !recent(p.short))
+    }
+
     /// Forgets what was kept for `reader` (a task of it was lost: the rest is likely stale).
     pub(super) fn forget(&self, reader: &Reader) {
         let mut reads = self.reads.lock().unwrap_or_else(|e| e.into_inner());
@@ -148,6 +214,31 @@ mod tests {
         ahead.keep_at(&reader("a"), vec![doc! { "i": 9 }], Instant::now());
         ahead.forget(&reader("a"));
         assert!(ahead.take(&reader("a"), 1).is_empty(), "forgotten");
+    }
+
+    #[test]
+    fn a_reader_is_busy_for_a_while_after_its_claims_claimed_unless_a_read_came_short() {
+        let ahead = Ahead::default();
+        let at = Instant::now();
+        let claimed = |p: &mut Pace, now| p.claimed = Some(now);
+        assert!(!ahead.busy_at(&reader("a"), at), "no claim yet");
+        ahead.pace_at(&reader("a"), at, claimed);
+        assert!(ahead.busy_at(&reader("a"), at + BUSY_FOR / 2));
+        assert!(!ahead.busy_at(&reader("b"), at), "another node's claims are not");
+        assert!(!ahead.busy_at(&reader("a"), at + BUSY_FOR), "a quiet spell ends it");
+        ahead.pace_at(&reader("a"), at, |p, now| p.short = Some(now));
+        ahead.pace_at(&reader("a"), at + BUSY_FOR / 2, claimed);
+        assert!(
+            !ahead.busy_at(&reader("a"), at + BUSY_FOR / 2),
+            "a read that found the queue running out"
+        );
+        ahead.pace_at(&reader("a"), at + BUSY_FOR, claimed);
+        assert!(ahead.busy_at(&reader("a"), at + BUSY_FOR), "until it is a second old");
+        ahead.use_for(Duration::ZERO);
+        assert!(
+            !ahead.busy_at(&reader("a"), at + BUSY_FOR),
+            "never when reading ahead is off"
+        );
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! The spec's claim, in groups ([`crate::store::group`]).
 //!
 //! A lone claim is the spec's `findOneAndUpdate`: one command. Claims of one queue by one
-//! node made while another claim is on its way go together in the next round: a read of
+//! node made while another claim is on its way go together in the next round, and so does a
+//! lone claim of a queue its node claimed from within the last second, unless a read of it
+//! then found no more tasks than it claimed (a queue being drained, [`super::ahead::BUSY_FOR`]): a read of
 //! the queue's next tasks (as many as there are claims, in the queue's order), then one
 //! fenced update per task read, sent with the other task changes of the moment in one
 //! `bulkWrite` ([`super::bulk`]). Each update claims its task only while it is still
@@ -152,6 +154,7 @@ impl MongoStore {
             .apply(vec![end, fenced_claim(&raw, node, Some(until), now)])
             .await?;
         let claimed = if made[1] {
+            self.claims.ahead.claimed(&reader);
             read_claimed(&self.tasks, &as_claimed(raw, node, now), node).await
         } else {
             self.claims.ahead.forget(&reader);
@@ -194,9 +197,9 @@ async fn round(
 }
 
 /// The claims of one queue by one node: with the tasks read ahead for them when enough
-/// are at hand; else a lone claim on its own, several read (with [`READ_AHEAD`] more, kept
-/// for the claims to come) and claimed together. One by one when the server takes no
-/// `bulkWrite`.
+/// are at hand; else a lone claim of a queue not being drained on its own, the others read
+/// (with [`READ_AHEAD`] more, kept for the claims to come) and claimed together. One by
+/// one when the server takes no `bulkWrite`.
 async fn together(tasks: &Collection<Document>, updates: &Updates, ahead: &Ahead, claims: Vec<Claim>) -> Vec<Claimed> {
     if !updates.grouped() {
         return join_all(claims.iter().map(|c| claim_one(tasks, c))).await;
@@ -206,18 +209,28 @@ async fn together(tasks: &Collection<Document>, updates: &Updates, ahead: &Ahead
     let n = claims.len();
     let mut read = ahead.take(&reader, n);
     if read.len() < n {
-        if n == 1 {
-            return vec![claim_one(tasks, first).await];
+        if n == 1 && !ahead.busy(&reader) {
+            let claimed = claim_one(tasks, first).await;
+            if matches!(claimed, Ok(Some(_))) {
+                ahead.claimed(&reader);
+            }
+            return vec![claimed];
         }
         let more = if ahead.fresh_for().is_zero() { 0 } else { READ_AHEAD };
         let sent = std::time::Instant::now();
         read = match read_next(tasks, first, n + more).await {
             Ok(mut docs) => {
+                if docs.len() <= n {
+                    ahead.read_short(&reader);
+                }
                 ahead.keep_at(&reader, docs.split_off(n.min(docs.len())), sent);
                 docs
             }
             Err(f) => return each_fails(n, &f),
         };
+    }
+    if read.is_empty() {
+        return claims.iter().map(|_| Ok(None)).collect();
     }
     let until = claims.iter().filter_map(|c| c.until).min();
     let now = DateTime::now();
@@ -236,6 +249,9 @@ async fn together(tasks: &Collection<Document>, updates: &Updates, ahead: &Ahead
         .zip(&made)
         .filter(|(_, m)| **m)
         .map(|(raw, _)| as_claimed(raw, &first.node, now));
+    if made.iter().any(|m| *m) {
+        ahead.claimed(&reader);
+    }
     let lost = made.iter().any(|m| !m);
     if lost {
         ahead.forget(&reader);

@@ -35,6 +35,9 @@ pub struct MongoOptions {
     /// How long a grouped write waits for more writes to join it before it is sent
     /// (`completion_window`; zero, the default: it goes at once).
     pub completion_window: Duration,
+    /// How long tasks read ahead for the claims to come are used (`read_ahead`; `None`:
+    /// the store's default, [`MongoStore::read_ahead_for`]).
+    pub read_ahead: Option<Duration>,
 }
 
 impl MongoOptions {
@@ -107,10 +110,11 @@ impl MongoStore {
             return Err(StoreError::Invalid("database name is empty".to_string()));
         }
         let client = options.client(uri).await?;
-        Ok(Self::from_database_grouping(
-            client.database(database),
-            options.completion_window,
-        ))
+        let store = Self::from_database_grouping(client.database(database), options.completion_window);
+        Ok(match options.read_ahead {
+            Some(d) => store.read_ahead_for(d),
+            None => store,
+        })
     }
 }
 
