@@ -162,7 +162,8 @@ impl<'a> Parser<'a> {
             })
     }
 
-    /// `read_ahead`: seconds from 0 to [`MAX_READ_AHEAD`], `None` when unset.
+    /// `read_ahead`: 0, or seconds from a millisecond to [`MAX_READ_AHEAD`]; `None` when
+    /// unset.
     pub(super) fn read_ahead(&self) -> Result<Option<Duration>, ConfigError> {
         let key = "read_ahead";
         let Some(v) = self.get(key) else {
@@ -170,12 +171,15 @@ impl<'a> Parser<'a> {
         };
         let max = MAX_READ_AHEAD.as_secs_f64();
         v.as_f64()
-            .filter(|s| (0.0..=max).contains(s))
-            .map(|s| Some(Duration::from_secs_f64(s)))
+            .filter(|&s| s == 0.0 || (0.001..=max).contains(&s))
+            .map(|s| Some(Duration::from_secs_f64(s.abs())))
             .ok_or_else(|| {
                 self.invalid(
                     key,
-                    format!("must be a number of seconds from 0 to {max}, got {}", describe(v)),
+                    format!(
+                        "must be 0 (read none ahead) or a number of seconds from 0.001 to {max}, got {}",
+                        describe(v)
+                    ),
                 )
             })
     }

@@ -247,10 +247,24 @@ fn read_ahead_is_the_stores_default_unless_set_and_at_most_a_second() {
         Some(Duration::from_millis(250))
     );
     assert_eq!(parse(r#""read_ahead":0"#).unwrap().read_ahead, Some(Duration::ZERO));
-    for bad in ["1.5", "-0.1", r#""100ms""#] {
+    assert_eq!(
+        parse(r#""read_ahead":0.5"#)
+            .unwrap()
+            .mongo_options("disbatchd")
+            .read_ahead,
+        Some(Duration::from_millis(500)),
+        "the DEN's store gets it"
+    );
+    assert_eq!(parse(r#""read_ahead":-0.0"#).unwrap().read_ahead, Some(Duration::ZERO));
+    assert_eq!(
+        parse(r#""read_ahead":0.001"#).unwrap().read_ahead,
+        Some(Duration::from_millis(1))
+    );
+    // A value too small to count would turn reading ahead off unsaid.
+    for bad in ["1.5", "-0.1", "1e-7", "0.0009", r#""100ms""#] {
         let e = err(&format!(r#""read_ahead":{bad}"#));
         assert!(
-            e.contains("\"read_ahead\" must be a number of seconds from 0 to 1"),
+            e.contains("\"read_ahead\" must be 0 (read none ahead) or a number of seconds from 0.001 to 1"),
             "{bad}: {e}"
         );
     }

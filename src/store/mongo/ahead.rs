@@ -1,6 +1,6 @@
 //! Tasks read ahead for the claims to come ([`super::claims`]).
 //!
-//! A round of grouped claims (or a lone claim of a queue being drained, [`BUSY_FOR`]) reads
+//! A round of grouped claims (or a lone claim of a queue being drained, [`Ahead::busy`]) reads
 //! [`READ_AHEAD`] more of the queue's next tasks than it claims and keeps the rest here, for
 //! [`READ_AHEAD_FOR`] (`read_ahead` in the config): the next claims of the same queue by the
 //! same node take them from here instead of reading the queue again, and a worker's next
@@ -33,12 +33,12 @@ pub(super) const READ_AHEAD: usize = 32;
 /// ([`Ahead::use_for`]).
 pub(super) const READ_AHEAD_FOR: Duration = Duration::from_millis(100);
 
-/// How long after a claim of theirs a reader's lone claims read ahead too: a queue its
-/// node claimed from this recently is being drained, and reading ahead spares the claims
-/// to come a read each; a claim after a quiet spell is the spec's lone `findOneAndUpdate`,
-/// and so is one within this long of a read that found no more tasks than it claimed (a
-/// queue fed a task at a time gains nothing from a read before each claim).
-pub(super) const BUSY_FOR: Duration = Duration::from_secs(1);
+/// How long a reader's lone claims hold off reading ahead after a read of theirs found no
+/// more tasks than they claimed (a queue fed a task at a time gains nothing from a read
+/// before each claim), or after a task read was taken by another claimer (a queue drained
+/// by others too: each would read the same tasks and lose them): they are the spec's
+/// `findOneAndUpdate` meanwhile.
+pub(super) const HOLD_OFF_FOR: Duration = Duration::from_secs(1);
 
 /// Which claims may take a task read ahead: of this queue, in this order, by this node.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,11 +55,11 @@ struct Read {
     tasks: VecDeque<Document>,
 }
 
-/// When a reader's claims last claimed a task, and last read no more tasks than they claimed.
+/// When a reader's claims last claimed a task, and last held off reading ahead.
 struct Pace {
     reader: Reader,
     claimed: Option<Instant>,
-    short: Option<Instant>,
+    held_off: Option<Instant>,
 }
 
 /// The tasks read ahead by the claims of one store (cloning shares them).
@@ -68,7 +68,7 @@ pub(super) struct Ahead {
     reads: Arc<Mutex<Vec<Read>>>,
     /// How long they are used, in microseconds.
     fresh_for: Arc<AtomicU64>,
-    /// When each reader's claims last claimed a task, and last read no more than they claimed.
+    /// When each reader's claims last claimed a task, and last held off reading ahead.
     paces: Arc<Mutex<Vec<Pace>>>,
 }
 
@@ -134,23 +134,25 @@ impl Ahead {
         self.pace_at(reader, Instant::now(), |p, now| p.claimed = Some(now));
     }
 
-    /// Notes that a read of `reader`'s claims found no more tasks than they claimed.
-    pub(super) fn read_short(&self, reader: &Reader) {
-        self.pace_at(reader, Instant::now(), |p, now| p.short = Some(now));
+    /// Holds `reader`'s lone claims off reading ahead for [`HOLD_OFF_FOR`]: a read of theirs
+    /// found no more tasks than they claimed, or a task read was lost to another claimer.
+    pub(super) fn hold_off(&self, reader: &Reader) {
+        self.pace_at(reader, Instant::now(), |p, now| p.held_off = Some(now));
     }
 
     /// Changes `reader`'s pace with `change` at `now`, forgetting those gone quiet.
     fn pace_at(&self, reader: &Reader, now: Instant, change: impl FnOnce(&mut Pace, Instant)) {
-        let recent = |at: Option<Instant>| at.is_some_and(|at| now.saturating_duration_since(at) < BUSY_FOR);
+        let within = |at: Option<Instant>, d: Duration| at.is_some_and(|at| now.saturating_duration_since(at) < d);
+        let fresh_for = self.fresh_for();
         let mut paces = self.paces.lock().unwrap_or_else(|e| e.into_inner());
-        paces.retain(|p| &p.reader == reader || recent(p.claimed) || recent(p.short));
+        paces.retain(|p| &p.reader == reader || within(p.claimed, fresh_for) || within(p.held_off, HOLD_OFF_FOR));
         let at = match paces.iter().position(|p| &p.reader == reader) {
             Some(at) => at,
             None => {
                 paces.push(Pace {
                     reader: reader.clone(),
                     claimed: None,
-                    short: None,
+                    held_off: None,
                 });
                 paces.len() - 1
             }
@@ -159,22 +161,23 @@ impl Ahead {
     }
 
     /// Whether a lone claim of `reader` reads ahead: reading ahead is on, its claims
-    /// claimed a task within [`BUSY_FOR`], and no read of theirs found no more tasks than
-    /// they claimed within as long.
+    /// claimed a task within as long as tasks read ahead are used (the queue is being
+    /// drained), and they were not held off within [`HOLD_OFF_FOR`].
     pub(super) fn busy(&self, reader: &Reader) -> bool {
         self.busy_at(reader, Instant::now())
     }
 
     /// [`Self::busy`] at `now`.
     fn busy_at(&self, reader: &Reader, now: Instant) -> bool {
-        if self.fresh_for().is_zero() {
+        let fresh_for = self.fresh_for();
+        if fresh_for.is_zero() {
             return false;
         }
-        let recent = |at: Option<Instant>| at.is_some_and(|at| now.saturating_duration_since(at) < BUSY_FOR);
+        let within = |at: Option<Instant>, d: Duration| at.is_some_and(|at| now.saturating_duration_since(at) < d);
         let paces = self.paces.lock().unwrap_or_else(|e| e.into_inner());
         paces
             .iter()
-            .any(|p| &p.reader == reader && recent(p.claimed) && !recent(p.short))
+            .any(|p| &p.reader == reader && within(p.claimed, fresh_for) && !within(p.held_off, HOLD_OFF_FOR))
     }
 
     /// Forgets what was kept for `reader` (a task of it was lost: the rest is likely stale).
@@ -217,26 +220,32 @@ mod tests {
     }
 
     #[test]
-    fn a_reader_is_busy_for_a_while_after_its_claims_claimed_unless_a_read_came_short() {
+    fn a_reader_is_busy_while_its_claims_claim_unless_held_off() {
         let ahead = Ahead::default();
         let at = Instant::now();
         let claimed = |p: &mut Pace, now| p.claimed = Some(now);
         assert!(!ahead.busy_at(&reader("a"), at), "no claim yet");
         ahead.pace_at(&reader("a"), at, claimed);
-        assert!(ahead.busy_at(&reader("a"), at + BUSY_FOR / 2));
+        assert!(ahead.busy_at(&reader("a"), at + READ_AHEAD_FOR / 2));
         assert!(!ahead.busy_at(&reader("b"), at), "another node's claims are not");
-        assert!(!ahead.busy_at(&reader("a"), at + BUSY_FOR), "a quiet spell ends it");
-        ahead.pace_at(&reader("a"), at, |p, now| p.short = Some(now));
-        ahead.pace_at(&reader("a"), at + BUSY_FOR / 2, claimed);
         assert!(
-            !ahead.busy_at(&reader("a"), at + BUSY_FOR / 2),
-            "a read that found the queue running out"
+            !ahead.busy_at(&reader("a"), at + READ_AHEAD_FOR),
+            "a pause as long as tasks read ahead are used ends it"
         );
-        ahead.pace_at(&reader("a"), at + BUSY_FOR, claimed);
-        assert!(ahead.busy_at(&reader("a"), at + BUSY_FOR), "until it is a second old");
+        ahead.pace_at(&reader("a"), at, |p, now| p.held_off = Some(now));
+        ahead.pace_at(&reader("a"), at + HOLD_OFF_FOR / 2, claimed);
+        assert!(
+            !ahead.busy_at(&reader("a"), at + HOLD_OFF_FOR / 2),
+            "held off: a read found the queue running out, or a task read was lost"
+        );
+        ahead.pace_at(&reader("a"), at + HOLD_OFF_FOR, claimed);
+        assert!(
+            ahead.busy_at(&reader("a"), at + HOLD_OFF_FOR),
+            "until that is a second old"
+        );
         ahead.use_for(Duration::ZERO);
         assert!(
-            !ahead.busy_at(&reader("a"), at + BUSY_FOR),
+            !ahead.busy_at(&reader("a"), at + HOLD_OFF_FOR),
             "never when reading ahead is off"
         );
     }

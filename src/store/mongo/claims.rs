@@ -2,8 +2,9 @@
 //!
 //! A lone claim is the spec's `findOneAndUpdate`: one command. Claims of one queue by one
 //! node made while another claim is on its way go together in the next round, and so does a
-//! lone claim of a queue its node claimed from within the last second, unless a read of it
-//! then found no more tasks than it claimed (a queue being drained, [`super::ahead::BUSY_FOR`]): a read of
+//! lone claim of a queue being drained (its node claimed from it within as long as tasks
+//! read ahead are used, and no read of it found no more tasks than it claimed, nor lost a
+//! task read to another claimer, within [`super::ahead::HOLD_OFF_FOR`]): a read of
 //! the queue's next tasks (as many as there are claims, in the queue's order), then one
 //! fenced update per task read, sent with the other task changes of the moment in one
 //! `bulkWrite` ([`super::bulk`]). Each update claims its task only while it is still
@@ -73,13 +74,20 @@ impl Claims {
 }
 
 impl MongoStore {
-    /// Uses the tasks a round of grouped claims reads ahead for `d` after their read (20 ms
-    /// by default; zero reads none ahead). Within `d`, a task queued after such a read that
-    /// comes first in its queue's order may be claimed after the tasks read (see
+    /// Uses the tasks a round of claims reads ahead for `d` after their read (0.1 s by
+    /// default, the config's `read_ahead`; zero reads none ahead, and every lone claim is
+    /// the spec's `findOneAndUpdate`). Within `d`, a task that becomes claimable after such
+    /// a read and comes first in its queue's order may be claimed after the tasks read (see
     /// `mongo/ahead.rs`).
     pub fn read_ahead_for(self, d: Duration) -> MongoStore {
         self.claims.ahead.use_for(d);
         self
+    }
+
+    /// How long tasks read ahead are used.
+    #[cfg(test)]
+    pub(super) fn reads_ahead_for(&self) -> Duration {
+        self.claims.ahead.fresh_for()
     }
 }
 
@@ -158,6 +166,7 @@ impl MongoStore {
             read_claimed(&self.tasks, &as_claimed(raw, node, now), node).await
         } else {
             self.claims.ahead.forget(&reader);
+            self.claims.ahead.hold_off(&reader);
             self.claim_task_until(queue, node, Some(until)).await
         };
         Ok(Some(EndAndClaim {
@@ -221,7 +230,7 @@ async fn together(tasks: &Collection<Document>, updates: &Updates, ahead: &Ahead
         read = match read_next(tasks, first, n + more).await {
             Ok(mut docs) => {
                 if docs.len() <= n {
-                    ahead.read_short(&reader);
+                    ahead.hold_off(&reader);
                 }
                 ahead.keep_at(&reader, docs.split_off(n.min(docs.len())), sent);
                 docs
@@ -255,6 +264,7 @@ async fn together(tasks: &Collection<Document>, updates: &Updates, ahead: &Ahead
     let lost = made.iter().any(|m| !m);
     if lost {
         ahead.forget(&reader);
+        ahead.hold_off(&reader);
     }
     let mut answers = Vec::with_capacity(n);
     for c in &claims {
@@ -294,12 +304,13 @@ async fn read_next(tasks: &Collection<Document>, claim: &Claim, k: usize) -> Res
 }
 
 /// The claim of the task read as `raw` by `node`, written at `now`: made only while the
-/// task is still queued, unclaimed and unchanged since the read (its `mtime`, and whether
-/// others wait for it), and before
+/// task is still queued in the queue read, unclaimed and unchanged since the read (its
+/// `mtime`, and whether others wait for it), and before
 /// `until` by the database's clock when given.
 fn fenced_claim(raw: &Document, node: &str, until: Option<DateTime>, now: DateTime) -> FencedUpdate {
     let filter = doc! {
         "_id": raw.get("_id").cloned().unwrap_or(Bson::Null),
+        "queue": raw.get("queue").cloned().unwrap_or(Bson::Null),
         "node": unclaimed(),
         "status": status::QUEUED,
         "mtime": raw.get("mtime").cloned().unwrap_or(Bson::Null),

@@ -196,6 +196,26 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn read_ahead_reaches_the_store_and_unset_keeps_its_default() {
+        let store = |read_ahead| {
+            MongoStore::connect(
+                "mongodb://127.0.0.1:1",
+                "d",
+                MongoOptions {
+                    read_ahead,
+                    ..Default::default()
+                },
+            )
+        };
+        let off = store(Some(Duration::ZERO)).await.unwrap();
+        assert_eq!(off.reads_ahead_for(), Duration::ZERO);
+        let set = store(Some(Duration::from_millis(250))).await.unwrap();
+        assert_eq!(set.reads_ahead_for(), Duration::from_millis(250));
+        let unset = store(None).await.unwrap();
+        assert_eq!(unset.reads_ahead_for(), super::super::ahead::READ_AHEAD_FOR);
+    }
+
+    #[tokio::test]
     async fn self_signed_certificates() {
         let mut o = ClientOptions::parse("mongodb://127.0.0.1:1").await.unwrap();
         MongoOptions {
