@@ -285,8 +285,11 @@ async fn retry_policies_and_retries_by_hand() {
     assert!(r.error().contains("is queued (-2)"), "{}", r.error());
     assert!(r.error().contains("only a finished task"), "{}", r.error());
     let queue = db.store.queues().await.unwrap().remove(0);
-    let t = db.store.claim(&queue, "den-1").await.unwrap().unwrap().id;
-    assert!(disbatch::lifecycle::run::start(&db.store, t, "den-1").await.unwrap());
+    // The claims below take the task just put back each time: in the queue's order at
+    // every moment, so with no task read ahead (which may claim the tasks read first).
+    let store = db.store.clone().read_ahead_for(std::time::Duration::ZERO);
+    let t = store.claim(&queue, "den-1").await.unwrap().unwrap().id;
+    assert!(disbatch::lifecycle::run::start(&store, t, "den-1").await.unwrap());
     let r = post(&app, &format!("/tasks/{t}/retry"), json!({})).await;
     assert_eq!(r.status, StatusCode::CONFLICT);
     assert!(r.error().contains("kill stops a running task"), "{}", r.error());
@@ -321,15 +324,13 @@ async fn retry_policies_and_retries_by_hand() {
     // Past the cap the oldest records go, counted in `attempts_dropped`.
     let kept = disbatch::model::ATTEMPTS_KEPT;
     for n in 0..kept {
-        let c = db.store.claim(&queue, "den-1").await.unwrap().unwrap().id;
+        let c = store.claim(&queue, "den-1").await.unwrap().unwrap().id;
         assert_eq!(c, t);
-        assert!(disbatch::lifecycle::run::start(&db.store, t, "den-1").await.unwrap());
+        assert!(disbatch::lifecycle::run::start(&store, t, "den-1").await.unwrap());
         let out = text(&format!("run {n}"));
-        assert!(
-            disbatch::lifecycle::run::finish(&db.store, t, "den-1", 2, out, text(""))
-                .await
-                .unwrap()
-        );
+        assert!(disbatch::lifecycle::run::finish(&store, t, "den-1", 2, out, text(""))
+            .await
+            .unwrap());
         let r = post(&app, &format!("/tasks/{t}/retry"), json!({})).await;
         assert_eq!(r.status, StatusCode::OK, "{}", r.text);
     }
