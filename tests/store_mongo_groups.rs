@@ -128,11 +128,7 @@ pub(crate) async fn fifo_queue(store: &MongoStore, name: &str) -> disbatch::mode
 
 /// Claims as a Disbatch 4 DEN makes them: one `findOneAndUpdate` each, on a client of its
 /// own, until the queue is empty. Returns the ids claimed.
-pub(crate) async fn disbatch4_claimer(
-    db: mongodb::Database,
-    queue: bson::oid::ObjectId,
-    node: &str,
-) -> Vec<bson::oid::ObjectId> {
+async fn disbatch4_claimer(db: mongodb::Database, queue: bson::oid::ObjectId, node: &str) -> Vec<bson::oid::ObjectId> {
     let tasks = db.collection::<Document>("tasks");
     let mut got = Vec::new();
     loop {
@@ -152,6 +148,43 @@ pub(crate) async fn disbatch4_claimer(
     }
 }
 
+/// [`disbatch4_claimer`] of node "perl" on `queue`, on a task of its own.
+pub(crate) async fn spawn_disbatch4_claimer(
+    t: &common::TestDb,
+    queue: bson::oid::ObjectId,
+) -> tokio::task::JoinHandle<Vec<bson::oid::ObjectId>> {
+    let client = Client::with_uri_str(&t.uri).await.unwrap();
+    tokio::spawn(disbatch4_claimer(client.database(&t.name), queue, "perl"))
+}
+
+/// The tasks `ids` were each claimed once, `ours` by node "ours" and `perl` by "perl", and
+/// the database shows each claimed by whoever was told it got it (ours in one of
+/// `our_statuses`, perl's claimed).
+pub(crate) async fn each_claimed_once(
+    t: &common::TestDb,
+    ids: &[bson::oid::ObjectId],
+    ours: &[bson::oid::ObjectId],
+    perl: &[bson::oid::ObjectId],
+    our_statuses: &[i32],
+) {
+    let (o, p): (HashSet<_>, HashSet<_>) = (ours.iter().collect(), perl.iter().collect());
+    assert_eq!(o.len(), ours.len(), "we never claim a task twice");
+    assert_eq!(p.len(), perl.len(), "the Disbatch 4 claimer never claims a task twice");
+    assert!(o.is_disjoint(&p), "no task claimed by both");
+    assert_eq!(o.len() + p.len(), ids.len(), "every task claimed");
+    let tasks = t.db.collection::<Document>("tasks");
+    for id in ids {
+        let d = tasks.find_one(doc! { "_id": id }).await.unwrap().unwrap();
+        let (node, statuses) = if o.contains(id) {
+            ("ours", our_statuses)
+        } else {
+            ("perl", &[-1][..])
+        };
+        assert_eq!(d.get_str("node").ok(), Some(node), "{d}");
+        assert!(statuses.contains(&d.get_i32("status").unwrap()), "{d}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn grouped_claims_beside_a_disbatch4_claimer_claim_every_task_once() {
     let t = common::test_db("grouped_claims").await;
@@ -159,10 +192,7 @@ async fn grouped_claims_beside_a_disbatch4_claimer_claim_every_task_once() {
     let q = fifo_queue(&store, "mixed").await;
     let n = 600;
     let ids = store.create_tasks(q.id, vec![doc! {}; n]).await.unwrap();
-    let perl = {
-        let client = Client::with_uri_str(&t.uri).await.unwrap();
-        tokio::spawn(disbatch4_claimer(client.database(&t.name), q.id, "perl"))
-    };
+    let perl = spawn_disbatch4_claimer(&t, q.id).await;
     let ours = (0..16).map(|_| {
         let (store, q) = (store.clone(), q.clone());
         tokio::spawn(async move {
@@ -191,29 +221,10 @@ async fn grouped_claims_beside_a_disbatch4_claimer_claim_every_task_once() {
         .flat_map(|g| g.unwrap())
         .collect();
     let perl = perl.await.unwrap();
-    let (o, p): (HashSet<_>, HashSet<_>) = (ours.iter().collect(), perl.iter().collect());
-    println!("ours claimed {}, the Disbatch 4 claimer {}", o.len(), p.len());
-    assert_eq!(o.len(), ours.len(), "we never claim a task twice");
-    assert_eq!(p.len(), perl.len(), "the Disbatch 4 claimer never claims a task twice");
-    assert!(o.is_disjoint(&p), "no task claimed by both");
-    assert_eq!(o.len() + p.len(), n, "every task claimed");
-    assert!(!p.is_empty(), "the Disbatch 4 claimer claimed beside us");
-    // The database's view: each task is claimed by whoever was told it got it.
-    for id in &ids {
-        let d =
-            t.db.collection::<Document>("tasks")
-                .find_one(doc! { "_id": id })
-                .await
-                .unwrap()
-                .unwrap();
-        let (node, statuses) = if o.contains(id) {
-            ("ours", [-1, 0])
-        } else {
-            ("perl", [-1, -1])
-        };
-        assert_eq!(d.get_str("node").ok(), Some(node), "{d}");
-        assert!(statuses.contains(&d.get_i32("status").unwrap()), "{d}");
-    }
+    println!("ours claimed {}, the Disbatch 4 claimer {}", ours.len(), perl.len());
+    // Claimed to run: started too when claimed in a group.
+    each_claimed_once(&t, &ids, &ours, &perl, &[-1, 0]).await;
+    assert!(!perl.is_empty(), "the Disbatch 4 claimer claimed beside us");
     // Claims made at once went together: fewer commands than claims.
     let (singles, reads, bulk) = (
         commands.get("findAndModify"),

@@ -40,6 +40,11 @@ pub(super) const READ_AHEAD_FOR: Duration = Duration::from_millis(100);
 /// `findOneAndUpdate` meanwhile.
 pub(super) const HOLD_OFF_FOR: Duration = Duration::from_secs(1);
 
+/// Whether `at` is less than `d` before `now`.
+fn within(at: Option<Instant>, now: Instant, d: Duration) -> bool {
+    at.is_some_and(|at| now.saturating_duration_since(at) < d)
+}
+
 /// Which claims may take a task read ahead: of this queue, in this order, by this node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Reader {
@@ -142,10 +147,11 @@ impl Ahead {
 
     /// Changes `reader`'s pace with `change` at `now`, forgetting those gone quiet.
     fn pace_at(&self, reader: &Reader, now: Instant, change: impl FnOnce(&mut Pace, Instant)) {
-        let within = |at: Option<Instant>, d: Duration| at.is_some_and(|at| now.saturating_duration_since(at) < d);
         let fresh_for = self.fresh_for();
         let mut paces = self.paces.lock().unwrap_or_else(|e| e.into_inner());
-        paces.retain(|p| &p.reader == reader || within(p.claimed, fresh_for) || within(p.held_off, HOLD_OFF_FOR));
+        paces.retain(|p| {
+            &p.reader == reader || within(p.claimed, now, fresh_for) || within(p.held_off, now, HOLD_OFF_FOR)
+        });
         let at = match paces.iter().position(|p| &p.reader == reader) {
             Some(at) => at,
             None => {
@@ -173,11 +179,10 @@ impl Ahead {
         if fresh_for.is_zero() {
             return false;
         }
-        let within = |at: Option<Instant>, d: Duration| at.is_some_and(|at| now.saturating_duration_since(at) < d);
         let paces = self.paces.lock().unwrap_or_else(|e| e.into_inner());
         paces
             .iter()
-            .any(|p| &p.reader == reader && within(p.claimed, fresh_for) && !within(p.held_off, HOLD_OFF_FOR))
+            .any(|p| &p.reader == reader && within(p.claimed, now, fresh_for) && !within(p.held_off, now, HOLD_OFF_FOR))
     }
 
     /// Forgets what was kept for `reader` (a task of it was lost: the rest is likely stale).
