@@ -21,7 +21,7 @@
 //!
 //! The first upkeep (heartbeat and orphan recovery) ends before the first claim.
 //!
-//! A worker runs its task in the sandbox (on a blocking thread), writes the result back in
+//! A worker runs its task in the sandbox (on a thread of its own), writes the result back in
 //! one update fenced on `{_id, node}`, and claims the queue's next task with the same slot
 //! while the queue still allows it and no other node asked for the slot, so a busy queue
 //! costs three round trips per task (claim, start, finish) plus the slot's renewal.
@@ -50,6 +50,7 @@ mod schedules;
 mod shutdown;
 mod slots;
 mod stats;
+mod watch;
 mod worker;
 
 use std::collections::HashMap;
@@ -198,6 +199,8 @@ pub struct Den {
     in_outage: std::sync::atomic::AtomicBool,
     /// Tasks in flight: task id → the slot it holds.
     in_flight: Mutex<HashMap<ObjectId, Slot>>,
+    /// The running plugins, looked after while their workers run them.
+    watch: watch::Watch,
     /// Run controls of the running plugins, by task id.
     controls: Mutex<HashMap<ObjectId, RunControl>>,
     /// Kill requests carried out, by task id, until the worker writes the result.
@@ -256,6 +259,7 @@ impl Den {
             outage_ended: Mutex::new(None),
             in_outage: std::sync::atomic::AtomicBool::new(false),
             in_flight: Mutex::new(HashMap::new()),
+            watch: watch::Watch::default(),
             controls: Mutex::new(HashMap::new()),
             kills: Mutex::new(HashMap::new()),
             last_heartbeat: Mutex::new(None),
@@ -304,6 +308,7 @@ impl Den {
             // Kill requests are carried out until the drain is over, not only until the signal.
             let lifecycle_stop = CancellationToken::new();
             let lifecycle = tokio::spawn(self.clone().lifecycle(lifecycle_stop.clone()));
+            let watch = tokio::spawn(self.clone().watch_runs(lifecycle_stop.clone()));
             // The first pass heartbeats and recovers orphans before anything is claimed; from
             // then on the upkeep runs on its own, so slow claims never hold a heartbeat back.
             let first = self.upkeep(true).await;
@@ -325,6 +330,7 @@ impl Den {
             self.drain().await;
             lifecycle_stop.cancel();
             let _ = lifecycle.await;
+            let _ = watch.await;
             self.flush_stats(true).await;
             let stats = self.stats.lock().unwrap_or_else(|e| e.into_inner()).0.clone();
             if let Err(e) = crate::lifecycle::nodes::report_stats(&*self.store, &node, &stats).await {

@@ -3,7 +3,6 @@
 //! [`PROGRESS_INTERVAL`] while it runs, and with its result when it ends. A task that ends
 //! within its first interval costs no write beyond its result.
 
-use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -11,8 +10,6 @@ use bson::oid::ObjectId;
 use bson::DateTime;
 use tracing::debug;
 
-use super::Den;
-use crate::lifecycle;
 use crate::model::TaskProgress;
 use crate::runner::{Progress, ProgressSink};
 
@@ -53,7 +50,7 @@ impl Latest {
     }
 
     /// The latest report when it is newer than the one numbered `seen` (then `seen` moves on).
-    fn newer(&self, seen: &mut u64) -> Option<TaskProgress> {
+    pub(super) fn newer(&self, seen: &mut u64) -> Option<TaskProgress> {
         let l = self.lock();
         if l.0 == *seen {
             return None;
@@ -65,43 +62,5 @@ impl Latest {
     /// The latest report, if any.
     pub(super) fn last(&self) -> Option<TaskProgress> {
         self.lock().1.clone()
-    }
-}
-
-/// Cancels `control` as stuck once the plugin has gone `limit` without a report (never
-/// when `limit` is `None`); runs until dropped.
-pub(super) async fn watch_activity(
-    limit: Option<Duration>,
-    latest: Arc<Latest>,
-    control: crate::runner::RunControl,
-    start: Instant,
-) -> Infallible {
-    let Some(limit) = limit else {
-        return std::future::pending().await;
-    };
-    let tick = (limit / 10).clamp(Duration::from_millis(50), Duration::from_secs(1));
-    loop {
-        let Some(due) = latest.last_heard(start).checked_add(limit) else {
-            return std::future::pending().await;
-        };
-        if Instant::now() >= due {
-            control.cancel(crate::runner::StopReason::Stuck);
-            return std::future::pending().await;
-        }
-        tokio::time::sleep(tick.min(due.saturating_duration_since(Instant::now()))).await;
-    }
-}
-
-impl Den {
-    /// Writes `task`'s newest report every [`PROGRESS_INTERVAL`]; runs until dropped.
-    pub(super) async fn report_progress(&self, task: ObjectId, latest: Arc<Latest>) -> Infallible {
-        let mut seen = 0;
-        loop {
-            tokio::time::sleep(PROGRESS_INTERVAL).await;
-            let Some(p) = latest.newer(&mut seen) else { continue };
-            if let Err(e) = lifecycle::run::report_progress(&*self.store, task, &self.settings.node, &p).await {
-                debug!(task = %task, error = %e, "cannot store progress; the next report tries again");
-            }
-        }
     }
 }

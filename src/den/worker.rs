@@ -2,7 +2,7 @@
 //! with the queue's next task while its slot and the node's limits allow.
 
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tracing::{debug, error, info, info_span, warn, Instrument};
@@ -11,6 +11,7 @@ use super::next::ClaimedWithEnd;
 use super::progress::Latest;
 use super::queues::QueueState;
 use super::result::{Stop, TaskResult};
+use super::watch::{Clock, Watched};
 use super::Den;
 use crate::lifecycle;
 use crate::lifecycle::slots;
@@ -22,9 +23,16 @@ use crate::store::{Slot, SlotRenewal, StoreResult};
 /// return before it abandons the plugin's thread.
 pub(super) const HOST_CALL_GRACE: Duration = Duration::from_secs(1);
 
+/// A worker whose plugin the watch gave up: its thread writes nothing more.
+pub(super) struct Abandoned;
+
 impl Den {
     /// Runs `task` with `slot`; `granted` is the time of the rate grant it starts under,
     /// for a task of a rate-limited queue (`rate`).
+    ///
+    /// The worker has a thread of its own: it runs its plugins there and waits for its
+    /// writes there too (in the runtime's `block_on`), so a task costs no hand-off to a
+    /// blocking thread and back. The [`watch`](super::watch) looks after the plugins meanwhile.
     pub(super) fn spawn_worker(
         self: &Arc<Self>,
         queue: Arc<QueueState>,
@@ -33,26 +41,54 @@ impl Den {
         granted: Option<bson::DateTime>,
     ) {
         self.running.fetch_add(1, Ordering::SeqCst);
-        let den = self.clone();
-        tokio::spawn(async move {
-            let slot = den.clone().work(queue, slot, task, granted).await;
-            if let Some(slot) = slot {
-                den.give_back(slot).await;
-            }
-            den.running.fetch_sub(1, Ordering::SeqCst);
-            den.wake.notify_one();
+        let runtime = tokio::runtime::Handle::current();
+        let job = Arc::new(Mutex::new(Some((queue, slot, task, granted))));
+        let (den, taken) = (self.clone(), job.clone());
+        let spawned = std::thread::Builder::new().name("den-worker".into()).spawn(move || {
+            let Some((queue, slot, task, granted)) = taken.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+                return;
+            };
+            runtime.block_on(async move {
+                // An abandoned worker's task and slot are the watch's.
+                if let Ok(slot) = den.clone().work(queue, slot, task, granted).await {
+                    if let Some(slot) = slot {
+                        den.give_back(slot).await;
+                    }
+                    den.worker_done();
+                }
+            })
         });
+        if let Err(e) = spawned {
+            let Some((_, slot, task, _)) = job.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+                return;
+            };
+            error!(task = %task.id, error = %e, "cannot start a worker thread; putting the task back");
+            let den = self.clone();
+            tokio::spawn(async move {
+                if den.put_back(&task).await {
+                    den.give_back(slot).await;
+                }
+                den.worker_done();
+            });
+        }
+    }
+
+    /// A worker stopped: the claim loop refills at once.
+    pub(super) fn worker_done(&self) {
+        self.running.fetch_sub(1, Ordering::SeqCst);
+        self.wake.notify_one();
     }
 
     /// Runs `task`, then the queue's next tasks while the queue and node allow it.
-    /// Returns the slot to release (None when the drain already gave it up).
+    /// Returns the slot to release (None when the drain already gave it up), or
+    /// [`Abandoned`] when the watch took its task over.
     async fn work(
         self: Arc<Self>,
         mut queue: Arc<QueueState>,
         slot: Slot,
         first: Task,
         mut granted: Option<bson::DateTime>,
-    ) -> Option<Slot> {
+    ) -> Result<Option<Slot>, Abandoned> {
         let mut task = first;
         // The slot's last renewal, claimed on until it is a tick old.
         let mut renewed = None;
@@ -64,13 +100,13 @@ impl Den {
                 .unwrap_or_else(|e| e.into_inner())
                 .contains_key(&task.id)
             {
-                return None;
+                return Ok(None);
             }
             let span = info_span!("task", task = %task.id, queue = %queue.queue.name);
             let with_end = self
                 .execute(&queue, &task, (&slot, &renewed), granted.take())
                 .instrument(span)
-                .await;
+                .await?;
             let ours = self
                 .in_flight
                 .lock()
@@ -85,21 +121,21 @@ impl Den {
                         match &with_end.claimed {
                             Ok(Some(next)) => _ = self.put_back(next).await,
                             Ok(None) => {}
-                            Err(_) if ours => return self.after_failed_claim(slot).await,
+                            Err(_) if ours => return Ok(self.after_failed_claim(slot).await),
                             Err(_) => {}
                         }
-                        return ours.then_some(slot);
+                        return Ok(ours.then_some(slot));
                     }
                     queue = with_end.queue;
                     (with_end.began, with_end.claimed.map(|t| (SlotRenewal::Held, t)))
                 }
                 None => {
                     if !ours || self.stopping.is_cancelled() {
-                        return ours.then_some(slot);
+                        return Ok(ours.then_some(slot));
                     }
                     match self.claim_after_end(&mut queue, &slot, &mut renewed).await {
                         Some(claimed) => claimed,
-                        None => return Some(slot),
+                        None => return Ok(Some(slot)),
                     }
                 }
             };
@@ -112,23 +148,23 @@ impl Den {
                     if self.lease_lapsed() {
                         warn!(task = %next.id, "the node's lease lapsed while claiming; putting the task back");
                         let ours = self.put_back(&next).await;
-                        return ours.then_some(slot);
+                        return Ok(ours.then_some(slot));
                     }
                     task = next;
                 }
-                Ok((SlotRenewal::Held | SlotRenewal::OverLimit, _)) => return Some(slot),
+                Ok((SlotRenewal::Held | SlotRenewal::OverLimit, _)) => return Ok(Some(slot)),
                 Ok((SlotRenewal::Lost, _)) => {
                     warn!(queue = %queue.queue.name, "slot lease lost; not claiming more with it");
-                    return None;
+                    return Ok(None);
                 }
                 Ok((SlotRenewal::Yielded { to }, _)) => {
                     debug!(queue = %queue.queue.name, to = %to, "gave a slot to a node holding fewer of the queue's");
-                    return None;
+                    return Ok(None);
                 }
                 Err(e) => {
                     // The claim may have been made on the server with its reply lost.
                     debug!(error = %e, "cannot renew the slot lease or claim");
-                    return self.after_failed_claim(slot).await;
+                    return Ok(self.after_failed_claim(slot).await);
                 }
             }
         }
@@ -205,11 +241,11 @@ impl Den {
     /// the end where it can (see `next`); that claim, made or tried, is answered.
     async fn execute(
         &self,
-        queue: &QueueState,
+        queue: &Arc<QueueState>,
         task: &Task,
         (slot, renewed): (&Slot, &Option<slots::Renewed>),
         granted: Option<bson::DateTime>,
-    ) -> Option<ClaimedWithEnd> {
+    ) -> Result<Option<ClaimedWithEnd>, Abandoned> {
         let node = &self.settings.node;
         // A task the store claimed and started in one write needs no start; one started
         // under a rate grant records the grant's time as its `started`.
@@ -238,18 +274,35 @@ impl Den {
             Ok(true) => {}
             Ok(false) => {
                 warn!("task was taken from this node before it started; not running it");
-                return None;
+                return Ok(None);
             }
             Err(Stop::Refused(e)) => {
                 error!(error = %e, "cannot mark the task running; not running it (it is recovered as a stale claim)");
-                return None;
+                return Ok(None);
             }
-            Err(Stop::GaveUp) => return None,
+            Err(Stop::GaveUp) => return Ok(None),
         }
         debug!("running");
         let control = self.new_control(task.id);
         let latest = Arc::new(Latest::default());
-        let mut outcome = self.run_bounded(queue, task, &control, &latest).await;
+        let outcome = self
+            .run_watched(queue, task, slot, (&control, &latest))
+            .ok_or(Abandoned)?;
+        let next = Some((slot, renewed));
+        Ok(self.conclude(queue, task, (&control, &latest), outcome, next).await)
+    }
+
+    /// The end of a run: how it stopped, its retry or its result written, with the worker's
+    /// next claim on `next` (a slot and its last renewal) where the end can carry it.
+    pub(super) async fn conclude(
+        &self,
+        queue: &QueueState,
+        task: &Task,
+        (control, latest): (&RunControl, &Latest),
+        mut outcome: Outcome,
+        next: Option<(&Slot, &Option<slots::Renewed>)>,
+    ) -> Option<ClaimedWithEnd> {
+        let node = &self.settings.node;
         self.drop_control(task.id);
         match control.reason() {
             Some(StopReason::LeaseLost) => {
@@ -308,7 +361,10 @@ impl Den {
             }
             super::retry::NextRun::Once => None,
         };
-        let next = self.claim_with_end(queue.queue.id, slot, renewed).await;
+        let next = match next {
+            Some((slot, renewed)) => self.claim_with_end(queue.queue.id, slot, renewed).await,
+            None => None,
+        };
         self.write_result(
             task,
             &queue.queue,
@@ -326,63 +382,40 @@ impl Den {
         .await
     }
 
-    /// Runs the task's plugin on a blocking thread under `control`, but never waits for it
-    /// past its timeout (or its stop) plus [`HOST_CALL_GRACE`]: a plugin stuck in a host
-    /// call that does not return is then reported as timed out (or stopped) and its thread
-    /// abandoned, so the slot is freed.
-    async fn run_bounded(
+    /// Runs the task's plugin on this thread under `control`, watched meanwhile (see
+    /// [`watch`](super::watch)). None when the watch gave the plugin up first (blocked in a
+    /// host call past its timeout or stop): the task's end is then the watch's to write.
+    fn run_watched(
         &self,
-        queue: &QueueState,
+        queue: &Arc<QueueState>,
         task: &Task,
-        control: &RunControl,
-        latest: &Arc<Latest>,
-    ) -> Outcome {
-        let runner = self.runner.clone();
-        let plugin = queue.plugin.clone();
+        slot: &Slot,
+        (control, latest): (&RunControl, &Arc<Latest>),
+    ) -> Option<Outcome> {
         let sandbox = crate::runner::Sandbox {
             depth: super::chain::depth(task.key.as_deref()),
             ..queue.sandbox.clone()
         };
-        let timeout = sandbox.timeout;
         let params = task.params_json();
-        let task_id = task.id;
-        let thread_control = control.clone();
-        let started = std::time::Instant::now();
-        let sink = latest.sink(task_id);
-        let mut handle = tokio::task::spawn_blocking(move || {
-            runner.run_controlled(&plugin, &params, &sandbox, Some(sink), &thread_control)
-        });
-        let reporting = self.report_progress(task_id, latest.clone());
-        tokio::pin!(reporting);
-        let activity =
-            super::progress::watch_activity(queue.queue.activity_timeout, latest.clone(), control.clone(), started);
-        tokio::pin!(activity);
-        let stopped = async {
-            control.cancelled().await;
-            tokio::time::sleep(HOST_CALL_GRACE).await;
+        let sink = latest.sink(task.id);
+        let watched = Watched {
+            clock: Clock::new(
+                control.clone(),
+                latest.clone(),
+                sandbox.timeout,
+                queue.queue.activity_timeout,
+            ),
+            queue: queue.clone(),
+            task: task.clone(),
+            slot: slot.clone(),
         };
-        let stuck = tokio::select! {
-            r = &mut handle => {
-                return r.unwrap_or_else(|e| Outcome::not_run(Failure::Trap(format!("runner thread failed: {e}"))));
-            }
-            _ = tokio::time::sleep(timeout + HOST_CALL_GRACE) => {
-                control.cancel(StopReason::Timeout);
-                "its timeout"
-            }
-            _ = stopped => "its stop",
-            never = &mut reporting => match never {},
-            never = &mut activity => match never {},
-        };
-        error!(
-            grace_ms = HOST_CALL_GRACE.as_millis() as u64,
-            "plugin blocked in a host call past {stuck}; its thread is abandoned and its slot freed"
-        );
-        let mut outcome = Outcome::not_run(match control.reason() {
-            Some(StopReason::Timeout) | None => Failure::Timeout(timeout),
-            Some(r) => Failure::Trap(format!("plugin stopped: {r}")),
+        self.watch.add(task.id, watched);
+        // Out of the runtime's context: the sandbox's host calls enter it themselves.
+        let outcome = tokio::task::block_in_place(|| {
+            self.runner
+                .run_controlled(&queue.plugin, &params, &sandbox, Some(sink), control)
         });
-        outcome.duration = started.elapsed();
-        outcome
+        self.watch.remove(task.id).then_some(outcome)
     }
 
     /// A task whose plugin was stopped because this node's lease lapsed: if no other node
