@@ -5,6 +5,7 @@ use std::time::Duration;
 use bson::oid::ObjectId;
 use tracing::{error, info, warn};
 
+use super::watch::WATCH_TICK;
 use super::worker::HOST_CALL_GRACE;
 use super::Den;
 use crate::lifecycle::slots;
@@ -37,7 +38,7 @@ impl Den {
             .collect();
         if !left.is_empty() {
             self.stop_all(StopReason::Shutdown);
-            let bound = HOST_CALL_GRACE + EPOCH_TICK * 10 + Duration::from_millis(100);
+            let bound = HOST_CALL_GRACE + EPOCH_TICK * 10 + WATCH_TICK * 2 + Duration::from_millis(100);
             self.wait_idle(tokio::time::Instant::now() + bound).await;
             let still = self.running();
             if still > 0 {

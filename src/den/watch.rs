@@ -8,6 +8,7 @@
 //! plugin ever returns.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -46,9 +47,11 @@ pub(super) struct Clock {
     timeout: Duration,
     /// The queue's `activity_timeout`.
     activity: Option<Duration>,
-    /// The number of the progress report last written, and when the next write is due.
+    /// The number of the progress report last written, when the next write is due, and
+    /// whether one is under way (at most one is).
     seen: u64,
     report_due: Instant,
+    reporting: Arc<AtomicBool>,
     /// When the watch first saw the plugin stopped.
     stop_seen: Option<Instant>,
 }
@@ -66,6 +69,7 @@ impl Clock {
             activity,
             seen: 0,
             report_due: started + PROGRESS_INTERVAL,
+            reporting: Arc::default(),
             stop_seen: None,
         }
     }
@@ -74,6 +78,9 @@ impl Clock {
     /// timeout, and answers what is due: a progress report to write, or the end of a plugin
     /// to give up on (with the failure it ends with).
     fn look(&mut self, now: Instant) -> Due {
+        // A lapsed lease (a pause of the whole process) is the reason to stop, before the
+        // timeout it may also have outlasted.
+        self.control.check();
         if let Some(limit) = self.activity {
             if self
                 .latest
@@ -98,10 +105,11 @@ impl Clock {
                 return Due::GiveUp(failure, "its stop");
             }
         }
-        if now >= self.report_due {
+        if now >= self.report_due && !self.reporting.load(Ordering::SeqCst) {
             self.report_due = now + PROGRESS_INTERVAL;
             if let Some(p) = self.latest.newer(&mut self.seen) {
-                return Due::Report(p);
+                self.reporting.store(true, Ordering::SeqCst);
+                return Due::Report(p, self.reporting.clone());
             }
         }
         Due::Nothing
@@ -111,39 +119,55 @@ impl Clock {
 #[derive(Debug)]
 enum Due {
     Nothing,
-    Report(TaskProgress),
+    /// A report to write, and the flag to clear once it is written.
+    Report(TaskProgress, Arc<AtomicBool>),
     GiveUp(Failure, &'static str),
 }
 
-/// The running plugins of a DEN, by task id.
+/// The running plugins of a DEN, by task id, each with the number of its run: a task run
+/// again on this node while the thread of an earlier run it gave up is still stuck is
+/// another run, which that thread must never take for its own.
 #[derive(Default)]
 pub(super) struct Watch {
-    runs: Mutex<HashMap<ObjectId, Watched>>,
+    runs: Mutex<HashMap<ObjectId, (u64, Watched)>>,
     added: Notify,
+    last_run: AtomicU64,
 }
 
 impl Watch {
-    fn runs(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectId, Watched>> {
+    fn runs(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectId, (u64, Watched)>> {
         self.runs.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Watches the plugin of `task` from now.
-    pub(super) fn add(&self, task: ObjectId, watched: Watched) {
+    /// Watches the plugin of `task` from now; answers the number of this run.
+    pub(super) fn add(&self, task: ObjectId, watched: Watched) -> u64 {
+        let run = self.last_run.fetch_add(1, Ordering::SeqCst) + 1;
         let first = {
             let mut runs = self.runs();
-            runs.insert(task, watched);
+            runs.insert(task, (run, watched));
             runs.len() == 1
         };
         if first {
             self.added.notify_one();
         }
+        run
     }
 
-    /// Stops watching `task` as its plugin returned. False when the watch gave the plugin up
-    /// first: the task's end is then the watch's to write, not the worker's.
-    pub(super) fn remove(&self, task: ObjectId) -> bool {
-        self.runs().remove(&task).is_some()
+    /// Stops watching run `run` of `task` as its plugin returned. False when the watch gave
+    /// the plugin up first: the task's end is then the watch's to write, not the worker's.
+    pub(super) fn remove(&self, task: ObjectId, run: u64) -> bool {
+        take_run(&mut self.runs(), task, run)
     }
+}
+
+/// Takes run `run` of `task` out of `runs`; false when that run is not there (whatever
+/// other run of the task is).
+fn take_run<T>(runs: &mut HashMap<ObjectId, (u64, T)>, task: ObjectId, run: u64) -> bool {
+    if runs.get(&task).is_some_and(|(r, _)| *r == run) {
+        runs.remove(&task);
+        return true;
+    }
+    false
 }
 
 impl Den {
@@ -167,28 +191,29 @@ impl Den {
             let mut given_up = Vec::new();
             {
                 let mut runs = self.watch.runs();
-                for (task, w) in runs.iter_mut() {
+                for (task, (_, w)) in runs.iter_mut() {
                     match w.clock.look(now) {
                         Due::Nothing => {}
-                        Due::Report(p) => reports.push((*task, p)),
+                        Due::Report(p, reporting) => reports.push((*task, p, reporting)),
                         Due::GiveUp(failure, past) => due_up.push((*task, failure, past)),
                     }
                 }
                 // Out of the map under the same lock: a worker whose plugin returns since
                 // finds its task gone and writes nothing.
                 for (task, failure, past) in due_up {
-                    if let Some(w) = runs.remove(&task) {
+                    if let Some((_, w)) = runs.remove(&task) {
                         given_up.push((w, failure, past));
                     }
                 }
             }
-            for (task, p) in reports {
+            for (task, p, reporting) in reports {
                 let den = self.clone();
                 tokio::spawn(async move {
                     let node = &den.settings.node;
                     if let Err(e) = lifecycle::run::report_progress(&*den.store, task, node, &p).await {
                         debug!(task = %task, error = %e, "cannot store progress; the next report tries again");
                     }
+                    reporting.store(false, Ordering::SeqCst);
                 });
             }
             for (w, failure, past) in given_up {
@@ -297,40 +322,66 @@ mod tests {
     }
 
     #[test]
-    fn progress_is_due_once_per_interval_and_only_when_new() {
+    fn progress_is_due_once_per_interval_only_when_new_and_one_write_at_a_time() {
         let mut c = clock(60_000, None);
         let t = c.started;
         let sink = c.latest.sink(ObjectId::new());
-        sink(&Progress {
+        let report = |info: &str| Progress {
             at: Duration::ZERO,
             percent: Some(1.0),
-            info: Some("one".into()),
-        });
+            info: Some(info.into()),
+        };
+        sink(&report("one"));
         assert!(
             matches!(c.look(t + PROGRESS_INTERVAL / 2), Due::Nothing),
             "not before the interval"
         );
         let at = t + PROGRESS_INTERVAL;
-        match c.look(at) {
-            Due::Report(p) => assert_eq!(p.info, "one"),
+        let writing = match c.look(at) {
+            Due::Report(p, writing) => {
+                assert_eq!(p.info, "one");
+                writing
+            }
             d => panic!("{d:?}"),
-        }
-        sink(&Progress {
-            at: Duration::ZERO,
-            percent: Some(2.0),
-            info: Some("two".into()),
-        });
+        };
+        sink(&report("two"));
         assert!(
             matches!(c.look(at + PROGRESS_INTERVAL / 2), Due::Nothing),
             "one write per interval"
         );
+        assert!(
+            matches!(c.look(at + PROGRESS_INTERVAL), Due::Nothing),
+            "no second write while the first is under way"
+        );
+        writing.store(false, Ordering::SeqCst);
         match c.look(at + PROGRESS_INTERVAL) {
-            Due::Report(p) => assert_eq!(p.info, "two"),
+            Due::Report(p, _) => assert_eq!(p.info, "two"),
             d => panic!("{d:?}"),
         }
-        assert!(
-            matches!(c.look(at + PROGRESS_INTERVAL * 2), Due::Nothing),
-            "nothing new"
+    }
+
+    #[test]
+    fn a_lapsed_lease_is_the_reason_even_past_the_timeout() {
+        let past = Instant::now() - Duration::from_secs(5);
+        let control = RunControl::with_lease(
+            past,
+            std::time::SystemTime::now() - Duration::from_secs(5),
+            Duration::from_secs(1),
         );
+        let mut c = Clock::new(control, Arc::new(Latest::default()), Duration::from_millis(10), None);
+        // A pause of the whole process outlasted both the lease and the timeout.
+        let d = c.look(c.started + Duration::from_millis(10) + HOST_CALL_GRACE);
+        assert!(matches!(d, Due::GiveUp(Failure::Timeout(_), _)), "{d:?}");
+        assert_eq!(c.control.reason(), Some(StopReason::LeaseLost));
+    }
+
+    #[test]
+    fn a_later_run_of_the_same_task_is_not_taken_by_the_earlier_one() {
+        let task = ObjectId::new();
+        // Run 1 was given up (taken out by the watch); run 2 of the same task runs here.
+        let mut runs = HashMap::from([(task, (2, ()))]);
+        assert!(!take_run(&mut runs, task, 1), "the earlier run's thread takes nothing");
+        assert!(take_run(&mut runs, task, 2));
+        assert!(!take_run(&mut runs, task, 2), "taken once");
     }
 }

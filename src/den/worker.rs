@@ -19,12 +19,32 @@ use crate::model::{status, Task};
 use crate::runner::{Failure, Outcome, RunControl, StopReason};
 use crate::store::{Slot, SlotRenewal, StoreResult};
 
-/// How long a worker waits, past its plugin's timeout or stop, for a host call that does not
-/// return before it abandons the plugin's thread.
+/// How long the watch waits, past a plugin's timeout or stop, for a host call that does not
+/// return before it gives the plugin's thread up (see [`super::watch`]).
 pub(super) const HOST_CALL_GRACE: Duration = Duration::from_secs(1);
 
 /// A worker whose plugin the watch gave up: its thread writes nothing more.
 pub(super) struct Abandoned;
+
+/// What a worker is started with: its DEN, queue, slot, first task and rate grant.
+type Job = (Arc<Den>, Arc<QueueState>, Slot, Task, Option<bson::DateTime>);
+
+/// Runs the worker of `job` (once, whoever takes it first) on the calling thread, in
+/// `runtime`'s `block_on`.
+fn work_on_this_thread(runtime: &tokio::runtime::Handle, job: &Mutex<Option<Job>>) {
+    let Some((den, queue, slot, task, granted)) = job.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+        return;
+    };
+    runtime.block_on(async move {
+        // An abandoned worker's task and slot are the watch's.
+        if let Ok(slot) = den.clone().work(queue, slot, task, granted).await {
+            if let Some(slot) = slot {
+                den.give_back(slot).await;
+            }
+            den.worker_done();
+        }
+    })
+}
 
 impl Den {
     /// Runs `task` with `slot`; `granted` is the time of the rate grant it starts under,
@@ -42,34 +62,17 @@ impl Den {
     ) {
         self.running.fetch_add(1, Ordering::SeqCst);
         let runtime = tokio::runtime::Handle::current();
-        let job = Arc::new(Mutex::new(Some((queue, slot, task, granted))));
-        let (den, taken) = (self.clone(), job.clone());
-        let spawned = std::thread::Builder::new().name("den-worker".into()).spawn(move || {
-            let Some((queue, slot, task, granted)) = taken.lock().unwrap_or_else(|e| e.into_inner()).take() else {
-                return;
-            };
-            runtime.block_on(async move {
-                // An abandoned worker's task and slot are the watch's.
-                if let Ok(slot) = den.clone().work(queue, slot, task, granted).await {
-                    if let Some(slot) = slot {
-                        den.give_back(slot).await;
-                    }
-                    den.worker_done();
-                }
-            })
-        });
+        let job = Arc::new(Mutex::new(Some((self.clone(), queue, slot, task, granted))));
+        let taken = job.clone();
+        let handle = runtime.clone();
+        let spawned = std::thread::Builder::new()
+            .name("den-worker".into())
+            .spawn(move || work_on_this_thread(&handle, &taken));
         if let Err(e) = spawned {
-            let Some((_, slot, task, _)) = job.lock().unwrap_or_else(|e| e.into_inner()).take() else {
-                return;
-            };
-            error!(task = %task.id, error = %e, "cannot start a worker thread; putting the task back");
-            let den = self.clone();
-            tokio::spawn(async move {
-                if den.put_back(&task).await {
-                    den.give_back(slot).await;
-                }
-                den.worker_done();
-            });
+            // The blocking pool queues the worker until one of its threads is free.
+            warn!(error = %e, "cannot start a worker thread; the worker waits for one of the blocking pool's");
+            let pool = runtime.clone();
+            pool.spawn_blocking(move || work_on_this_thread(&runtime, &job));
         }
     }
 
@@ -409,13 +412,23 @@ impl Den {
             task: task.clone(),
             slot: slot.clone(),
         };
-        self.watch.add(task.id, watched);
+        let run = self.watch.add(task.id, watched);
         // Out of the runtime's context: the sandbox's host calls enter it themselves.
         let outcome = tokio::task::block_in_place(|| {
-            self.runner
-                .run_controlled(&queue.plugin, &params, &sandbox, Some(sink), control)
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.runner
+                    .run_controlled(&queue.plugin, &params, &sandbox, Some(sink), control)
+            }))
+        })
+        .unwrap_or_else(|panic| {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            Outcome::not_run(Failure::Trap(format!("the runner failed: {what}")))
         });
-        self.watch.remove(task.id).then_some(outcome)
+        self.watch.remove(task.id, run).then_some(outcome)
     }
 
     /// A task whose plugin was stopped because this node's lease lapsed: if no other node
