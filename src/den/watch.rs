@@ -236,13 +236,7 @@ impl Den {
             let _ = self
                 .conclude(&w.queue, &w.task, (&w.clock.control, &w.clock.latest), outcome, None)
                 .await;
-            let ours = self
-                .in_flight
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&w.task.id)
-                .is_some();
-            if ours {
+            if self.forget(w.task.id) {
                 self.give_back(w.slot).await;
             }
             self.worker_done();

@@ -61,18 +61,15 @@ impl Den {
         granted: Option<bson::DateTime>,
     ) {
         self.running.fetch_add(1, Ordering::SeqCst);
-        let runtime = tokio::runtime::Handle::current();
         let job = Arc::new(Mutex::new(Some((self.clone(), queue, slot, task, granted))));
-        let taken = job.clone();
-        let handle = runtime.clone();
+        let (taken, runtime) = (job.clone(), tokio::runtime::Handle::current());
         let spawned = std::thread::Builder::new()
             .name("den-worker".into())
-            .spawn(move || work_on_this_thread(&handle, &taken));
+            .spawn(move || work_on_this_thread(&runtime, &taken));
         if let Err(e) = spawned {
             // The blocking pool queues the worker until one of its threads is free.
             warn!(error = %e, "cannot start a worker thread; the worker waits for one of the blocking pool's");
-            let pool = runtime.clone();
-            pool.spawn_blocking(move || work_on_this_thread(&runtime, &job));
+            tokio::task::spawn_blocking(move || work_on_this_thread(&tokio::runtime::Handle::current(), &job));
         }
     }
 
@@ -110,12 +107,7 @@ impl Den {
                 .execute(&queue, &task, (&slot, &renewed), granted.take())
                 .instrument(span)
                 .await?;
-            let ours = self
-                .in_flight
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&task.id)
-                .is_some();
+            let ours = self.forget(task.id);
             let (began, claimed) = match with_end {
                 // Claimed with the end of the run: kept only while the worker would have
                 // claimed after it.
@@ -227,10 +219,16 @@ impl Den {
     /// it meanwhile) and forgets it. Whether it was still registered in flight.
     async fn put_back(&self, task: &Task) -> bool {
         self.recover_fenced(task).await;
+        self.forget(task.id)
+    }
+
+    /// Takes `task` out of the tasks in flight: whether it was still there (not taken by
+    /// the drain), so its slot is still the worker's to give back.
+    pub(super) fn forget(&self, task: bson::oid::ObjectId) -> bool {
         self.in_flight
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .remove(&task.id)
+            .remove(&task)
             .is_some()
     }
 
