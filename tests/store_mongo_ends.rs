@@ -24,11 +24,7 @@ fn running(queue: bson::oid::ObjectId, node: &str) -> Document {
 /// What the end of task `i` writes: a status and outputs of its own, some of them looking
 /// like field paths or operators.
 fn result_of(i: usize) -> (i32, String, String) {
-    let code = if i.is_multiple_of(3) {
-        status::FAILED
-    } else {
-        status::SUCCEEDED
-    };
+    let code = if i.is_multiple_of(3) { status::FAILED } else { status::SUCCEEDED };
     let stdout = match i % 4 {
         0 => "$status".to_owned(),
         1 => format!("done {i}"),
