@@ -114,8 +114,6 @@ mod store_mongo;
 mod store_mongo_ahead;
 #[path = "store_mongo_counts.rs"]
 mod store_mongo_counts;
-#[path = "store_mongo_ends.rs"]
-mod store_mongo_ends;
 #[path = "store_mongo_groups.rs"]
 mod store_mongo_groups;
 #[path = "store_mongo_starts.rs"]

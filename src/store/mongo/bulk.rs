@@ -4,8 +4,8 @@
 //! each update whether its filter matched. So the starts and ends of the runs of all of a
 //! DEN's workers that finish together cost one command, not one each.
 //!
-//! Updates that make the same kind of change of different tasks (the starts of the workers'
-//! runs, the ends of their runs) go as one `updateMany` entry of it ([`many`]).
+//! Calls that make the same change of different tasks (the starts of the workers' runs) go
+//! as one `updateMany` entry of it ([`many`]).
 //!
 //! A group of one update is an `updateOne`. On a server without `bulkWrite` (before 8.0,
 //! or one that refuses the command) each call's updates are `updateOne`s in order, calls
@@ -18,8 +18,7 @@
 //!
 //! A write error (a result too large for its document) fails its own call alone: the
 //! calls before it in the group are answered, the calls after it go again in the next
-//! group (a call with updates made before it has its other updates made at once, one by
-//! one).
+//! group.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -33,7 +32,7 @@ use mongodb::results::VerboseBulkWriteResult;
 use mongodb::{Client, Collection};
 
 pub(super) use self::many::written_ids;
-use self::many::{Got, Plan, Sent};
+use self::many::{Many, Sent};
 use super::errors::{classify, TRANSIENT_CODES};
 use crate::store::group::{Group, Turn};
 use crate::store::{StoreError, StoreResult};
@@ -46,12 +45,6 @@ const MOST_CALLS: usize = 256;
 /// (59), CommandNotSupported (115), Unauthorized (13, a role that allows updates of the
 /// collection but not `bulkWrite`). Updates then go one by one.
 const NO_BULK_WRITE: [i32; 3] = [59, 115, 13];
-
-/// A field an update may set to a value no other write makes (`ObjectId::new()`): when some
-/// of the tasks of an `updateMany` were not written, the ones that were are read back by it
-/// alone ([`many`]), so a change made meanwhile to a field the update left alone, or the
-/// same values written by another write, cannot mislead the read-back. Claims write it.
-pub(super) const TOKEN: &str = "claim_token";
 
 /// One fenced update of one task: its filter and its update.
 #[derive(Debug, Clone)]
@@ -105,111 +98,62 @@ impl Updates {
     }
 }
 
-/// One group: in one `bulkWrite` while the server takes it, the updates that make the same
-/// kind of change of different tasks as one `updateMany` entry each after the others
-/// ([`many`]); a group of one update as that update alone; else each call on its own, its
-/// updates one by one, calls side by side.
+/// One group: in one `bulkWrite` while the server takes it, the calls that make the same
+/// change of different tasks as one `updateMany` entry each after the others ([`many`]);
+/// else each call and each such `updateMany` on its own, side by side.
 async fn round(
     client: &Client,
     tasks: &Collection<Document>,
     bulk: &AtomicBool,
     calls: Vec<Call>,
 ) -> Vec<Turn<Call, Answer>> {
-    let plan = many::plan(&calls);
-    let mut got: Vec<Vec<Got>> = calls.iter().map(|c| vec![None; c.len()]).collect();
-    if bulk.load(Ordering::Relaxed) {
-        let settled = match (plan.each.len(), plan.many.len()) {
-            // A lone update goes as an `updateOne` (below) or an `updateMany`: one command
-            // either way, and the lighter one.
-            (0 | 1, 0) => None,
-            (0, 1) => {
-                let many = plan.many.into_iter().next().expect("one update of many tasks");
-                Some(many.apply(tasks).await)
+    let n = calls.len();
+    let (many, left) = many::split(calls.into_iter().enumerate().collect(), bson::DateTime::now());
+    let (at, left): (Vec<usize>, Vec<Call>) = left.into_iter().unzip();
+    let entries = left.iter().map(Vec::len).sum::<usize>();
+    // A lone update goes as an `updateOne` (or `updateMany`): one command either way, and
+    // the lighter one.
+    let (left, many) = if bulk.load(Ordering::Relaxed) && entries + many.len() > 1 {
+        match in_one_command(client, tasks, &left, &many).await {
+            Ok(outcome) => {
+                let settled = many
+                    .into_iter()
+                    .enumerate()
+                    .map(|(j, m)| m.settle(tasks, sent(&outcome, entries + j)));
+                let settled = futures::future::join_all(settled).await;
+                return in_place(n, at.into_iter().zip(answers(left, &outcome)), settled);
             }
-            _ => match in_one_command(client, tasks, &calls, &plan).await {
-                Ok(outcome) => {
-                    for (&(i, j), g) in plan.each.iter().zip(each_got(&outcome, plan.each.len())) {
-                        got[i][j] = g;
-                    }
-                    let first = plan.each.len();
-                    let settled = plan
-                        .many
-                        .into_iter()
-                        .enumerate()
-                        .map(|(k, m)| m.settle(tasks, sent(&outcome, first + k)));
-                    Some(futures::future::join_all(settled).await.into_iter().flatten().collect())
-                }
-                Err(()) => {
-                    tracing::info!("the database does not take bulkWrite (MongoDB 8.0): one update per task change");
-                    bulk.store(false, Ordering::Relaxed);
-                    None
-                }
-            },
-        };
-        if let Some(settled) = settled {
-            for ((i, j), g) in settled {
-                got[i][j] = g;
+            Err(()) => {
+                tracing::info!("the database does not take bulkWrite (MongoDB 8.0): one update per task change");
+                bulk.store(false, Ordering::Relaxed);
+                (left, many)
             }
-            let turns = calls.into_iter().zip(got).map(|(call, got)| turn(tasks, call, got));
-            return futures::future::join_all(turns).await;
         }
-    }
-    let each = calls.into_iter().map(|call| one_call(tasks, call).map(Turn::Done));
-    futures::future::join_all(each).await
+    } else {
+        (left, many)
+    };
+    let (settled, each) = futures::join!(
+        futures::future::join_all(many.into_iter().map(|m| m.apply(tasks))),
+        futures::future::join_all(left.into_iter().map(|call| one_call(tasks, call)))
+    );
+    in_place(n, at.into_iter().zip(each.into_iter().map(Turn::Done)), settled)
 }
 
-/// What a group learnt of a call's updates, as its answer.
-#[derive(Debug)]
-enum Verdict {
-    /// None was tried: the call goes again.
-    Again,
-    /// One failed: the call fails so.
-    Failed(Failure),
-    /// Each was made; whether its fence held.
-    Held(Vec<bool>),
-    /// Some were made and the others not tried: those are made now.
-    Partly,
-}
-
-fn verdict(got: &[Got]) -> Verdict {
-    if got.iter().all(Option::is_none) {
-        return Verdict::Again;
+/// The turns of a group of `n` calls, from the turns of the calls that went one entry each
+/// and of those that went in an `updateMany`, each beside its place.
+fn in_place(
+    n: usize,
+    each: impl Iterator<Item = (usize, Turn<Call, Answer>)>,
+    many: Vec<Vec<(usize, Turn<Call, Answer>)>>,
+) -> Vec<Turn<Call, Answer>> {
+    let mut turns: Vec<Option<Turn<Call, Answer>>> = (0..n).map(|_| None).collect();
+    for (i, turn) in each.chain(many.into_iter().flatten()) {
+        turns[i] = Some(turn);
     }
-    if let Some(Err(f)) = got.iter().flatten().find(|g| g.is_err()) {
-        return Verdict::Failed(f.clone());
-    }
-    match got
-        .iter()
-        .map(|g| g.as_ref().and_then(|g| g.as_ref().ok().copied()))
+    turns
+        .into_iter()
+        .map(|t| t.expect("every call of the group is answered"))
         .collect()
-    {
-        Some(held) => Verdict::Held(held),
-        None => Verdict::Partly,
-    }
-}
-
-/// A call's turn from what the group learnt of its updates. The updates of a call that
-/// went partly in an `updateMany` the command did not reach (an entry before it failed)
-/// while its other updates were made are made now, one by one in the call's order.
-async fn turn(tasks: &Collection<Document>, call: Call, got: Vec<Got>) -> Turn<Call, Answer> {
-    match verdict(&got) {
-        Verdict::Again => Turn::Again(call),
-        Verdict::Failed(f) => Turn::Done(Err(f.error())),
-        Verdict::Held(held) => Turn::Done(Ok(held)),
-        Verdict::Partly => {
-            let mut held = Vec::with_capacity(call.len());
-            for (u, g) in call.into_iter().zip(got) {
-                match g {
-                    Some(Ok(h)) => held.push(h),
-                    _ => match one_call(tasks, vec![u]).await {
-                        Ok(h) => held.extend(h),
-                        Err(e) => return Turn::Done(Err(e)),
-                    },
-                }
-            }
-            Turn::Done(Ok(held))
-        }
-    }
 }
 
 /// One call's updates as `updateOne`s, in order; the first error ends it.
@@ -225,21 +169,19 @@ async fn one_call(tasks: &Collection<Document>, call: Call) -> Answer {
     Ok(done)
 }
 
-/// The updates of `plan` in one ordered `bulkWrite`: the entries of their own in the calls'
-/// order, then each update of many tasks as an `updateMany`.
+/// Every call's updates in one ordered `bulkWrite`, then each [`Many`] as an `updateMany`.
 /// `Err` when the server has no `bulkWrite`.
 async fn in_one_command(
     client: &Client,
     tasks: &Collection<Document>,
     calls: &[Call],
-    plan: &Plan,
+    many: &[Many],
 ) -> Result<Outcome, ()> {
     let namespace = tasks.namespace();
-    let mut models: Vec<WriteModel> = plan
-        .each
+    let mut models: Vec<WriteModel> = calls
         .iter()
-        .map(|&(i, j)| {
-            let u = &calls[i][j];
+        .flatten()
+        .map(|u| {
             WriteModel::UpdateOne(
                 UpdateOneModel::builder()
                     .namespace(namespace.clone())
@@ -249,7 +191,7 @@ async fn in_one_command(
             )
         })
         .collect();
-    models.extend(plan.many.iter().map(|m| {
+    models.extend(many.iter().map(|m| {
         WriteModel::UpdateMany(
             UpdateManyModel::builder()
                 .namespace(namespace.clone())
@@ -318,7 +260,7 @@ enum Outcome {
 /// A failure to give each call it fails.
 #[derive(Debug, Clone)]
 pub(super) struct Failure {
-    pub(super) transient: bool,
+    transient: bool,
     message: String,
 }
 
@@ -370,17 +312,22 @@ impl Failure {
     }
 }
 
-/// What `outcome` did with each of the first `n` updates of its command, the entries of
-/// their own: whether the fence held, a failure, or not tried.
-fn each_got(outcome: &Outcome, n: usize) -> Vec<Got> {
-    let held = |m: &[u64], i: usize| Some(Ok(m.get(i) == Some(&1)));
-    (0..n)
-        .map(|i| match outcome {
-            Outcome::Made(m) => held(m, i),
-            Outcome::StoppedAt(m, at, _) if i < *at => held(m, i),
-            Outcome::StoppedAt(_, at, e) if i == *at => Some(Err(e.clone())),
-            Outcome::StoppedAt(..) => None,
-            Outcome::Failed(e) => Some(Err(e.clone())),
+/// Each call's turn after `outcome`: an update held when it matched its task.
+fn answers(calls: Vec<Call>, outcome: &Outcome) -> Vec<Turn<Call, Answer>> {
+    let of = |m: &[u64], range: std::ops::Range<usize>| range.map(|i| m.get(i) == Some(&1)).collect();
+    let mut first = 0;
+    calls
+        .into_iter()
+        .map(|call| {
+            let range = first..first + call.len();
+            first = range.end;
+            match outcome {
+                Outcome::Made(m) => Turn::Done(Ok(of(m, range))),
+                Outcome::StoppedAt(m, at, _) if range.end <= *at => Turn::Done(Ok(of(m, range))),
+                Outcome::StoppedAt(_, at, e) if range.contains(at) => Turn::Done(Err(e.error())),
+                Outcome::StoppedAt(..) => Turn::Again(call),
+                Outcome::Failed(e) => Turn::Done(Err(e.error())),
+            }
         })
         .collect()
 }

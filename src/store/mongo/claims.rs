@@ -31,7 +31,7 @@ use futures::{FutureExt, TryStreamExt};
 use mongodb::options::FindOptions;
 
 use super::ahead::{Ahead, Reader, READ_AHEAD};
-use super::bulk::{Failure, FencedUpdate, Updates, TOKEN};
+use super::bulk::{Failure, FencedUpdate, Updates};
 use super::errors::classify;
 use super::*;
 use crate::store::group::{Group, Turn};
@@ -159,7 +159,7 @@ impl MongoStore {
         let end = super::change::fenced(end, now)?;
         let made = self
             .updates
-            .apply(vec![end, fenced_claim(&raw, node, Some(until), (now, ObjectId::new()))])
+            .apply(vec![end, fenced_claim(&raw, node, Some(until), now)])
             .await?;
         let claimed = if made[1] {
             self.claims.ahead.claimed(&reader);
@@ -242,10 +242,10 @@ async fn together(tasks: &Collection<Document>, updates: &Updates, ahead: &Ahead
         return claims.iter().map(|_| Ok(None)).collect();
     }
     let until = claims.iter().filter_map(|c| c.until).min();
-    let (now, token) = (DateTime::now(), ObjectId::new());
+    let now = DateTime::now();
     let fenced: Vec<FencedUpdate> = read
         .iter()
-        .map(|raw| fenced_claim(raw, &first.node, until, (now, token)))
+        .map(|raw| fenced_claim(raw, &first.node, until, now))
         .collect();
     // Which of the claims were made is unknown when the command failed: the error says
     // retrying helps, so the DEN puts back the claims it made (see `den/claims.rs`).
@@ -305,15 +305,9 @@ async fn read_next(tasks: &Collection<Document>, claim: &Claim, k: usize) -> Res
 
 /// The claim of the task read as `raw` by `node`, written at `now`: made only while the
 /// task is still queued in the queue read, unclaimed and unchanged since the read (its
-/// `mtime`, and whether others wait for it), and before `until` by the database's clock
-/// when given. It writes `token` beside the claim, so that the claims of an update of many
-/// tasks that fewer matched than it named are told by it (`bulk::TOKEN`).
-fn fenced_claim(
-    raw: &Document,
-    node: &str,
-    until: Option<DateTime>,
-    (now, token): (DateTime, ObjectId),
-) -> FencedUpdate {
+/// `mtime`, and whether others wait for it), and before
+/// `until` by the database's clock when given.
+fn fenced_claim(raw: &Document, node: &str, until: Option<DateTime>, now: DateTime) -> FencedUpdate {
     let filter = doc! {
         "_id": raw.get("_id").cloned().unwrap_or(Bson::Null),
         "queue": raw.get("queue").cloned().unwrap_or(Bson::Null),
@@ -325,7 +319,7 @@ fn fenced_claim(
         "dependents": raw.get("dependents").cloned().unwrap_or(Bson::Null),
     };
     let filter = before_deadline(filter, until);
-    let update = doc! { "$set": { "node": node, "status": status::CLAIMED, "mtime": now, TOKEN: token } };
+    let update = doc! { "$set": { "node": node, "status": status::CLAIMED, "mtime": now } };
     FencedUpdate { filter, update }
 }
 

@@ -1,64 +1,63 @@
-use super::{each_got, sent, verdict, Failure, Outcome, Sent, Verdict};
+use bson::doc;
 
-fn held(v: &[Option<Result<bool, Failure>>]) -> Vec<Option<Result<bool, bool>>> {
-    v.iter()
-        .map(|g| {
-            g.as_ref()
-                .map(|r| r.as_ref().copied().map_err(|f| f.error().is_transient()))
+use super::{answers, sent, Call, Failure, FencedUpdate, Outcome, Sent};
+use crate::store::group::Turn;
+
+fn call(n: usize) -> Call {
+    (0..n)
+        .map(|i| FencedUpdate {
+            filter: doc! { "_id": i as i64 },
+            update: doc! { "$set": { "status": 1 } },
         })
         .collect()
 }
 
+fn answered(turn: &Turn<Call, super::Answer>) -> Option<Result<Vec<bool>, bool>> {
+    match turn {
+        Turn::Done(Ok(m)) => Some(Ok(m.clone())),
+        Turn::Done(Err(e)) => Some(Err(e.is_transient())),
+        Turn::Again(_) => None,
+    }
+}
+
 #[test]
-fn each_entry_gets_whether_its_own_update_matched() {
-    let got = each_got(&Outcome::Made(vec![1, 0, 1, 1]), 4);
+fn each_call_gets_the_matches_of_its_own_updates() {
+    let turns = answers(vec![call(1), call(2), call(1)], &Outcome::Made(vec![1, 0, 1, 1]));
+    let got: Vec<_> = turns.iter().map(answered).collect();
     assert_eq!(
-        held(&got),
-        vec![Some(Ok(true)), Some(Ok(false)), Some(Ok(true)), Some(Ok(true))]
+        got,
+        vec![Some(Ok(vec![true])), Some(Ok(vec![false, true])), Some(Ok(vec![true]))]
     );
 }
 
 #[test]
-fn a_refused_update_fails_alone_and_the_ones_after_it_are_not_tried() {
+fn a_refused_update_fails_its_call_alone_and_the_calls_after_it_go_again() {
     let refused = Failure::of_write(17419, "document too large");
-    let got = each_got(&Outcome::StoppedAt(vec![1, 0], 2, refused), 4);
-    assert_eq!(
-        held(&got),
-        vec![Some(Ok(true)), Some(Ok(false)), Some(Err(false)), None]
+    let turns = answers(
+        vec![call(1), call(2), call(1), call(1)],
+        &Outcome::StoppedAt(vec![1], 2, refused),
     );
+    let got: Vec<_> = turns.iter().map(answered).collect();
+    assert_eq!(got, vec![Some(Ok(vec![true])), Some(Err(false)), None, None]);
+    let Turn::Again(again) = &turns[2] else {
+        panic!("goes again")
+    };
+    assert_eq!(again.len(), 1);
 }
 
 #[test]
 fn a_write_error_that_may_pass_says_so() {
     let stepping_down = Failure::of_write(189, "primary stepped down");
-    let got = each_got(&Outcome::StoppedAt(Vec::new(), 0, stepping_down), 1);
-    assert_eq!(held(&got), vec![Some(Err(true))]);
+    let turns = answers(vec![call(1)], &Outcome::StoppedAt(Vec::new(), 0, stepping_down));
+    assert_eq!(answered(&turns[0]), Some(Err(true)));
 }
 
 #[test]
-fn an_unknown_outcome_fails_every_update_as_worth_retrying() {
+fn an_unknown_outcome_fails_every_call_of_the_group_as_worth_retrying() {
     let lost = Failure::unknown("write concern not met");
-    let got = each_got(&Outcome::Failed(lost), 3);
-    assert_eq!(held(&got), vec![Some(Err(true)); 3]);
-}
-
-#[test]
-fn a_call_is_answered_by_what_was_learnt_of_each_of_its_updates() {
-    let refused = || Some(Err(Failure::of_write(17419, "document too large")));
-    assert!(matches!(verdict(&[None, None]), Verdict::Again), "none tried: again");
-    assert!(matches!(verdict(&[Some(Ok(true)), Some(Ok(false))]), Verdict::Held(h) if h == [true, false]));
-    assert!(
-        matches!(verdict(&[Some(Ok(true)), refused()]), Verdict::Failed(f) if !f.error().is_transient()),
-        "one refused: the call fails so"
-    );
-    assert!(
-        matches!(verdict(&[None, refused()]), Verdict::Failed(_)),
-        "a failure wins over an update not tried"
-    );
-    assert!(
-        matches!(verdict(&[Some(Ok(true)), None]), Verdict::Partly),
-        "one made, one not tried: the other is made apart"
-    );
+    let turns = answers(vec![call(1), call(3)], &Outcome::Failed(lost));
+    let got: Vec<_> = turns.iter().map(answered).collect();
+    assert_eq!(got, vec![Some(Err(true)), Some(Err(true))]);
 }
 
 #[test]
